@@ -1,0 +1,117 @@
+//! The admin listener: `GET /healthz`, `GET /readyz`, `GET /records/{id}` and
+//! `DELETE /records/{id}`. Loopback by default; it can release records, so keep it private.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+
+use crate::body::{self, Body};
+use crate::key::RecordId;
+use crate::store::{deadline, Store};
+
+/// The admin service.
+#[derive(Clone)]
+pub struct Admin {
+    store: Arc<dyn Store>,
+    store_timeout: Duration,
+}
+
+impl Admin {
+    /// Builds it over the proxy's store.
+    pub fn new(store: Arc<dyn Store>, store_timeout: Duration) -> Admin {
+        Admin {
+            store,
+            store_timeout,
+        }
+    }
+
+    /// Handles one admin request.
+    pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path().to_string();
+        let with_body = req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| p == "body=1"));
+        match (req.method(), path.as_str()) {
+            (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+            (&Method::GET, "/readyz") => {
+                match deadline(self.store_timeout, self.store.ping()).await {
+                    Ok(()) => text(StatusCode::OK, "ready\n"),
+                    Err(e) => text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &format!("not ready: {} store: {e}\n", self.store.kind()),
+                    ),
+                }
+            }
+            (m, p) if p.starts_with("/records/") => {
+                let Some(id) = RecordId::from_hex(&p["/records/".len()..]) else {
+                    return json(
+                        StatusCode::BAD_REQUEST,
+                        &serde_json::json!({"error": "a record id is 64 hex characters"}),
+                    );
+                };
+                match *m {
+                    Method::GET => {
+                        match deadline(self.store_timeout, self.store.inspect(&id, with_body)).await
+                        {
+                            Ok(Some(view)) => json(StatusCode::OK, &view),
+                            Ok(None) => json(
+                                StatusCode::NOT_FOUND,
+                                &serde_json::json!({"error": "no such record", "id": id.to_string()}),
+                            ),
+                            Err(e) => store_error(e),
+                        }
+                    }
+                    Method::DELETE => {
+                        let before =
+                            deadline(self.store_timeout, self.store.inspect(&id, false)).await;
+                        match deadline(self.store_timeout, self.store.delete(&id)).await {
+                            Ok(true) => {
+                                tracing::warn!(record = %id, "record released by an operator");
+                                json(
+                                    StatusCode::OK,
+                                    &serde_json::json!({"released": before.ok().flatten(), "id": id.to_string()}),
+                                )
+                            }
+                            Ok(false) => json(
+                                StatusCode::NOT_FOUND,
+                                &serde_json::json!({"error": "no such record", "id": id.to_string()}),
+                            ),
+                            Err(e) => store_error(e),
+                        }
+                    }
+                    _ => text(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE\n"),
+                }
+            }
+            _ => text(StatusCode::NOT_FOUND, "not found\n"),
+        }
+    }
+}
+
+fn store_error(e: crate::store::StoreError) -> Response<Body> {
+    json(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &serde_json::json!({"error": e.to_string()}),
+    )
+}
+
+fn text(status: StatusCode, s: &str) -> Response<Body> {
+    let mut res = Response::new(body::full(s.to_string()));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    res
+}
+
+fn json(status: StatusCode, v: &impl serde::Serialize) -> Response<Body> {
+    let mut res = Response::new(body::full(serde_json::to_vec(v).unwrap_or_default()));
+    *res.status_mut() = status;
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    res
+}

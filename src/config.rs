@@ -1,0 +1,552 @@
+//! Configuration: built-in defaults < TOML file < `IDEMGATE_` environment < command-line
+//! flags, merged with figment, then validated into the typed [`Settings`] that the proxy
+//! uses. Every error names the key at fault.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use hyper::header::HeaderName;
+use hyper::{Method, Uri};
+use serde::{Deserialize, Serialize};
+
+use crate::fingerprint::JsonPointer;
+
+/// What to do when the store cannot be reached at claim time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnStoreError {
+    /// 503 + Retry-After; the upstream is not called (default: at most once wins).
+    Reject,
+    /// Forward the request unprotected (availability wins over at most once).
+    Forward,
+}
+
+/// What to do with a record whose request was sent but got no complete answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnAmbiguous {
+    /// Keep it as `unknown`: retries get 409 until an operator releases it (default).
+    Hold,
+    /// Delete it: a retry executes again (only for upstreams that dedupe themselves).
+    Release,
+}
+
+/// The file/environment form of the configuration, as users write it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where clients connect.
+    pub listen: SocketAddr,
+    /// The upstream origin, `http://host:port`.
+    pub upstream: String,
+    /// The admin listener (`/healthz`, `/readyz`, `/metrics`, `/records/{id}`); absent: off.
+    pub admin_listen: Option<SocketAddr>,
+    /// Redis URL; absent: the embedded in-memory store.
+    pub redis_url: Option<String>,
+    /// Outer deadline of every store call (claim, record, release...).
+    #[serde(with = "humantime_serde")]
+    pub store_timeout: Duration,
+    /// How long one attempt to connect to Redis may take.
+    #[serde(with = "humantime_serde")]
+    pub redis_connect_timeout: Duration,
+    /// The embedded store answers 503 instead of holding more records than this.
+    pub memory_max_records: usize,
+    /// How long a client may take to send the request headers.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// How long a client may take to send a protected request's body (408 after).
+    #[serde(with = "humantime_serde")]
+    pub body_read_timeout: Duration,
+    /// On SIGTERM/SIGINT, how long in-flight requests get to finish.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+    /// Applies to every request unless a route overrides it.
+    pub defaults: Defaults,
+    /// Per-path overrides; the longest matching prefix wins.
+    pub routes: Vec<Route>,
+}
+
+/// Policy for protected requests, as written under `[defaults]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Defaults {
+    /// Methods that are protected.
+    pub methods: Vec<String>,
+    /// Whether a protected request without a key gets 400.
+    pub require_key: bool,
+    /// How long a record lives, from its claim.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
+    /// How long a claim stays `in_progress` without renewal.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    /// How long the upstream gets for the whole exchange.
+    #[serde(with = "humantime_serde")]
+    pub upstream_timeout: Duration,
+    /// Largest protected body that is buffered (413 above).
+    pub max_body_bytes: u64,
+    /// Longest accepted key.
+    pub max_key_length: usize,
+    /// Headers whose values identify the tenant.
+    pub tenant_headers: Vec<String>,
+    /// See [`OnStoreError`].
+    pub on_store_error: OnStoreError,
+    /// See [`OnAmbiguous`].
+    pub on_ambiguous: OnAmbiguous,
+    /// JSON pointers left out of the fingerprint.
+    pub fingerprint_ignore: Vec<String>,
+}
+
+/// One `[[routes]]` entry: a path prefix and the settings it overrides.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct Route {
+    /// A path prefix, matched at segment boundaries (`/v1/t` matches `/v1/t` and `/v1/t/9`).
+    pub path: String,
+    pub methods: Option<Vec<String>>,
+    pub require_key: Option<bool>,
+    #[serde(default, with = "humantime_serde")]
+    pub retention: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub lease: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub upstream_timeout: Option<Duration>,
+    pub max_body_bytes: Option<u64>,
+    pub max_key_length: Option<usize>,
+    pub tenant_headers: Option<Vec<String>>,
+    pub on_store_error: Option<OnStoreError>,
+    pub on_ambiguous: Option<OnAmbiguous>,
+    pub fingerprint_ignore: Option<Vec<String>>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            upstream: "http://127.0.0.1:9000".into(),
+            admin_listen: Some(SocketAddr::from(([127, 0, 0, 1], 9901))),
+            redis_url: None,
+            store_timeout: Duration::from_millis(500),
+            redis_connect_timeout: Duration::from_secs(1),
+            memory_max_records: 1_000_000,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(30),
+            defaults: Defaults::default(),
+            routes: Vec::new(),
+        }
+    }
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Defaults {
+            methods: vec!["POST".into(), "PATCH".into()],
+            require_key: false,
+            retention: Duration::from_secs(24 * 3600),
+            lease: Duration::from_secs(10),
+            upstream_timeout: Duration::from_secs(30),
+            max_body_bytes: 1024 * 1024,
+            max_key_length: 255,
+            tenant_headers: vec!["Authorization".into()],
+            on_store_error: OnStoreError::Reject,
+            on_ambiguous: OnAmbiguous::Hold,
+            fingerprint_ignore: Vec::new(),
+        }
+    }
+}
+
+impl Config {
+    /// All defaults, in front of `upstream`, listening on an ephemeral loopback port with the
+    /// admin listener off: what tests and the lab start from.
+    pub fn for_upstream(upstream: &str) -> Config {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            upstream: upstream.into(),
+            admin_listen: None,
+            ..Config::default()
+        }
+    }
+
+    /// The layered sources: defaults < TOML file (if any) < `IDEMGATE_` environment.
+    /// Command-line flags are merged on top by the caller.
+    pub fn figment(file: Option<&Path>) -> Figment {
+        let mut f = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            f = f.merge(Toml::file_exact(path));
+        }
+        f.merge(
+            Env::prefixed("IDEMGATE_")
+                .ignore(&["CONFIG", "LOG_FORMAT"])
+                .split("__"),
+        )
+    }
+
+    /// Extracts and validates.
+    pub fn load(figment: Figment) -> Result<Settings, ConfigError> {
+        let config: Config = figment
+            .extract()
+            .map_err(|e| ConfigError::Source(Box::new(e)))?;
+        Settings::new(config)
+    }
+}
+
+/// A configuration error: the key at fault and what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The sources could not be read or did not match the schema (figment names the key).
+    #[error("{0}")]
+    Source(Box<figment::Error>),
+    /// A value has the right type but cannot be used.
+    #[error("invalid configuration value for `{key}`: {reason}")]
+    Invalid {
+        /// Dotted path of the key, e.g. `routes[0].lease`.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+/// The policy that applies to one request, resolved from defaults and its route.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// The route prefix that matched, or `None` for the defaults.
+    pub route: Option<String>,
+    #[allow(missing_docs)]
+    pub methods: Vec<Method>,
+    #[allow(missing_docs)]
+    pub require_key: bool,
+    #[allow(missing_docs)]
+    pub retention: Duration,
+    #[allow(missing_docs)]
+    pub lease: Duration,
+    #[allow(missing_docs)]
+    pub upstream_timeout: Duration,
+    #[allow(missing_docs)]
+    pub max_body_bytes: u64,
+    #[allow(missing_docs)]
+    pub max_key_length: usize,
+    #[allow(missing_docs)]
+    pub tenant_headers: Vec<HeaderName>,
+    #[allow(missing_docs)]
+    pub on_store_error: OnStoreError,
+    #[allow(missing_docs)]
+    pub on_ambiguous: OnAmbiguous,
+    #[allow(missing_docs)]
+    pub fingerprint_ignore: Vec<JsonPointer>,
+}
+
+impl Policy {
+    /// Whether requests with this method are protected.
+    pub fn protects(&self, method: &Method) -> bool {
+        self.methods.contains(method)
+    }
+}
+
+/// The upstream origin, split for building request URIs.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    /// `http` (TLS to the upstream is not supported).
+    pub scheme: hyper::http::uri::Scheme,
+    /// `host:port`.
+    pub authority: hyper::http::uri::Authority,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// What it was made from (for start-up logging and the admin API).
+    pub config: Config,
+    /// The upstream origin.
+    pub upstream: Upstream,
+    /// Policy for requests that match no route.
+    pub default_policy: Policy,
+    /// Routes, longest prefix first.
+    pub routes: Vec<(String, Policy)>,
+}
+
+impl Settings {
+    /// Validates a configuration.
+    pub fn new(config: Config) -> Result<Settings, ConfigError> {
+        let upstream = parse_upstream(&config.upstream)?;
+        for (key, d) in [
+            ("store_timeout", config.store_timeout),
+            ("redis_connect_timeout", config.redis_connect_timeout),
+            ("header_read_timeout", config.header_read_timeout),
+            ("body_read_timeout", config.body_read_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(invalid(key, "must be greater than zero"));
+            }
+        }
+        if config.memory_max_records == 0 {
+            return Err(invalid("memory_max_records", "must be at least 1"));
+        }
+        if let Some(url) = &config.redis_url {
+            redis::Client::open(url.as_str()).map_err(|e| invalid("redis_url", e.to_string()))?;
+        }
+        let d = &config.defaults;
+        let default_policy = resolve("defaults", None, d, &Route::default())?;
+        let mut routes = Vec::new();
+        for (i, r) in config.routes.iter().enumerate() {
+            let at = format!("routes[{i}]");
+            if !r.path.starts_with('/') {
+                return Err(invalid(format!("{at}.path"), "must start with '/'"));
+            }
+            if routes.iter().any(|(p, _): &(String, Policy)| *p == r.path) {
+                return Err(invalid(
+                    format!("{at}.path"),
+                    "another route has the same path",
+                ));
+            }
+            let policy = resolve(&at, Some(r.path.clone()), d, r)?;
+            routes.push((r.path.clone(), policy));
+        }
+        routes.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
+        Ok(Settings {
+            config,
+            upstream,
+            default_policy,
+            routes,
+        })
+    }
+
+    /// The policy for a request path: the longest route prefix that matches at a segment
+    /// boundary, else the defaults.
+    pub fn policy_for(&self, path: &str) -> &Policy {
+        self.routes
+            .iter()
+            .find(|(prefix, _)| prefix_matches(prefix, path))
+            .map(|(_, p)| p)
+            .unwrap_or(&self.default_policy)
+    }
+}
+
+fn prefix_matches(prefix: &str, path: &str) -> bool {
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'),
+        None => false,
+    }
+}
+
+fn parse_upstream(s: &str) -> Result<Upstream, ConfigError> {
+    let uri: Uri = s
+        .parse()
+        .map_err(|e| invalid("upstream", format!("not a URI: {e}")))?;
+    let scheme = uri
+        .scheme()
+        .cloned()
+        .ok_or_else(|| invalid("upstream", "must be http://host:port"))?;
+    if scheme != hyper::http::uri::Scheme::HTTP {
+        return Err(invalid(
+            "upstream",
+            "only http:// upstreams are supported (run idemgate next to its upstream)",
+        ));
+    }
+    let authority = uri
+        .authority()
+        .cloned()
+        .ok_or_else(|| invalid("upstream", "must name a host"))?;
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err(invalid(
+            "upstream",
+            "must be an origin without path or query (http://host:port)",
+        ));
+    }
+    Ok(Upstream { scheme, authority })
+}
+
+fn resolve(
+    at: &str,
+    route: Option<String>,
+    d: &Defaults,
+    r: &Route,
+) -> Result<Policy, ConfigError> {
+    let methods = r.methods.as_ref().unwrap_or(&d.methods);
+    let key_of = |name: &str| {
+        if matches_override(r, name) {
+            format!("{at}.{name}")
+        } else {
+            format!("defaults.{name}")
+        }
+    };
+    let methods = methods
+        .iter()
+        .map(|m| {
+            Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                .map_err(|_| invalid(key_of("methods"), format!("`{m}` is not an HTTP method")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let tenant_headers = r
+        .tenant_headers
+        .as_ref()
+        .unwrap_or(&d.tenant_headers)
+        .iter()
+        .map(|h| {
+            HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                invalid(
+                    key_of("tenant_headers"),
+                    format!("`{h}` is not a header name"),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let fingerprint_ignore = r
+        .fingerprint_ignore
+        .as_ref()
+        .unwrap_or(&d.fingerprint_ignore)
+        .iter()
+        .map(|p| {
+            JsonPointer::parse(p)
+                .map_err(|e| invalid(key_of("fingerprint_ignore"), format!("`{p}`: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let p = Policy {
+        route,
+        methods,
+        require_key: r.require_key.unwrap_or(d.require_key),
+        retention: r.retention.unwrap_or(d.retention),
+        lease: r.lease.unwrap_or(d.lease),
+        upstream_timeout: r.upstream_timeout.unwrap_or(d.upstream_timeout),
+        max_body_bytes: r.max_body_bytes.unwrap_or(d.max_body_bytes),
+        max_key_length: r.max_key_length.unwrap_or(d.max_key_length),
+        tenant_headers,
+        on_store_error: r.on_store_error.unwrap_or(d.on_store_error),
+        on_ambiguous: r.on_ambiguous.unwrap_or(d.on_ambiguous),
+        fingerprint_ignore,
+    };
+    if p.lease < Duration::from_millis(100) {
+        return Err(invalid(key_of("lease"), "must be at least 100ms"));
+    }
+    if p.upstream_timeout.is_zero() {
+        return Err(invalid(
+            key_of("upstream_timeout"),
+            "must be greater than zero",
+        ));
+    }
+    if p.retention <= p.upstream_timeout || p.retention <= p.lease {
+        return Err(invalid(
+            key_of("retention"),
+            "must be longer than both lease and upstream_timeout, or records would expire while their request runs",
+        ));
+    }
+    if !(1..=4096).contains(&p.max_key_length) {
+        return Err(invalid(
+            key_of("max_key_length"),
+            "must be between 1 and 4096",
+        ));
+    }
+    if p.max_body_bytes == 0 {
+        return Err(invalid(key_of("max_body_bytes"), "must be at least 1"));
+    }
+    Ok(p)
+}
+
+fn matches_override(r: &Route, name: &str) -> bool {
+    match name {
+        "methods" => r.methods.is_some(),
+        "tenant_headers" => r.tenant_headers.is_some(),
+        "fingerprint_ignore" => r.fingerprint_ignore.is_some(),
+        "lease" => r.lease.is_some(),
+        "upstream_timeout" => r.upstream_timeout.is_some(),
+        "retention" => r.retention.is_some(),
+        "max_key_length" => r.max_key_length.is_some(),
+        "max_body_bytes" => r.max_body_bytes.is_some(),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(toml: &str) -> Result<Settings, ConfigError> {
+        Config::load(
+            Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(toml)),
+        )
+    }
+
+    #[test]
+    fn defaults_are_valid_and_match_the_design() {
+        let s = settings("").unwrap();
+        let p = &s.default_policy;
+        assert_eq!(p.methods, vec![Method::POST, Method::PATCH]);
+        assert!(!p.require_key);
+        assert_eq!(p.retention, Duration::from_secs(86400));
+        assert_eq!(p.lease, Duration::from_secs(10));
+        assert_eq!(p.max_body_bytes, 1048576);
+        assert_eq!(
+            s.config.admin_listen,
+            Some("127.0.0.1:9901".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn longest_prefix_wins_at_segment_boundaries() {
+        let s = settings(
+            r#"
+            [[routes]]
+            path = "/v1"
+            require_key = true
+            [[routes]]
+            path = "/v1/transfers"
+            methods = ["post"]
+            retention = "48h"
+            fingerprint_ignore = ["/client_time"]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(
+            s.policy_for("/v1/transfers").retention,
+            Duration::from_secs(48 * 3600)
+        );
+        assert_eq!(
+            s.policy_for("/v1/transfers/7").route.as_deref(),
+            Some("/v1/transfers")
+        );
+        assert_eq!(s.policy_for("/v1/transfersx").route.as_deref(), Some("/v1"));
+        assert!(s.policy_for("/v1/x").require_key);
+        assert_eq!(s.policy_for("/v2").route, None);
+        assert_eq!(s.policy_for("/v1/transfers").methods, vec![Method::POST]);
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        for (toml, key) in [
+            ("upstream = \"https://x:1\"", "upstream"),
+            ("upstream = \"http://x:1/api\"", "upstream"),
+            ("[defaults]\nlease = \"10ms\"", "defaults.lease"),
+            ("[defaults]\nretention = \"1s\"", "defaults.retention"),
+            (
+                "[[routes]]\npath = \"/a\"\nmethods = [\"PO ST\"]",
+                "routes[0].methods",
+            ),
+            ("[[routes]]\npath = \"a\"", "routes[0].path"),
+            (
+                "[[routes]]\npath = \"/a\"\nfingerprint_ignore = [\"x\"]",
+                "routes[0].fingerprint_ignore",
+            ),
+            ("redis_url = \"nope://\"", "redis_url"),
+        ] {
+            let err = settings(toml).unwrap_err().to_string();
+            assert!(err.contains(key), "{toml:?}: {err}");
+        }
+        let err = settings("[defaults]\nretention = \"soon\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("defaults.retention"), "{err}");
+        let err = settings("listen_addr = \"x\"").unwrap_err().to_string();
+        assert!(err.contains("listen_addr"), "{err}");
+    }
+}

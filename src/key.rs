@@ -1,0 +1,263 @@
+//! The `Idempotency-Key` header, and the scope that a record belongs to.
+//!
+//! A key is only meaningful together with who sent it and where: the record id is a hash of
+//! (tenant, method, path, key), where the tenant is a hash of the configured
+//! `tenant_headers` (by default `Authorization`). Two tenants that pick the same key never
+//! meet, and no credential is ever stored: only its hash goes into the id.
+
+use std::fmt;
+
+use hyper::header::{HeaderMap, HeaderName};
+use sha2::{Digest, Sha256};
+
+/// The request header that carries the key.
+pub const HEADER: &str = "idempotency-key";
+
+/// A validated idempotency key: 1..=max visible ASCII characters.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    /// The key as the client meant it (sf-string quotes and escapes removed).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+// Keys are chosen by clients and may be guessable handles to their records: keep them out of
+// debug output the same way as any other client data.
+impl fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IdempotencyKey({} chars)", self.0.len())
+    }
+}
+
+/// Why a key header was rejected.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KeyError {
+    /// More than one `Idempotency-Key` header, or a list of values.
+    #[error("several Idempotency-Key values were sent; send exactly one")]
+    Multiple,
+    /// An empty value (`""` or nothing).
+    #[error("the Idempotency-Key is empty")]
+    Empty,
+    /// Longer than `max_key_length`.
+    #[error("the Idempotency-Key is longer than {max} characters")]
+    TooLong {
+        /// The configured limit.
+        max: usize,
+    },
+    /// A character outside visible ASCII, or a malformed sf-string.
+    #[error("the Idempotency-Key must be visible ASCII, as a bare token or a quoted string")]
+    Invalid,
+}
+
+/// Reads the key from the request headers: `Ok(None)` when there is none.
+///
+/// Accepts an RFC 8941 sf-string (`"abc"`, with `\"` and `\\` escapes) or a bare value of
+/// visible ASCII without commas (a comma means a list, i.e. several keys).
+pub fn parse(headers: &HeaderMap, max_len: usize) -> Result<Option<IdempotencyKey>, KeyError> {
+    let mut values = headers.get_all(HEADER).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(KeyError::Multiple);
+    }
+    let raw = trim_ows(value.as_bytes());
+    let key = if raw.first() == Some(&b'"') {
+        parse_sf_string(raw)?
+    } else {
+        if raw.contains(&b',') {
+            return Err(KeyError::Multiple);
+        }
+        if !raw.iter().all(|b| (0x21..=0x7e).contains(b)) {
+            return Err(KeyError::Invalid);
+        }
+        // All bytes are ASCII, checked just above.
+        String::from_utf8(raw.to_vec()).map_err(|_| KeyError::Invalid)?
+    };
+    if key.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if key.len() > max_len {
+        return Err(KeyError::TooLong { max: max_len });
+    }
+    Ok(Some(IdempotencyKey(key)))
+}
+
+fn trim_ows(mut b: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = b {
+        b = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = b {
+        b = rest;
+    }
+    b
+}
+
+/// RFC 8941 section 4.2.5, plus: the string must be the whole value (no parameters, no list).
+fn parse_sf_string(raw: &[u8]) -> Result<String, KeyError> {
+    let mut out = String::new();
+    let mut i = 1;
+    loop {
+        match raw.get(i) {
+            None => return Err(KeyError::Invalid),
+            Some(b'\\') => match raw.get(i + 1) {
+                Some(&c @ (b'"' | b'\\')) => {
+                    out.push(c as char);
+                    i += 2;
+                }
+                _ => return Err(KeyError::Invalid),
+            },
+            Some(b'"') => {
+                i += 1;
+                break;
+            }
+            Some(&c) if (0x20..=0x7e).contains(&c) => {
+                out.push(c as char);
+                i += 1;
+            }
+            Some(_) => return Err(KeyError::Invalid),
+        }
+    }
+    match raw.get(i..) {
+        Some([]) => Ok(out),
+        Some([b',', ..]) => Err(KeyError::Multiple),
+        _ => Err(KeyError::Invalid),
+    }
+}
+
+/// The id of one record: SHA-256 of (tenant, method, path, key), shown as lowercase hex.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecordId([u8; 32]);
+
+impl RecordId {
+    /// Computes the id of the record that a request with this key belongs to.
+    pub fn new(tenant: &Tenant, method: &str, path: &str, key: &IdempotencyKey) -> RecordId {
+        let mut h = Sha256::new();
+        h.update(b"idemgate-scope\x00\x01");
+        h.update(tenant.0);
+        for part in [method.as_bytes(), path.as_bytes(), key.0.as_bytes()] {
+            h.update((part.len() as u64).to_be_bytes());
+            h.update(part);
+        }
+        RecordId(h.finalize().into())
+    }
+
+    /// Parses the hex form that problem responses and the admin API show.
+    pub fn from_hex(s: &str) -> Option<RecordId> {
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(s, &mut out).ok()?;
+        Some(RecordId(out))
+    }
+}
+
+impl fmt::Display for RecordId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl fmt::Debug for RecordId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RecordId({self})")
+    }
+}
+
+/// Who sent a request: a hash of the values of the tenant headers (absent and empty differ).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Tenant([u8; 32]);
+
+impl Tenant {
+    /// Hashes the tenant headers of a request. Credentials only ever exist here as a hash.
+    pub fn from_headers(headers: &HeaderMap, tenant_headers: &[HeaderName]) -> Tenant {
+        let mut h = Sha256::new();
+        h.update(b"idemgate-tenant\x00\x01");
+        for name in tenant_headers {
+            h.update((name.as_str().len() as u64).to_be_bytes());
+            h.update(name.as_str());
+            let values: Vec<&[u8]> = headers.get_all(name).iter().map(|v| v.as_bytes()).collect();
+            h.update((values.len() as u64).to_be_bytes());
+            for v in values {
+                h.update((v.len() as u64).to_be_bytes());
+                h.update(v);
+            }
+        }
+        Tenant(h.finalize().into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::HeaderValue;
+
+    fn headers(values: &[&[u8]]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(HEADER, HeaderValue::from_bytes(v).expect("test header"));
+        }
+        h
+    }
+
+    fn key(values: &[&[u8]]) -> Result<Option<IdempotencyKey>, KeyError> {
+        parse(&headers(values), 255)
+    }
+
+    #[test]
+    fn accepts_bare_tokens_and_sf_strings() {
+        assert_eq!(key(&[b"abc-123"]).unwrap().unwrap().as_str(), "abc-123");
+        assert_eq!(key(&[b"\"abc 123\""]).unwrap().unwrap().as_str(), "abc 123");
+        assert_eq!(
+            key(&[br#""a\"b\\c""#]).unwrap().unwrap().as_str(),
+            "a\"b\\c"
+        );
+        assert_eq!(key(&[b"  tok  "]).unwrap().unwrap().as_str(), "tok");
+        assert_eq!(key(&[]).unwrap(), None);
+    }
+
+    #[test]
+    fn rejects_bad_keys() {
+        assert_eq!(key(&[b""]), Err(KeyError::Empty));
+        assert_eq!(key(&[b"\"\""]), Err(KeyError::Empty));
+        assert_eq!(key(&[b"a", b"b"]), Err(KeyError::Multiple));
+        assert_eq!(key(&[b"a,b"]), Err(KeyError::Multiple));
+        assert_eq!(key(&[b"\"a\", \"b\""]), Err(KeyError::Multiple));
+        assert_eq!(key(&[b"a b"]), Err(KeyError::Invalid));
+        assert_eq!(key(&[b"\"abc"]), Err(KeyError::Invalid));
+        assert_eq!(key(&[b"\"a\";p=1"]), Err(KeyError::Invalid));
+        assert_eq!(key(&[b"\"a\\nb\""]), Err(KeyError::Invalid));
+        assert_eq!(key(&["caf\u{e9}".as_bytes()]), Err(KeyError::Invalid));
+        assert_eq!(key(&[b"a\x01b"]), Err(KeyError::Invalid));
+        let long = "k".repeat(256);
+        assert_eq!(key(&[long.as_bytes()]), Err(KeyError::TooLong { max: 255 }));
+        assert!(key(&["k".repeat(255).as_bytes()]).unwrap().is_some());
+    }
+
+    #[test]
+    fn record_ids_separate_tenants_methods_paths_and_keys() {
+        let auth = HeaderName::from_static("authorization");
+        let mut a = HeaderMap::new();
+        a.insert(&auth, HeaderValue::from_static("Bearer a"));
+        let mut b = HeaderMap::new();
+        b.insert(&auth, HeaderValue::from_static("Bearer b"));
+        let ta = Tenant::from_headers(&a, std::slice::from_ref(&auth));
+        let tb = Tenant::from_headers(&b, std::slice::from_ref(&auth));
+        let tnone = Tenant::from_headers(&HeaderMap::new(), std::slice::from_ref(&auth));
+        let k = key(&[b"k1"]).unwrap().unwrap();
+        let k2 = key(&[b"k2"]).unwrap().unwrap();
+        let base = RecordId::new(&ta, "POST", "/t", &k);
+        assert_eq!(base, RecordId::new(&ta, "POST", "/t", &k));
+        for other in [
+            RecordId::new(&tb, "POST", "/t", &k),
+            RecordId::new(&tnone, "POST", "/t", &k),
+            RecordId::new(&ta, "PATCH", "/t", &k),
+            RecordId::new(&ta, "POST", "/u", &k),
+            RecordId::new(&ta, "POST", "/t", &k2),
+        ] {
+            assert_ne!(base, other);
+        }
+        assert_eq!(RecordId::from_hex(&base.to_string()), Some(base));
+    }
+}

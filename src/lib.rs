@@ -1,0 +1,31 @@
+//! idemgate: a reverse proxy that gives any upstream HTTP idempotency through the
+//! `Idempotency-Key` header, so a client that lost a response can retry a payment safely.
+//!
+//! # Layout
+//!
+//! - [`config`]: the layered configuration (defaults < TOML < env < flags) and its
+//!   validation into per-route [`config::Policy`].
+//! - [`key`]: parsing the `Idempotency-Key` header; the tenant and record id of a request.
+//! - [`fingerprint`]: what makes two requests "the same": canonical JSON, forms, raw bytes.
+//! - [`store`]: the [`store::Store`] trait, the embedded [`store::MemoryStore`] and
+//!   [`store::RedisStore`].
+//! - [`proxy`]: the hyper service and the claim → forward → record → replay flow.
+//! - [`upstream`]: the client to the upstream, header rewriting, failure classification.
+//! - [`problem`]: idemgate's own `application/problem+json` responses.
+//! - [`admin`]: health, readiness and record inspection/release.
+//! - [`server`]: start-up checks, accept loops and graceful shutdown.
+//! - [`body`]: the body type shared by all of the above.
+
+pub mod admin;
+pub mod body;
+pub mod config;
+pub mod fingerprint;
+pub mod key;
+pub mod problem;
+pub mod proxy;
+pub mod server;
+pub mod store;
+pub mod upstream;
+
+pub use config::Config;
+pub use server::{run, start, Error, Running};

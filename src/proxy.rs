@@ -1,0 +1,546 @@
+//! The hyper service and the request flow of DESIGN.md:
+//!
+//! ```text
+//! parse key -> buffer body (limit) -> fingerprint -> claim (1 store round trip)
+//!   claimed            -> forward -> record (1 round trip, owner-checked) -> respond
+//!   same fp, completed -> replay + `Idempotent-Replayed: true`
+//!   same fp, in flight -> 409 + Retry-After
+//!   other fp           -> 422
+//! ```
+//!
+//! Unprotected requests are streamed through untouched. A claimed request's upstream
+//! exchange runs in its own task, so it completes and is recorded even when the client that
+//! sent it has gone: that client is the one the product exists for.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, DATE, SET_COOKIE};
+use hyper::{Request, Response, StatusCode};
+use tokio_util::task::TaskTracker;
+
+use crate::body::{self, Body};
+use crate::config::{OnAmbiguous, OnStoreError, Policy, Settings};
+use crate::fingerprint::{self, RequestParts, FINGERPRINT_VERSION};
+use crate::key::{self, IdempotencyKey, RecordId, Tenant};
+use crate::problem::Problem;
+use crate::store::{deadline, Claim, ClaimRequest, OwnerToken, Store, StoreError, StoredResponse};
+use crate::upstream::{self, Failure, UpstreamClient};
+
+/// Header added to every replayed response.
+pub const REPLAYED: &str = "idempotent-replayed";
+
+/// What happened to a request: the `outcome` of logs and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Claimed and sent upstream; the answer was recorded.
+    Forwarded,
+    /// A stored answer was replayed.
+    Replayed,
+    /// 409: another request with the key is running.
+    InProgress,
+    /// 422: the key was used with a different request.
+    Mismatch,
+    /// A protected method without a key, on a route that does not require one.
+    Unprotected,
+    /// A method or route that idemgate does not protect.
+    Passthrough,
+    /// The client's request was refused (bad key, missing key, body too large or too slow).
+    Rejected,
+    /// The store failed (503, or forwarded unprotected by `on_store_error = "forward"`).
+    StoreError,
+    /// The upstream could not be reached; the claim was released.
+    UpstreamError,
+    /// Sent, outcome unknown (504), or a retry of such a request (409 outcome-unknown).
+    Ambiguous,
+}
+
+impl Outcome {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Forwarded => "forwarded",
+            Outcome::Replayed => "replayed",
+            Outcome::InProgress => "in_progress",
+            Outcome::Mismatch => "mismatch",
+            Outcome::Unprotected => "unprotected",
+            Outcome::Passthrough => "passthrough",
+            Outcome::Rejected => "rejected",
+            Outcome::StoreError => "store_error",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::Ambiguous => "ambiguous",
+        }
+    }
+}
+
+/// The proxy service. Cheap to clone: one per connection.
+#[derive(Clone)]
+pub struct Proxy {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    settings: Settings,
+    store: Arc<dyn Store>,
+    client: UpstreamClient,
+    // Upstream exchanges that outlive their client connection; shutdown waits for them.
+    tasks: TaskTracker,
+}
+
+/// A protected request that owns its claim, on its way upstream.
+struct Claimed {
+    id: RecordId,
+    owner: OwnerToken,
+    policy: Policy,
+    request: Request<Body>,
+}
+
+impl Proxy {
+    /// Builds the service over a store.
+    pub fn new(settings: Settings, store: Arc<dyn Store>, tasks: TaskTracker) -> Proxy {
+        let client = upstream::client(settings.config.store_timeout.max(Duration::from_secs(2)));
+        Proxy {
+            shared: Arc::new(Shared {
+                settings,
+                store,
+                client,
+                tasks,
+            }),
+        }
+    }
+
+    /// The store in use.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.shared.store
+    }
+
+    /// Handles one request. Never fails: every error becomes a response here.
+    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let started = Instant::now();
+        let policy = self.shared.settings.policy_for(req.uri().path());
+        if !policy.protects(req.method()) {
+            let timeout = policy.upstream_timeout;
+            return self.pass_through(req.map(body::boxed), peer, timeout).await;
+        }
+        let policy = policy.clone();
+        let method = req.method().clone();
+        let log = |res: &Response<Body>, outcome: Outcome, policy: &Policy| {
+            log_request(res, outcome, None, &method, policy, started);
+        };
+        let key = match key::parse(req.headers(), policy.max_key_length) {
+            Ok(Some(key)) => key,
+            Ok(None) if policy.require_key => {
+                let detail = "send an Idempotency-Key header with a unique value per operation";
+                let res = Problem::MissingKey.response(detail, None, None);
+                log(&res, Outcome::Rejected, &policy);
+                return res;
+            }
+            Ok(None) => {
+                let res = self
+                    .pass_through(req.map(body::boxed), peer, policy.upstream_timeout)
+                    .await;
+                log(&res, Outcome::Unprotected, &policy);
+                return res;
+            }
+            Err(e) => {
+                let res = Problem::InvalidKey.response(e.to_string(), None, None);
+                log(&res, Outcome::Rejected, &policy);
+                return res;
+            }
+        };
+        let (parts, incoming) = req.into_parts();
+        let body = match self
+            .read_body(&parts.headers, incoming, policy.max_body_bytes)
+            .await
+        {
+            Ok(b) => b,
+            Err(res) => {
+                log(&res, Outcome::Rejected, &policy);
+                return res;
+            }
+        };
+        let fp = fingerprint::fingerprint(
+            &RequestParts {
+                method: parts.method.as_str(),
+                path: parts.uri.path(),
+                query: parts.uri.query(),
+                content_type: parts
+                    .headers
+                    .get(CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok()),
+                body: &body,
+            },
+            &policy.fingerprint_ignore,
+        );
+        let id = record_id(&parts, &policy, &key);
+        let claim = ClaimRequest {
+            id,
+            fingerprint: fp,
+            fingerprint_version: FINGERPRINT_VERSION,
+            owner: OwnerToken::random(),
+            lease: policy.lease,
+            retention: policy.retention,
+        };
+        let request = Request::from_parts(parts, body::full(body));
+        // From the claim on, the work runs in its own task: a client that hangs up must
+        // never cut a claim off from its exchange and its record.
+        let this = self.clone();
+        let task = self.shared.tasks.spawn(async move {
+            let (res, outcome) = this.claim_and_settle(claim, request, &policy, peer).await;
+            log_request(&res, outcome, Some(id), &method, &policy, started);
+            res
+        });
+        match task.await {
+            Ok(res) => res,
+            // Only a panic gets here. Its claim (if any) stays in progress and its lease
+            // runs out to `unknown`, so nothing is executed twice.
+            Err(e) => {
+                tracing::error!(record = %id, error = %e, "request task failed");
+                Problem::UpstreamTimeout.response(
+                    "internal error; the outcome is unknown",
+                    Some(&id),
+                    None,
+                )
+            }
+        }
+    }
+
+    async fn claim_and_settle(
+        &self,
+        claim: ClaimRequest,
+        request: Request<Body>,
+        policy: &Policy,
+        peer: SocketAddr,
+    ) -> (Response<Body>, Outcome) {
+        let id = claim.id;
+        let store_timeout = self.shared.settings.config.store_timeout;
+        match deadline(store_timeout, self.shared.store.claim(&claim)).await {
+            Ok(Claim::Claimed) => {
+                let claimed = Claimed {
+                    id,
+                    owner: claim.owner,
+                    policy: policy.clone(),
+                    request,
+                };
+                exchange(&self.shared, claimed, peer).await
+            }
+            Ok(Claim::Replay(stored)) => (replay(stored), Outcome::Replayed),
+            Ok(Claim::InFlight { .. }) => (
+                Problem::InProgress.response(
+                    "a request with this key is being executed; retry after it finishes",
+                    Some(&id),
+                    Some(1),
+                ),
+                Outcome::InProgress,
+            ),
+            Ok(Claim::Mismatch) => (
+                Problem::FingerprintMismatch.response(
+                    "this key was used with a different request (method, path, query, content type or body); use a new key for a new operation",
+                    Some(&id),
+                    None,
+                ),
+                Outcome::Mismatch,
+            ),
+            Ok(Claim::Unknown) => (
+                Problem::OutcomeUnknown.response(
+                    "this request was sent to the upstream once and its outcome is unknown; it will not be sent again until an operator releases the record",
+                    Some(&id),
+                    None,
+                ),
+                Outcome::Ambiguous,
+            ),
+            Err(e) => {
+                tracing::warn!(record = %id, error = %e, "claim failed");
+                // The claim may have landed even though its answer did not: take it back
+                // (owner-checked, so nothing else is touched) so that a retry is not stuck
+                // behind a record that was never forwarded.
+                let store = self.shared.store.clone();
+                self.shared.tasks.spawn(async move {
+                    let _ = deadline(store_timeout, store.release(&claim.id, &claim.owner)).await;
+                });
+                if matches!(e, StoreError::Full(_)) || policy.on_store_error == OnStoreError::Reject {
+                    let res = Problem::StoreUnavailable.response(
+                        "the idempotency store did not answer; the request was not forwarded",
+                        Some(&id),
+                        Some(1),
+                    );
+                    (res, Outcome::StoreError)
+                } else {
+                    let res = self.pass_through(request, peer, policy.upstream_timeout).await;
+                    (res, Outcome::StoreError)
+                }
+            }
+        }
+    }
+
+    /// Buffers a protected body up to `max` bytes within the body read timeout.
+    async fn read_body(
+        &self,
+        headers: &hyper::HeaderMap,
+        incoming: Incoming,
+        max: u64,
+    ) -> Result<Bytes, Response<Body>> {
+        let too_large = || {
+            Problem::BodyTooLarge.response(
+                format!("protected request bodies are limited to {max} bytes"),
+                None,
+                None,
+            )
+        };
+        let declared = headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > max) {
+            return Err(too_large());
+        }
+        let limit = usize::try_from(max).unwrap_or(usize::MAX);
+        let read = Limited::new(incoming, limit).collect();
+        match tokio::time::timeout(self.shared.settings.config.body_read_timeout, read).await {
+            Ok(Ok(collected)) => Ok(collected.to_bytes()),
+            Ok(Err(e)) if e.is::<LengthLimitError>() => Err(too_large()),
+            Ok(Err(_)) => Err(Problem::BodyUnreadable.response(
+                "the request body ended early or was malformed",
+                None,
+                None,
+            )),
+            Err(_) => Err(Problem::BodyTimeout.response(
+                "the request body did not arrive within body_read_timeout",
+                None,
+                None,
+            )),
+        }
+    }
+
+    /// Forwards a request as is, streaming both bodies.
+    async fn pass_through(
+        &self,
+        mut req: Request<Body>,
+        peer: SocketAddr,
+        timeout: Duration,
+    ) -> Response<Body> {
+        upstream::prepare(&mut req, &self.shared.settings.upstream, peer);
+        match tokio::time::timeout(timeout, self.shared.client.request(req)).await {
+            Ok(Ok(res)) => {
+                let (mut parts, body) = res.into_parts();
+                upstream::strip_hop_by_hop(&mut parts.headers);
+                Response::from_parts(parts, body::boxed(body))
+            }
+            Ok(Err(e)) => match upstream::classify(&e) {
+                Failure::NotSent => Problem::UpstreamUnreachable.response(
+                    "could not connect to the upstream",
+                    None,
+                    None,
+                ),
+                Failure::Ambiguous => Problem::UpstreamTimeout.response(
+                    "the upstream closed the connection without a complete answer",
+                    None,
+                    None,
+                ),
+            },
+            Err(_) => Problem::UpstreamTimeout.response(
+                "the upstream did not answer within upstream_timeout",
+                None,
+                None,
+            ),
+        }
+    }
+}
+
+fn log_request(
+    res: &Response<Body>,
+    outcome: Outcome,
+    id: Option<RecordId>,
+    method: &hyper::Method,
+    policy: &Policy,
+    started: Instant,
+) {
+    tracing::info!(
+        outcome = outcome.as_str(),
+        record = id.map(|r| r.to_string()).as_deref().unwrap_or("-"),
+        method = %method,
+        route = policy.route.as_deref().unwrap_or("-"),
+        status = res.status().as_u16(),
+        latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+        "request"
+    );
+}
+
+fn record_id(
+    parts: &hyper::http::request::Parts,
+    policy: &Policy,
+    key: &IdempotencyKey,
+) -> RecordId {
+    let tenant = Tenant::from_headers(&parts.headers, &policy.tenant_headers);
+    RecordId::new(&tenant, parts.method.as_str(), parts.uri.path(), key)
+}
+
+/// Why an exchange produced no complete answer.
+enum ExchangeError {
+    Request(hyper_util::client::legacy::Error),
+    Body(hyper::Error),
+    Timeout,
+}
+
+/// Forwards a claimed request, keeps its lease alive while the upstream works, and settles
+/// the record: completed, released (provably not sent) or unknown.
+async fn exchange(
+    shared: &Shared,
+    claimed: Claimed,
+    peer: SocketAddr,
+) -> (Response<Body>, Outcome) {
+    let Claimed {
+        id,
+        owner,
+        policy,
+        mut request,
+    } = claimed;
+    upstream::prepare(&mut request, &shared.settings.upstream, peer);
+    let call = async {
+        let res = shared
+            .client
+            .request(request)
+            .await
+            .map_err(ExchangeError::Request)?;
+        let (parts, body) = res.into_parts();
+        let bytes = body
+            .collect()
+            .await
+            .map_err(ExchangeError::Body)?
+            .to_bytes();
+        Ok::<_, ExchangeError>((parts, bytes))
+    };
+    let timed = async {
+        tokio::time::timeout(policy.upstream_timeout, call)
+            .await
+            .unwrap_or(Err(ExchangeError::Timeout))
+    };
+    let result = renewing_lease(shared, &id, &owner, policy.lease, timed).await;
+    let store_timeout = shared.settings.config.store_timeout;
+    let store = &shared.store;
+    match result {
+        Ok((mut parts, bytes)) => {
+            upstream::strip_hop_by_hop(&mut parts.headers);
+            let stored = StoredResponse {
+                status: parts.status.as_u16(),
+                headers: parts
+                    .headers
+                    .iter()
+                    .filter(|(n, _)| ![DATE, SET_COOKIE, CONTENT_LENGTH].contains(n))
+                    .map(|(n, v)| (n.as_str().to_string(), Bytes::copy_from_slice(v.as_bytes())))
+                    .collect(),
+                body: bytes.clone(),
+            };
+            match deadline(store_timeout, store.record(&id, &owner, &stored)).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(record = %id, "record no longer owned (released by an operator?); response not stored")
+                }
+                // The record stays in progress, its lease runs out and retries see
+                // `unknown`: never a second execution.
+                Err(e) => {
+                    tracing::error!(record = %id, error = %e, "could not record the upstream's answer")
+                }
+            }
+            (
+                Response::from_parts(parts, body::full(bytes)),
+                Outcome::Forwarded,
+            )
+        }
+        Err(ExchangeError::Request(e)) if upstream::classify(&e) == Failure::NotSent => {
+            tracing::warn!(record = %id, error = %e, "upstream unreachable; releasing the claim");
+            if let Err(e) = deadline(store_timeout, store.release(&id, &owner)).await {
+                tracing::error!(record = %id, error = %e, "could not release the claim; it will read as unknown once its lease runs out");
+            }
+            let res = Problem::UpstreamUnreachable.response(
+                "could not connect to the upstream; the request was not sent and may be retried",
+                Some(&id),
+                Some(1),
+            );
+            (res, Outcome::UpstreamError)
+        }
+        Err(e) => {
+            let why = match &e {
+                ExchangeError::Timeout => {
+                    "the upstream did not answer within upstream_timeout".to_string()
+                }
+                ExchangeError::Request(e) => {
+                    format!("the upstream connection failed after sending: {e}")
+                }
+                ExchangeError::Body(e) => format!("the upstream's answer broke off: {e}"),
+            };
+            tracing::warn!(record = %id, reason = %why, "upstream outcome unknown");
+            let settled = match policy.on_ambiguous {
+                OnAmbiguous::Hold => deadline(store_timeout, store.mark_unknown(&id, &owner)).await,
+                OnAmbiguous::Release => deadline(store_timeout, store.release(&id, &owner)).await,
+            };
+            if let Err(e) = settled {
+                tracing::error!(record = %id, error = %e, "could not settle the record; it will read as unknown once its lease runs out");
+            }
+            let detail = match policy.on_ambiguous {
+                OnAmbiguous::Hold => format!("{why}; the request may have been executed, and retries with this key get 409 until an operator releases the record"),
+                OnAmbiguous::Release => format!("{why}; the request may have been executed, and the key was released"),
+            };
+            (
+                Problem::UpstreamTimeout.response(detail, Some(&id), None),
+                Outcome::Ambiguous,
+            )
+        }
+    }
+}
+
+/// Awaits `work` while renewing the lease every third of its length. The fast path (an
+/// upstream that answers within a third of the lease) costs no store call at all.
+async fn renewing_lease<T>(
+    shared: &Shared,
+    id: &RecordId,
+    owner: &OwnerToken,
+    lease: Duration,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    let period = lease / 3;
+    let store_timeout = shared.settings.config.store_timeout.min(period);
+    tokio::pin!(work);
+    let mut next = tokio::time::Instant::now() + period;
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            _ = tokio::time::sleep_until(next) => {
+                next += period;
+                let renew = shared.store.renew(id, owner, lease);
+                // The renewal races the work, so a slow store never delays the answer.
+                tokio::select! {
+                    out = &mut work => return out,
+                    r = deadline(store_timeout, renew) => match r {
+                        Ok(true) => {}
+                        Ok(false) => tracing::warn!(record = %id, "lease renewal refused: the claim is no longer ours"),
+                        Err(e) => tracing::warn!(record = %id, error = %e, "lease renewal failed"),
+                    },
+                }
+            }
+        }
+    }
+}
+
+/// Builds the replay of a stored response.
+fn replay(stored: StoredResponse) -> Response<Body> {
+    let mut res = Response::new(body::full(stored.body));
+    *res.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let h = res.headers_mut();
+    for (name, value) in stored.headers {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_maybe_shared(value),
+        ) {
+            if !upstream::is_hop_by_hop(&n) && n != SET_COOKIE && n != DATE {
+                h.append(n, v);
+            }
+        }
+    }
+    h.insert(REPLAYED, HeaderValue::from_static("true"));
+    res
+}

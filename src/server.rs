@@ -1,0 +1,274 @@
+//! Starting and stopping: opening the store (with its start-up checks), the accept loops of
+//! the proxy and admin listeners, and a bounded graceful shutdown.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::admin::Admin;
+use crate::config::{Config, ConfigError, Settings};
+use crate::proxy::Proxy;
+use crate::store::{MemoryStore, RedisStore, Store, StoreError};
+
+/// Why idemgate could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad configuration (exit code 64).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The store could not be reached at start-up.
+    #[error("cannot use the store: {0}")]
+    Store(#[from] StoreError),
+    /// Redis would evict records, which would silently turn retries into second executions.
+    #[error("Redis maxmemory-policy is `{0}`: it may evict idempotency records and let retries execute twice. Set `maxmemory-policy noeviction` on the Redis that idemgate uses")]
+    EvictingRedis(String),
+}
+
+impl Error {
+    /// The process exit code (sysexits): 64 bad configuration, 69 a dependency unavailable,
+    /// 71 an OS error.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Config(_) | Error::EvictingRedis(_) => 64,
+            Error::Store(_) => 69,
+            Error::Bind { .. } => 71,
+        }
+    }
+}
+
+/// Opens the configured store: Redis when `redis_url` is set, else the embedded one.
+pub async fn open_store(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
+    let c = &settings.config;
+    let Some(url) = &c.redis_url else {
+        tracing::warn!(
+            "using the embedded in-memory store: records do not survive a restart and are not shared between instances; set redis_url for production"
+        );
+        let store = MemoryStore::new(c.memory_max_records);
+        store.spawn_sweeper(Duration::from_secs(10));
+        return Ok(Arc::new(store));
+    };
+    let store = RedisStore::connect(url, c.redis_connect_timeout, c.store_timeout).await?;
+    let info = store.server_info().await?;
+    if info.maxmemory_policy != "noeviction" {
+        return Err(Error::EvictingRedis(info.maxmemory_policy));
+    }
+    if !info.aof_enabled {
+        tracing::warn!(
+            "Redis append-only persistence is off: records written since the last snapshot are lost if Redis restarts, and their keys could execute again"
+        );
+    }
+    tracing::info!(redis_version = %info.version, "connected to Redis");
+    Ok(Arc::new(store))
+}
+
+/// A running idemgate, started in-process (tests, the lab).
+pub struct Running {
+    addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Running {
+    /// Where the proxy listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+    /// Where the admin listener listens, if on.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+    /// Stops accepting, drains in-flight requests (bounded) and waits until done.
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// Validates the configuration, binds its listeners, opens the store and serves in a
+/// background task until [`Running::shutdown`].
+pub async fn start(config: Config) -> Result<Running, Error> {
+    let settings = Settings::new(config)?;
+    let (listener, admin) = bind(&settings).await?;
+    let addr = local_addr(&listener, settings.config.listen)?;
+    let admin_addr = match &admin {
+        Some(l) => Some(local_addr(l, settings.config.listen)?),
+        None => None,
+    };
+    let store = open_store(&settings).await?;
+    let stop = CancellationToken::new();
+    let token = stop.clone();
+    let task = tokio::spawn(async move {
+        serve(settings, store, listener, admin, token.cancelled_owned()).await;
+    });
+    Ok(Running {
+        addr,
+        admin_addr,
+        stop,
+        task,
+    })
+}
+
+fn local_addr(l: &TcpListener, fallback: SocketAddr) -> Result<SocketAddr, Error> {
+    l.local_addr().map_err(|source| Error::Bind {
+        addr: fallback,
+        source,
+    })
+}
+
+/// Binds the proxy and (if configured) admin listeners.
+pub async fn bind(settings: &Settings) -> Result<(TcpListener, Option<TcpListener>), Error> {
+    let c = &settings.config;
+    let listener = TcpListener::bind(c.listen)
+        .await
+        .map_err(|source| Error::Bind {
+            addr: c.listen,
+            source,
+        })?;
+    let admin = match c.admin_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| Error::Bind { addr, source })?,
+        ),
+        None => None,
+    };
+    Ok((listener, admin))
+}
+
+/// Opens the store and serves until `shutdown` resolves (what the binary runs).
+pub async fn run(
+    settings: Settings,
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let store = open_store(&settings).await?;
+    serve(settings, store, listener, admin, shutdown).await;
+    Ok(())
+}
+
+/// Serves on already-bound listeners until `shutdown`, then drains.
+pub async fn serve(
+    settings: Settings,
+    store: Arc<dyn Store>,
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    let tasks = TaskTracker::new();
+    let stop = CancellationToken::new();
+    let grace = settings.config.shutdown_grace;
+    let header_timeout = settings.config.header_read_timeout;
+    let store_timeout = settings.config.store_timeout;
+    let admin_task = admin.map(|l| {
+        let admin = Admin::new(store.clone(), store_timeout);
+        tokio::spawn(accept_loop(
+            l,
+            stop.clone(),
+            grace,
+            header_timeout,
+            move |req, _peer| {
+                let admin = admin.clone();
+                async move { admin.handle(req).await }
+            },
+        ))
+    });
+    let proxy = Proxy::new(settings, store, tasks.clone());
+    let proxy_task = tokio::spawn(accept_loop(
+        listener,
+        stop.clone(),
+        grace,
+        header_timeout,
+        move |req, peer| {
+            let proxy = proxy.clone();
+            async move { proxy.handle(req, peer).await }
+        },
+    ));
+    shutdown.await;
+    tracing::info!("shutting down: no new connections, draining in-flight requests");
+    stop.cancel();
+    let _ = proxy_task.await;
+    // Exchanges whose clients already left still run; they are recorded before we exit.
+    tasks.close();
+    if tokio::time::timeout(grace, tasks.wait()).await.is_err() {
+        tracing::warn!("upstream exchanges still running after the shutdown grace period; their records will read as unknown");
+    }
+    if let Some(t) = admin_task {
+        let _ = t.await;
+    }
+    tracing::info!("stopped");
+}
+
+async fn accept_loop<F, Fut>(
+    listener: TcpListener,
+    stop: CancellationToken,
+    grace: Duration,
+    header_timeout: Duration,
+    handler: F,
+) where
+    F: Fn(hyper::Request<hyper::body::Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = hyper::Response<crate::body::Body>> + Send + 'static,
+{
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    let graceful = GracefulShutdown::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.cancelled() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let handler = handler.clone();
+        let svc = service_fn(move |req| {
+            let handler = handler.clone();
+            async move { Ok::<_, Infallible>(handler(req, peer).await) }
+        });
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), svc)
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, peer = %peer, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after the shutdown grace period; closing them");
+    }
+}

@@ -1,0 +1,229 @@
+//! Where records live: one [`Store`] trait, an embedded in-memory backend and a Redis
+//! backend, held to the same contract by one test suite (`tests/store_contract.rs`).
+//!
+//! A record goes `in_progress` (claimed, with an owner token and a lease) → `completed`
+//! (status, headers, body recorded by its owner), or → `unknown` (sent, no complete answer;
+//! or the lease ran out with nobody renewing it), or is released (deleted by its owner when
+//! the request provably never reached the upstream, or by an operator).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::Serialize;
+
+use crate::fingerprint::Fingerprint;
+use crate::key::RecordId;
+
+pub mod memory;
+pub mod redis;
+
+pub use self::memory::MemoryStore;
+pub use self::redis::RedisStore;
+
+/// A boxed future, so the trait can be used as `dyn Store`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// An unguessable token that names the holder of a claim: only it may record or release.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct OwnerToken(String);
+
+impl OwnerToken {
+    /// A fresh random token (128 bits).
+    pub fn random() -> OwnerToken {
+        OwnerToken(hex::encode(rand::random::<[u8; 16]>()))
+    }
+    /// The token's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Everything a claim writes when it creates a record.
+#[derive(Clone, Debug)]
+pub struct ClaimRequest {
+    /// The record.
+    pub id: RecordId,
+    /// Fingerprint of the request.
+    pub fingerprint: Fingerprint,
+    /// Version of the fingerprint's input format.
+    pub fingerprint_version: u16,
+    /// The claimant.
+    pub owner: OwnerToken,
+    /// How long the claim holds without renewal.
+    pub lease: Duration,
+    /// How long the record lives from now.
+    pub retention: Duration,
+}
+
+/// A response as recorded, and replayed byte for byte.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// HTTP status code.
+    pub status: u16,
+    /// Replayable headers, in order (hop-by-hop, `Date`, `Set-Cookie` already removed).
+    pub headers: Vec<(String, Bytes)>,
+    /// The body.
+    pub body: Bytes,
+}
+
+impl StoredResponse {
+    /// Compact encoding of the headers: for each, u32-BE name length, name, u32-BE value
+    /// length, value. Binary-safe and cheap, since header values need not be UTF-8.
+    pub fn encode_headers(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (name, value) in &self.headers {
+            out.extend_from_slice(&(name.len() as u32).to_be_bytes());
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(&(value.len() as u32).to_be_bytes());
+            out.extend_from_slice(value);
+        }
+        out
+    }
+
+    /// Inverse of [`encode_headers`](Self::encode_headers); `None` if corrupt.
+    pub fn decode_headers(mut b: &[u8]) -> Option<Vec<(String, Bytes)>> {
+        fn take<'a>(b: &mut &'a [u8]) -> Option<&'a [u8]> {
+            let len = u32::from_be_bytes(b.get(..4)?.try_into().ok()?) as usize;
+            let v = b.get(4..4 + len)?;
+            *b = &b[4 + len..];
+            Some(v)
+        }
+        let mut out = Vec::new();
+        while !b.is_empty() {
+            let name = String::from_utf8(take(&mut b)?.to_vec()).ok()?;
+            let value = Bytes::copy_from_slice(take(&mut b)?);
+            out.push((name, value));
+        }
+        Some(out)
+    }
+}
+
+/// What a claim found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// No record existed; the caller now owns a fresh `in_progress` one.
+    Claimed,
+    /// A completed record with the same fingerprint: replay it.
+    Replay(StoredResponse),
+    /// Another request with the same fingerprint holds a live lease.
+    InFlight {
+        /// Time left on that lease.
+        lease_left: Duration,
+    },
+    /// The record was made by a request with a different fingerprint.
+    Mismatch,
+    /// Sent once, outcome unknown (marked so, or its lease ran out unrenewed).
+    Unknown,
+}
+
+/// The state of a record, as the admin API shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordState {
+    /// Claimed, lease live.
+    InProgress,
+    /// Response recorded.
+    Completed,
+    /// Sent, outcome unknown.
+    Unknown,
+}
+
+/// A record as the admin API shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct RecordView {
+    /// The record id.
+    pub id: String,
+    /// Current state (an expired lease reads as `unknown`).
+    pub state: RecordState,
+    /// Milliseconds since the Unix epoch, by the store's clock.
+    pub created_ms: u64,
+    /// Lease left, in milliseconds, while `in_progress`.
+    pub lease_left_ms: Option<u64>,
+    /// Time to live left, in milliseconds.
+    pub ttl_ms: Option<u64>,
+    /// Fingerprint (hex) and its version.
+    pub fingerprint: String,
+    #[allow(missing_docs)]
+    pub fingerprint_version: u16,
+    /// Recorded status, once completed.
+    pub status: Option<u16>,
+    /// Recorded body, only when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+}
+
+/// Why a store call failed. Every failure is treated as "the store may or may not have
+/// applied it", so callers stay on the safe side.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The call did not finish within its deadline.
+    #[error("store call timed out after {0:?}")]
+    Timeout(Duration),
+    /// Connection or protocol error talking to the store.
+    #[error("store error: {0}")]
+    Backend(String),
+    /// The store answered something it should not have (corrupt or foreign record).
+    #[error("store returned an unexpected reply: {0}")]
+    Corrupt(String),
+    /// The store refuses new records (embedded cap reached, Redis out of memory).
+    #[error("store is full: {0}")]
+    Full(String),
+}
+
+/// The operations idemgate needs from a record store. Every mutating call is atomic and
+/// owner-checked where it says so, and each is one round trip for a remote store.
+pub trait Store: Send + Sync + 'static {
+    /// Creates the record as `in_progress` owned by `req.owner`, or reports what exists.
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>>;
+    /// Records the response if `owner` still owns the record. `Ok(false)`: it does not.
+    fn record<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        response: &'a StoredResponse,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    /// Extends the lease if `owner` still owns an `in_progress` record.
+    fn renew<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    /// Marks the record `unknown` if `owner` still owns it.
+    fn mark_unknown<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    /// Deletes the record if `owner` still owns it (the request never left idemgate).
+    fn release<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    /// Reads a record for operators.
+    fn inspect<'a>(
+        &'a self,
+        id: &'a RecordId,
+        with_body: bool,
+    ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>>;
+    /// Deletes a record whatever its owner (an operator's reconciliation).
+    fn delete<'a>(&'a self, id: &'a RecordId) -> BoxFuture<'a, Result<bool, StoreError>>;
+    /// Checks the store answers.
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+    /// A short name for logs: `memory` or `redis`.
+    fn kind(&self) -> &'static str;
+}
+
+/// Runs a store call under a deadline: a store that does not answer counts as an error.
+pub async fn deadline<T>(
+    limit: Duration,
+    f: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, f).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::Timeout(limit)),
+    }
+}

@@ -1,0 +1,436 @@
+//! The Redis store: one record = one Redis hash under `idemgate:{<record id>}` (the hash tag
+//! keeps a record in one cluster slot), its time to live = the route's retention from the
+//! claim. Claim, record, renew, mark-unknown and release are each one Lua script: one round
+//! trip, atomic, and safe to run twice. Times come from Redis's own clock (`TIME`), so
+//! several idemgate instances agree on leases whatever their clocks say.
+//!
+//! All calls go through one shared multiplexed [`ConnectionManager`], which reconnects by
+//! itself, with explicit connect and response timeouts; callers add an outer deadline.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, Value};
+
+use super::{
+    BoxFuture, Claim, ClaimRequest, OwnerToken, RecordState, RecordView, Store, StoreError,
+    StoredResponse,
+};
+use crate::key::RecordId;
+
+// Fields of a record hash: st = state (p in progress, c completed, u unknown), fp =
+// fingerprint hex, fv = fingerprint version, ow = owner token, lu = lease until (ms, Redis
+// clock), cr = created (ms), sc = status, hd = headers (StoredResponse::encode_headers),
+// bd = body.
+const NOW: &str = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n";
+
+const CLAIM: &str = r#"
+local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu')
+if not r[1] then
+  redis.call('HSET', KEYS[1], 'st', 'p', 'fp', ARGV[1], 'fv', ARGV[2], 'ow', ARGV[3],
+             'lu', now + tonumber(ARGV[4]), 'cr', now)
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  return {'claimed'}
+end
+if r[2] ~= ARGV[1] or r[3] ~= ARGV[2] then return {'mismatch'} end
+if r[1] == 'c' then
+  local v = redis.call('HMGET', KEYS[1], 'sc', 'hd', 'bd')
+  return {'completed', v[1], v[2], v[3]}
+end
+if r[1] == 'p' and tonumber(r[4]) > now then return {'in_progress', tostring(tonumber(r[4]) - now)} end
+return {'unknown'}
+"#;
+
+// Owner-checked; running it twice records the same response twice, which is harmless.
+const RECORD: &str = r#"
+if redis.call('HGET', KEYS[1], 'ow') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'st', 'c', 'sc', ARGV[2], 'hd', ARGV[3], 'bd', ARGV[4])
+redis.call('HDEL', KEYS[1], 'lu')
+return 1
+"#;
+
+const RENEW: &str = r#"
+local r = redis.call('HMGET', KEYS[1], 'ow', 'st')
+if r[1] ~= ARGV[1] or r[2] ~= 'p' then return 0 end
+redis.call('HSET', KEYS[1], 'lu', now + tonumber(ARGV[2]))
+return 1
+"#;
+
+const MARK_UNKNOWN: &str = r#"
+local r = redis.call('HMGET', KEYS[1], 'ow', 'st')
+if r[1] ~= ARGV[1] or r[2] == 'c' then return 0 end
+redis.call('HSET', KEYS[1], 'st', 'u')
+redis.call('HDEL', KEYS[1], 'lu')
+return 1
+"#;
+
+const RELEASE: &str = r#"
+if redis.call('HGET', KEYS[1], 'ow') ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"#;
+
+const INSPECT: &str = r#"
+local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'cr', 'sc')
+if not r[1] then return false end
+local body = false
+if ARGV[1] == '1' then body = redis.call('HGET', KEYS[1], 'bd') end
+return {r[1], r[2], r[3], r[4] or '', r[5], r[6] or '', tostring(now), tostring(redis.call('PTTL', KEYS[1])), body}
+"#;
+
+/// The Redis store.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    scripts: std::sync::Arc<Scripts>,
+}
+
+struct Scripts {
+    claim: Script,
+    record: Script,
+    renew: Script,
+    mark_unknown: Script,
+    release: Script,
+    inspect: Script,
+}
+
+/// What start-up learned about the Redis server.
+#[derive(Debug, Clone)]
+pub struct ServerInfo {
+    /// `maxmemory_policy` from `INFO memory`.
+    pub maxmemory_policy: String,
+    /// `aof_enabled` from `INFO persistence`.
+    pub aof_enabled: bool,
+    /// `redis_version` from `INFO server`.
+    pub version: String,
+}
+
+impl RedisStore {
+    /// Connects (one attempt bounded by `connect_timeout`) and loads the scripts.
+    pub async fn connect(
+        url: &str,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Result<RedisStore, StoreError> {
+        let client = redis::Client::open(url).map_err(backend)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(response_timeout))
+            // Reconnection happens in the background; a request that finds the connection
+            // down fails at once (503) rather than waiting through a retry ladder.
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_secs(1));
+        let conn = super::deadline(connect_timeout + response_timeout, async {
+            ConnectionManager::new_with_config(client, config)
+                .await
+                .map_err(backend)
+        })
+        .await?;
+        let scripts = Scripts {
+            claim: Script::new(&format!("{NOW}{CLAIM}")),
+            record: Script::new(RECORD),
+            renew: Script::new(&format!("{NOW}{RENEW}")),
+            mark_unknown: Script::new(MARK_UNKNOWN),
+            release: Script::new(RELEASE),
+            inspect: Script::new(&format!("{NOW}{INSPECT}")),
+        };
+        let store = RedisStore {
+            conn,
+            scripts: std::sync::Arc::new(scripts),
+        };
+        // Loading now keeps the first requests at one round trip (EVALSHA hits). After a
+        // Redis restart the scripts are gone; redis-rs then falls back to EVAL once.
+        let mut c = store.conn.clone();
+        for s in [
+            &store.scripts.claim,
+            &store.scripts.record,
+            &store.scripts.renew,
+            &store.scripts.mark_unknown,
+            &store.scripts.release,
+            &store.scripts.inspect,
+        ] {
+            let _: String = s
+                .prepare_invoke()
+                .load_async(&mut c)
+                .await
+                .map_err(backend)?;
+        }
+        Ok(store)
+    }
+
+    /// Reads `INFO` for the start-up checks.
+    pub async fn server_info(&self) -> Result<ServerInfo, StoreError> {
+        let mut c = self.conn.clone();
+        let info: String = redis::cmd("INFO")
+            .arg("all")
+            .query_async(&mut c)
+            .await
+            .map_err(backend)?;
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .map(|v| v.trim().to_string())
+        };
+        Ok(ServerInfo {
+            maxmemory_policy: field("maxmemory_policy").unwrap_or_default(),
+            aof_enabled: field("aof_enabled").as_deref() == Some("1"),
+            version: field("redis_version").unwrap_or_default(),
+        })
+    }
+
+    fn key(id: &RecordId) -> String {
+        format!("idemgate:{{{id}}}")
+    }
+}
+
+fn backend(e: redis::RedisError) -> StoreError {
+    if e.code() == Some("OOM") {
+        return StoreError::Full(e.to_string());
+    }
+    StoreError::Backend(e.to_string())
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::Corrupt(what.to_string())
+}
+
+fn bytes_of(v: &Value) -> Option<Bytes> {
+    match v {
+        Value::BulkString(b) => Some(Bytes::copy_from_slice(b)),
+        Value::SimpleString(s) => Some(Bytes::copy_from_slice(s.as_bytes())),
+        Value::Int(i) => Some(Bytes::from(i.to_string())),
+        _ => None,
+    }
+}
+
+fn text_of(v: &Value) -> Option<String> {
+    bytes_of(v).and_then(|b| String::from_utf8(b.to_vec()).ok())
+}
+
+fn parse_claim(v: Value) -> Result<Claim, StoreError> {
+    let Value::Array(items) = v else {
+        return Err(corrupt("claim reply is not an array"));
+    };
+    let tag = items.first().and_then(text_of).unwrap_or_default();
+    match tag.as_str() {
+        "claimed" => Ok(Claim::Claimed),
+        "mismatch" => Ok(Claim::Mismatch),
+        "unknown" => Ok(Claim::Unknown),
+        "in_progress" => {
+            let ms: u64 = items
+                .get(1)
+                .and_then(text_of)
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| corrupt("lease left"))?;
+            Ok(Claim::InFlight {
+                lease_left: Duration::from_millis(ms),
+            })
+        }
+        "completed" => {
+            let status: u16 = items
+                .get(1)
+                .and_then(text_of)
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| corrupt("status"))?;
+            let headers = items
+                .get(2)
+                .and_then(bytes_of)
+                .and_then(|b| StoredResponse::decode_headers(&b))
+                .ok_or_else(|| corrupt("headers"))?;
+            let body = items
+                .get(3)
+                .and_then(bytes_of)
+                .ok_or_else(|| corrupt("body"))?;
+            Ok(Claim::Replay(StoredResponse {
+                status,
+                headers,
+                body,
+            }))
+        }
+        other => Err(corrupt(&format!("claim reply tag {other:?}"))),
+    }
+}
+
+impl Store for RedisStore {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.conn.clone();
+            let v: Value = self
+                .scripts
+                .claim
+                .key(Self::key(&req.id))
+                .arg(req.fingerprint.to_hex())
+                .arg(req.fingerprint_version)
+                .arg(req.owner.as_str())
+                .arg(req.lease.as_millis() as u64)
+                .arg(req.retention.as_millis() as u64)
+                .invoke_async(&mut c)
+                .await
+                .map_err(backend)?;
+            parse_claim(v)
+        })
+    }
+
+    fn record<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        response: &'a StoredResponse,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.conn.clone();
+            let n: i64 = self
+                .scripts
+                .record
+                .key(Self::key(id))
+                .arg(owner.as_str())
+                .arg(response.status)
+                .arg(response.encode_headers())
+                .arg(response.body.as_ref())
+                .invoke_async(&mut c)
+                .await
+                .map_err(backend)?;
+            Ok(n == 1)
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.conn.clone();
+            let n: i64 = self
+                .scripts
+                .renew
+                .key(Self::key(id))
+                .arg(owner.as_str())
+                .arg(lease.as_millis() as u64)
+                .invoke_async(&mut c)
+                .await
+                .map_err(backend)?;
+            Ok(n == 1)
+        })
+    }
+
+    fn mark_unknown<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.conn.clone();
+            let n: i64 = self
+                .scripts
+                .mark_unknown
+                .key(Self::key(id))
+                .arg(owner.as_str())
+                .invoke_async(&mut c)
+                .await
+                .map_err(backend)?;
+            Ok(n == 1)
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.conn.clone();
+            let n: i64 = self
+                .scripts
+                .release
+                .key(Self::key(id))
+                .arg(owner.as_str())
+                .invoke_async(&mut c)
+                .await
+                .map_err(backend)?;
+            Ok(n == 1)
+        })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        id: &'a RecordId,
+        with_body: bool,
+    ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.conn.clone();
+            let v: Value = self
+                .scripts
+                .inspect
+                .key(Self::key(id))
+                .arg(if with_body { "1" } else { "0" })
+                .invoke_async(&mut c)
+                .await
+                .map_err(backend)?;
+            let items = match v {
+                Value::Nil => return Ok(None),
+                Value::Array(items) => items,
+                _ => return Err(corrupt("inspect reply")),
+            };
+            let text = |i: usize| items.get(i).and_then(text_of).unwrap_or_default();
+            let num = |i: usize| text(i).parse::<i64>().ok();
+            let now = num(6).unwrap_or(0);
+            let lease_until = num(3);
+            let state = match text(0).as_str() {
+                "c" => RecordState::Completed,
+                "p" if lease_until.is_some_and(|l| l > now) => RecordState::InProgress,
+                _ => RecordState::Unknown,
+            };
+            Ok(Some(RecordView {
+                id: id.to_string(),
+                state,
+                created_ms: num(4).unwrap_or(0).max(0) as u64,
+                lease_left_ms: match state {
+                    RecordState::InProgress => lease_until.map(|l| (l - now).max(0) as u64),
+                    _ => None,
+                },
+                ttl_ms: num(7).filter(|t| *t >= 0).map(|t| t as u64),
+                fingerprint: text(1),
+                fingerprint_version: text(2).parse().unwrap_or(0),
+                status: text(5).parse().ok(),
+                body: if with_body {
+                    items
+                        .get(8)
+                        .and_then(bytes_of)
+                        .map(|b| String::from_utf8_lossy(&b).into_owned())
+                } else {
+                    None
+                },
+            }))
+        })
+    }
+
+    fn delete<'a>(&'a self, id: &'a RecordId) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.conn.clone();
+            let n: i64 = redis::cmd("DEL")
+                .arg(Self::key(id))
+                .query_async(&mut c)
+                .await
+                .map_err(backend)?;
+            Ok(n == 1)
+        })
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut c = self.conn.clone();
+            let _: String = redis::cmd("PING")
+                .query_async(&mut c)
+                .await
+                .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+}

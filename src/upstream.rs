@@ -1,0 +1,151 @@
+//! The client side: one pooled HTTP/1.1 client to the upstream, how requests are rewritten
+//! on their way there (hop-by-hop headers out, `X-Forwarded-*` in), and how a failure is
+//! classified, because that decides between "release the claim" and "hold it as unknown".
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST};
+use hyper::{Request, Uri, Version};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::body::Body;
+use crate::config::Upstream;
+
+/// The pooled client to the upstream.
+pub type UpstreamClient = Client<HttpConnector, Body>;
+
+/// Builds the client. Connecting has its own timeout, so a black-holed upstream is reported
+/// as unreachable (provably not sent) rather than as a timeout.
+pub fn client(connect_timeout: Duration) -> UpstreamClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(connect_timeout));
+    connector.enforce_http(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(connector)
+}
+
+/// Header names that are hop-by-hop by definition (RFC 9110 7.6.1, plus the legacy
+/// `Keep-Alive` and `Proxy-Connection`). `Connection` may name more.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authorization",
+];
+
+/// Removes hop-by-hop headers, including every header that `Connection` names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// Whether a header is hop-by-hop (static list only; call after [`strip_hop_by_hop`]).
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(&name.as_str())
+}
+
+/// Rewrites a client request into the upstream's: absolute URI on the upstream origin,
+/// HTTP/1.1, hop-by-hop headers removed, `Host` set to the upstream, `X-Forwarded-*` added.
+pub fn prepare(req: &mut Request<Body>, upstream: &Upstream, client: SocketAddr) {
+    let path_and_query = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/")
+        .to_string();
+    let uri = Uri::builder()
+        .scheme(upstream.scheme.clone())
+        .authority(upstream.authority.clone())
+        .path_and_query(path_and_query)
+        .build();
+    // The parts come from an already valid URI and a validated upstream.
+    if let Ok(uri) = uri {
+        *req.uri_mut() = uri;
+    }
+    let original_host = req.headers().get(HOST).cloned().or_else(|| {
+        // HTTP/2 clients send :authority instead of Host.
+        req.uri()
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    });
+    *req.version_mut() = Version::HTTP_11;
+    let h = req.headers_mut();
+    strip_hop_by_hop(h);
+    h.remove(HOST);
+    if let Ok(v) = HeaderValue::from_str(upstream.authority.as_str()) {
+        h.insert(HOST, v);
+    }
+    let xff = HeaderName::from_static("x-forwarded-for");
+    let ip = client.ip().to_string();
+    let forwarded_for = match h.get(&xff).and_then(|v| v.to_str().ok()) {
+        Some(prev) => format!("{prev}, {ip}"),
+        None => ip,
+    };
+    if let Ok(v) = HeaderValue::from_str(&forwarded_for) {
+        h.insert(xff, v);
+    }
+    h.insert(
+        HeaderName::from_static("x-forwarded-proto"),
+        HeaderValue::from_static("http"),
+    );
+    if let Some(host) = original_host {
+        h.insert(HeaderName::from_static("x-forwarded-host"), host);
+    }
+}
+
+/// How an upstream exchange failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Nothing was sent: connection refused, DNS, connect timeout.
+    NotSent,
+    /// Something may have been sent and no complete answer came back.
+    Ambiguous,
+}
+
+/// Classifies a client error. Only a failure to connect proves the request was not sent.
+pub fn classify(e: &hyper_util::client::legacy::Error) -> Failure {
+    if e.is_connect() {
+        Failure::NotSent
+    } else {
+        Failure::Ambiguous
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_hop_by_hop_and_connection_named_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(CONNECTION, HeaderValue::from_static("close, X-Secret-Hop"));
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("te", HeaderValue::from_static("trailers"));
+        h.insert("upgrade", HeaderValue::from_static("h2c"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-kept"));
+    }
+}
