@@ -15,12 +15,15 @@
 //! - [`admin`]: health, readiness and record inspection/release.
 //! - [`server`]: start-up checks, accept loops and graceful shutdown.
 //! - [`body`]: the body type shared by all of the above.
+//! - [`lab`]: beside the product, not in its request path: a deliberately non-idempotent
+//!   bank, a day of retrying traffic and an auditor (`idemgate bank`, `idemgate lab`).
 
 pub mod admin;
 pub mod body;
 pub mod config;
 pub mod fingerprint;
 pub mod key;
+pub mod lab;
 pub mod problem;
 pub mod proxy;
 pub mod server;

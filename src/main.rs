@@ -14,11 +14,46 @@ use serde::Serialize;
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// TOML configuration file.
     #[arg(long, env = "IDEMGATE_CONFIG", value_name = "PATH")]
     config: Option<PathBuf>,
     #[command(flatten)]
     overrides: Overrides,
+}
+
+/// Without a subcommand, idemgate runs the proxy.
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Run a deliberately non-idempotent legacy bank (every POST /transfers moves money).
+    Bank {
+        /// Address to listen on.
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9000")]
+        listen: SocketAddr,
+    },
+    /// Replay a day of retrying transfer traffic against a bank, directly and through
+    /// idemgate, and audit both ledgers for double transfers.
+    Lab(LabArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct LabArgs {
+    /// Transfer intents in the day.
+    #[arg(long, default_value_t = idemgate::lab::LabOptions::default().intents)]
+    intents: usize,
+    /// Seed of the day (the same seed replays the same day).
+    #[arg(long, default_value_t = idemgate::lab::LabOptions::default().seed)]
+    seed: u64,
+    /// Clients sending at the same time.
+    #[arg(long, default_value_t = idemgate::lab::LabOptions::default().concurrency)]
+    concurrency: usize,
+    /// Run idemgate on this Redis instead of the embedded store.
+    #[arg(long, value_name = "URL")]
+    redis_url: Option<String>,
+    /// Print the figures as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Flags that override the file and the environment.
@@ -42,9 +77,10 @@ struct Overrides {
     admin_listen: Option<SocketAddr>,
 }
 
-fn init_tracing() {
+fn init_tracing(default_filter: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let json = std::env::var("IDEMGATE_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -83,9 +119,83 @@ async fn shutdown_signal() {
     }
 }
 
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Runtime::new().map_err(|e| {
+        eprintln!("idemgate: cannot start the runtime: {e}");
+        ExitCode::from(71)
+    })
+}
+
+fn bank(listen: SocketAddr) -> ExitCode {
+    init_tracing("info");
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    rt.block_on(async move {
+        let listener = match tokio::net::TcpListener::bind(listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("idemgate bank: cannot listen on {listen}: {e}");
+                return ExitCode::from(71);
+            }
+        };
+        let bank = idemgate::lab::Bank::with_demo_accounts(idemgate::lab::BankOptions::default());
+        tracing::info!(%listen, "legacy bank listening (not idempotent: every POST /transfers moves money)");
+        match idemgate::lab::bank::serve(listener, bank, shutdown_signal()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("idemgate bank: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+fn lab(args: LabArgs) -> ExitCode {
+    // The lab's own output is the table; per-request logs would drown it.
+    init_tracing("error");
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let opts = idemgate::lab::LabOptions {
+        intents: args.intents,
+        seed: args.seed,
+        concurrency: args.concurrency,
+        redis_url: args.redis_url,
+        progress: !args.json,
+        ..idemgate::lab::LabOptions::default()
+    };
+    match rt.block_on(idemgate::lab::run_lab(opts)) {
+        Ok(report) => {
+            if args.json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{}", report.table());
+                println!("{}", report.summary_line());
+            }
+            if report.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("idemgate lab: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    match cli.command {
+        Some(Command::Bank { listen }) => return bank(listen),
+        Some(Command::Lab(args)) => return lab(args),
+        None => {}
+    }
+    init_tracing("info");
     let figment = Config::figment(cli.config.as_deref()).merge(Serialized::globals(&cli.overrides));
     let settings = match Config::load(figment) {
         Ok(s) => s,
@@ -94,12 +204,9 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("idemgate: cannot start the runtime: {e}");
-            return ExitCode::from(71);
-        }
+    let runtime = match runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
     };
     runtime.block_on(async move {
         let (listener, admin) = match idemgate::server::bind(&settings).await {

@@ -1,0 +1,247 @@
+//! The lab: reproduce double transfers on a legacy bank, then show idemgate preventing them.
+//!
+//! `idemgate lab` runs one seeded day of transfer traffic twice, in-process on loopback:
+//! first straight at a fresh [`bank::Bank`], then through idemgate at another fresh bank. The
+//! clients time out and retry, hang up and retry, double-click and correct amounts under the
+//! same key, as real ones do. The [`auditor`] then reads both ledgers and counts what was
+//! executed more than once and which balances are wrong.
+//!
+//! # Layout
+//! - [`bank`]: the deliberately non-idempotent payment API (`idemgate bank`).
+//! - [`traffic`]: the seeded day of intents and the retrying clients.
+//! - [`auditor`]: ledger against intents: double transfers, money moved twice, balances.
+//! - [`report`]: figures per run, the table, the summary line, JSON.
+//!
+//! Crates: `tokio` to bind loopback listeners and run both servers in-process; `indicatif`
+//! for the progress bar (hidden unless stderr is a terminal); `thiserror` for [`LabError`];
+//! `tracing` for warnings that do not stop the lab.
+
+pub mod auditor;
+pub mod bank;
+pub mod report;
+pub mod traffic;
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tokio::net::TcpListener;
+
+pub use bank::{Bank, BankOptions, LedgerSnapshot, TransferRow};
+pub use report::{LabReport, RunFigures};
+pub use traffic::{Behaviour, DayPlan, Intent};
+
+/// How long the lab waits, after the last client finished, for requests whose clients left
+/// (hang-ups, timeouts) to finish in the bank before it audits.
+const SETTLE_LIMIT: Duration = Duration::from_secs(10);
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct LabOptions {
+    /// Transfer intents in the day.
+    pub intents: usize,
+    /// Seeds the day; the same seed replays the same intents with the same behaviours.
+    pub seed: u64,
+    /// Clients sending at the same time.
+    pub concurrency: usize,
+    /// Run idemgate on this Redis instead of the embedded store.
+    pub redis_url: Option<String>,
+    /// Draw a progress bar on stderr (only ever when stderr is a terminal).
+    pub progress: bool,
+    /// The impatient clients' deadline; must be shorter than `bank.slow_latency`.
+    pub client_timeout: Duration,
+    /// How both banks answer.
+    pub bank: BankOptions,
+}
+
+impl Default for LabOptions {
+    /// A day sized to finish in well under a minute on two cores.
+    fn default() -> Self {
+        LabOptions {
+            intents: 3_000,
+            seed: 20_240_917,
+            concurrency: 32,
+            redis_url: None,
+            progress: true,
+            client_timeout: Duration::from_millis(100),
+            bank: BankOptions::default(),
+        }
+    }
+}
+
+impl LabOptions {
+    /// A few seconds' worth, for tests and CI.
+    pub fn small() -> Self {
+        LabOptions {
+            intents: 200,
+            concurrency: 16,
+            progress: false,
+            ..LabOptions::default()
+        }
+    }
+}
+
+/// Why the lab could not produce a report (a report with double transfers is not an error).
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    #[error("invalid lab options: {0}")]
+    Options(String),
+    #[error("could not bind a loopback listener: {0}")]
+    Bind(#[source] std::io::Error),
+    #[error("could not start idemgate: {0}")]
+    Proxy(String),
+}
+
+/// Runs the day directly against a bank, then through idemgate, and audits both.
+pub async fn run_lab(opts: LabOptions) -> Result<LabReport, LabError> {
+    if opts.intents == 0 || opts.concurrency == 0 {
+        return Err(LabError::Options(
+            "intents and concurrency must be at least 1".to_owned(),
+        ));
+    }
+    if opts.client_timeout >= opts.bank.slow_latency {
+        return Err(LabError::Options(format!(
+            "client timeout ({:?}) must be shorter than the bank's slow tail ({:?})",
+            opts.client_timeout, opts.bank.slow_latency
+        )));
+    }
+    let plan = DayPlan::generate(opts.intents, opts.seed);
+    let direct = run_day(&plan, &opts, Through::Direct).await?;
+    let through = if opts.redis_url.is_some() {
+        Through::Idemgate("idemgate (redis)")
+    } else {
+        Through::Idemgate("idemgate (embedded)")
+    };
+    let idemgate = run_day(&plan, &opts, through).await?;
+    Ok(LabReport {
+        seed: opts.seed,
+        concurrency: opts.concurrency,
+        mix: plan
+            .mix()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+        direct,
+        idemgate,
+    })
+}
+
+#[derive(Clone, Copy)]
+enum Through {
+    Direct,
+    Idemgate(&'static str),
+}
+
+async fn run_day(
+    plan: &DayPlan,
+    opts: &LabOptions,
+    through: Through,
+) -> Result<RunFigures, LabError> {
+    let bank = Bank::new(opts.bank.clone(), plan.opening.clone());
+    let listener = TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .map_err(LabError::Bind)?;
+    let bank_addr = listener.local_addr().map_err(LabError::Bind)?;
+    let (stop_bank, bank_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(bank::serve(listener, bank.clone(), async {
+        let _ = bank_stopped.await;
+    }));
+
+    let (label, target, proxy) = match through {
+        Through::Direct => ("direct", bank_addr, None),
+        Through::Idemgate(label) => match start_idemgate(bank_addr, opts.redis_url.clone()).await {
+            Ok((addr, handle)) => (label, addr, Some(handle)),
+            Err(err) => {
+                let _ = stop_bank.send(());
+                let _ = server.await;
+                return Err(LabError::Proxy(err));
+            }
+        },
+    };
+
+    let client = traffic::LabClient {
+        target,
+        key_prefix: run_tag(),
+        timeout: opts.client_timeout,
+        patient_timeout: opts.bank.slow_latency * 4 + Duration::from_secs(5),
+        in_progress_wait_cap: Duration::from_millis(100),
+        max_attempts: 10,
+        concurrency: opts.concurrency,
+    };
+    let progress = progress_bar(opts.progress, plan.intents.len() as u64, label);
+    let started = Instant::now();
+    let clients = traffic::replay(plan, &client, &progress).await;
+    let wall_time = started.elapsed();
+    progress.finish_and_clear();
+
+    // idemgate drains the upstream calls its clients walked away from; then the bank's own
+    // abandoned requests finish, and only then is the ledger final.
+    if let Some(proxy) = proxy {
+        proxy.shutdown().await;
+    }
+    if !bank.quiesce(SETTLE_LIMIT).await {
+        tracing::warn!(
+            in_flight = bank.in_flight(),
+            "lab: bank still busy; auditing anyway"
+        );
+    }
+    let ledger = bank.snapshot();
+    let _ = stop_bank.send(());
+    if let Ok(Err(err)) = server.await {
+        tracing::warn!(error = %err, "lab: bank server ended with an error");
+    }
+
+    Ok(RunFigures {
+        label: label.to_owned(),
+        intents: plan.intents.len() as u64,
+        wall_time_secs: wall_time.as_secs_f64(),
+        clients,
+        audit: auditor::audit(plan, &ledger),
+    })
+}
+
+/// Starts idemgate in-process in front of the bank, with `/transfers` requiring a key (as a
+/// payments team would configure it).
+async fn start_idemgate(
+    upstream: SocketAddr,
+    redis_url: Option<String>,
+) -> Result<(SocketAddr, crate::Running), String> {
+    let mut config = crate::Config::for_upstream(&format!("http://{upstream}"));
+    config.redis_url = redis_url;
+    config.routes.push(crate::config::Route {
+        path: "/transfers".into(),
+        require_key: Some(true),
+        ..Default::default()
+    });
+    let running = crate::start(config).await.map_err(|e| e.to_string())?;
+    Ok((running.addr(), running))
+}
+
+/// A per-run key prefix: a Redis store outlives one lab, and a second lab with the same seed
+/// must not be answered from the first one's records.
+fn run_tag() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    format!("lab{:08x}-", hasher.finish() as u32)
+}
+
+fn progress_bar(enabled: bool, len: u64, label: &str) -> ProgressBar {
+    if !enabled || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    if let Ok(style) =
+        ProgressStyle::with_template("{prefix:>22} [{bar:40}] {pos}/{len} intents {elapsed}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(label.to_owned());
+    bar
+}

@@ -1,0 +1,645 @@
+//! A day of transfer traffic: seeded intents, and clients that retry the way real ones do.
+//!
+//! The plan is a pure function of `(intents, seed)`. The clients then replay it as fast as
+//! they can with a fixed number of workers; what is not deterministic is only the
+//! interleaving, which is what a real day looks like too.
+//!
+//! Crates: `rand` (`StdRng` seeded, so one seed is one day); `hyper`/`hyper-util` for the
+//! pooled HTTP/1.1 client that patient and impatient clients share; `http-body-util` and
+//! `bytes` for request and response bodies; `tokio` for workers, deadlines and the raw TCP
+//! socket of the client that hangs up; `serde`/`serde_json` for the request body and
+//! to export the plan; `indicatif` for the progress bar; `tracing` for unexpected answers.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use indicatif::ProgressBar;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// Accounts that start empty and never receive: every transfer out of them is refused by the
+/// bank whatever the order of the day, so their outcome is known in advance.
+const EMPTY_ACCOUNTS: usize = 2;
+/// Share of intents that draw on an empty account.
+const INSUFFICIENT_RATIO: f64 = 0.03;
+/// The one day, in milliseconds.
+const DAY_MS: u32 = 24 * 60 * 60 * 1000;
+
+/// How a client sends one intent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Behaviour {
+    /// One request, waited for patiently.
+    Plain,
+    /// Gives up after `LabClient::timeout`, shorter than the bank's slow tail, and retries
+    /// with the same key and body.
+    TimeoutRetry,
+    /// Writes the whole request on a raw socket, closes it without reading, then retries.
+    DisconnectRetry,
+    /// Two identical requests at the same instant.
+    DoubleClick,
+    /// Sends, gets the answer, then resends a corrected amount under the same key. The
+    /// correction must be refused (422), never executed nor answered with the old transfer.
+    TellerCorrection { corrected_amount: i64 },
+}
+
+impl Behaviour {
+    /// A short name for tables and JSON.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Behaviour::Plain => "plain",
+            Behaviour::TimeoutRetry => "timeout_retry",
+            Behaviour::DisconnectRetry => "disconnect_retry",
+            Behaviour::DoubleClick => "double_click",
+            Behaviour::TellerCorrection { .. } => "teller_correction",
+        }
+    }
+}
+
+/// One transfer somebody meant to make once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Intent {
+    /// Position in the day, 0-based, in time order.
+    pub seq: usize,
+    /// Milliseconds since midnight; gives the day its order, not its pace.
+    pub at_ms: u32,
+    /// The key the client sends (prefixed per run, see [`LabClient::key_prefix`]).
+    pub key: String,
+    pub from: String,
+    pub to: String,
+    /// Minor units.
+    pub amount: i64,
+    pub behaviour: Behaviour,
+    /// False for the designed insufficient-funds intents.
+    pub should_succeed: bool,
+}
+
+/// The whole day: who has what in the morning, and what everyone meant to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DayPlan {
+    pub seed: u64,
+    /// Opening balances in minor units.
+    pub opening: BTreeMap<String, i64>,
+    pub intents: Vec<Intent>,
+}
+
+impl DayPlan {
+    /// The day for `(intents, seed)`; the same arguments always give the same day.
+    pub fn generate(intents: usize, seed: u64) -> DayPlan {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let funded = (intents / 8).clamp(4, 400);
+        let funded_ids: Vec<String> = (1..=funded).map(|i| format!("acc-{i:04}")).collect();
+        let empty_ids: Vec<String> = (1..=EMPTY_ACCOUNTS)
+            .map(|i| format!("acc-empty-{i}"))
+            .collect();
+
+        let mut drafts = Vec::with_capacity(intents);
+        for _ in 0..intents {
+            let at_ms = rng.random_range(0..DAY_MS);
+            let to_index = rng.random_range(0..funded);
+            let insufficient = rng.random_bool(INSUFFICIENT_RATIO);
+            let from = if insufficient {
+                empty_ids[rng.random_range(0..EMPTY_ACCOUNTS)].clone()
+            } else {
+                // Any funded account but the receiver.
+                let pick = rng.random_range(0..funded - 1);
+                funded_ids[if pick >= to_index { pick + 1 } else { pick }].clone()
+            };
+            // Mostly small payments, now and then a large one.
+            let amount = if rng.random_bool(0.1) {
+                rng.random_range(50_000..=500_000)
+            } else {
+                rng.random_range(100..=20_000)
+            };
+            let behaviour = match rng.random_range(0..100) {
+                0..40 => Behaviour::Plain,
+                40..65 => Behaviour::TimeoutRetry,
+                65..80 => Behaviour::DisconnectRetry,
+                80..90 => Behaviour::DoubleClick,
+                _ => {
+                    // A typo fixed: never the same amount, never zero.
+                    let delta = rng.random_range(1..=amount.max(2) / 2);
+                    let corrected_amount = if rng.random_bool(0.5) {
+                        amount + delta
+                    } else {
+                        (amount - delta).max(1)
+                    };
+                    Behaviour::TellerCorrection { corrected_amount }
+                }
+            };
+            drafts.push((
+                at_ms,
+                from,
+                funded_ids[to_index].clone(),
+                amount,
+                behaviour,
+                !insufficient,
+            ));
+        }
+        // Stable sort: ties keep generation order, so the day stays a function of the seed.
+        drafts.sort_by_key(|d| d.0);
+
+        let intents: Vec<Intent> = drafts
+            .into_iter()
+            .enumerate()
+            .map(
+                |(seq, (at_ms, from, to, amount, behaviour, should_succeed))| Intent {
+                    seq,
+                    at_ms,
+                    key: format!("tr-{seed:x}-{seq:06}"),
+                    from,
+                    to,
+                    amount,
+                    behaviour,
+                    should_succeed,
+                },
+            )
+            .collect();
+
+        // Fund every account for several times what it could possibly send, corrections and
+        // duplicates included, so that only the designed intents ever meet insufficient funds
+        // and a duplicate in the direct run shows as money moved, not as a refusal.
+        let mut outgoing: BTreeMap<&str, i64> = BTreeMap::new();
+        for intent in intents.iter().filter(|i| i.should_succeed) {
+            let corrected = match intent.behaviour {
+                Behaviour::TellerCorrection { corrected_amount } => corrected_amount,
+                _ => 0,
+            };
+            *outgoing.entry(intent.from.as_str()).or_default() += intent.amount + corrected;
+        }
+        let mut opening: BTreeMap<String, i64> = funded_ids
+            .iter()
+            .map(|id| {
+                let out = outgoing.get(id.as_str()).copied().unwrap_or(0);
+                (id.clone(), 1_000_000 + 6 * out)
+            })
+            .collect();
+        opening.extend(empty_ids.into_iter().map(|id| (id, 0)));
+
+        DayPlan {
+            seed,
+            opening,
+            intents,
+        }
+    }
+
+    /// Intents per behaviour name.
+    pub fn mix(&self) -> BTreeMap<&'static str, usize> {
+        let mut mix = BTreeMap::new();
+        for intent in &self.intents {
+            *mix.entry(intent.behaviour.name()).or_default() += 1;
+        }
+        mix
+    }
+}
+
+/// How the clients behave; shared by every worker of one run.
+#[derive(Debug, Clone)]
+pub struct LabClient {
+    /// Where requests go: the bank itself, or idemgate in front of it.
+    pub target: SocketAddr,
+    /// Prepended to every intent's key, so two lab runs against one Redis never share keys.
+    pub key_prefix: String,
+    /// The impatient clients' deadline; shorter than the bank's slow tail.
+    pub timeout: Duration,
+    /// Everyone else's deadline for one request.
+    pub patient_timeout: Duration,
+    /// Longest wait after idemgate's 409 in-progress, whatever its Retry-After says.
+    pub in_progress_wait_cap: Duration,
+    /// Attempts per request, retries included, before a client gives up on an intent.
+    pub max_attempts: u32,
+    /// Worker tasks, each sending one intent at a time.
+    pub concurrency: usize,
+}
+
+/// What the clients saw during one run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ClientTally {
+    /// Every request put on the wire, including those hung up on.
+    pub requests_sent: u64,
+    /// Requests repeated with the same key and body after a timeout, a hang-up, an error or
+    /// idemgate's 409 in-progress (the second click and the correction are not retries).
+    pub retries: u64,
+    /// Requests the impatient clients gave up on.
+    pub timeouts: u64,
+    /// Requests written to a socket that was closed before the answer.
+    pub hang_ups: u64,
+    /// 2xx answers carrying `Idempotent-Replayed: true`.
+    pub replays: u64,
+    /// The bank's own 409/422 (insufficient funds), first-hand or replayed.
+    pub bank_409_422: u64,
+    /// idemgate's 409 while the first request was still running.
+    pub idemgate_409_in_progress: u64,
+    /// idemgate's 422: same key, different body.
+    pub idemgate_422_mismatch: u64,
+    /// Any other idemgate problem (outcome-unknown, store-unavailable, ...).
+    pub idemgate_other_errors: u64,
+    /// Other unexpected statuses and transport errors.
+    pub other_errors: u64,
+    /// Teller corrections whose new amount the bank executed (the direct run's failure).
+    pub corrections_executed: u64,
+    /// Teller corrections answered with a 2xx replay of the old transfer: the silent replay
+    /// the correction must never get.
+    pub silent_replays: u64,
+    /// Intents that never got a final answer within `max_attempts`.
+    pub unresolved: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    requests_sent: AtomicU64,
+    retries: AtomicU64,
+    timeouts: AtomicU64,
+    hang_ups: AtomicU64,
+    replays: AtomicU64,
+    bank_409_422: AtomicU64,
+    idemgate_409_in_progress: AtomicU64,
+    idemgate_422_mismatch: AtomicU64,
+    idemgate_other_errors: AtomicU64,
+    other_errors: AtomicU64,
+    corrections_executed: AtomicU64,
+    silent_replays: AtomicU64,
+    unresolved: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Counters {
+    fn tally(&self) -> ClientTally {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ClientTally {
+            requests_sent: get(&self.requests_sent),
+            retries: get(&self.retries),
+            timeouts: get(&self.timeouts),
+            hang_ups: get(&self.hang_ups),
+            replays: get(&self.replays),
+            bank_409_422: get(&self.bank_409_422),
+            idemgate_409_in_progress: get(&self.idemgate_409_in_progress),
+            idemgate_422_mismatch: get(&self.idemgate_422_mismatch),
+            idemgate_other_errors: get(&self.idemgate_other_errors),
+            other_errors: get(&self.other_errors),
+            corrections_executed: get(&self.corrections_executed),
+            silent_replays: get(&self.silent_replays),
+            unresolved: get(&self.unresolved),
+        }
+    }
+}
+
+/// How one attempt ended, from the client's point of view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Answer {
+    /// 2xx; `replayed` when idemgate answered from its record.
+    Success {
+        replayed: bool,
+    },
+    /// A 4xx/5xx the bank itself produced (idemgate may have replayed it).
+    Bank(StatusCode),
+    /// A response idemgate made itself, named by its `Idemgate-Error` header.
+    Idemgate {
+        status: StatusCode,
+        problem: String,
+        retry_after: Option<Duration>,
+    },
+    TimedOut,
+    Transport,
+}
+
+/// The final answer to one request after its retries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Final {
+    Success { replayed: bool },
+    Refused(StatusCode),
+    Mismatch,
+    GaveUp,
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+struct Run<'a> {
+    client: HttpClient,
+    opts: &'a LabClient,
+    counters: Counters,
+}
+
+/// Replays the day against `opts.target` and returns what the clients saw.
+pub async fn replay(plan: &DayPlan, opts: &LabClient, progress: &ProgressBar) -> ClientTally {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(opts.patient_timeout));
+    connector.set_nodelay(true);
+    let client = Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(10))
+        .pool_max_idle_per_host(opts.concurrency.max(1) * 2)
+        .build(connector);
+    let run = Arc::new(Run {
+        client,
+        opts,
+        counters: Counters::default(),
+    });
+    let next = AtomicUsize::new(0);
+    let workers = (0..opts.concurrency.max(1)).map(|_| async {
+        loop {
+            let index = next.fetch_add(1, Ordering::Relaxed);
+            let Some(intent) = plan.intents.get(index) else {
+                break;
+            };
+            run.send_intent(intent).await;
+            progress.inc(1);
+        }
+    });
+    // Workers borrow the plan, so they run as futures on this task rather than as spawned
+    // tasks; the HTTP connections themselves are driven by the client's own spawned tasks.
+    join_all(workers).await;
+    run.counters.tally()
+}
+
+/// Polls every future to completion without pulling in the `futures` crate.
+async fn join_all<F: std::future::Future<Output = ()>>(futures: impl IntoIterator<Item = F>) {
+    let mut set: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    std::future::poll_fn(|cx| {
+        set.retain_mut(|f| f.as_mut().poll(cx).is_pending());
+        if set.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+}
+
+fn body_for(intent: &Intent, amount: i64) -> Bytes {
+    let body = serde_json::json!({ "from": intent.from, "to": intent.to, "amount": amount });
+    Bytes::from(body.to_string())
+}
+
+impl Run<'_> {
+    async fn send_intent(&self, intent: &Intent) {
+        let key = format!("{}{}", self.opts.key_prefix, intent.key);
+        let body = body_for(intent, intent.amount);
+        let patient = self.opts.patient_timeout;
+        let outcome = match intent.behaviour {
+            Behaviour::Plain => self.request(&key, &body, patient).await,
+            Behaviour::TimeoutRetry => self.request(&key, &body, self.opts.timeout).await,
+            Behaviour::DisconnectRetry => {
+                self.hang_up(&key, &body).await;
+                bump(&self.counters.retries);
+                self.request(&key, &body, patient).await
+            }
+            Behaviour::DoubleClick => {
+                let (first, second) = tokio::join!(
+                    self.request(&key, &body, patient),
+                    self.request(&key, &body, patient)
+                );
+                if second == Final::GaveUp {
+                    bump(&self.counters.unresolved);
+                }
+                first
+            }
+            Behaviour::TellerCorrection { corrected_amount } => {
+                let first = self.request(&key, &body, patient).await;
+                if first == Final::GaveUp {
+                    bump(&self.counters.unresolved);
+                }
+                let corrected = body_for(intent, corrected_amount);
+                match self.request(&key, &corrected, patient).await {
+                    Final::Success { replayed: true } => bump(&self.counters.silent_replays),
+                    Final::Success { replayed: false } => bump(&self.counters.corrections_executed),
+                    _ => {}
+                }
+                return;
+            }
+        };
+        if outcome == Final::GaveUp {
+            bump(&self.counters.unresolved);
+        }
+    }
+
+    /// Sends one request until it has a final answer, retrying with the same key and body.
+    async fn request(&self, key: &str, body: &Bytes, deadline: Duration) -> Final {
+        for attempt in 0..self.opts.max_attempts {
+            if attempt > 0 {
+                bump(&self.counters.retries);
+            }
+            match self.attempt(key, body, deadline).await {
+                Answer::Success { replayed } => return Final::Success { replayed },
+                Answer::Bank(status) => return Final::Refused(status),
+                Answer::Idemgate {
+                    problem,
+                    retry_after,
+                    ..
+                } if problem == "in-progress" => {
+                    let wait = retry_after
+                        .unwrap_or(self.opts.in_progress_wait_cap)
+                        .min(self.opts.in_progress_wait_cap);
+                    tokio::time::sleep(wait).await;
+                }
+                Answer::Idemgate { problem, .. } if problem == "fingerprint-mismatch" => {
+                    return Final::Mismatch
+                }
+                Answer::Idemgate {
+                    status, problem, ..
+                } => {
+                    // outcome-unknown and the like: retrying cannot help this run.
+                    tracing::warn!(%status, %problem, key, "lab client: idemgate refused");
+                    return Final::Refused(status);
+                }
+                Answer::TimedOut | Answer::Transport => {}
+            }
+        }
+        Final::GaveUp
+    }
+
+    async fn attempt(&self, key: &str, body: &Bytes, deadline: Duration) -> Answer {
+        let uri = format!("http://{}/transfers", self.opts.target);
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(uri)
+            .header(CONTENT_TYPE, "application/json")
+            .header("idempotency-key", key)
+            .body(Full::new(body.clone()));
+        let request = match request {
+            Ok(request) => request,
+            Err(err) => {
+                tracing::warn!(error = %err, key, "lab client: could not build a request");
+                bump(&self.counters.other_errors);
+                return Answer::Transport;
+            }
+        };
+        bump(&self.counters.requests_sent);
+        let exchange = async {
+            let response = self.client.request(request).await?;
+            let (parts, body) = response.into_parts();
+            // Read the body so the connection goes back to the pool.
+            body.collect().await?;
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(parts)
+        };
+        let parts = match tokio::time::timeout(deadline, exchange).await {
+            Err(_) => {
+                bump(&self.counters.timeouts);
+                return Answer::TimedOut;
+            }
+            Ok(Err(err)) => {
+                tracing::debug!(error = %err, key, "lab client: transport error");
+                bump(&self.counters.other_errors);
+                return Answer::Transport;
+            }
+            Ok(Ok(parts)) => parts,
+        };
+        let status = parts.status;
+        let header = |name: &str| {
+            parts
+                .headers
+                .get(name)
+                .and_then(|v: &HeaderValue| v.to_str().ok())
+        };
+        if let Some(problem) = header("idemgate-error") {
+            let problem = problem.to_owned();
+            match (status.as_u16(), problem.as_str()) {
+                (409, "in-progress") => bump(&self.counters.idemgate_409_in_progress),
+                (422, "fingerprint-mismatch") => bump(&self.counters.idemgate_422_mismatch),
+                _ => bump(&self.counters.idemgate_other_errors),
+            }
+            let retry_after = parts
+                .headers
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_secs);
+            return Answer::Idemgate {
+                status,
+                problem,
+                retry_after,
+            };
+        }
+        if status.is_success() {
+            let replayed = header("idempotent-replayed") == Some("true");
+            if replayed {
+                bump(&self.counters.replays);
+            }
+            return Answer::Success { replayed };
+        }
+        if matches!(status.as_u16(), 409 | 422) {
+            bump(&self.counters.bank_409_422);
+        } else {
+            tracing::debug!(%status, key, "lab client: unexpected status");
+            bump(&self.counters.other_errors);
+        }
+        Answer::Bank(status)
+    }
+
+    /// Writes the whole request on a fresh socket and closes it without reading the answer.
+    async fn hang_up(&self, key: &str, body: &Bytes) {
+        let head = format!(
+            "POST /transfers HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+             Idempotency-Key: {key}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            self.opts.target,
+            body.len()
+        );
+        let write = async {
+            let mut stream = TcpStream::connect(self.opts.target).await?;
+            stream.set_nodelay(true)?;
+            stream.write_all(head.as_bytes()).await?;
+            stream.write_all(body).await?;
+            stream.flush().await?;
+            Ok::<_, std::io::Error>(())
+        };
+        bump(&self.counters.requests_sent);
+        match tokio::time::timeout(self.opts.patient_timeout, write).await {
+            Ok(Ok(())) => bump(&self.counters.hang_ups),
+            Ok(Err(err)) => {
+                tracing::debug!(error = %err, key, "lab client: hang-up write failed");
+                bump(&self.counters.other_errors);
+            }
+            Err(_) => bump(&self.counters.timeouts),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_seed_gives_the_same_day() {
+        let a = DayPlan::generate(500, 42);
+        let b = DayPlan::generate(500, 42);
+        assert_eq!(a, b);
+        let json_a = serde_json::to_string(&a).expect("serialize");
+        let json_b = serde_json::to_string(&b).expect("serialize");
+        assert_eq!(json_a, json_b);
+    }
+
+    #[test]
+    fn another_seed_gives_another_day() {
+        let a = DayPlan::generate(500, 42);
+        let b = DayPlan::generate(500, 43);
+        assert_ne!(a.intents, b.intents);
+    }
+
+    #[test]
+    fn the_day_is_in_time_order_with_unique_keys_and_every_behaviour() {
+        let plan = DayPlan::generate(1_000, 9);
+        assert_eq!(plan.intents.len(), 1_000);
+        assert!(plan.intents.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
+        let keys: std::collections::BTreeSet<_> = plan.intents.iter().map(|i| &i.key).collect();
+        assert_eq!(keys.len(), 1_000);
+        let mix = plan.mix();
+        for name in [
+            "plain",
+            "timeout_retry",
+            "disconnect_retry",
+            "double_click",
+            "teller_correction",
+        ] {
+            assert!(mix.get(name).copied().unwrap_or(0) > 20, "{name}: {mix:?}");
+        }
+        assert!(plan.intents.iter().any(|i| !i.should_succeed));
+    }
+
+    #[test]
+    fn corrections_change_the_amount_and_transfers_are_well_formed() {
+        let plan = DayPlan::generate(1_000, 3);
+        for intent in &plan.intents {
+            assert_ne!(intent.from, intent.to);
+            assert!(intent.amount > 0);
+            assert!(plan.opening.contains_key(&intent.from));
+            assert!(plan.opening.contains_key(&intent.to));
+            if let Behaviour::TellerCorrection { corrected_amount } = intent.behaviour {
+                assert!(corrected_amount > 0);
+                assert_ne!(corrected_amount, intent.amount);
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_designed_intents_can_run_out_of_money() {
+        let plan = DayPlan::generate(2_000, 5);
+        // Empty accounts never receive, so their intents fail in any order.
+        for intent in &plan.intents {
+            assert!(plan.opening[&intent.to] > 0, "{intent:?}");
+            assert_eq!(intent.should_succeed, plan.opening[&intent.from] > 0);
+        }
+        // Funded accounts cover everything they might send, in any order.
+        let mut worst: BTreeMap<&str, i64> = BTreeMap::new();
+        for intent in plan.intents.iter().filter(|i| i.should_succeed) {
+            *worst.entry(&intent.from).or_default() += intent.amount;
+        }
+        for (account, out) in worst {
+            assert!(plan.opening[account] >= out, "{account}");
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! The lab's claim: through idemgate, the same day moves every amount exactly once.
+//!
+//! Crates: `tokio` runs the lab's servers and clients in the test's runtime.
+
+#![allow(clippy::unwrap_used)]
+
+use idemgate::lab::{run_lab, LabOptions};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_idemgate_nothing_moves_twice() {
+    let report = run_lab(LabOptions::small()).await.expect("lab runs");
+    let through = &report.idemgate;
+    let table = report.table();
+    assert!(report.direct.audit.double_transfers > 0, "{table}");
+    assert_eq!(through.audit.double_transfers, 0, "{table}");
+    assert_eq!(through.audit.money_moved_twice, 0, "{table}");
+    assert_eq!(through.audit.balance_mismatches, 0, "{table}");
+    assert_eq!(
+        through.audit.executions, through.audit.expected_executions,
+        "{table}"
+    );
+    assert_eq!(through.audit.unkeyed_executions, 0, "{table}");
+    // Every teller correction was refused by idemgate, none executed or replayed.
+    assert_eq!(through.clients.corrections_executed, 0, "{table}");
+    assert_eq!(through.clients.silent_replays, 0, "{table}");
+    assert!(through.clients.idemgate_422_mismatch > 0, "{table}");
+    // Retries were answered from the record.
+    assert!(through.clients.replays > 0, "{table}");
+    assert_eq!(through.clients.unresolved, 0, "{table}");
+    assert!(report.passed(), "{table}");
+    assert_eq!(
+        report.summary_line(),
+        format!(
+            "lab: direct double_transfers={}; idemgate double_transfers=0 balance_mismatches=0",
+            report.direct.audit.double_transfers
+        )
+    );
+}
+
+mod common;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_idemgate_on_redis_nothing_moves_twice() {
+    let redis = common::RedisServer::start();
+    let opts = LabOptions {
+        redis_url: Some(redis.url()),
+        ..LabOptions::small()
+    };
+    let report = run_lab(opts).await.expect("lab runs");
+    let table = report.table();
+    assert!(report.direct.audit.double_transfers > 0, "{table}");
+    assert_eq!(report.idemgate.audit.double_transfers, 0, "{table}");
+    assert_eq!(report.idemgate.audit.balance_mismatches, 0, "{table}");
+    assert_eq!(report.idemgate.clients.corrections_executed, 0, "{table}");
+    assert!(report.passed(), "{table}");
+    assert!(report.idemgate.label.contains("redis"), "{table}");
+}
