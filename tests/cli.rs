@@ -1,0 +1,111 @@
+//! The binary's contract with its operator: flags, configuration layering, exit codes.
+#![allow(clippy::unwrap_used)]
+
+use std::process::{Command, Output};
+
+fn idemgate(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemgate"));
+    cmd.args(args);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("IDEMGATE_")) {
+        cmd.env_remove(k);
+    }
+    cmd.envs(env.iter().copied());
+    cmd.output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn help_and_version() {
+    let help = idemgate(&["--help"], &[]);
+    assert!(help.status.success());
+    let text = String::from_utf8_lossy(&help.stdout);
+    for flag in [
+        "--config",
+        "--listen",
+        "--upstream",
+        "--redis-url",
+        "--admin-listen",
+        "lab",
+        "bank",
+    ] {
+        assert!(text.contains(flag), "--help lacks {flag}: {text}");
+    }
+    let version = idemgate(&["--version"], &[]);
+    assert!(String::from_utf8_lossy(&version.stdout).contains(env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn bad_configuration_exits_64_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idemgate.toml");
+    std::fs::write(&file, "[defaults]\nlease = \"often\"\n").unwrap();
+    let o = idemgate(&["--config", file.to_str().unwrap()], &[]);
+    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
+    assert!(stderr(&o).contains("defaults.lease"), "{}", stderr(&o));
+
+    let o = idemgate(&[], &[("IDEMGATE_UPSTREAM", "https://bank.example")]);
+    assert_eq!(o.status.code(), Some(64));
+    assert!(stderr(&o).contains("upstream"), "{}", stderr(&o));
+
+    let o = idemgate(&[], &[("IDEMGATE_DEFAULTS__ON_AMBIGUOUS", "retry")]);
+    assert_eq!(o.status.code(), Some(64));
+    // The environment provider reports the key as it was spelled there.
+    assert!(
+        stderr(&o).to_lowercase().contains("defaults.on_ambiguous"),
+        "{}",
+        stderr(&o)
+    );
+
+    std::fs::write(&file, "listn = \"127.0.0.1:1\"\n").unwrap();
+    let o = idemgate(&["--config", file.to_str().unwrap()], &[]);
+    assert_eq!(o.status.code(), Some(64));
+    assert!(stderr(&o).contains("listn"), "{}", stderr(&o));
+
+    let o = idemgate(&["--config", "/nonexistent/idemgate.toml"], &[]);
+    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
+}
+
+#[test]
+fn flags_beat_environment_beats_file() {
+    // A flag with a bad value must win over a good file and environment: proof of order.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idemgate.toml");
+    std::fs::write(&file, "upstream = \"http://127.0.0.1:9\"\n").unwrap();
+    let o = idemgate(
+        &["--config", file.to_str().unwrap(), "--upstream", "ftp://x"],
+        &[("IDEMGATE_UPSTREAM", "http://127.0.0.1:9")],
+    );
+    assert_eq!(o.status.code(), Some(64));
+    assert!(stderr(&o).contains("upstream"), "{}", stderr(&o));
+    // Environment over file: the environment fixes the upstream, so the error left is the
+    // lease that only the environment sets.
+    std::fs::write(&file, "upstream = \"ftp://x\"\n").unwrap();
+    let o = idemgate(
+        &["--config", file.to_str().unwrap()],
+        &[
+            ("IDEMGATE_UPSTREAM", "http://127.0.0.1:9"),
+            ("IDEMGATE_DEFAULTS__LEASE", "1ms"),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(64));
+    assert!(stderr(&o).contains("defaults.lease"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("`upstream`"), "{}", stderr(&o));
+}
+
+#[test]
+fn unreachable_redis_at_start_exits_69() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let o = idemgate(
+        &["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"],
+        &[("IDEMGATE_REDIS_URL", &format!("redis://127.0.0.1:{port}/0"))],
+    );
+    assert_eq!(o.status.code(), Some(69), "{}", stderr(&o));
+    assert!(stderr(&o).contains("store"), "{}", stderr(&o));
+}
