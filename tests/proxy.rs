@@ -322,7 +322,9 @@ async fn client_that_disconnects_still_gets_its_answer_on_retry(backend: Backend
     assert_eq!(retry.status, 201);
     assert!(
         retry.replayed(),
-        "the exchange finished and was recorded without its client"
+        "the exchange finished and was recorded without its client (hits {}, {:?})",
+        up.hits(),
+        retry.headers
     );
     assert_eq!(up.hits(), 1);
     app.shutdown().await;
