@@ -233,7 +233,13 @@ async fn accept_loop<F, Fut>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
+        .header_read_timeout(header_timeout)
+        // A client that sends a whole request and hangs up (a load balancer cutting the
+        // connection, a phone in a tunnel) is the client this product exists for: its
+        // request must still be claimed, forwarded and recorded so that its retry gets
+        // the replay. Without half-close hyper drops the request as soon as it reads
+        // the EOF, sometimes before the claim.
+        .half_close(true);
     let graceful = GracefulShutdown::new();
     loop {
         let (stream, peer) = tokio::select! {

@@ -268,16 +268,6 @@ async fn invalid_or_missing_keys_are_400_and_never_forwarded(backend: Backend) {
     app.shutdown().await;
 }
 
-fn send_raw(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
-    use std::io::Read;
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(bytes).unwrap();
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 async fn oversized_body_is_413_and_claims_nothing(backend: Backend) {
     let up = Upstream::start().await;
     let mut cfg = config(&up, &backend);
@@ -332,7 +322,9 @@ async fn client_that_disconnects_still_gets_its_answer_on_retry(backend: Backend
     assert_eq!(retry.status, 201);
     assert!(
         retry.replayed(),
-        "the exchange finished and was recorded without its client"
+        "the exchange finished and was recorded without its client (hits {}, {:?})",
+        up.hits(),
+        retry.headers
     );
     assert_eq!(up.hits(), 1);
     app.shutdown().await;
@@ -493,40 +485,6 @@ async fn admin_inspects_and_releases_records(backend: Backend) {
 }
 
 // ---- Redis only ----
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn store_down_at_claim_is_503_and_the_upstream_is_not_called() {
-    let mut redis = RedisServer::start();
-    let up = Upstream::start().await;
-    let mut cfg = Config::for_upstream(&up.url());
-    cfg.redis_url = Some(redis.url());
-    cfg.store_timeout = Duration::from_millis(300);
-    let app = spawn_app(cfg).await;
-    let c = client();
-    redis.stop();
-    let started = std::time::Instant::now();
-    let r = post(&c, &app, "/v1/transfers", Some("k-down"), TRANSFER, &[]).await;
-    assert_eq!(r.status, 503);
-    assert!(r.problem_type().ends_with("/store-unavailable"));
-    assert_eq!(r.header("retry-after"), Some("1"));
-    assert!(started.elapsed() < Duration::from_secs(3));
-    assert_eq!(up.hits(), 0);
-    // Redis back: service resumes without restarting idemgate.
-    redis.restart();
-    let mut status = 0;
-    for _ in 0..50 {
-        status = post(&c, &app, "/v1/transfers", Some("k-down"), TRANSFER, &[])
-            .await
-            .status;
-        if status == 201 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(status, 201);
-    assert_eq!(up.hits(), 1);
-    app.shutdown().await;
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_store_error_forward_forwards_unprotected() {

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -112,15 +113,46 @@ impl RedisServer {
         }
     }
 
-    /// Starts it again on the same port.
+    /// Starts it again on the same port (and data directory, so an append-only file is
+    /// replayed).
     pub fn restart(&mut self) {
         self.stop();
         self.spawn();
     }
+
+    /// Starts with append-only persistence, every write fsynced before it is acknowledged.
+    pub fn start_persistent() -> RedisServer {
+        Self::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("redis-server running").id()
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing is answered.
+    pub fn pause(&self) {
+        signal(self.pid(), "STOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        signal(self.pid(), "CONT");
+    }
+}
+
+/// Sends a signal by name (`STOP`, `CONT`, `TERM`, `KILL`) with kill(1).
+pub fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill(1)");
+    assert!(status.success(), "kill -{name} {pid} failed");
 }
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        // SIGKILL also ends a stopped process, so a paused server needs no SIGCONT.
         self.stop();
         if std::thread::panicking() {
             if let Ok(log) = std::fs::read_to_string(self.dir.path().join("redis.log")) {
@@ -137,11 +169,21 @@ pub enum Mode {
     Answer,
     /// Never answer (hold the connection open).
     Hang,
+    /// Send the status line, the headers and part of the body, then break the connection.
+    Reset,
 }
+
+/// Per-request header that makes the fake upstream misbehave for that request only:
+/// `hang` or `reset` (as the [`Mode`]s).
+pub const FAULT: &str = "x-test-fault";
+/// Per-request header: the fake upstream waits this many milliseconds before answering.
+pub const DELAY_MS: &str = "x-test-delay-ms";
 
 /// What the upstream saw of one request.
 #[derive(Clone, Debug)]
 pub struct Seen {
+    /// The execution number this request got (1 for the first hit).
+    pub execution: usize,
     pub method: String,
     pub uri: String,
     pub headers: HashMap<String, Vec<String>>,
@@ -203,7 +245,7 @@ impl Upstream {
         up
     }
 
-    async fn answer(&self, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    async fn answer(&self, req: Request<hyper::body::Incoming>) -> Response<UpBody> {
         let (parts, body) = req.into_parts();
         let body = body
             .collect()
@@ -218,32 +260,48 @@ impl Upstream {
                 .or_default()
                 .push(String::from_utf8_lossy(v.as_bytes()).into_owned());
         }
+        let one = |name: &str| headers.get(name).and_then(|v| v.first()).cloned();
+        let delay = one(DELAY_MS)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| self.delay_ms.load(Ordering::SeqCst));
+        let mode = match one(FAULT).as_deref() {
+            Some("hang") => Mode::Hang,
+            Some("reset") => Mode::Reset,
+            _ => *self.mode.lock().unwrap(),
+        };
         self.seen.lock().unwrap().push(Seen {
+            execution: n,
             method: parts.method.to_string(),
             uri: parts.uri.to_string(),
             headers,
             body: body.clone(),
         });
-        let delay = self.delay_ms.load(Ordering::SeqCst);
         if delay > 0 {
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }
-        if *self.mode.lock().unwrap() == Mode::Hang {
+        if mode == Mode::Hang {
             std::future::pending::<()>().await;
         }
-        let out = format!(
-            "{{\"execution\":{n},\"method\":\"{}\",\"body_len\":{}}}",
-            parts.method,
-            body.len()
-        );
-        Response::builder()
+        let out = Bytes::from(execution_body(n, parts.method.as_str(), body.len()));
+        let builder = Response::builder()
             .status(201)
             .header("content-type", "application/json")
             .header("x-execution", n.to_string())
             .header("set-cookie", "session=secret")
             .header("connection", "x-upstream-hop")
             .header("x-upstream-hop", "1")
-            .body(Full::new(Bytes::from(out)))
+            .header("keep-alive", "timeout=5");
+        if mode == Mode::Reset {
+            // Content-Length promises the whole body; half of it comes, then an error,
+            // which makes hyper abort the connection.
+            let half = out.slice(..out.len() / 2);
+            return builder
+                .header("content-length", out.len().to_string())
+                .body(BodyExt::boxed(BrokenBody::new(half)))
+                .expect("response");
+        }
+        builder
+            .body(Full::new(out).map_err(|e| match e {}).boxed())
             .expect("response")
     }
 
@@ -265,6 +323,50 @@ impl Upstream {
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+}
+
+/// The body the fake upstream answers for its `n`th execution.
+pub fn execution_body(n: usize, method: &str, body_len: usize) -> String {
+    format!("{{\"execution\":{n},\"method\":\"{method}\",\"body_len\":{body_len}}}")
+}
+
+type UpBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+/// A body that yields one chunk and, a moment later (so that the chunk is on the wire),
+/// fails.
+struct BrokenBody {
+    chunk: Option<Bytes>,
+    pause: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl BrokenBody {
+    fn new(chunk: Bytes) -> BrokenBody {
+        BrokenBody {
+            chunk: Some(chunk),
+            pause: Box::pin(tokio::time::sleep(Duration::from_millis(50))),
+        }
+    }
+}
+
+impl hyper::body::Body for BrokenBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
+        use std::task::Poll;
+        if let Some(chunk) = self.chunk.take() {
+            return Poll::Ready(Some(Ok(hyper::body::Frame::data(chunk))));
+        }
+        match self.pause.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(()) => Poll::Ready(Some(Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "fake upstream breaks off",
+            )))),
+        }
     }
 }
 
@@ -368,4 +470,277 @@ pub async fn eventually(limit: Duration, what: &str, mut cond: impl FnMut() -> b
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("timed out waiting for: {what}");
+}
+
+/// The real `idemgate` binary as a child process, configured through the environment;
+/// killed on drop, its log printed if the test failed.
+pub struct Gate {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl Gate {
+    /// Starts the binary in front of `upstream` on `redis_url` with extra `IDEMGATE_*`
+    /// variables, and waits until `/healthz` answers.
+    pub fn start(upstream: &str, redis_url: &str, env: &[(&str, &str)]) -> Gate {
+        let (mut cmd, addr, admin, dir) = Self::command(upstream, redis_url, env);
+        let child = cmd.spawn().expect("idemgate binary");
+        let mut gate = Gate {
+            addr,
+            admin,
+            child: Some(child),
+            dir,
+        };
+        let until = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < until {
+            if http_get(admin, "/healthz").is_some_and(|r| r.starts_with("HTTP/1.1 200")) {
+                return gate;
+            }
+            if let Some(status) = gate
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("idemgate exited at start-up with {status}:\n{}", gate.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("idemgate did not become healthy:\n{}", gate.log());
+    }
+
+    /// The command line for the binary, with fresh ports and a log file in a new directory.
+    pub fn command(
+        upstream: &str,
+        redis_url: &str,
+        env: &[(&str, &str)],
+    ) -> (Command, SocketAddr, SocketAddr, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let log = std::fs::File::create(dir.path().join("idemgate.log")).expect("log file");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemgate"));
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("RUST_LOG", "info")
+            .env("IDEMGATE_LISTEN", addr.to_string())
+            .env("IDEMGATE_ADMIN_LISTEN", admin.to_string())
+            .env("IDEMGATE_UPSTREAM", upstream)
+            .env("IDEMGATE_REDIS_URL", redis_url)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        (cmd, addr, admin, dir)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// SIGKILL: no drain, no cleanup, as if the machine died.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then waits (at most `limit`) for the exit status.
+    pub fn terminate(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        signal(c.id(), "TERM");
+        let until = Instant::now() + limit;
+        loop {
+            if let Some(status) = c.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > until {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("idemgate did not exit within {limit:?} of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("idemgate.log")).unwrap_or_default()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin, path)
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("--- idemgate log ---\n{}", self.log());
+        }
+    }
+}
+
+/// A GET over a raw socket (usable from sync code); the whole response, or `None`.
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).ok()?;
+    Some(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Sends raw bytes, then reads until the peer closes (or 5 s pass).
+pub fn send_raw(addr: SocketAddr, bytes: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    s.write_all(bytes).expect("write");
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// POSTs JSON to a full URL with optional key and extra headers.
+pub async fn post_url(
+    client: &reqwest::Client,
+    url: &str,
+    key: Option<&str>,
+    body: &str,
+    extra: &[(&str, &str)],
+) -> Answer {
+    let mut req = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(k) = key {
+        req = req.header("idempotency-key", k);
+    }
+    for (k, v) in extra {
+        req = req.header(*k, *v);
+    }
+    let res = req.send().await.expect("request");
+    Answer {
+        status: res.status().as_u16(),
+        headers: res.headers().clone(),
+        body: res.bytes().await.expect("body"),
+    }
+}
+
+/// `GET /records/{id}` on an admin listener: the record as JSON, or `None` (404).
+pub async fn inspect(
+    client: &reqwest::Client,
+    admin: SocketAddr,
+    id: &str,
+) -> Option<serde_json::Value> {
+    let r = client
+        .get(format!("http://{admin}/records/{id}?body=1"))
+        .send()
+        .await
+        .expect("admin request");
+    match r.status().as_u16() {
+        200 => Some(r.json().await.expect("record json")),
+        404 => None,
+        s => panic!("admin GET /records answered {s}"),
+    }
+}
+
+/// `DELETE /records/{id}` on an admin listener; whether something was released.
+pub async fn release(client: &reqwest::Client, admin: SocketAddr, id: &str) -> bool {
+    let r = client
+        .delete(format!("http://{admin}/records/{id}"))
+        .send()
+        .await
+        .expect("admin request");
+    r.status().as_u16() == 200
+}
+
+/// An upstream that records the raw bytes of every connection and answers each one with a
+/// fixed 201 and `Connection: close`: it shows exactly what idemgate put on the wire.
+pub struct RawUpstream {
+    pub addr: SocketAddr,
+    received: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl RawUpstream {
+    pub async fn start() -> RawUpstream {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let up = RawUpstream {
+            addr: listener.local_addr().expect("addr"),
+            received: Arc::default(),
+        };
+        let received = up.received.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let received = received.clone();
+                tokio::spawn(async move {
+                    let slot = {
+                        let mut r = received.lock().unwrap();
+                        r.push(Vec::new());
+                        r.len() - 1
+                    };
+                    // Read what arrives within a short quiet period, then answer and close.
+                    let mut buf = [0u8; 8192];
+                    while let Ok(Ok(n)) =
+                        tokio::time::timeout(Duration::from_millis(200), stream.read(&mut buf))
+                            .await
+                    {
+                        if n == 0 {
+                            break;
+                        }
+                        received.lock().unwrap()[slot].extend_from_slice(&buf[..n]);
+                    }
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+                        .await;
+                });
+            }
+        });
+        up
+    }
+
+    /// Everything received, one entry per connection.
+    pub fn received(&self) -> Vec<String> {
+        self.received
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .collect()
+    }
+
+    /// How many request lines arrived in total (a smuggled request shows up as an extra).
+    pub fn requests(&self) -> usize {
+        self.received()
+            .iter()
+            .map(|c| {
+                c.split("\r\n")
+                    .filter(|l| l.ends_with(" HTTP/1.1") || l.ends_with(" HTTP/1.0"))
+                    .count()
+            })
+            .sum()
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
 }
