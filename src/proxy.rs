@@ -185,12 +185,14 @@ impl Proxy {
             lease: policy.lease,
             retention: policy.retention,
         };
-        let request = Request::from_parts(parts, body::full(body));
+        let request = Request::from_parts(parts, body::full(body.clone()));
         // From the claim on, the work runs in its own task: a client that hangs up must
         // never cut a claim off from its exchange and its record.
         let this = self.clone();
         let task = self.shared.tasks.spawn(async move {
-            let (res, outcome) = this.claim_and_settle(claim, request, &policy, peer).await;
+            let (res, outcome) = this
+                .claim_and_settle(claim, request, body, &policy, peer)
+                .await;
             log_request(&res, outcome, Some(id), &method, &policy, started);
             res
         });
@@ -211,14 +213,45 @@ impl Proxy {
 
     async fn claim_and_settle(
         &self,
-        claim: ClaimRequest,
+        mut claim: ClaimRequest,
         request: Request<Body>,
+        body: Bytes,
         policy: &Policy,
         peer: SocketAddr,
     ) -> (Response<Body>, Outcome) {
         let id = claim.id;
         let store_timeout = self.shared.settings.config.store_timeout;
-        match deadline(store_timeout, self.shared.store.claim(&claim)).await {
+        let mut found = deadline(store_timeout, self.shared.store.claim(&claim)).await;
+        if let Ok(Claim::OtherVersion(version)) = found {
+            // A record from before (or after) a change of canonical form: compare like with
+            // like. One more round trip, only in the upgrade window.
+            let parts = RequestParts {
+                method: request.method().as_str(),
+                path: request.uri().path(),
+                query: request.uri().query(),
+                content_type: request
+                    .headers()
+                    .get(CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok()),
+                body: &body,
+            };
+            if let Some(fp) =
+                fingerprint::fingerprint_as(version, &parts, &policy.fingerprint_ignore)
+            {
+                claim.fingerprint = fp;
+                claim.fingerprint_version = version;
+                found = deadline(store_timeout, self.shared.store.claim(&claim)).await;
+            }
+        }
+        match found {
+            Ok(Claim::OtherVersion(version)) => (
+                Problem::InProgress.response(
+                    format!("this key's record was made by an idemgate with fingerprint version {version}, which this instance does not know; retry (an up-to-date instance will answer)"),
+                    Some(&id),
+                    Some(1),
+                ),
+                Outcome::InProgress,
+            ),
             Ok(Claim::Claimed) => {
                 let claimed = Claimed {
                     id,

@@ -151,11 +151,12 @@ async fn different_fingerprint_is_a_mismatch_in_every_state(f: Fixture) {
         f.store.claim(&claim("k", 2, 10_000)).await.unwrap(),
         Claim::Mismatch
     );
+    // Another input-format version is not a mismatch: the caller recomputes in that version.
     let mut other_version = claim("k", 1, 10_000);
     other_version.fingerprint_version = 2;
     assert_eq!(
         f.store.claim(&other_version).await.unwrap(),
-        Claim::Mismatch
+        Claim::OtherVersion(1)
     );
     let u = claim("u", 1, 10_000);
     f.store.claim(&u).await.unwrap();

@@ -95,8 +95,10 @@ impl MemoryStore {
         let now = Instant::now();
         let mut records = self.lock();
         if let Some(e) = records.get(&req.id).filter(|e| e.expires > now) {
-            if e.fingerprint != req.fingerprint || e.fingerprint_version != req.fingerprint_version
-            {
+            if e.fingerprint_version != req.fingerprint_version {
+                return Ok(Claim::OtherVersion(e.fingerprint_version));
+            }
+            if e.fingerprint != req.fingerprint {
                 return Ok(Claim::Mismatch);
             }
             return Ok(match &e.state {

@@ -114,6 +114,9 @@ pub enum Claim {
     },
     /// The record was made by a request with a different fingerprint.
     Mismatch,
+    /// The record's fingerprint has another input-format version (made before or after an
+    /// upgrade): compute the request's fingerprint in that version and claim again.
+    OtherVersion(u16),
     /// Sent once, outcome unknown (marked so, or its lease ran out unrenewed).
     Unknown,
 }

@@ -33,7 +33,8 @@ if not r[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   return {'claimed'}
 end
-if r[2] ~= ARGV[1] or r[3] ~= ARGV[2] then return {'mismatch'} end
+if r[3] ~= ARGV[2] then return {'version', r[3]} end
+if r[2] ~= ARGV[1] then return {'mismatch'} end
 if r[1] == 'c' then
   local v = redis.call('HMGET', KEYS[1], 'sc', 'hd', 'bd')
   return {'completed', v[1], v[2], v[3]}
@@ -217,6 +218,12 @@ fn parse_claim(v: Value) -> Result<Claim, StoreError> {
         "claimed" => Ok(Claim::Claimed),
         "mismatch" => Ok(Claim::Mismatch),
         "unknown" => Ok(Claim::Unknown),
+        "version" => items
+            .get(1)
+            .and_then(text_of)
+            .and_then(|s| s.parse().ok())
+            .map(Claim::OtherVersion)
+            .ok_or_else(|| corrupt("fingerprint version")),
         "in_progress" => {
             let ms: u64 = items
                 .get(1)
