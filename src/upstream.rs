@@ -67,6 +67,13 @@ pub fn is_hop_by_hop(name: &HeaderName) -> bool {
 /// Rewrites a client request into the upstream's: absolute URI on the upstream origin,
 /// HTTP/1.1, hop-by-hop headers removed, `Host` set to the upstream, `X-Forwarded-*` added.
 pub fn prepare(req: &mut Request<Body>, upstream: &Upstream, client: SocketAddr) {
+    let original_host = req.headers().get(HOST).cloned().or_else(|| {
+        // HTTP/2 clients send :authority (in the URI) instead of Host; read it before the
+        // URI is rewritten to the upstream's.
+        req.uri()
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    });
     let path_and_query = req
         .uri()
         .path_and_query()
@@ -82,12 +89,6 @@ pub fn prepare(req: &mut Request<Body>, upstream: &Upstream, client: SocketAddr)
     if let Ok(uri) = uri {
         *req.uri_mut() = uri;
     }
-    let original_host = req.headers().get(HOST).cloned().or_else(|| {
-        // HTTP/2 clients send :authority instead of Host.
-        req.uri()
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-    });
     *req.version_mut() = Version::HTTP_11;
     let h = req.headers_mut();
     strip_hop_by_hop(h);

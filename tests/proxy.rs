@@ -597,3 +597,37 @@ async fn pass_through_streams_other_methods_untouched() {
     assert_eq!(seen.headers["host"], vec![up.addr.to_string()]);
     app.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_get_the_same_protection() {
+    let up = Upstream::start().await;
+    let app = spawn_app(config(&up, &Backend::memory())).await;
+    let c = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let send = || async {
+        let r = c
+            .post(format!("http://{}/v1/transfers", app.addr()))
+            .header("content-type", "application/json")
+            .header("idempotency-key", "k-h2")
+            .body(TRANSFER)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.version(), reqwest::Version::HTTP_2);
+        let replayed = r.headers().contains_key("idempotent-replayed");
+        (r.status().as_u16(), replayed, r.bytes().await.unwrap())
+    };
+    let (s1, r1, b1) = send().await;
+    let (s2, r2, b2) = send().await;
+    assert_eq!((s1, r1, s2, r2), (201, false, 201, true));
+    assert_eq!(b1, b2);
+    assert_eq!(up.hits(), 1);
+    // The upstream is spoken to in HTTP/1.1 and learns the original authority.
+    assert_eq!(
+        up.seen()[0].headers["x-forwarded-host"],
+        vec![app.addr().to_string()]
+    );
+    app.shutdown().await;
+}
