@@ -15,6 +15,7 @@
 //! - [`admin`]: health, readiness, `/metrics` and record inspection/release.
 //! - [`metrics`]: the Prometheus registry, the timing store wrapper and the Redis `INFO`
 //!   watcher.
+//! - [`probe`]: `idemgate probe URL`, the container health check.
 //! - [`server`]: start-up checks, accept loops and graceful shutdown.
 //! - [`body`]: the body type shared by all of the above.
 //! - [`lab`]: beside the product, not in its request path: a deliberately non-idempotent
@@ -27,6 +28,7 @@ pub mod fingerprint;
 pub mod key;
 pub mod lab;
 pub mod metrics;
+pub mod probe;
 pub mod problem;
 pub mod proxy;
 pub mod server;
