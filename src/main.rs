@@ -80,7 +80,7 @@ struct Overrides {
     #[arg(long, value_name = "URL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     redis_url: Option<String>,
-    /// Address of the admin listener (/healthz, /readyz, /records/{id}).
+    /// Address of the admin listener (/healthz, /readyz, /metrics, /records/{id}).
     #[arg(long, value_name = "ADDR")]
     #[serde(skip_serializing_if = "Option::is_none")]
     admin_listen: Option<SocketAddr>,
