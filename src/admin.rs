@@ -1,15 +1,21 @@
-//! The admin listener: `GET /healthz`, `GET /readyz`, `GET /records/{id}` and
-//! `DELETE /records/{id}`. Loopback by default; it can release records, so keep it private.
+//! The admin listener: `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /records/{id}`
+//! and `DELETE /records/{id}`. Loopback by default; it can release records, so keep it
+//! private, and set `admin_token` when it is not on loopback: then every endpoint but
+//! `/healthz` wants `Authorization: Bearer <token>`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 
 use crate::body::{self, Body};
+use crate::config::Secret;
 use crate::key::RecordId;
+use crate::metrics::{self, Metrics};
 use crate::store::{deadline, Store};
 
 /// The admin service.
@@ -17,19 +23,52 @@ use crate::store::{deadline, Store};
 pub struct Admin {
     store: Arc<dyn Store>,
     store_timeout: Duration,
+    metrics: Arc<Metrics>,
+    // SHA-256 of the token: comparing digests takes the same time whatever the length or
+    // content of what a caller sends.
+    token: Option<[u8; 32]>,
 }
 
 impl Admin {
-    /// Builds it over the proxy's store.
-    pub fn new(store: Arc<dyn Store>, store_timeout: Duration) -> Admin {
+    /// Builds it over the proxy's store and metrics.
+    pub fn new(
+        store: Arc<dyn Store>,
+        store_timeout: Duration,
+        metrics: Arc<Metrics>,
+        token: Option<Secret>,
+    ) -> Admin {
         Admin {
             store,
             store_timeout,
+            metrics,
+            token: token.map(|t| Sha256::digest(t.expose().as_bytes()).into()),
         }
+    }
+
+    /// Whether the request carries the admin token (always, when none is configured).
+    fn authorized(&self, req: &Request<Incoming>) -> bool {
+        let Some(want) = &self.token else {
+            return true;
+        };
+        let Some(given) = req
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        else {
+            return false;
+        };
+        let given: [u8; 32] = Sha256::digest(given).into();
+        given.ct_eq(want).into()
     }
 
     /// Handles one admin request.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+        if req.uri().path() != "/healthz" && !self.authorized(&req) {
+            let mut res = text(StatusCode::UNAUTHORIZED, "admin token required\n");
+            res.headers_mut()
+                .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return res;
+        }
         let path = req.uri().path().to_string();
         let with_body = req
             .uri()
@@ -45,6 +84,14 @@ impl Admin {
                         &format!("not ready: {} store: {e}\n", self.store.kind()),
                     ),
                 }
+            }
+            (&Method::GET, "/metrics") => {
+                let mut res = Response::new(body::full(self.metrics.encode()));
+                res.headers_mut().insert(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static(metrics::CONTENT_TYPE),
+                );
+                res
             }
             (m, p) if p.starts_with("/records/") => {
                 let Some(id) = RecordId::from_hex(&p["/records/".len()..]) else {

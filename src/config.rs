@@ -44,6 +44,8 @@ pub struct Config {
     pub upstream: String,
     /// The admin listener (`/healthz`, `/readyz`, `/metrics`, `/records/{id}`); absent: off.
     pub admin_listen: Option<SocketAddr>,
+    /// When set, every admin endpoint but `/healthz` wants `Authorization: Bearer <token>`.
+    pub admin_token: Option<Secret>,
     /// Redis URL; absent: the embedded in-memory store.
     pub redis_url: Option<String>,
     /// Outer deadline of every store call (claim, record, release...).
@@ -52,6 +54,9 @@ pub struct Config {
     /// How long one attempt to connect to Redis may take.
     #[serde(with = "humantime_serde")]
     pub redis_connect_timeout: Duration,
+    /// How often Redis `INFO` is read for the eviction and restart metrics.
+    #[serde(with = "humantime_serde")]
+    pub redis_info_interval: Duration,
     /// The embedded store answers 503 instead of holding more records than this.
     pub memory_max_records: usize,
     /// How long a client may take to send the request headers.
@@ -67,6 +72,31 @@ pub struct Config {
     pub defaults: Defaults,
     /// Per-path overrides; the longest matching prefix wins.
     pub routes: Vec<Route>,
+}
+
+/// A configuration value that must never be printed: its `Debug` is redacted, so a
+/// `?config` in a log line cannot leak it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret itself, for comparing.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(s: &str) -> Secret {
+        Secret(s.to_string())
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 /// Policy for protected requests, as written under `[defaults]`.
@@ -129,7 +159,9 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             upstream: "http://127.0.0.1:9000".into(),
             admin_listen: Some(SocketAddr::from(([127, 0, 0, 1], 9901))),
+            admin_token: None,
             redis_url: None,
+            redis_info_interval: Duration::from_secs(15),
             store_timeout: Duration::from_millis(500),
             redis_connect_timeout: Duration::from_secs(1),
             memory_max_records: 1_000_000,
@@ -179,11 +211,17 @@ impl Config {
         if let Some(path) = file {
             f = f.merge(Toml::file_exact(path));
         }
-        f.merge(
+        f = f.merge(
             Env::prefixed("IDEMGATE_")
-                .ignore(&["CONFIG", "LOG_FORMAT"])
+                .ignore(&["CONFIG", "LOG_FORMAT", "ADMIN_TOKEN"])
                 .split("__"),
-        )
+        );
+        // Taken verbatim: the environment provider would read a token such as `1e5` or
+        // `[x]` as a number or an array.
+        match std::env::var("IDEMGATE_ADMIN_TOKEN") {
+            Ok(token) => f.merge(Serialized::global("admin_token", token)),
+            Err(_) => f,
+        }
     }
 
     /// Extracts and validates.
@@ -284,10 +322,20 @@ impl Settings {
             ("store_timeout", config.store_timeout),
             ("redis_connect_timeout", config.redis_connect_timeout),
             ("header_read_timeout", config.header_read_timeout),
+            ("redis_info_interval", config.redis_info_interval),
             ("body_read_timeout", config.body_read_timeout),
         ] {
             if d.is_zero() {
                 return Err(invalid(key, "must be greater than zero"));
+            }
+        }
+        if let Some(token) = &config.admin_token {
+            let t = token.expose();
+            if t.len() < 16 || !t.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(invalid(
+                    "admin_token",
+                    "must be at least 16 visible ASCII characters (e.g. `openssl rand -hex 32`)",
+                ));
             }
         }
         if config.memory_max_records == 0 {

@@ -12,7 +12,10 @@
 //! - [`proxy`]: the hyper service and the claim → forward → record → replay flow.
 //! - [`upstream`]: the client to the upstream, header rewriting, failure classification.
 //! - [`problem`]: idemgate's own `application/problem+json` responses.
-//! - [`admin`]: health, readiness and record inspection/release.
+//! - [`admin`]: health, readiness, `/metrics` and record inspection/release.
+//! - [`metrics`]: the Prometheus registry, the timing store wrapper and the Redis `INFO`
+//!   watcher.
+//! - [`probe`]: `idemgate probe URL`, the container health check.
 //! - [`server`]: start-up checks, accept loops and graceful shutdown.
 //! - [`body`]: the body type shared by all of the above.
 //! - [`lab`]: beside the product, not in its request path: a deliberately non-idempotent
@@ -24,6 +27,8 @@ pub mod config;
 pub mod fingerprint;
 pub mod key;
 pub mod lab;
+pub mod metrics;
+pub mod probe;
 pub mod problem;
 pub mod proxy;
 pub mod server;

@@ -35,6 +35,15 @@ enum Command {
     /// Replay a day of retrying transfer traffic against a bank, directly and through
     /// idemgate, and audit both ledgers for double transfers.
     Lab(LabArgs),
+    /// GET an admin URL and exit 0 on a 2xx answer, 1 otherwise: a health check for images
+    /// without curl. Sends IDEMGATE_ADMIN_TOKEN as a bearer token when it is set.
+    Probe {
+        /// e.g. http://127.0.0.1:9901/readyz
+        url: String,
+        /// How long to wait for the answer.
+        #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -71,7 +80,7 @@ struct Overrides {
     #[arg(long, value_name = "URL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     redis_url: Option<String>,
-    /// Address of the admin listener (/healthz, /readyz, /records/{id}).
+    /// Address of the admin listener (/healthz, /readyz, /metrics, /records/{id}).
     #[arg(long, value_name = "ADDR")]
     #[serde(skip_serializing_if = "Option::is_none")]
     admin_listen: Option<SocketAddr>,
@@ -188,11 +197,27 @@ fn lab(args: LabArgs) -> ExitCode {
     }
 }
 
+fn probe(url: &str, timeout: std::time::Duration) -> ExitCode {
+    let token = std::env::var("IDEMGATE_ADMIN_TOKEN").ok();
+    match idemgate::probe::get(url, token.as_deref(), timeout) {
+        Ok(status) if (200..300).contains(&status) => ExitCode::SUCCESS,
+        Ok(status) => {
+            eprintln!("idemgate probe: {url} answered {status}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("idemgate probe: {url}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Bank { listen }) => return bank(listen),
         Some(Command::Lab(args)) => return lab(args),
+        Some(Command::Probe { url, timeout }) => return probe(&url, timeout),
         None => {}
     }
     init_tracing("info");

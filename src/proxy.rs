@@ -27,6 +27,7 @@ use crate::body::{self, Body};
 use crate::config::{OnAmbiguous, OnStoreError, Policy, Settings};
 use crate::fingerprint::{self, RequestParts, FINGERPRINT_VERSION};
 use crate::key::{self, IdempotencyKey, RecordId, Tenant};
+use crate::metrics::Metrics;
 use crate::problem::Problem;
 use crate::store::{deadline, Claim, ClaimRequest, OwnerToken, Store, StoreError, StoredResponse};
 use crate::upstream::{self, Failure, UpstreamClient};
@@ -89,7 +90,14 @@ struct Shared {
     client: UpstreamClient,
     // Upstream exchanges that outlive their client connection; shutdown waits for them.
     tasks: TaskTracker,
+    // Outcomes and latencies; shared with the admin listener's /metrics.
+    metrics: Arc<Metrics>,
 }
+
+/// How long the upstream took, carried on a response from where it is measured to the
+/// request's log line.
+#[derive(Clone, Copy)]
+struct UpstreamLatency(Duration);
 
 /// A protected request that owns its claim, on its way upstream.
 struct Claimed {
@@ -102,6 +110,16 @@ struct Claimed {
 impl Proxy {
     /// Builds the service over a store.
     pub fn new(settings: Settings, store: Arc<dyn Store>, tasks: TaskTracker) -> Proxy {
+        Proxy::with_metrics(settings, store, tasks, Arc::new(Metrics::new()))
+    }
+
+    /// Builds the service over a store, counting into `metrics`.
+    pub fn with_metrics(
+        settings: Settings,
+        store: Arc<dyn Store>,
+        tasks: TaskTracker,
+        metrics: Arc<Metrics>,
+    ) -> Proxy {
         let client = upstream::client(settings.config.store_timeout.max(Duration::from_secs(2)));
         Proxy {
             shared: Arc::new(Shared {
@@ -109,6 +127,7 @@ impl Proxy {
                 store,
                 client,
                 tasks,
+                metrics,
             }),
         }
     }
@@ -123,13 +142,25 @@ impl Proxy {
         let started = Instant::now();
         let policy = self.shared.settings.policy_for(req.uri().path());
         if !policy.protects(req.method()) {
-            let timeout = policy.upstream_timeout;
-            return self.pass_through(req.map(body::boxed), peer, timeout).await;
+            let (timeout, method) = (policy.upstream_timeout, req.method().clone());
+            let res = self.pass_through(req.map(body::boxed), peer, timeout).await;
+            let metrics = &self.shared.metrics;
+            log_request(
+                metrics,
+                &res,
+                Outcome::Passthrough,
+                None,
+                &method,
+                policy,
+                started,
+            );
+            return res;
         }
         let policy = policy.clone();
         let method = req.method().clone();
+        let metrics = &self.shared.metrics;
         let log = |res: &Response<Body>, outcome: Outcome, policy: &Policy| {
-            log_request(res, outcome, None, &method, policy, started);
+            log_request(metrics, res, outcome, None, &method, policy, started);
         };
         let key = match key::parse(req.headers(), policy.max_key_length) {
             Ok(Some(key)) => key,
@@ -193,7 +224,8 @@ impl Proxy {
             let (res, outcome) = this
                 .claim_and_settle(claim, request, body, &policy, peer)
                 .await;
-            log_request(&res, outcome, Some(id), &method, &policy, started);
+            let metrics = &this.shared.metrics;
+            log_request(metrics, &res, outcome, Some(id), &method, &policy, started);
             res
         });
         match task.await {
@@ -357,10 +389,15 @@ impl Proxy {
         timeout: Duration,
     ) -> Response<Body> {
         upstream::prepare(&mut req, &self.shared.settings.upstream, peer);
-        match tokio::time::timeout(timeout, self.shared.client.request(req)).await {
+        let sent = Instant::now();
+        let answer = tokio::time::timeout(timeout, self.shared.client.request(req)).await;
+        let latency = UpstreamLatency(sent.elapsed());
+        self.shared.metrics.upstream(latency.0);
+        match answer {
             Ok(Ok(res)) => {
                 let (mut parts, body) = res.into_parts();
                 upstream::strip_hop_by_hop(&mut parts.headers);
+                parts.extensions.insert(latency);
                 Response::from_parts(parts, body::boxed(body))
             }
             Ok(Err(e)) => match upstream::classify(&e) {
@@ -384,7 +421,11 @@ impl Proxy {
     }
 }
 
+/// Counts a finished request and writes its log line: `info` for protected requests,
+/// `debug` for pass-through ones (they are counted all the same). Never a body, a key's raw
+/// value or a header value: the record id names the request.
 fn log_request(
+    metrics: &Metrics,
     res: &Response<Body>,
     outcome: Outcome,
     id: Option<RecordId>,
@@ -392,15 +433,40 @@ fn log_request(
     policy: &Policy,
     started: Instant,
 ) {
-    tracing::info!(
-        outcome = outcome.as_str(),
-        record = id.map(|r| r.to_string()).as_deref().unwrap_or("-"),
-        method = %method,
-        route = policy.route.as_deref().unwrap_or("-"),
-        status = res.status().as_u16(),
-        latency_ms = started.elapsed().as_secs_f64() * 1000.0,
-        "request"
-    );
+    let elapsed = started.elapsed();
+    metrics.request(outcome, elapsed);
+    let level_enabled = if outcome == Outcome::Passthrough {
+        tracing::enabled!(tracing::Level::DEBUG)
+    } else {
+        tracing::enabled!(tracing::Level::INFO)
+    };
+    if !level_enabled {
+        return;
+    }
+    let upstream_ms = res
+        .extensions()
+        .get::<UpstreamLatency>()
+        .map(|l| l.0.as_secs_f64() * 1000.0);
+    let record = id.map(|r| r.to_string());
+    macro_rules! line {
+        ($level:ident) => {
+            tracing::$level!(
+                outcome = outcome.as_str(),
+                record = record.as_deref().unwrap_or("-"),
+                method = %method,
+                route = policy.route.as_deref().unwrap_or("-"),
+                status = res.status().as_u16(),
+                upstream_ms,
+                latency_ms = elapsed.as_secs_f64() * 1000.0,
+                "request"
+            )
+        };
+    }
+    if outcome == Outcome::Passthrough {
+        line!(debug);
+    } else {
+        line!(info);
+    }
 }
 
 fn record_id(
@@ -452,10 +518,13 @@ async fn exchange(
             .await
             .unwrap_or(Err(ExchangeError::Timeout))
     };
+    let sent = Instant::now();
     let result = renewing_lease(shared, &id, &owner, policy.lease, timed).await;
+    let latency = UpstreamLatency(sent.elapsed());
+    shared.metrics.upstream(latency.0);
     let store_timeout = shared.settings.config.store_timeout;
     let store = &shared.store;
-    match result {
+    let (mut res, outcome) = match result {
         Ok((mut parts, bytes)) => {
             upstream::strip_hop_by_hop(&mut parts.headers);
             let stored = StoredResponse {
@@ -523,7 +592,9 @@ async fn exchange(
                 Outcome::Ambiguous,
             )
         }
-    }
+    };
+    res.extensions_mut().insert(latency);
+    (res, outcome)
 }
 
 /// Awaits `work` while renewing the lease every third of its length. The fast path (an
@@ -536,7 +607,7 @@ async fn renewing_lease<T>(
     work: impl std::future::Future<Output = T>,
 ) -> T {
     let period = lease / 3;
-    let store_timeout = shared.settings.config.store_timeout.min(period);
+    let store_timeout = crate::store::renew_deadline(shared.settings.config.store_timeout, lease);
     tokio::pin!(work);
     let mut next = tokio::time::Instant::now() + period;
     loop {

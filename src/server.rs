@@ -18,6 +18,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin::Admin;
 use crate::config::{Config, ConfigError, Settings};
+use crate::metrics::{self, Instrumented, Metrics};
 use crate::proxy::Proxy;
 use crate::store::{MemoryStore, RedisStore, Store, StoreError};
 
@@ -152,6 +153,11 @@ pub async fn bind(settings: &Settings) -> Result<(TcpListener, Option<TcpListene
         ),
         None => None,
     };
+    if let Some(addr) = c.admin_listen {
+        if !addr.ip().is_loopback() && c.admin_token.is_none() {
+            tracing::warn!(%addr, "the admin listener is reachable from other hosts without admin_token: anyone who reaches it can release records");
+        }
+    }
     Ok((listener, admin))
 }
 
@@ -180,8 +186,16 @@ pub async fn serve(
     let grace = settings.config.shutdown_grace;
     let header_timeout = settings.config.header_read_timeout;
     let store_timeout = settings.config.store_timeout;
+    let metrics = Arc::new(Metrics::new());
+    let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, metrics.clone(), store_timeout));
+    let watcher = tokio::spawn(metrics::watch_store(
+        store.clone(),
+        metrics.clone(),
+        settings.config.redis_info_interval,
+    ));
     let admin_task = admin.map(|l| {
-        let admin = Admin::new(store.clone(), store_timeout);
+        let token = settings.config.admin_token.clone();
+        let admin = Admin::new(store.clone(), store_timeout, metrics.clone(), token);
         tokio::spawn(accept_loop(
             l,
             stop.clone(),
@@ -193,7 +207,7 @@ pub async fn serve(
             },
         ))
     });
-    let proxy = Proxy::new(settings, store, tasks.clone());
+    let proxy = Proxy::with_metrics(settings, store, tasks.clone(), metrics);
     let proxy_task = tokio::spawn(accept_loop(
         listener,
         stop.clone(),
@@ -216,6 +230,7 @@ pub async fn serve(
     if let Some(t) = admin_task {
         let _ = t.await;
     }
+    watcher.abort();
     tracing::info!("stopped");
 }
 

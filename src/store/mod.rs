@@ -218,6 +218,24 @@ pub trait Store: Send + Sync + 'static {
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
     /// A short name for logs: `memory` or `redis`.
     fn kind(&self) -> &'static str;
+    /// What the server says about itself, for metrics; `None` for a store without a
+    /// server (the embedded one).
+    fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
+        Box::pin(async { Ok(None) })
+    }
+}
+
+/// A store server's view of itself (Redis `INFO`), polled for metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Changes whenever the server restarts.
+    pub run_id: String,
+    /// Seconds since the server started.
+    pub uptime_secs: u64,
+    /// Keys evicted under memory pressure since the server started.
+    pub evicted_keys: u64,
+    /// The eviction policy now in force.
+    pub maxmemory_policy: String,
 }
 
 /// Runs a store call under a deadline: a store that does not answer counts as an error.
@@ -229,4 +247,10 @@ pub async fn deadline<T>(
         Ok(r) => r,
         Err(_) => Err(StoreError::Timeout(limit)),
     }
+}
+
+/// The deadline of a lease renewal: a third of the lease, at most `store_timeout`, so a
+/// renewal never outlasts the period between two renewals.
+pub fn renew_deadline(store_timeout: Duration, lease: Duration) -> Duration {
+    store_timeout.min(lease / 3)
 }

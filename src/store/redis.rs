@@ -14,8 +14,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, OwnerToken, RecordState, RecordView, Store, StoreError,
-    StoredResponse,
+    BoxFuture, Claim, ClaimRequest, OwnerToken, RecordState, RecordView, ServerStats, Store,
+    StoreError, StoredResponse,
 };
 use crate::key::RecordId;
 
@@ -162,17 +162,8 @@ impl RedisStore {
 
     /// Reads `INFO` for the start-up checks.
     pub async fn server_info(&self) -> Result<ServerInfo, StoreError> {
-        let mut c = self.conn.clone();
-        let info: String = redis::cmd("INFO")
-            .arg("all")
-            .query_async(&mut c)
-            .await
-            .map_err(backend)?;
-        let field = |name: &str| {
-            info.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-                .map(|v| v.trim().to_string())
-        };
+        let info = self.info("all").await?;
+        let field = |name: &str| info_field(&info, name);
         Ok(ServerInfo {
             maxmemory_policy: field("maxmemory_policy").unwrap_or_default(),
             aof_enabled: field("aof_enabled").as_deref() == Some("1"),
@@ -180,9 +171,25 @@ impl RedisStore {
         })
     }
 
+    async fn info(&self, section: &str) -> Result<String, StoreError> {
+        let mut c = self.conn.clone();
+        redis::cmd("INFO")
+            .arg(section)
+            .query_async(&mut c)
+            .await
+            .map_err(backend)
+    }
+
     fn key(id: &RecordId) -> String {
         format!("idemgate:{{{id}}}")
     }
+}
+
+/// One `name:value` line of an `INFO` reply.
+fn info_field(info: &str, name: &str) -> Option<String> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(|v| v.trim().to_string())
 }
 
 fn backend(e: redis::RedisError) -> StoreError {
@@ -439,5 +446,24 @@ impl Store for RedisStore {
 
     fn kind(&self) -> &'static str {
         "redis"
+    }
+
+    fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
+        Box::pin(async move {
+            // The default sections hold all four fields; `all` would add per-command ones.
+            let info = self.info("default").await?;
+            let number = |info: &str, name: &str| {
+                info_field(info, name)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .ok_or_else(|| corrupt(&format!("INFO without {name}")))
+            };
+            Ok(Some(ServerStats {
+                run_id: info_field(&info, "run_id")
+                    .ok_or_else(|| corrupt("INFO without run_id"))?,
+                uptime_secs: number(&info, "uptime_in_seconds")?,
+                evicted_keys: number(&info, "evicted_keys")?,
+                maxmemory_policy: info_field(&info, "maxmemory_policy").unwrap_or_default(),
+            }))
+        })
     }
 }

@@ -1,0 +1,533 @@
+//! Prometheus metrics: what happened to requests, how long the upstream and the store took,
+//! how often the store failed, and what the Redis server itself says about evictions and
+//! restarts. One [`Metrics`] per running instance (tests run several in one process), shared
+//! by the proxy, the store wrapper [`Instrumented`] and the admin listener's `/metrics`.
+//!
+//! Every series is created up front and kept as a handle (a counter or histogram is an `Arc`
+//! inside), so the request path indexes an array and does one atomic add or one short
+//! mutex-guarded histogram update: no label hashing, no family lock, no allocation.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::key::RecordId;
+use crate::proxy::Outcome;
+use crate::store::{
+    renew_deadline, BoxFuture, Claim, ClaimRequest, OwnerToken, RecordView, ServerStats, Store,
+    StoreError, StoredResponse,
+};
+
+/// The content type of [`Metrics::encode`]'s output (OpenMetrics text, which Prometheus
+/// scrapes natively).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Every outcome, in declaration order (`Outcome as usize` indexes this).
+const OUTCOMES: [Outcome; 10] = [
+    Outcome::Forwarded,
+    Outcome::Replayed,
+    Outcome::InProgress,
+    Outcome::Mismatch,
+    Outcome::Unprotected,
+    Outcome::Passthrough,
+    Outcome::Rejected,
+    Outcome::StoreError,
+    Outcome::UpstreamError,
+    Outcome::Ambiguous,
+];
+
+/// A store operation, the `op` label of the store metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreOp {
+    #[allow(missing_docs)]
+    Claim,
+    #[allow(missing_docs)]
+    Record,
+    #[allow(missing_docs)]
+    Renew,
+    #[allow(missing_docs)]
+    Release,
+    #[allow(missing_docs)]
+    MarkUnknown,
+    #[allow(missing_docs)]
+    Inspect,
+    #[allow(missing_docs)]
+    Delete,
+    #[allow(missing_docs)]
+    Ping,
+}
+
+const STORE_OPS: [StoreOp; 8] = [
+    StoreOp::Claim,
+    StoreOp::Record,
+    StoreOp::Renew,
+    StoreOp::Release,
+    StoreOp::MarkUnknown,
+    StoreOp::Inspect,
+    StoreOp::Delete,
+    StoreOp::Ping,
+];
+
+impl StoreOp {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreOp::Claim => "claim",
+            StoreOp::Record => "record",
+            StoreOp::Renew => "renew",
+            StoreOp::Release => "release",
+            StoreOp::MarkUnknown => "mark_unknown",
+            StoreOp::Inspect => "inspect",
+            StoreOp::Delete => "delete",
+            StoreOp::Ping => "ping",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabel {
+    op: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Latency buckets in seconds: 1 ms to 30 s (the default upstream timeout), roughly x2.5.
+fn latency_histogram() -> Histogram {
+    Histogram::new([
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    ])
+}
+
+/// Store calls are sub-millisecond when healthy and bounded by `store_timeout` otherwise.
+fn store_histogram() -> Histogram {
+    Histogram::new([
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    ])
+}
+
+/// The metrics of one running idemgate.
+pub struct Metrics {
+    registry: Registry,
+    // Pre-resolved series, indexed by `Outcome as usize` / `StoreOp as usize`.
+    requests: [Counter; OUTCOMES.len()],
+    request_duration: [Histogram; OUTCOMES.len()],
+    upstream_duration: Histogram,
+    store_duration: [Histogram; STORE_OPS.len()],
+    store_errors: [Counter; STORE_OPS.len()],
+    records_unknown: Counter,
+    redis_evicted_keys: Gauge,
+    redis_restarts: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every series at zero (so a dashboard sees them before the first
+    /// request and `rate()` has a starting point).
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let requests = Family::<OutcomeLabel, Counter>::default();
+        let request_duration =
+            HistogramFamily::<OutcomeLabel>::new_with_constructor(latency_histogram);
+        let upstream_duration = latency_histogram();
+        let store_duration = HistogramFamily::<OpLabel>::new_with_constructor(store_histogram);
+        let store_errors = Family::<OpLabel, Counter>::default();
+        let records_unknown = Counter::default();
+        let redis_evicted_keys = Gauge::default();
+        let redis_restarts = Counter::default();
+        registry.register("idemgate_requests", "Requests by outcome", requests.clone());
+        registry.register(
+            "idemgate_request_duration_seconds",
+            "Time from receiving a request to its response, by outcome",
+            request_duration.clone(),
+        );
+        registry.register(
+            "idemgate_upstream_duration_seconds",
+            "Time the upstream took to answer a forwarded request (whole body for protected requests, headers for pass-through)",
+            upstream_duration.clone(),
+        );
+        registry.register(
+            "idemgate_store_duration_seconds",
+            "Time of store calls by operation, including calls that failed or timed out",
+            store_duration.clone(),
+        );
+        registry.register(
+            "idemgate_store_errors",
+            "Store calls that failed or did not answer within their deadline, by operation",
+            store_errors.clone(),
+        );
+        registry.register(
+            "idemgate_records_unknown",
+            "Records marked unknown: sent upstream without a complete answer, held until an operator releases them",
+            records_unknown.clone(),
+        );
+        registry.register(
+            "idemgate_redis_evicted_keys",
+            "evicted_keys from Redis INFO (must stay 0: an evicted record lets a retry execute twice)",
+            redis_evicted_keys.clone(),
+        );
+        registry.register(
+            "idemgate_redis_restarts",
+            "Redis restarts seen (run_id changed or uptime went down); records written since its last save may be lost",
+            redis_restarts.clone(),
+        );
+        let outcome = |o: Outcome| OutcomeLabel {
+            outcome: o.as_str(),
+        };
+        let op = |o: StoreOp| OpLabel { op: o.as_str() };
+        Metrics {
+            registry,
+            requests: OUTCOMES.map(|o| requests.get_or_create_owned(&outcome(o))),
+            request_duration: OUTCOMES.map(|o| request_duration.get_or_create_owned(&outcome(o))),
+            upstream_duration,
+            store_duration: STORE_OPS.map(|o| store_duration.get_or_create_owned(&op(o))),
+            store_errors: STORE_OPS.map(|o| store_errors.get_or_create_owned(&op(o))),
+            records_unknown,
+            redis_evicted_keys,
+            redis_restarts,
+        }
+    }
+
+    /// Counts a finished request and its total time.
+    pub fn request(&self, outcome: Outcome, elapsed: Duration) {
+        let i = outcome as usize;
+        self.requests[i].inc();
+        self.request_duration[i].observe(elapsed.as_secs_f64());
+    }
+
+    /// Records how long the upstream took.
+    pub fn upstream(&self, elapsed: Duration) {
+        self.upstream_duration.observe(elapsed.as_secs_f64());
+    }
+
+    fn store_call(&self, op: StoreOp, elapsed: Duration, failed: bool) {
+        let i = op as usize;
+        self.store_duration[i].observe(elapsed.as_secs_f64());
+        if failed {
+            self.store_errors[i].inc();
+        }
+    }
+
+    /// Takes in what one `INFO` poll of Redis said.
+    fn redis(&self, evicted_keys: u64, restarted: bool) {
+        self.redis_evicted_keys
+            .set(i64::try_from(evicted_keys).unwrap_or(i64::MAX));
+        if restarted {
+            self.redis_restarts.inc();
+        }
+    }
+
+    /// The whole registry in the OpenMetrics text format ([`CONTENT_TYPE`]).
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(8 * 1024);
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// A [`Store`] that times every call and counts its failures. Callers put their own deadline
+/// around each call and drop the call when it passes, so a call dropped unfinished after its
+/// deadline counts as failed; one dropped earlier (a lease renewal that lost the race to the
+/// upstream's answer) was merely not needed and counts as nothing.
+pub struct Instrumented {
+    inner: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    store_timeout: Duration,
+}
+
+impl Instrumented {
+    /// Wraps `inner`; `store_timeout` is the deadline callers put around its calls.
+    pub fn new(inner: Arc<dyn Store>, metrics: Arc<Metrics>, store_timeout: Duration) -> Self {
+        Instrumented {
+            inner,
+            metrics,
+            store_timeout,
+        }
+    }
+
+    fn timed<'a, T: Send + 'a>(
+        &'a self,
+        op: StoreOp,
+        deadline: Duration,
+        call: BoxFuture<'a, Result<T, StoreError>>,
+    ) -> BoxFuture<'a, Result<T, StoreError>> {
+        let guard = CallGuard {
+            metrics: &self.metrics,
+            op,
+            started: Instant::now(),
+            deadline,
+            done: false,
+        };
+        Box::pin(async move {
+            // Moves the whole guard in (a field-wise capture would leave it, and its Drop,
+            // behind in this function).
+            let mut guard = guard;
+            let r = call.await;
+            guard.done = true;
+            guard
+                .metrics
+                .store_call(op, guard.started.elapsed(), r.is_err());
+            r
+        })
+    }
+}
+
+/// Settles the metrics of a store call that was dropped before it finished.
+struct CallGuard<'a> {
+    metrics: &'a Metrics,
+    op: StoreOp,
+    started: Instant,
+    deadline: Duration,
+    done: bool,
+}
+
+impl Drop for CallGuard<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let elapsed = self.started.elapsed();
+        if elapsed >= self.deadline {
+            self.metrics.store_call(self.op, elapsed, true);
+        }
+    }
+}
+
+impl Store for Instrumented {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        self.timed(StoreOp::Claim, self.store_timeout, self.inner.claim(req))
+    }
+
+    fn record<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        response: &'a StoredResponse,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let call = self.inner.record(id, owner, response);
+        self.timed(StoreOp::Record, self.store_timeout, call)
+    }
+
+    fn renew<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let deadline = renew_deadline(self.store_timeout, lease);
+        self.timed(StoreOp::Renew, deadline, self.inner.renew(id, owner, lease))
+    }
+
+    fn mark_unknown<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let call = self.timed(
+            StoreOp::MarkUnknown,
+            self.store_timeout,
+            self.inner.mark_unknown(id, owner),
+        );
+        Box::pin(async move {
+            let r = call.await;
+            if matches!(r, Ok(true)) {
+                self.metrics.records_unknown.inc();
+            }
+            r
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let call = self.inner.release(id, owner);
+        self.timed(StoreOp::Release, self.store_timeout, call)
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        id: &'a RecordId,
+        with_body: bool,
+    ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>> {
+        let call = self.inner.inspect(id, with_body);
+        self.timed(StoreOp::Inspect, self.store_timeout, call)
+    }
+
+    fn delete<'a>(&'a self, id: &'a RecordId) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.timed(StoreOp::Delete, self.store_timeout, self.inner.delete(id))
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.timed(StoreOp::Ping, self.store_timeout, self.inner.ping())
+    }
+
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
+        self.inner.server_stats()
+    }
+}
+
+/// What the Redis watcher remembers between two polls.
+#[derive(Debug, Default)]
+struct RedisWatch {
+    last: Option<ServerStats>,
+}
+
+impl RedisWatch {
+    /// Whether Redis restarted since the last poll: a new `run_id`, or an uptime that went
+    /// down (a restart between two polls that kept its run id cannot happen, but a shorter
+    /// uptime is the cheap second witness).
+    fn restarted(&mut self, now: ServerStats) -> bool {
+        let restarted = self
+            .last
+            .as_ref()
+            .is_some_and(|l| l.run_id != now.run_id || now.uptime_secs < l.uptime_secs);
+        self.last = Some(now);
+        restarted
+    }
+}
+
+/// Polls the store's server statistics every `period` (Redis `INFO`) into the metrics, until
+/// the task is aborted. Returns at once for a store without any (the embedded one).
+pub async fn watch_store(store: Arc<dyn Store>, metrics: Arc<Metrics>, period: Duration) {
+    let mut watch = RedisWatch::default();
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let limit = period.min(Duration::from_secs(5));
+        match crate::store::deadline(limit, store.server_stats()).await {
+            Ok(Some(stats)) => {
+                if stats.maxmemory_policy != "noeviction" {
+                    tracing::error!(
+                        maxmemory_policy = %stats.maxmemory_policy,
+                        "Redis maxmemory-policy changed at run time: records may be evicted and retries execute twice; set it back to noeviction"
+                    );
+                }
+                let evicted = stats.evicted_keys;
+                let restarted = watch.restarted(stats);
+                if restarted {
+                    tracing::warn!(
+                        "Redis restarted: records written since its last save may be lost"
+                    );
+                }
+                metrics.redis(evicted, restarted);
+            }
+            Ok(None) => return,
+            Err(e) => tracing::debug!(error = %e, "could not read Redis INFO"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_arrays_follow_declaration_order() {
+        for (i, o) in OUTCOMES.iter().enumerate() {
+            assert_eq!(*o as usize, i, "{o:?}");
+        }
+        for (i, o) in STORE_OPS.iter().enumerate() {
+            assert_eq!(*o as usize, i, "{o:?}");
+        }
+        // A new variant fails to compile here until it is added to the arrays above.
+        let _exhaustive = |o: Outcome| match o {
+            Outcome::Forwarded
+            | Outcome::Replayed
+            | Outcome::InProgress
+            | Outcome::Mismatch
+            | Outcome::Unprotected
+            | Outcome::Passthrough
+            | Outcome::Rejected
+            | Outcome::StoreError
+            | Outcome::UpstreamError
+            | Outcome::Ambiguous => (),
+        };
+    }
+
+    #[test]
+    fn every_series_is_exported_from_the_start() {
+        let text = Metrics::new().encode();
+        for o in OUTCOMES {
+            let line = format!("idemgate_requests_total{{outcome=\"{}\"}} 0\n", o.as_str());
+            assert!(text.contains(&line), "{line}");
+        }
+        for op in STORE_OPS {
+            let line = format!("idemgate_store_errors_total{{op=\"{}\"}} 0\n", op.as_str());
+            assert!(text.contains(&line), "{line}");
+        }
+        for name in [
+            "idemgate_records_unknown_total 0",
+            "idemgate_redis_evicted_keys 0",
+            "idemgate_redis_restarts_total 0",
+            "# TYPE idemgate_upstream_duration_seconds histogram",
+        ] {
+            assert!(text.contains(name), "{name}");
+        }
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    fn stats(run_id: &str, uptime_secs: u64) -> ServerStats {
+        ServerStats {
+            run_id: run_id.into(),
+            uptime_secs,
+            evicted_keys: 0,
+            maxmemory_policy: "noeviction".into(),
+        }
+    }
+
+    #[test]
+    fn a_restart_is_a_new_run_id_or_a_shorter_uptime() {
+        let mut w = RedisWatch::default();
+        assert!(
+            !w.restarted(stats("a", 100)),
+            "the first poll is the baseline"
+        );
+        assert!(!w.restarted(stats("a", 115)));
+        assert!(w.restarted(stats("b", 130)));
+        assert!(w.restarted(stats("b", 3)));
+        assert!(!w.restarted(stats("b", 18)));
+    }
+
+    #[tokio::test]
+    async fn timed_out_calls_count_as_errors_and_cancelled_ones_do_not() {
+        let metrics = Arc::new(Metrics::new());
+        let store: Arc<dyn Store> = Arc::new(crate::store::MemoryStore::new(10));
+        let slow = Instrumented::new(store, metrics.clone(), Duration::from_millis(20));
+        // Dropped before its deadline: not an error.
+        drop(slow.ping());
+        // Finished: timed, not an error.
+        slow.ping().await.unwrap();
+        let text = metrics.encode();
+        assert!(text.contains("idemgate_store_errors_total{op=\"ping\"} 0\n"));
+        assert!(text.contains("idemgate_store_duration_seconds_count{op=\"ping\"} 1\n"));
+        // Dropped after its deadline (as `store::deadline` does): an error.
+        let call = slow.ping();
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        drop(call);
+        let text = metrics.encode();
+        assert!(text.contains("idemgate_store_errors_total{op=\"ping\"} 1\n"));
+    }
+}

@@ -1,0 +1,440 @@
+//! Running idemgate as a sidecar: the admin listener (health, readiness, `/metrics`,
+//! records, the admin token) and the metrics a known sequence of requests leaves behind.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::*;
+use idemgate::Config;
+
+const TRANSFER: &str = r#"{"from":"acc-1","to":"acc-2","amount":1250,"currency":"EUR"}"#;
+const TOKEN: &str = "0123456789abcdef-admin";
+
+/// `GET /metrics` with the token; the whole text.
+async fn scrape(c: &reqwest::Client, admin: SocketAddr) -> String {
+    let r = c
+        .get(format!("http://{admin}/metrics"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let ct = r.headers()["content-type"].to_str().unwrap().to_string();
+    assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
+    r.text().await.unwrap()
+}
+
+/// The value of one series, e.g. `idemgate_requests_total{outcome="replayed"}`.
+fn value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn requests(text: &str, outcome: &str) -> f64 {
+    value(
+        text,
+        &format!("idemgate_requests_total{{outcome=\"{outcome}\"}}"),
+    )
+}
+
+async fn a_known_sequence_is_counted_exactly(backend: Backend) {
+    let up = Upstream::start().await;
+    let mut cfg = config(&up, &backend);
+    cfg.admin_token = Some(TOKEN.into());
+    cfg.routes = vec![idemgate::config::Route {
+        path: "/v1/strict".into(),
+        require_key: Some(true),
+        ..Default::default()
+    }];
+    let app = spawn_app(cfg).await;
+    let admin = app.admin_addr().unwrap();
+    let c = client();
+
+    let first = post(&c, &app, "/v1/transfers", Some("k-1"), TRANSFER, &[]).await;
+    assert_eq!(first.status, 201);
+    let again = post(&c, &app, "/v1/transfers", Some("k-1"), TRANSFER, &[]).await;
+    assert!(again.replayed());
+    let other = TRANSFER.replace("1250", "9900");
+    let mismatch = post(&c, &app, "/v1/transfers", Some("k-1"), &other, &[]).await;
+    assert_eq!(mismatch.status, 422);
+    let get = c
+        .get(format!("http://{}/v1/accounts/7", app.addr()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), 201);
+    let rejected = post(&c, &app, "/v1/strict", None, TRANSFER, &[]).await;
+    assert_eq!(rejected.status, 400);
+    assert_eq!(up.hits(), 2, "one forwarded, one pass-through");
+
+    let text = scrape(&c, admin).await;
+    for (outcome, n) in [
+        ("forwarded", 1.0),
+        ("replayed", 1.0),
+        ("mismatch", 1.0),
+        ("passthrough", 1.0),
+        ("rejected", 1.0),
+        ("in_progress", 0.0),
+        ("unprotected", 0.0),
+        ("store_error", 0.0),
+        ("upstream_error", 0.0),
+        ("ambiguous", 0.0),
+    ] {
+        assert_eq!(requests(&text, outcome), n, "{outcome}");
+        assert_eq!(
+            value(
+                &text,
+                &format!("idemgate_request_duration_seconds_count{{outcome=\"{outcome}\"}}")
+            ),
+            n,
+            "{outcome}"
+        );
+    }
+    // Forwarded and pass-through went upstream; nothing else did.
+    assert_eq!(
+        value(&text, "idemgate_upstream_duration_seconds_count"),
+        2.0
+    );
+    // Three claims (forwarded, replayed, mismatch) and one record; the rejected request
+    // never reached the store.
+    let ops = |op: &str| {
+        value(
+            &text,
+            &format!("idemgate_store_duration_seconds_count{{op=\"{op}\"}}"),
+        )
+    };
+    assert_eq!(ops("claim"), 3.0);
+    assert_eq!(ops("record"), 1.0);
+    assert_eq!(ops("release"), 0.0);
+    assert_eq!(
+        value(&text, "idemgate_store_errors_total{op=\"claim\"}"),
+        0.0
+    );
+    assert_eq!(value(&text, "idemgate_records_unknown_total"), 0.0);
+    app.shutdown().await;
+}
+
+async fn an_ambiguous_outcome_counts_one_unknown_record(backend: Backend) {
+    let up = Upstream::start().await;
+    up.set_mode(Mode::Hang);
+    let mut cfg = config(&up, &backend);
+    cfg.defaults.upstream_timeout = Duration::from_millis(200);
+    let app = spawn_app(cfg).await;
+    let admin = app.admin_addr().unwrap();
+    let c = client();
+    let r = post(&c, &app, "/v1/transfers", Some("k-amb"), TRANSFER, &[]).await;
+    assert_eq!(r.status, 504);
+    let retry = post(&c, &app, "/v1/transfers", Some("k-amb"), TRANSFER, &[]).await;
+    assert_eq!(
+        retry.problem_type(),
+        "https://idemgate.dev/problems/outcome-unknown"
+    );
+    let text = c
+        .get(format!("http://{admin}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        requests(&text, "ambiguous"),
+        2.0,
+        "the 504 and the retry's 409"
+    );
+    assert_eq!(value(&text, "idemgate_records_unknown_total"), 1.0);
+    assert_eq!(
+        value(
+            &text,
+            "idemgate_store_duration_seconds_count{op=\"mark_unknown\"}"
+        ),
+        1.0
+    );
+    app.shutdown().await;
+}
+
+async fn records_show_no_body_unless_asked_and_delete_says_what_it_released(backend: Backend) {
+    let up = Upstream::start().await;
+    let app = spawn_app(config(&up, &backend)).await;
+    let admin = app.admin_addr().unwrap();
+    let c = client();
+    let r = post(&c, &app, "/v1/transfers", Some("k-rec"), TRANSFER, &[]).await;
+    assert_eq!(r.status, 201);
+    // The record id of a completed request: ask a mismatching retry for it.
+    let other = TRANSFER.replace("1250", "1");
+    let id = post(&c, &app, "/v1/transfers", Some("k-rec"), &other, &[])
+        .await
+        .json()["record_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let get = |q: &'static str| {
+        let url = format!("http://{admin}/records/{id}{q}");
+        let c = c.clone();
+        async move {
+            c.get(url)
+                .send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let view = get("").await;
+    assert_eq!(view["state"], "completed");
+    assert_eq!(view["status"], 201);
+    assert!(view["created_ms"].as_u64().unwrap() > 0);
+    assert!(view["fingerprint_version"].as_u64().is_some());
+    assert!(view.get("body").is_none(), "{view}");
+    let with_body = get("?body=1").await;
+    assert_eq!(with_body["body"].as_str().unwrap().as_bytes(), &r.body[..]);
+    let del: serde_json::Value = c
+        .delete(format!("http://{admin}/records/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(del["id"], id.as_str());
+    assert_eq!(del["released"]["state"], "completed");
+    assert_eq!(del["released"]["status"], 201);
+    assert!(del["released"].get("body").is_none());
+    let again = c
+        .delete(format!("http://{admin}/records/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 404);
+    app.shutdown().await;
+}
+
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::memory()).await
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::redis()).await
+                }
+            )*
+        }
+    };
+}
+
+on_both_stores!(
+    a_known_sequence_is_counted_exactly,
+    an_ambiguous_outcome_counts_one_unknown_record,
+    records_show_no_body_unless_asked_and_delete_says_what_it_released,
+);
+
+#[tokio::test]
+async fn admin_token_guards_everything_but_healthz() {
+    let up = Upstream::start().await;
+    let mut cfg = config(&up, &Backend::memory());
+    cfg.admin_token = Some(TOKEN.into());
+    let app = spawn_app(cfg).await;
+    let admin = app.admin_addr().unwrap();
+    let c = client();
+    let id = "0".repeat(64);
+    let health = c
+        .get(format!("http://{admin}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200, "probes need no token");
+    for (method, path) in [
+        ("GET", "/readyz".to_string()),
+        ("GET", "/metrics".to_string()),
+        ("GET", format!("/records/{id}")),
+        ("DELETE", format!("/records/{id}")),
+        ("GET", "/nope".to_string()),
+    ] {
+        let m: reqwest::Method = method.parse().unwrap();
+        let url = format!("http://{admin}{path}");
+        for auth in [
+            None,
+            Some("Bearer wrong-token-0123456789".to_string()),
+            Some(format!("Bearer {TOKEN}x")),
+            Some(format!("Basic {TOKEN}")),
+            Some(TOKEN.to_string()),
+        ] {
+            let mut req = c.request(m.clone(), &url);
+            if let Some(a) = &auth {
+                req = req.header("authorization", a);
+            }
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status(), 401, "{method} {path} with {auth:?}");
+            assert_eq!(r.headers()["www-authenticate"], "Bearer");
+            let body = r.text().await.unwrap();
+            assert!(!body.contains(TOKEN), "{body}");
+        }
+        let ok = c.request(m, &url).bearer_auth(TOKEN).send().await.unwrap();
+        assert_ne!(ok.status(), 401, "{method} {path} with the token");
+    }
+    app.shutdown().await;
+}
+
+#[test]
+fn admin_token_is_validated_and_never_printed() {
+    let mut cfg = idemgate::Config::for_upstream("http://127.0.0.1:9");
+    cfg.admin_token = Some("short".into());
+    let err = idemgate::config::Settings::new(cfg.clone())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("admin_token"), "{err}");
+    assert!(!err.contains("short"), "{err}");
+    cfg.admin_token = Some(TOKEN.into());
+    let settings = idemgate::config::Settings::new(cfg).unwrap();
+    assert!(!format!("{settings:?}").contains(TOKEN));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_503_with_the_reason_while_redis_is_down() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let mut cfg = Config::for_upstream(&up.url());
+    cfg.redis_url = Some(redis.url());
+    cfg.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    cfg.store_timeout = Duration::from_millis(300);
+    let app = spawn_app(cfg).await;
+    let admin = app.admin_addr().unwrap();
+    let c = client();
+    let ready = c
+        .get(format!("http://{admin}/readyz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    redis.stop();
+    let ready = c
+        .get(format!("http://{admin}/readyz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+    let why = ready.text().await.unwrap();
+    assert!(why.contains("redis"), "{why}");
+    let health = c
+        .get(format!("http://{admin}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        health.status(),
+        200,
+        "the process is up; only the store is not"
+    );
+    let text = c
+        .get(format!("http://{admin}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        value(&text, "idemgate_store_errors_total{op=\"ping\"}") >= 1.0,
+        "{text}"
+    );
+    redis.restart();
+    let mut ready = false;
+    for _ in 0..100 {
+        let r = c
+            .get(format!("http://{admin}/readyz"))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ready, "ready again once Redis is back");
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarts_and_evictions_are_read_from_info() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let mut cfg = Config::for_upstream(&up.url());
+    cfg.redis_url = Some(redis.url());
+    cfg.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    cfg.redis_info_interval = Duration::from_millis(50);
+    let app = spawn_app(cfg).await;
+    let admin = app.admin_addr().unwrap();
+    let c = client();
+    let metrics = || {
+        let c = c.clone();
+        async move {
+            c.get(format!("http://{admin}/metrics"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+    // Let the watcher take its baseline, then restart Redis under it.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        value(&metrics().await, "idemgate_redis_restarts_total"),
+        0.0
+    );
+    redis.restart();
+    let mut restarts = 0.0;
+    for _ in 0..100 {
+        restarts = value(&metrics().await, "idemgate_redis_restarts_total");
+        if restarts > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(restarts, 1.0);
+
+    // Someone switches eviction on behind idemgate's back and memory runs out.
+    assert_eq!(value(&metrics().await, "idemgate_redis_evicted_keys"), 0.0);
+    for cmd in [
+        &["CONFIG", "SET", "maxmemory-policy", "allkeys-random"][..],
+        &["CONFIG", "SET", "maxmemory", "2mb"][..],
+    ] {
+        assert!(redis.command(cmd).unwrap().starts_with("+OK"), "{cmd:?}");
+    }
+    let fill =
+        "for i = 1, 200 do redis.call('SET', ARGV[1] .. i, string.rep('x', 1024)) end return 1";
+    let mut evicted = 0.0;
+    for round in 0..100 {
+        let prefix = format!("fill-{round}-");
+        redis.command(&["EVAL", fill, "0", &prefix]).unwrap();
+        evicted = value(&metrics().await, "idemgate_redis_evicted_keys");
+        if evicted > 0.0 {
+            break;
+        }
+    }
+    if evicted == 0.0 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        evicted = value(&metrics().await, "idemgate_redis_evicted_keys");
+    }
+    assert!(evicted > 0.0);
+    app.shutdown().await;
+}
