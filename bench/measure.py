@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The measuring half of bench/run (which starts the processes and passes their ports and
 pids in the environment). Runs every case interleaved, round after round, so that noise from
-anything else on the machine lands on all cases alike; prints the table of medians with
-ratios to the pass-through from the same run, checks the targets and writes JSON."""
+anything else on the machine lands on all cases alike; prints the table of medians, with
+ratios to the pass-through taken within each round (median over rounds), checks the
+targets and writes JSON."""
 
 import json
 import os
@@ -163,10 +164,13 @@ def main():
     def med_cpu(name, conc, who):
         return statistics.median(r["cpu_us_per_request"][who] for r in runs[(name, conc)])
 
+    def paired(x, y, conc, f):
+        # Runs of one round ran back to back: comparing within a round cancels the drift
+        # of whatever else the machine is doing between rounds.
+        return statistics.median(f(rx, ry) for rx, ry in zip(runs[(x, conc)], runs[(y, conc)]))
+
     cases = {}
     for (name, conc) in runs:
-        b_rps = med("b", conc, "rps")
-        b_p50 = med("b", conc, "p50_us")
         cases[f"{name}@{conc}"] = {
             "case": name,
             "what": CASES[name][0],
@@ -174,15 +178,15 @@ def main():
             "rps": med(name, conc, "rps"),
             "p50_us": med(name, conc, "p50_us"),
             "p99_us": med(name, conc, "p99_us"),
-            "rps_ratio_to_b": med(name, conc, "rps") / b_rps,
-            "p50_minus_b_us": med(name, conc, "p50_us") - b_p50,
+            "rps_ratio_to_b": paired(name, "b", conc, lambda x, b: x["rps"] / b["rps"]),
+            "p50_minus_b_us": paired(name, "b", conc, lambda x, b: x["p50_us"] - b["p50_us"]),
             "cpu_us_per_request": {w: med_cpu(name, conc, w)
                                    for w in ("idemgate", "upstream", "redis")},
             "runs": runs[(name, conc)],
         }
 
     def ratio(x, y, conc):
-        return cases[f"{x}@{conc}"]["rps"] / cases[f"{y}@{conc}"]["rps"]
+        return paired(x, y, conc, lambda a, b: a["rps"] / b["rps"])
 
     rss_mib = mem_run["peak_rss_kib"] / 1024
     targets = [
