@@ -220,14 +220,16 @@ impl Proxy {
         // From the claim on, the work runs in its own task: a client that hangs up must
         // never cut a claim off from its exchange and its record.
         let this = self.clone();
-        let task = self.shared.tasks.spawn(async move {
+        // Boxed: the whole claim → exchange → record state machine is several kilobytes,
+        // and tokio moves an unboxed future by value into the task and out again.
+        let task = self.shared.tasks.spawn(Box::pin(async move {
             let (res, outcome) = this
                 .claim_and_settle(claim, request, body, &policy, peer)
                 .await;
             let metrics = &this.shared.metrics;
             log_request(metrics, &res, outcome, Some(id), &method, &policy, started);
             res
-        });
+        }));
         match task.await {
             Ok(res) => res,
             // Only a panic gets here. Its claim (if any) stays in progress and its lease

@@ -2,6 +2,8 @@
 //! instance and for trying idemgate out: records do not survive a restart and are not shared.
 
 use std::collections::HashMap;
+
+use bytes::Bytes;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -165,8 +167,20 @@ impl Store for MemoryStore {
         owner: &'a OwnerToken,
         response: &'a StoredResponse,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        ready(Ok(self.with_owned(id, owner, |e, _| {
-            e.state = State::Completed(response.clone());
+        // Copied, not cloned: the body is usually a slice of the upstream connection's read
+        // buffer, and holding that slice would keep the whole buffer (kilobytes) alive for
+        // the record's retention, and make hyper allocate a fresh buffer for the next read.
+        let stored = StoredResponse {
+            status: response.status,
+            headers: response
+                .headers
+                .iter()
+                .map(|(n, v)| (n.clone(), Bytes::copy_from_slice(v)))
+                .collect(),
+            body: Bytes::copy_from_slice(&response.body),
+        };
+        ready(Ok(self.with_owned(id, owner, move |e, _| {
+            e.state = State::Completed(stored);
             true
         })))
     }
@@ -272,5 +286,42 @@ impl Store for MemoryStore {
 
     fn kind(&self) -> &'static str {
         "memory"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[tokio::test]
+    async fn a_record_does_not_keep_the_buffer_its_body_came_from() {
+        let store = MemoryStore::new(10);
+        let req = ClaimRequest {
+            id: RecordId::from_hex(&"07".repeat(32)).expect("hex"),
+            fingerprint: Fingerprint([1; 32]),
+            fingerprint_version: 1,
+            owner: OwnerToken::random(),
+            lease: Duration::from_secs(10),
+            retention: Duration::from_secs(60),
+        };
+        assert_eq!(store.claim(&req).await.ok(), Some(Claim::Claimed));
+        let buffer = Bytes::from(vec![b'x'; 8192]);
+        let response = StoredResponse {
+            status: 201,
+            headers: vec![("content-type".into(), buffer.slice(0..16))],
+            body: buffer.slice(16..80),
+        };
+        assert_eq!(
+            store.record(&req.id, &req.owner, &response).await.ok(),
+            Some(true)
+        );
+        let Ok(Claim::Replay(stored)) = store.claim(&req).await else {
+            panic!("expected a replay");
+        };
+        assert_eq!(stored, response);
+        let range = buffer.as_ptr_range();
+        assert!(!range.contains(&stored.body.as_ptr()));
+        assert!(!range.contains(&stored.headers[0].1.as_ptr()));
     }
 }

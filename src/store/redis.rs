@@ -23,11 +23,16 @@ use crate::key::RecordId;
 // fingerprint hex, fv = fingerprint version, ow = owner token, lu = lease until (ms, Redis
 // clock), cr = created (ms), sc = status, hd = headers (StoredResponse::encode_headers),
 // bd = body.
-const NOW: &str = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n";
+const NOW_MS: &str = "local function now_ms() local t = redis.call('TIME') return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) end\n";
+const NOW: &str = "local now = now_ms()\n";
 
+// One HMGET reads everything a replay needs, and the clock is read only when a claim is
+// made or a lease compared: a replay, the most frequent claim, runs one command instead of
+// three (TIME, HMGET, HMGET).
 const CLAIM: &str = r#"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu')
+local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'sc', 'hd', 'bd')
 if not r[1] then
+  local now = now_ms()
   redis.call('HSET', KEYS[1], 'st', 'p', 'fp', ARGV[1], 'fv', ARGV[2], 'ow', ARGV[3],
              'lu', now + tonumber(ARGV[4]), 'cr', now)
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
@@ -35,10 +40,8 @@ if not r[1] then
 end
 if r[3] ~= ARGV[2] then return {'version', r[3]} end
 if r[2] ~= ARGV[1] then return {'mismatch'} end
-if r[1] == 'c' then
-  local v = redis.call('HMGET', KEYS[1], 'sc', 'hd', 'bd')
-  return {'completed', v[1], v[2], v[3]}
-end
+if r[1] == 'c' then return {'completed', r[5], r[6], r[7]} end
+local now = now_ms()
 if r[1] == 'p' and tonumber(r[4]) > now then return {'in_progress', tostring(tonumber(r[4]) - now)} end
 return {'unknown'}
 "#;
@@ -129,12 +132,12 @@ impl RedisStore {
         })
         .await?;
         let scripts = Scripts {
-            claim: Script::new(&format!("{NOW}{CLAIM}")),
+            claim: Script::new(&format!("{NOW_MS}{CLAIM}")),
             record: Script::new(RECORD),
-            renew: Script::new(&format!("{NOW}{RENEW}")),
+            renew: Script::new(&format!("{NOW_MS}{NOW}{RENEW}")),
             mark_unknown: Script::new(MARK_UNKNOWN),
             release: Script::new(RELEASE),
-            inspect: Script::new(&format!("{NOW}{INSPECT}")),
+            inspect: Script::new(&format!("{NOW_MS}{NOW}{INSPECT}")),
         };
         let store = RedisStore {
             conn,

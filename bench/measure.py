@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""The measuring half of bench/run (which starts the processes and passes their ports and
+pids in the environment). Runs every case interleaved, round after round, so that noise from
+anything else on the machine lands on all cases alike; prints the table of medians, with
+ratios to the pass-through taken within each round (median over rounds), checks the
+targets and writes JSON."""
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import http.client
+
+ENV = os.environ
+DURATION = int(ENV["BENCH_DURATION"])
+ROUNDS = int(ENV["BENCH_ROUNDS"])
+OUT = ENV["BENCH_OUT"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+LUA = os.path.join(HERE, "wrk.lua")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+REPLAY_KEYS = 256
+RUN_ID = str(int(time.time()))
+
+PIDS = {
+    "upstream": int(ENV["PID_UPSTREAM"]),
+    "redis": int(ENV["PID_REDIS"]),
+    "idemgate_redis": int(ENV["PID_IG_REDIS"]),
+    "idemgate_memory": int(ENV["PID_IG_MEMORY"]),
+    "idemgate_redis_info_log": int(ENV["PID_IG_INFO"]),
+}
+PORTS = {
+    "upstream": int(ENV["PORT_UPSTREAM"]),
+    "idemgate_redis": int(ENV["PORT_IG_REDIS"]),
+    "idemgate_memory": int(ENV["PORT_IG_MEMORY"]),
+    "idemgate_redis_info_log": int(ENV["PORT_IG_INFO"]),
+}
+
+# name -> (what it means, target process, wrk mode)
+CASES = {
+    "a": ("direct upstream", "upstream", "none"),
+    "b": ("idemgate pass-through (no key)", "idemgate_redis", "none"),
+    "c": ("new key, Redis", "idemgate_redis", "new"),
+    "d": ("replay, Redis", "idemgate_redis", "replay"),
+    "e": ("new key, embedded store", "idemgate_memory", "new"),
+    "c_log": ("new key, Redis, RUST_LOG=info", "idemgate_redis_info_log", "new"),
+}
+CONCURRENCY = (1, 50)
+
+
+def cpu_seconds(pid):
+    """utime + stime of all the process's threads, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def status_kib(pid, field):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def wrk(port, mode, conc, duration, prefix):
+    threads = 1 if conc == 1 else 2
+    cmd = [
+        "wrk", f"-t{threads}", f"-c{conc}", f"-d{duration}s", "--timeout", "5s",
+        "-s", LUA, f"http://127.0.0.1:{port}", "--", mode, prefix, str(REPLAY_KEYS),
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    line = next(l for l in out.splitlines() if l.startswith("BENCH "))
+    return json.loads(line[len("BENCH "):])
+
+
+def run_case(name, conc, duration, rss_sampler=None):
+    _, target, mode = CASES[name]
+    prefix = f"{RUN_ID}-{name}-{conc}-{time.monotonic_ns()}"
+    if mode == "replay":
+        prefix = f"{RUN_ID}-replay"
+    before = {p: cpu_seconds(pid) for p, pid in PIDS.items()}
+    r = wrk(PORTS[target], mode, conc, duration, prefix)
+    after = {p: cpu_seconds(pid) for p, pid in PIDS.items()}
+    n = max(r["requests"], 1)
+    r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
+    r["cpu_us_per_request"] = {
+        "idemgate": (after[target] - before[target]) * 1e6 / n if target != "upstream" else 0.0,
+        "upstream": (after["upstream"] - before["upstream"]) * 1e6 / n,
+        "redis": (after["redis"] - before["redis"]) * 1e6 / n,
+    }
+    if r["non2xx"] or r["socket_errors"]:
+        print(f"  warning: {name} c={conc}: {r['non2xx']} non-2xx, "
+              f"{r['socket_errors']} socket errors", file=sys.stderr)
+    return r
+
+
+def create_replay_keys():
+    conn = http.client.HTTPConnection("127.0.0.1", PORTS["idemgate_redis"], timeout=5)
+    body = '{"from":"acc-1","to":"acc-2","amount":1250,"currency":"EUR"}'
+    for i in range(REPLAY_KEYS):
+        conn.request("POST", "/v1/transfers", body, {
+            "Content-Type": "application/json",
+            "Idempotency-Key": f"{RUN_ID}-replay-{i}",
+        })
+        res = conn.getresponse()
+        res.read()
+        if res.status != 201:
+            sys.exit(f"creating replay key {i}: status {res.status}")
+
+
+class RssSampler(threading.Thread):
+    """Samples VmRSS every 20 ms: the peak during one run, whatever happened before."""
+
+    def __init__(self, pid):
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.stop = pid, 0, threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            self.peak = max(self.peak, status_kib(self.pid, "VmRSS"))
+            time.sleep(0.02)
+
+
+def machine():
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release()}
+
+
+def main():
+    create_replay_keys()
+    print(f"warming up ({len(CASES)} cases)...", file=sys.stderr)
+    for name in CASES:
+        run_case(name, 50, 1)
+    runs = {(n, c): [] for n in CASES for c in CONCURRENCY}
+    for rnd in range(ROUNDS):
+        for conc in CONCURRENCY:
+            for name in CASES:
+                r = run_case(name, conc, DURATION)
+                runs[(name, conc)].append(r)
+                print(f"round {rnd + 1}/{ROUNDS} {name:>5} c={conc:<3} {r['rps']:9.0f} req/s "
+                      f"p50 {r['p50_us']:6d} us  idemgate {r['cpu_us_per_request']['idemgate']:5.1f} "
+                      f"us/req", file=sys.stderr)
+    # Memory: new keys on Redis at 256 connections, peak RSS sampled during that run only.
+    sampler = RssSampler(PIDS["idemgate_redis"])
+    sampler.start()
+    mem_run = run_case("c", 256, DURATION)
+    sampler.stop.set()
+    sampler.join()
+    mem_run["peak_rss_kib"] = sampler.peak
+    mem_run["vmhwm_kib"] = status_kib(PIDS["idemgate_redis"], "VmHWM")
+
+    def med(name, conc, key):
+        return statistics.median(r[key] for r in runs[(name, conc)])
+
+    def med_cpu(name, conc, who):
+        return statistics.median(r["cpu_us_per_request"][who] for r in runs[(name, conc)])
+
+    def paired(x, y, conc, f):
+        # Runs of one round ran back to back: comparing within a round cancels the drift
+        # of whatever else the machine is doing between rounds.
+        return statistics.median(f(rx, ry) for rx, ry in zip(runs[(x, conc)], runs[(y, conc)]))
+
+    cases = {}
+    for (name, conc) in runs:
+        cases[f"{name}@{conc}"] = {
+            "case": name,
+            "what": CASES[name][0],
+            "concurrency": conc,
+            "rps": med(name, conc, "rps"),
+            "p50_us": med(name, conc, "p50_us"),
+            "p99_us": med(name, conc, "p99_us"),
+            "rps_ratio_to_b": paired(name, "b", conc, lambda x, b: x["rps"] / b["rps"]),
+            "p50_minus_b_us": paired(name, "b", conc, lambda x, b: x["p50_us"] - b["p50_us"]),
+            "cpu_us_per_request": {w: med_cpu(name, conc, w)
+                                   for w in ("idemgate", "upstream", "redis")},
+            "runs": runs[(name, conc)],
+        }
+
+    def ratio(x, y, conc):
+        return paired(x, y, conc, lambda a, b: a["rps"] / b["rps"])
+
+    rss_mib = mem_run["peak_rss_kib"] / 1024
+    targets = [
+        ("(b) >= 0.5x (a), c=50", ratio("b", "a", 50), ">=", 0.5),
+        ("(c) >= 0.5x (b), c=50", ratio("c", "b", 50), ">=", 0.5),
+        ("(c) p50 - (b) p50 <= 150 us, c=1", cases["c@1"]["p50_minus_b_us"], "<=", 150),
+        ("(d) >= 1.3x (b), c=50", ratio("d", "b", 50), ">=", 1.3),
+        ("(e) >= 0.8x (b), c=50", ratio("e", "b", 50), ">=", 0.8),
+        ("peak RSS, (c) c=256 (MiB)", rss_mib, "<", 64),
+    ]
+    checked = [{"target": t, "value": v, "op": op, "limit": lim,
+                "met": v >= lim if op == ">=" else (v <= lim if op == "<=" else v < lim)}
+               for t, v, op, lim in targets]
+
+    lines = []
+    lines.append(f"{'case':<38} {'c':>4} {'req/s':>8} {'x(b)':>6} {'p50 us':>7} "
+                 f"{'p99 us':>7} {'cpu us/req: idemgate':>21} {'upstream':>8} {'redis':>6}")
+    for conc in CONCURRENCY:
+        for name in CASES:
+            c = cases[f"{name}@{conc}"]
+            cpu = c["cpu_us_per_request"]
+            lines.append(f"({name}) {c['what']:<34} {conc:>4} {c['rps']:8.0f} "
+                         f"{c['rps_ratio_to_b']:6.2f} {c['p50_us']:7.0f} {c['p99_us']:7.0f} "
+                         f"{cpu['idemgate']:21.1f} {cpu['upstream']:8.1f} {cpu['redis']:6.1f}")
+    cpu = mem_run["cpu_us_per_request"]
+    lines.append(f"(c) new key, Redis, peak RSS {rss_mib:5.1f} MiB {256:>4} {mem_run['rps']:8.0f} "
+                 f"{'':>6} {mem_run['p50_us']:7d} {mem_run['p99_us']:7d} "
+                 f"{cpu['idemgate']:21.1f} {cpu['upstream']:8.1f} {cpu['redis']:6.1f}")
+    lines.append("")
+    for t in checked:
+        lines.append(f"{'met   ' if t['met'] else 'MISSED'} {t['target']:<38} "
+                     f"{t['value']:8.2f} {t['op']} {t['limit']}")
+    log_cost = ratio("c_log", "c", 50)
+    lines.append(f"info log line per request: (c_log)/(c) = {log_cost:.2f} at c=50, "
+                 f"{ratio('c_log', 'c', 1):.2f} at c=1")
+    table = "\n".join(lines)
+    print(table)
+
+    result = {
+        "machine": machine(),
+        "duration_s": DURATION,
+        "rounds": ROUNDS,
+        "replay_keys": REPLAY_KEYS,
+        "cases": cases,
+        "memory_run": mem_run,
+        "targets": checked,
+        "info_log_ratio": {"c50": log_cost, "c1": ratio("c_log", "c", 1)},
+        "table": table,
+    }
+    os.makedirs(os.path.dirname(OUT), exist_ok=True)
+    with open(OUT, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"\nwrote {OUT}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
