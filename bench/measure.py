@@ -31,17 +31,20 @@ PIDS = {
     "idemgate_redis": int(ENV["PID_IG_REDIS"]),
     "idemgate_memory": int(ENV["PID_IG_MEMORY"]),
     "idemgate_redis_info_log": int(ENV["PID_IG_INFO"]),
+    "plain_proxy": int(ENV["PID_PLAIN"]),
 }
 PORTS = {
     "upstream": int(ENV["PORT_UPSTREAM"]),
     "idemgate_redis": int(ENV["PORT_IG_REDIS"]),
     "idemgate_memory": int(ENV["PORT_IG_MEMORY"]),
     "idemgate_redis_info_log": int(ENV["PORT_IG_INFO"]),
+    "plain_proxy": int(ENV["PORT_PLAIN"]),
 }
 
 # name -> (what it means, target process, wrk mode)
 CASES = {
     "a": ("direct upstream", "upstream", "none"),
+    "p": ("plain hyper proxy (floor)", "plain_proxy", "none"),
     "b": ("idemgate pass-through (no key)", "idemgate_redis", "none"),
     "c": ("new key, Redis", "idemgate_redis", "new"),
     "d": ("replay, Redis", "idemgate_redis", "replay"),
@@ -222,6 +225,9 @@ def main():
     log_cost = ratio("c_log", "c", 50)
     lines.append(f"info log line per request: (c_log)/(c) = {log_cost:.2f} at c=50, "
                  f"{ratio('c_log', 'c', 1):.2f} at c=1")
+    floor = {"p_over_a": ratio("p", "a", 50), "b_over_p": ratio("b", "p", 50)}
+    lines.append(f"plain hyper proxy (p) = {floor['p_over_a']:.2f}x (a) at c=50; "
+                 f"idemgate pass-through (b) = {floor['b_over_p']:.2f}x (p)")
     table = "\n".join(lines)
     print(table)
 
@@ -234,6 +240,7 @@ def main():
         "memory_run": mem_run,
         "targets": checked,
         "info_log_ratio": {"c50": log_cost, "c1": ratio("c_log", "c", 1)},
+        "plain_proxy_floor": floor,
         "table": table,
     }
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
