@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -308,10 +309,11 @@ pub struct Settings {
     pub config: Config,
     /// The upstream origin.
     pub upstream: Upstream,
-    /// Policy for requests that match no route.
-    pub default_policy: Policy,
+    /// Policy for requests that match no route. Shared (`Arc`) because every protected
+    /// request carries its policy into its own task: a clone must not allocate.
+    pub default_policy: Arc<Policy>,
     /// Routes, longest prefix first.
-    pub routes: Vec<(String, Policy)>,
+    pub routes: Vec<(String, Arc<Policy>)>,
 }
 
 impl Settings {
@@ -345,21 +347,24 @@ impl Settings {
             redis::Client::open(url.as_str()).map_err(|e| invalid("redis_url", e.to_string()))?;
         }
         let d = &config.defaults;
-        let default_policy = resolve("defaults", None, d, &Route::default())?;
+        let default_policy = Arc::new(resolve("defaults", None, d, &Route::default())?);
         let mut routes = Vec::new();
         for (i, r) in config.routes.iter().enumerate() {
             let at = format!("routes[{i}]");
             if !r.path.starts_with('/') {
                 return Err(invalid(format!("{at}.path"), "must start with '/'"));
             }
-            if routes.iter().any(|(p, _): &(String, Policy)| *p == r.path) {
+            if routes
+                .iter()
+                .any(|(p, _): &(String, Arc<Policy>)| *p == r.path)
+            {
                 return Err(invalid(
                     format!("{at}.path"),
                     "another route has the same path",
                 ));
             }
             let policy = resolve(&at, Some(r.path.clone()), d, r)?;
-            routes.push((r.path.clone(), policy));
+            routes.push((r.path.clone(), Arc::new(policy)));
         }
         routes.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
         Ok(Settings {
@@ -372,7 +377,7 @@ impl Settings {
 
     /// The policy for a request path: the longest route prefix that matches at a segment
     /// boundary, else the defaults.
-    pub fn policy_for(&self, path: &str) -> &Policy {
+    pub fn policy_for(&self, path: &str) -> &Arc<Policy> {
         self.routes
             .iter()
             .find(|(prefix, _)| prefix_matches(prefix, path))

@@ -103,7 +103,7 @@ struct UpstreamLatency(Duration);
 struct Claimed {
     id: RecordId,
     owner: OwnerToken,
-    policy: Policy,
+    policy: Arc<Policy>,
     request: Request<Body>,
 }
 
@@ -250,7 +250,7 @@ impl Proxy {
         mut claim: ClaimRequest,
         request: Request<Body>,
         body: Bytes,
-        policy: &Policy,
+        policy: &Arc<Policy>,
         peer: SocketAddr,
     ) -> (Response<Body>, Outcome) {
         let id = claim.id;
