@@ -9,6 +9,9 @@ use figment::providers::Serialized;
 use idemgate::config::Config;
 use serde::Serialize;
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// An idempotency sidecar: a reverse proxy that makes retried POSTs safe with the
 /// Idempotency-Key header.
 #[derive(Parser, Debug)]
