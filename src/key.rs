@@ -128,6 +128,17 @@ fn parse_sf_string(raw: &[u8]) -> Result<String, KeyError> {
     }
 }
 
+/// Lowercase hex of `bytes`. `hex::encode` builds its string one `char` at a time through
+/// an iterator; the slice encoder is several times faster, and record ids, fingerprints and
+/// owner tokens are hex-encoded on every protected request.
+pub fn to_hex(bytes: &[u8]) -> String {
+    let mut buf = vec![0u8; bytes.len() * 2];
+    // The buffer is exactly twice the input's length, the only way encoding can fail.
+    let _ = hex::encode_to_slice(bytes, &mut buf);
+    // Hex digits are ASCII.
+    String::from_utf8(buf).unwrap_or_default()
+}
+
 /// The id of one record: SHA-256 of (tenant, method, path, key), shown as lowercase hex.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RecordId([u8; 32]);
@@ -155,7 +166,7 @@ impl RecordId {
 
 impl fmt::Display for RecordId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&hex::encode(self.0))
+        f.write_str(&to_hex(&self.0))
     }
 }
 
@@ -260,5 +271,7 @@ mod tests {
             assert_ne!(base, other);
         }
         assert_eq!(RecordId::from_hex(&base.to_string()), Some(base));
+        assert_eq!(to_hex(&[0x00, 0x9f, 0xff]), "009fff");
+        assert_eq!(base.to_string(), hex::encode(base.0));
     }
 }

@@ -48,7 +48,7 @@ pub struct Fingerprint(pub [u8; 32]);
 impl Fingerprint {
     /// Lowercase hex, 64 characters.
     pub fn to_hex(&self) -> String {
-        hex::encode(self.0)
+        crate::key::to_hex(&self.0)
     }
 
     /// Parses 64 hex digits (either case).

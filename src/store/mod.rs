@@ -32,7 +32,7 @@ pub struct OwnerToken(String);
 impl OwnerToken {
     /// A fresh random token (128 bits).
     pub fn random() -> OwnerToken {
-        OwnerToken(hex::encode(rand::random::<[u8; 16]>()))
+        OwnerToken(crate::key::to_hex(&rand::random::<[u8; 16]>()))
     }
     /// The token's text.
     pub fn as_str(&self) -> &str {

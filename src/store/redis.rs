@@ -184,7 +184,13 @@ impl RedisStore {
     }
 
     fn key(id: &RecordId) -> String {
-        format!("idemgate:{{{id}}}")
+        // `idemgate:{<id>}`: the hash tag keeps a record in one cluster slot.
+        let hex = id.to_string();
+        let mut key = String::with_capacity(hex.len() + 11);
+        key.push_str("idemgate:{");
+        key.push_str(&hex);
+        key.push('}');
+        key
     }
 }
 
