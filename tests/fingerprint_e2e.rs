@@ -2,23 +2,11 @@
 //! when they do not. Each case runs through the proxy on the embedded store and on Redis.
 #![allow(clippy::unwrap_used)]
 
+#[macro_use]
 mod common;
 
 use common::*;
 use idemgate::config::Route;
-
-macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-               async fn $name() { super::$name(super::Backend::memory()).await } )*
-        }
-        mod redis {
-            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-               async fn $name() { super::$name(super::Backend::redis()).await } )*
-        }
-    };
-}
 
 on_both_stores!(
     equal_meanings_replay_and_different_amounts_are_422,

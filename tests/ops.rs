@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+#[macro_use]
 mod common;
 
 use std::net::SocketAddr;
@@ -216,27 +217,6 @@ async fn records_show_no_body_unless_asked_and_delete_says_what_it_released(back
         .unwrap();
     assert_eq!(again.status(), 404);
     app.shutdown().await;
-}
-
-macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::memory()).await
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::redis()).await
-                }
-            )*
-        }
-    };
 }
 
 on_both_stores!(

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+#[macro_use]
 mod common;
 
 use std::io::Write;
@@ -12,27 +13,6 @@ use common::*;
 use idemgate::config::{OnAmbiguous, OnStoreError, Route};
 
 const TRANSFER: &str = r#"{"from":"acc-1","to":"acc-2","amount":1250,"currency":"EUR"}"#;
-
-macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::memory()).await
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Backend::redis()).await
-                }
-            )*
-        }
-    };
-}
 
 on_both_stores!(
     retry_replays_the_first_answer_byte_for_byte,

@@ -2,6 +2,30 @@
 //! counter and a settable delay, and idemgate in-process on port 0.
 #![allow(dead_code)]
 
+/// Runs each named `async fn(Backend)` of the test file twice: on the embedded store and on
+/// a redis-server of its own.
+#[allow(unused_macros)]
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::memory()).await
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::redis()).await
+                }
+            )*
+        }
+    };
+}
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
