@@ -183,6 +183,26 @@ impl RedisStore {
             .map_err(backend)
     }
 
+    /// Runs one of the owner-checked scripts: KEYS[1] = the record, ARGV[1] = the owner,
+    /// then `args`. It answers 1 when it applied, 0 when the record is not (or no longer)
+    /// the owner's.
+    async fn owner_checked(
+        &self,
+        script: &Script,
+        id: &RecordId,
+        owner: &OwnerToken,
+        args: &[&[u8]],
+    ) -> Result<bool, StoreError> {
+        let mut invocation = script.key(Self::key(id));
+        invocation.arg(owner.as_str());
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        let mut c = self.conn.clone();
+        let n: i64 = invocation.invoke_async(&mut c).await.map_err(backend)?;
+        Ok(n == 1)
+    }
+
     fn key(id: &RecordId) -> String {
         // `idemgate:{<id>}`: the hash tag keeps a record in one cluster slot.
         let hex = id.to_string();
@@ -302,19 +322,11 @@ impl Store for RedisStore {
         response: &'a StoredResponse,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut c = self.conn.clone();
-            let n: i64 = self
-                .scripts
-                .record
-                .key(Self::key(id))
-                .arg(owner.as_str())
-                .arg(response.status)
-                .arg(response.encode_headers())
-                .arg(response.body.as_ref())
-                .invoke_async(&mut c)
+            let status = response.status.to_string();
+            let headers = response.encode_headers();
+            let args: [&[u8]; 3] = [status.as_bytes(), &headers, &response.body];
+            self.owner_checked(&self.scripts.record, id, owner, &args)
                 .await
-                .map_err(backend)?;
-            Ok(n == 1)
         })
     }
 
@@ -325,17 +337,9 @@ impl Store for RedisStore {
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let mut c = self.conn.clone();
-            let n: i64 = self
-                .scripts
-                .renew
-                .key(Self::key(id))
-                .arg(owner.as_str())
-                .arg(lease.as_millis() as u64)
-                .invoke_async(&mut c)
+            let lease_ms = lease.as_millis().to_string();
+            self.owner_checked(&self.scripts.renew, id, owner, &[lease_ms.as_bytes()])
                 .await
-                .map_err(backend)?;
-            Ok(n == 1)
         })
     }
 
@@ -344,18 +348,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let mut c = self.conn.clone();
-            let n: i64 = self
-                .scripts
-                .mark_unknown
-                .key(Self::key(id))
-                .arg(owner.as_str())
-                .invoke_async(&mut c)
-                .await
-                .map_err(backend)?;
-            Ok(n == 1)
-        })
+        Box::pin(self.owner_checked(&self.scripts.mark_unknown, id, owner, &[]))
     }
 
     fn release<'a>(
@@ -363,18 +356,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let mut c = self.conn.clone();
-            let n: i64 = self
-                .scripts
-                .release
-                .key(Self::key(id))
-                .arg(owner.as_str())
-                .invoke_async(&mut c)
-                .await
-                .map_err(backend)?;
-            Ok(n == 1)
-        })
+        Box::pin(self.owner_checked(&self.scripts.release, id, owner, &[]))
     }
 
     fn inspect<'a>(
