@@ -108,19 +108,14 @@ struct Claimed {
 }
 
 impl Proxy {
-    /// Builds the service over a store.
-    pub fn new(settings: Settings, store: Arc<dyn Store>, tasks: TaskTracker) -> Proxy {
-        Proxy::with_metrics(settings, store, tasks, Arc::new(Metrics::new()))
-    }
-
     /// Builds the service over a store, counting into `metrics`.
-    pub fn with_metrics(
+    pub fn new(
         settings: Settings,
         store: Arc<dyn Store>,
         tasks: TaskTracker,
         metrics: Arc<Metrics>,
     ) -> Proxy {
-        let client = upstream::client(settings.config.store_timeout.max(Duration::from_secs(2)));
+        let client = upstream::client(upstream::CONNECT_TIMEOUT);
         Proxy {
             shared: Arc::new(Shared {
                 settings,
@@ -130,11 +125,6 @@ impl Proxy {
                 metrics,
             }),
         }
-    }
-
-    /// The store in use.
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.shared.store
     }
 
     /// Handles one request. Never fails: every error becomes a response here.

@@ -207,7 +207,7 @@ pub async fn serve(
             },
         ))
     });
-    let proxy = Proxy::with_metrics(settings, store, tasks.clone(), metrics);
+    let proxy = Proxy::new(settings, store, tasks.clone(), metrics);
     let proxy_task = tokio::spawn(accept_loop(
         listener,
         stop.clone(),

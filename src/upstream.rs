@@ -17,6 +17,12 @@ use crate::config::Upstream;
 /// The pooled client to the upstream.
 pub type UpstreamClient = Client<HttpConnector, Body>;
 
+/// How long connecting to the upstream may take. It runs beside idemgate, so a connection
+/// that takes longer than this is not coming; and a connect failure is the one failure that
+/// proves the request was not sent (502, the claim released), so it must not wait for
+/// `upstream_timeout`.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Builds the client. Connecting has its own timeout, so a black-holed upstream is reported
 /// as unreachable (provably not sent) rather than as a timeout.
 pub fn client(connect_timeout: Duration) -> UpstreamClient {
