@@ -466,22 +466,14 @@ pub async fn post(
     body: &str,
     extra: &[(&str, &str)],
 ) -> Answer {
-    let mut req = client
-        .post(format!("http://{}{}", app.addr(), path))
-        .header("content-type", "application/json")
-        .body(body.to_string());
-    if let Some(k) = key {
-        req = req.header("idempotency-key", k);
-    }
-    for (k, v) in extra {
-        req = req.header(*k, *v);
-    }
-    let res = req.send().await.expect("request");
-    Answer {
-        status: res.status().as_u16(),
-        headers: res.headers().clone(),
-        body: res.bytes().await.expect("body"),
-    }
+    post_url(
+        client,
+        &format!("http://{}{}", app.addr(), path),
+        key,
+        body,
+        extra,
+    )
+    .await
 }
 
 /// Waits until `cond` holds, polling; panics after `limit`.
