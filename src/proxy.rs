@@ -198,7 +198,7 @@ impl Proxy {
             &policy.fingerprint_ignore,
         );
         let id = record_id(&parts, &policy, &key);
-        let claim = ClaimRequest {
+        let mut claim = ClaimRequest {
             id,
             fingerprint: fp,
             fingerprint_version: FINGERPRINT_VERSION,
@@ -207,23 +207,88 @@ impl Proxy {
             retention: policy.retention,
         };
         let request = Request::from_parts(parts, body::full(body.clone()));
-        // From the claim on, the work runs in its own task: a client that hangs up must
-        // never cut a claim off from its exchange and its record.
+        // The claim runs on the connection's own task: a replay, a 409 or a 422 costs no
+        // task of its own. A client that hangs up while the claim is in flight drops this
+        // future; the guard then takes the claim back (owner-checked, so nothing else is
+        // touched), and a retry is not left behind a record that was never forwarded.
+        let pending = PendingClaim {
+            shared: &self.shared,
+            id,
+            owner: claim.owner.clone(),
+            armed: true,
+        };
+        let found = self.claim(&mut claim, &request, &body, &policy).await;
+        pending.disarm();
+        self.settle(found, claim, request, policy, peer, method, started)
+            .await
+    }
+
+    /// Claims the key; a record made under another fingerprint version is compared in
+    /// that version (one more round trip, only in the upgrade window).
+    async fn claim(
+        &self,
+        claim: &mut ClaimRequest,
+        request: &Request<Body>,
+        body: &Bytes,
+        policy: &Policy,
+    ) -> Result<Claim, StoreError> {
+        let store_timeout = self.shared.settings.config.store_timeout;
+        let found = deadline(store_timeout, self.shared.store.claim(claim)).await;
+        let Ok(Claim::OtherVersion(version)) = found else {
+            return found;
+        };
+        let parts = RequestParts {
+            method: request.method().as_str(),
+            path: request.uri().path(),
+            query: request.uri().query(),
+            content_type: request
+                .headers()
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok()),
+            body,
+        };
+        match fingerprint::fingerprint_as(version, &parts, &policy.fingerprint_ignore) {
+            Some(fp) => {
+                claim.fingerprint = fp;
+                claim.fingerprint_version = version;
+                deadline(store_timeout, self.shared.store.claim(claim)).await
+            }
+            None => found,
+        }
+    }
+
+    /// Forwards a request whose claim this instance holds. From here on the work runs in
+    /// its own task: a client that hangs up must never cut a claim off from its exchange
+    /// and its record.
+    async fn forward_claimed(
+        &self,
+        claim: ClaimRequest,
+        request: Request<Body>,
+        policy: Arc<Policy>,
+        peer: SocketAddr,
+        method: hyper::Method,
+        started: Instant,
+    ) -> Response<Body> {
+        let id = claim.id;
+        let claimed = Claimed {
+            id,
+            owner: claim.owner,
+            policy: policy.clone(),
+            request,
+        };
         let this = self.clone();
-        // Boxed: the whole claim → exchange → record state machine is several kilobytes,
-        // and tokio moves an unboxed future by value into the task and out again.
+        // Boxed: the exchange → record state machine is several kilobytes, and tokio
+        // moves an unboxed future by value into the task and out again.
         let task = self.shared.tasks.spawn(Box::pin(async move {
-            let (res, outcome) = this
-                .claim_and_settle(claim, request, body, &policy, peer)
-                .await;
+            let (res, outcome) = exchange(&this.shared, claimed, peer).await;
             let metrics = &this.shared.metrics;
             log_request(metrics, &res, outcome, Some(id), &method, &policy, started);
             res
         }));
         match task.await {
             Ok(res) => res,
-            // Only a panic gets here. Its claim (if any) stays in progress and its lease
-            // runs out to `unknown`, so nothing is executed twice.
+            // Only a panic gets here. Its claim stays in progress and its lease runs out
+            // to `unknown`, so nothing is executed twice.
             Err(e) => {
                 tracing::error!(record = %id, error = %e, "request task failed");
                 Problem::UpstreamTimeout.response(
@@ -235,39 +300,20 @@ impl Proxy {
         }
     }
 
-    async fn claim_and_settle(
+    /// Acts on the claim's answer: forwards a won claim, answers the others.
+    #[allow(clippy::too_many_arguments)]
+    async fn settle(
         &self,
-        mut claim: ClaimRequest,
+        found: Result<Claim, StoreError>,
+        claim: ClaimRequest,
         request: Request<Body>,
-        body: Bytes,
-        policy: &Arc<Policy>,
+        policy: Arc<Policy>,
         peer: SocketAddr,
-    ) -> (Response<Body>, Outcome) {
+        method: hyper::Method,
+        started: Instant,
+    ) -> Response<Body> {
         let id = claim.id;
-        let store_timeout = self.shared.settings.config.store_timeout;
-        let mut found = deadline(store_timeout, self.shared.store.claim(&claim)).await;
-        if let Ok(Claim::OtherVersion(version)) = found {
-            // A record from before (or after) a change of canonical form: compare like with
-            // like. One more round trip, only in the upgrade window.
-            let parts = RequestParts {
-                method: request.method().as_str(),
-                path: request.uri().path(),
-                query: request.uri().query(),
-                content_type: request
-                    .headers()
-                    .get(CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok()),
-                body: &body,
-            };
-            if let Some(fp) =
-                fingerprint::fingerprint_as(version, &parts, &policy.fingerprint_ignore)
-            {
-                claim.fingerprint = fp;
-                claim.fingerprint_version = version;
-                found = deadline(store_timeout, self.shared.store.claim(&claim)).await;
-            }
-        }
-        match found {
+        let (res, outcome) = match found {
             Ok(Claim::OtherVersion(version)) => (
                 Problem::InProgress.response(
                     format!("this key's record was made by an idemgate with fingerprint version {version}, which this instance does not know; retry (an up-to-date instance will answer)"),
@@ -277,13 +323,9 @@ impl Proxy {
                 Outcome::InProgress,
             ),
             Ok(Claim::Claimed) => {
-                let claimed = Claimed {
-                    id,
-                    owner: claim.owner,
-                    policy: policy.clone(),
-                    request,
-                };
-                exchange(&self.shared, claimed, peer).await
+                return self
+                    .forward_claimed(claim, request, policy, peer, method, started)
+                    .await
             }
             Ok(Claim::Replay(stored)) => (replay(stored), Outcome::Replayed),
             Ok(Claim::InFlight { .. }) => (
@@ -315,10 +357,7 @@ impl Proxy {
                 // The claim may have landed even though its answer did not: take it back
                 // (owner-checked, so nothing else is touched) so that a retry is not stuck
                 // behind a record that was never forwarded.
-                let store = self.shared.store.clone();
-                self.shared.tasks.spawn(async move {
-                    let _ = deadline(store_timeout, store.release(&claim.id, &claim.owner)).await;
-                });
+                release_in_background(&self.shared, claim.id, claim.owner);
                 if matches!(e, StoreError::Full(_)) || policy.on_store_error == OnStoreError::Reject {
                     let res = Problem::StoreUnavailable.response(
                         "the idempotency store did not answer; the request was not forwarded",
@@ -331,7 +370,10 @@ impl Proxy {
                     (res, Outcome::StoreError)
                 }
             }
-        }
+        };
+        let metrics = &self.shared.metrics;
+        log_request(metrics, &res, outcome, Some(id), &method, &policy, started);
+        res
     }
 
     /// Buffers a protected body up to `max` bytes within the body read timeout.
@@ -468,6 +510,48 @@ fn record_id(
 ) -> RecordId {
     let tenant = Tenant::from_headers(&parts.headers, &policy.tenant_headers);
     RecordId::new(&tenant, parts.method.as_str(), parts.uri.path(), key)
+}
+
+/// A claim on its way to the store. Dropped armed (its request's future was dropped: the
+/// client hung up), it takes the claim back in the background.
+struct PendingClaim<'a> {
+    shared: &'a Shared,
+    id: RecordId,
+    owner: OwnerToken,
+    armed: bool,
+}
+
+impl PendingClaim<'_> {
+    /// The claim's answer arrived: from here on its owner settles it.
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for PendingClaim<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            release_in_background(self.shared, self.id, self.owner.clone());
+        }
+    }
+}
+
+/// Releases a claim that may or may not have landed, owner-checked (a claim this owner
+/// never got is left alone), in a task of its own. The release goes down the same store
+/// connection after the claim, so it cannot overtake it.
+fn release_in_background(shared: &Shared, id: RecordId, owner: OwnerToken) {
+    // Outside a runtime (the process is going away) there is nothing to spawn on: the
+    // claim, if it landed, reads as unknown once its lease runs out, never twice executed.
+    if tokio::runtime::Handle::try_current().is_err() {
+        return;
+    }
+    let store = shared.store.clone();
+    let store_timeout = shared.settings.config.store_timeout;
+    shared.tasks.spawn(async move {
+        if let Err(e) = deadline(store_timeout, store.release(&id, &owner)).await {
+            tracing::warn!(record = %id, error = %e, "could not take back an interrupted claim; it will read as unknown once its lease runs out");
+        }
+    });
 }
 
 /// Why an exchange produced no complete answer.

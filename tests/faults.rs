@@ -273,6 +273,56 @@ async fn frozen_store_fails_within_the_deadline_and_never_executes_twice() {
     app.shutdown().await;
 }
 
+// 4b. An HTTP/2 client cancels its stream while the claim is still on its way to Redis
+// (frozen): hyper drops the request. The claim lands once Redis wakes up, was never
+// forwarded, and must not be left behind as in progress (then unknown): the retry executes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_client_cancels_is_taken_back_not_left_in_progress() {
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let mut cfg = redis_config(&up, &redis);
+    // Long enough that the claim is still waiting for Redis when the client goes.
+    cfg.store_timeout = Duration::from_secs(5);
+    let app = spawn_app(cfg).await;
+    let c = client();
+    assert_eq!(
+        post(&c, &app, "/v1/transfers", Some("k-warm"), TRANSFER, &[])
+            .await
+            .status,
+        201
+    );
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let url = format!("http://{}/v1/transfers", app.addr());
+
+    redis.pause();
+    let cancelled = {
+        let (h2, url) = (h2.clone(), url.clone());
+        tokio::spawn(async move { post_url(&h2, &url, Some("k-cancel"), TRANSFER, &[]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Dropping the response future resets the stream (RST_STREAM CANCEL).
+    cancelled.abort();
+    let _ = cancelled.await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.resume();
+
+    let until = Instant::now() + Duration::from_secs(3);
+    let r = loop {
+        let r = post_url(&h2, &url, Some("k-cancel"), TRANSFER, &[]).await;
+        if r.status != 409 || Instant::now() > until {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    assert!(!r.replayed(), "the cancelled request was never forwarded");
+    assert_eq!(up.hits(), 2);
+    app.shutdown().await;
+}
+
 // 5. Redis restarted with append-only persistence: completed records replay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_survive_a_persistent_redis_restart() {
