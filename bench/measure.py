@@ -18,6 +18,7 @@ import http.client
 ENV = os.environ
 DURATION = int(ENV["BENCH_DURATION"])
 ROUNDS = int(ENV["BENCH_ROUNDS"])
+WORKER_THREADS = ENV.get("BENCH_WORKER_THREADS", "default")
 OUT = ENV["BENCH_OUT"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 LUA = os.path.join(HERE, "wrk.lua")
@@ -204,7 +205,7 @@ def main():
                 "met": v >= lim if op == ">=" else (v <= lim if op == "<=" else v < lim)}
                for t, v, op, lim in targets]
 
-    lines = []
+    lines = [f"idemgate worker_threads: {WORKER_THREADS}"]
     lines.append(f"{'case':<38} {'c':>4} {'req/s':>8} {'x(b)':>6} {'p50 us':>7} "
                  f"{'p99 us':>7} {'cpu us/req: idemgate':>21} {'upstream':>8} {'redis':>6}")
     for conc in CONCURRENCY:
@@ -235,6 +236,7 @@ def main():
         "machine": machine(),
         "duration_s": DURATION,
         "rounds": ROUNDS,
+        "worker_threads": WORKER_THREADS,
         "replay_keys": REPLAY_KEYS,
         "cases": cases,
         "memory_run": mem_run,

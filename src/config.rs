@@ -69,6 +69,8 @@ pub struct Config {
     /// On SIGTERM/SIGINT, how long in-flight requests get to finish.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// Threads that serve requests (1: everything on one thread, the sidecar default).
+    pub worker_threads: usize,
     /// Applies to every request unless a route overrides it.
     pub defaults: Defaults,
     /// Per-path overrides; the longest matching prefix wins.
@@ -169,6 +171,7 @@ impl Default for Config {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
+            worker_threads: 1,
             defaults: Defaults::default(),
             routes: Vec::new(),
         }
@@ -342,6 +345,9 @@ impl Settings {
         }
         if config.memory_max_records == 0 {
             return Err(invalid("memory_max_records", "must be at least 1"));
+        }
+        if config.worker_threads == 0 {
+            return Err(invalid("worker_threads", "must be at least 1"));
         }
         if let Some(url) = &config.redis_url {
             redis::Client::open(url.as_str()).map_err(|e| invalid("redis_url", e.to_string()))?;

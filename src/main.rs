@@ -138,6 +138,24 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     })
 }
 
+/// The runtime that serves requests. One thread (the default) runs everything on the
+/// current thread: the request tasks and the one shared Redis connection's task never hand
+/// work across threads, which is where a multi-threaded scheduler spends its time on a
+/// sidecar's small share of CPUs. More threads use tokio's multi-threaded scheduler.
+fn serving_runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime, ExitCode> {
+    let mut builder = if worker_threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(worker_threads);
+        b
+    };
+    builder.enable_all().build().map_err(|e| {
+        eprintln!("idemgate: cannot start the runtime: {e}");
+        ExitCode::from(71)
+    })
+}
+
 fn bank(listen: SocketAddr) -> ExitCode {
     init_tracing("info");
     let rt = match runtime() {
@@ -232,7 +250,7 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    let runtime = match runtime() {
+    let runtime = match serving_runtime(settings.config.worker_threads) {
         Ok(rt) => rt,
         Err(code) => return code,
     };

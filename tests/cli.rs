@@ -64,6 +64,10 @@ fn bad_configuration_exits_64_naming_the_key() {
     assert_eq!(o.status.code(), Some(64));
     assert!(stderr(&o).contains("listn"), "{}", stderr(&o));
 
+    let o = idemgate(&[], &[("IDEMGATE_WORKER_THREADS", "0")]);
+    assert_eq!(o.status.code(), Some(64));
+    assert!(stderr(&o).contains("worker_threads"), "{}", stderr(&o));
+
     let o = idemgate(&["--config", "/nonexistent/idemgate.toml"], &[]);
     assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
 }

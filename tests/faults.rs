@@ -519,10 +519,15 @@ async fn sigterm_drains_in_flight_requests_and_records_them() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
     up.set_delay(Duration::from_millis(700));
+    // Two worker threads: the binary's other tests run the default single-threaded
+    // runtime, this one the multi-threaded scheduler.
     let mut gate = Gate::start(
         &up.url(),
         &redis.url(),
-        &[("IDEMGATE_SHUTDOWN_GRACE", "10s")],
+        &[
+            ("IDEMGATE_SHUTDOWN_GRACE", "10s"),
+            ("IDEMGATE_WORKER_THREADS", "2"),
+        ],
     );
     let c = client();
     let mut set = tokio::task::JoinSet::new();
