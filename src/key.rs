@@ -162,6 +162,12 @@ impl RecordId {
         hex::decode_to_slice(s, &mut out).ok()?;
         Some(RecordId(out))
     }
+
+    /// The id's bytes: a SHA-256 output, so every bit of them is uniformly distributed (the
+    /// embedded store picks a record's shard from them).
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
 }
 
 impl fmt::Display for RecordId {
