@@ -113,3 +113,29 @@ fn unreachable_redis_at_start_exits_69() {
     assert_eq!(o.status.code(), Some(69), "{}", stderr(&o));
     assert!(stderr(&o).contains("store"), "{}", stderr(&o));
 }
+
+/// The configuration shipped in `deploy/k8s/configmap.yaml` loads as it is: a key renamed
+/// or a value tightened in the code must not leave it behind.
+#[test]
+fn the_shipped_kubernetes_configuration_loads() {
+    let yaml = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/k8s/configmap.yaml"
+    ))
+    .unwrap();
+    // The block scalar under `idemgate.toml: |`, indented by four spaces.
+    let toml: String = yaml
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("idemgate.toml: |"))
+        .skip(1)
+        .take_while(|l| l.is_empty() || l.starts_with("    "))
+        .map(|l| format!("{}\n", l.get(4..).unwrap_or("")))
+        .collect();
+    assert!(toml.contains("upstream = "), "{toml}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idemgate.toml");
+    std::fs::write(&file, &toml).unwrap();
+    let settings = idemgate::Config::load(idemgate::Config::figment(Some(&file)))
+        .unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    assert_eq!(settings.config.worker_threads, 1);
+}
