@@ -219,8 +219,15 @@ impl Proxy {
         };
         let found = self.claim(&mut claim, &request, &body, &policy).await;
         pending.disarm();
-        self.settle(found, claim, request, policy, peer, method, started)
-            .await
+        let protected = Protected {
+            claim,
+            request,
+            policy,
+            peer,
+            method,
+            started,
+        };
+        self.settle(found, protected).await
     }
 
     /// Claims the key; a record made under another fingerprint version is compared in
@@ -260,15 +267,15 @@ impl Proxy {
     /// Forwards a request whose claim this instance holds. From here on the work runs in
     /// its own task: a client that hangs up must never cut a claim off from its exchange
     /// and its record.
-    async fn forward_claimed(
-        &self,
-        claim: ClaimRequest,
-        request: Request<Body>,
-        policy: Arc<Policy>,
-        peer: SocketAddr,
-        method: hyper::Method,
-        started: Instant,
-    ) -> Response<Body> {
+    async fn forward_claimed(&self, protected: Protected) -> Response<Body> {
+        let Protected {
+            claim,
+            request,
+            policy,
+            peer,
+            method,
+            started,
+        } = protected;
         let id = claim.id;
         let claimed = Claimed {
             id,
@@ -301,18 +308,12 @@ impl Proxy {
     }
 
     /// Acts on the claim's answer: forwards a won claim, answers the others.
-    #[allow(clippy::too_many_arguments)]
     async fn settle(
         &self,
         found: Result<Claim, StoreError>,
-        claim: ClaimRequest,
-        request: Request<Body>,
-        policy: Arc<Policy>,
-        peer: SocketAddr,
-        method: hyper::Method,
-        started: Instant,
+        protected: Protected,
     ) -> Response<Body> {
-        let id = claim.id;
+        let id = protected.claim.id;
         let (res, outcome) = match found {
             Ok(Claim::OtherVersion(version)) => (
                 Problem::InProgress.response(
@@ -322,11 +323,7 @@ impl Proxy {
                 ),
                 Outcome::InProgress,
             ),
-            Ok(Claim::Claimed) => {
-                return self
-                    .forward_claimed(claim, request, policy, peer, method, started)
-                    .await
-            }
+            Ok(Claim::Claimed) => return self.forward_claimed(protected).await,
             Ok(Claim::Replay(stored)) => (replay(stored), Outcome::Replayed),
             Ok(Claim::InFlight { .. }) => (
                 Problem::InProgress.response(
@@ -357,8 +354,8 @@ impl Proxy {
                 // The claim may have landed even though its answer did not: take it back
                 // (owner-checked, so nothing else is touched) so that a retry is not stuck
                 // behind a record that was never forwarded.
-                release_in_background(&self.shared, claim.id, claim.owner);
-                if matches!(e, StoreError::Full(_)) || policy.on_store_error == OnStoreError::Reject {
+                release_in_background(&self.shared, id, protected.claim.owner);
+                if matches!(e, StoreError::Full(_)) || protected.policy.on_store_error == OnStoreError::Reject {
                     let res = Problem::StoreUnavailable.response(
                         "the idempotency store did not answer; the request was not forwarded",
                         Some(&id),
@@ -366,13 +363,23 @@ impl Proxy {
                     );
                     (res, Outcome::StoreError)
                 } else {
-                    let res = self.pass_through(request, peer, policy.upstream_timeout).await;
+                    let timeout = protected.policy.upstream_timeout;
+                    let res = self.pass_through(protected.request, protected.peer, timeout).await;
                     (res, Outcome::StoreError)
                 }
             }
         };
         let metrics = &self.shared.metrics;
-        log_request(metrics, &res, outcome, Some(id), &method, &policy, started);
+        let (method, policy) = (&protected.method, &protected.policy);
+        log_request(
+            metrics,
+            &res,
+            outcome,
+            Some(id),
+            method,
+            policy,
+            protected.started,
+        );
         res
     }
 
@@ -510,6 +517,16 @@ fn record_id(
 ) -> RecordId {
     let tenant = Tenant::from_headers(&parts.headers, &policy.tenant_headers);
     RecordId::new(&tenant, parts.method.as_str(), parts.uri.path(), key)
+}
+
+/// A protected request between its claim and its answer, with what its log line needs.
+struct Protected {
+    claim: ClaimRequest,
+    request: Request<Body>,
+    policy: Arc<Policy>,
+    peer: SocketAddr,
+    method: hyper::Method,
+    started: Instant,
 }
 
 /// A claim on its way to the store. Dropped armed (its request's future was dropped: the

@@ -24,6 +24,22 @@ fn redis_config(up: &Upstream, redis: &RedisServer) -> Config {
     c
 }
 
+/// Redis, an upstream and idemgate with `store_timeout`, its Redis connection warmed by one
+/// request, so that a freeze hits an established connection.
+async fn warmed(
+    store_timeout: Duration,
+) -> (RedisServer, Upstream, idemgate::Running, reqwest::Client) {
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let mut cfg = redis_config(&up, &redis);
+    cfg.store_timeout = store_timeout;
+    let app = spawn_app(cfg).await;
+    let c = client();
+    let warm = post(&c, &app, "/v1/transfers", Some("k-warm"), TRANSFER, &[]).await;
+    assert_eq!(warm.status, 201);
+    (redis, up, app, c)
+}
+
 /// Retries `key` until the answer is no longer 409 `in-progress`; every answer on the way
 /// must be a 409. Returns the first other answer.
 async fn retry_past_in_progress(c: &reqwest::Client, url: &str, key: &str) -> Answer {
@@ -193,20 +209,8 @@ async fn store_down_at_record_answers_the_client_and_never_executes_again() {
 // 4. Redis frozen (SIGSTOP) at the claim, and at the record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_store_fails_within_the_deadline_and_never_executes_twice() {
-    let redis = RedisServer::start();
-    let up = Upstream::start().await;
-    let mut cfg = redis_config(&up, &redis);
-    cfg.store_timeout = Duration::from_millis(300);
-    let app = spawn_app(cfg).await;
+    let (redis, up, app, c) = warmed(Duration::from_millis(300)).await;
     let admin = app.admin_addr().unwrap();
-    let c = client();
-    // Warm the connection, so the freeze hits an established one.
-    assert_eq!(
-        post(&c, &app, "/v1/transfers", Some("k-warm"), TRANSFER, &[])
-            .await
-            .status,
-        201
-    );
 
     redis.pause();
     let started = Instant::now();
@@ -278,19 +282,8 @@ async fn frozen_store_fails_within_the_deadline_and_never_executes_twice() {
 // forwarded, and must not be left behind as in progress (then unknown): the retry executes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_client_cancels_is_taken_back_not_left_in_progress() {
-    let redis = RedisServer::start();
-    let up = Upstream::start().await;
-    let mut cfg = redis_config(&up, &redis);
     // Long enough that the claim is still waiting for Redis when the client goes.
-    cfg.store_timeout = Duration::from_secs(5);
-    let app = spawn_app(cfg).await;
-    let c = client();
-    assert_eq!(
-        post(&c, &app, "/v1/transfers", Some("k-warm"), TRANSFER, &[])
-            .await
-            .status,
-        201
-    );
+    let (redis, up, app, _) = warmed(Duration::from_secs(5)).await;
     let h2 = reqwest::Client::builder()
         .http2_prior_knowledge()
         .build()
