@@ -13,16 +13,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use idemgate::config::OnStoreError;
-use idemgate::Config;
 
 const TRANSFER: &str = r#"{"from":"acc-1","to":"acc-2","amount":1250,"currency":"EUR"}"#;
-
-fn redis_config(up: &Upstream, redis: &RedisServer) -> Config {
-    let mut c = Config::for_upstream(&up.url());
-    c.redis_url = Some(redis.url());
-    c.admin_listen = Some("127.0.0.1:0".parse().unwrap());
-    c
-}
 
 /// Redis, an upstream and idemgate with `store_timeout`, its Redis connection warmed by one
 /// request, so that a freeze hits an established connection.

@@ -256,9 +256,7 @@ async fn a_record_of_an_unknown_fingerprint_version_is_never_a_422() {
         retention: Duration::from_secs(60),
     };
     store.claim(&planted).await.unwrap();
-    let mut cfg = idemgate::Config::for_upstream(&up.url());
-    cfg.redis_url = Some(redis.url());
-    let app = spawn_app(cfg).await;
+    let app = spawn_app(redis_config(&up, &redis)).await;
     let r = post(
         &client(),
         &app,

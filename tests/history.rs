@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use idemgate::Config;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -54,8 +53,7 @@ async fn history_under_random_faults_has_no_double_execution() {
         .unwrap_or(20240917);
     let redis = RedisServer::start_persistent();
     let up = Upstream::start().await;
-    let mut cfg = Config::for_upstream(&up.url());
-    cfg.redis_url = Some(redis.url());
+    let mut cfg = redis_config(&up, &redis);
     cfg.store_timeout = Duration::from_millis(300);
     cfg.defaults.lease = Duration::from_millis(600);
     cfg.defaults.upstream_timeout = Duration::from_millis(800);

@@ -10,7 +10,6 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::*;
-use idemgate::Config;
 
 const TRANSFER: &str = r#"{"from":"acc-1","to":"acc-2","amount":1250,"currency":"EUR"}"#;
 const TOKEN: &str = "0123456789abcdef-admin";
@@ -290,9 +289,7 @@ fn admin_token_is_validated_and_never_printed() {
 async fn readyz_is_503_with_the_reason_while_redis_is_down() {
     let mut redis = RedisServer::start();
     let up = Upstream::start().await;
-    let mut cfg = Config::for_upstream(&up.url());
-    cfg.redis_url = Some(redis.url());
-    cfg.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    let mut cfg = redis_config(&up, &redis);
     cfg.store_timeout = Duration::from_millis(300);
     let app = spawn_app(cfg).await;
     let admin = app.admin_addr().unwrap();
@@ -356,9 +353,7 @@ async fn readyz_is_503_with_the_reason_while_redis_is_down() {
 async fn redis_restarts_and_evictions_are_read_from_info() {
     let mut redis = RedisServer::start();
     let up = Upstream::start().await;
-    let mut cfg = Config::for_upstream(&up.url());
-    cfg.redis_url = Some(redis.url());
-    cfg.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    let mut cfg = redis_config(&up, &redis);
     cfg.redis_info_interval = Duration::from_millis(50);
     let app = spawn_app(cfg).await;
     let admin = app.admin_addr().unwrap();

@@ -470,8 +470,7 @@ async fn admin_inspects_and_releases_records(backend: Backend) {
 async fn on_store_error_forward_forwards_unprotected() {
     let mut redis = RedisServer::start();
     let up = Upstream::start().await;
-    let mut cfg = Config::for_upstream(&up.url());
-    cfg.redis_url = Some(redis.url());
+    let mut cfg = redis_config(&up, &redis);
     cfg.store_timeout = Duration::from_millis(300);
     cfg.defaults.on_store_error = OnStoreError::Forward;
     let app = spawn_app(cfg).await;
@@ -496,8 +495,7 @@ async fn two_instances_sharing_one_redis_execute_once() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
     up.set_delay(Duration::from_millis(50));
-    let mut cfg = Config::for_upstream(&up.url());
-    cfg.redis_url = Some(redis.url());
+    let cfg = redis_config(&up, &redis);
     let a = spawn_app(cfg.clone()).await;
     let b = spawn_app(cfg).await;
     let c = reqwest::Client::new();
@@ -542,8 +540,7 @@ async fn two_instances_sharing_one_redis_execute_once() {
 async fn evicting_redis_is_refused_at_start() {
     let redis = RedisServer::start_with(&["--maxmemory-policy", "volatile-lru"]);
     let up = Upstream::start().await;
-    let mut cfg = Config::for_upstream(&up.url());
-    cfg.redis_url = Some(redis.url());
+    let cfg = redis_config(&up, &redis);
     let err = idemgate::start(cfg).await.err().expect("must refuse");
     assert!(err.to_string().contains("volatile-lru"), "{err}");
     assert!(err.to_string().contains("noeviction"), "{err}");

@@ -54,6 +54,16 @@ fn reset(redis: &RedisServer) {
     assert!(reply.starts_with("+OK"), "{reply}");
 }
 
+/// Sends keys `k-0` .. `k-{N-1}` once each; every answer is 201, replayed or not as said.
+async fn send_keys(c: &reqwest::Client, app: &idemgate::Running, replayed: bool) {
+    for i in 0..N {
+        let key = format!("k-{i}");
+        let a = post(c, app, "/v1/transfers", Some(&key), TRANSFER, &[]).await;
+        assert_eq!(a.status, 201);
+        assert_eq!(a.replayed(), replayed);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_round_trips_per_new_key_and_one_per_replay() {
     let backend = Backend::redis();
@@ -66,19 +76,7 @@ async fn two_round_trips_per_new_key_and_one_per_replay() {
     // Start-up (INFO, SCRIPT LOAD) is not per request.
     reset(redis);
 
-    for i in 0..N {
-        let a = post(
-            &c,
-            &app,
-            "/v1/transfers",
-            Some(&format!("k-{i}")),
-            TRANSFER,
-            &[],
-        )
-        .await;
-        assert_eq!(a.status, 201);
-        assert!(!a.replayed());
-    }
+    send_keys(&c, &app, false).await;
     let (new_keys, stats) = round_trips(redis);
     assert_eq!(up.hits(), N);
     assert_eq!(
@@ -89,19 +87,7 @@ async fn two_round_trips_per_new_key_and_one_per_replay() {
     assert_eq!(stats.get("evalsha"), Some(&(2 * N as u64)), "{stats:?}");
 
     reset(redis);
-    for i in 0..N {
-        let a = post(
-            &c,
-            &app,
-            "/v1/transfers",
-            Some(&format!("k-{i}")),
-            TRANSFER,
-            &[],
-        )
-        .await;
-        assert_eq!(a.status, 201);
-        assert!(a.replayed());
-    }
+    send_keys(&c, &app, true).await;
     let (replays, stats) = round_trips(redis);
     assert_eq!(up.hits(), N, "a replay reached the upstream");
     assert_eq!(

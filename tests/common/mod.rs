@@ -423,6 +423,14 @@ pub fn config(upstream: &Upstream, backend: &Backend) -> Config {
     c
 }
 
+/// [`config`] on a Redis server the test holds (to stop, freeze or restart it).
+pub fn redis_config(upstream: &Upstream, redis: &RedisServer) -> Config {
+    let mut c = Config::for_upstream(&upstream.url());
+    c.redis_url = Some(redis.url());
+    c.admin_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    c
+}
+
 pub async fn spawn_app(config: Config) -> Running {
     idemgate::start(config).await.expect("idemgate starts")
 }
