@@ -26,13 +26,18 @@ pub use self::redis::RedisStore;
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// An unguessable token that names the holder of a claim: only it may record or release.
+/// Shared, not copied, on clone: a protected request's claim guard holds one too.
 #[derive(Clone, PartialEq, Eq, Debug)]
-pub struct OwnerToken(String);
+pub struct OwnerToken(std::sync::Arc<str>);
 
 impl OwnerToken {
     /// A fresh random token (128 bits).
     pub fn random() -> OwnerToken {
-        OwnerToken(crate::key::to_hex(&rand::random::<[u8; 16]>()))
+        let mut hex = [0u8; 32];
+        // The buffer is exactly twice the 16 random bytes, the only way encoding can fail.
+        let _ = hex::encode_to_slice(rand::random::<[u8; 16]>(), &mut hex);
+        // Hex digits are ASCII; one allocation, for the shared text itself.
+        OwnerToken(std::str::from_utf8(&hex).unwrap_or_default().into())
     }
     /// The token's text.
     pub fn as_str(&self) -> &str {
