@@ -8,6 +8,7 @@ targets and writes JSON."""
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -76,9 +77,14 @@ def wrk(port, mode, conc, duration, prefix):
         "wrk", f"-t{threads}", f"-c{conc}", f"-d{duration}s", "--timeout", "5s",
         "-s", LUA, f"http://127.0.0.1:{port}", "--", mode, prefix, str(REPLAY_KEYS),
     ]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     line = next(l for l in out.splitlines() if l.startswith("BENCH "))
-    return json.loads(line[len("BENCH "):])
+    r = json.loads(line[len("BENCH "):])
+    # wrk shares the cores with what it measures: its own CPU is reported beside the rest.
+    r["wrk_cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return r
 
 
 def run_case(name, conc, duration, rss_sampler=None):
@@ -95,6 +101,7 @@ def run_case(name, conc, duration, rss_sampler=None):
         "idemgate": (after[target] - before[target]) * 1e6 / n if target != "upstream" else 0.0,
         "upstream": (after["upstream"] - before["upstream"]) * 1e6 / n,
         "redis": (after["redis"] - before["redis"]) * 1e6 / n,
+        "wrk": r["wrk_cpu_s"] * 1e6 / n,
     }
     if r["non2xx"] or r["socket_errors"]:
         print(f"  warning: {name} c={conc}: {r['non2xx']} non-2xx, "
@@ -185,7 +192,7 @@ def main():
             "rps_ratio_to_b": paired(name, "b", conc, lambda x, b: x["rps"] / b["rps"]),
             "p50_minus_b_us": paired(name, "b", conc, lambda x, b: x["p50_us"] - b["p50_us"]),
             "cpu_us_per_request": {w: med_cpu(name, conc, w)
-                                   for w in ("idemgate", "upstream", "redis")},
+                                   for w in ("idemgate", "upstream", "redis", "wrk")},
             "runs": runs[(name, conc)],
         }
 
@@ -215,18 +222,20 @@ def main():
 
     lines = [f"idemgate worker_threads: {WORKER_THREADS}"]
     lines.append(f"{'case':<38} {'c':>4} {'req/s':>8} {'x(b)':>6} {'p50 us':>7} "
-                 f"{'p99 us':>7} {'cpu us/req: idemgate':>21} {'upstream':>8} {'redis':>6}")
+                 f"{'p99 us':>7} {'cpu us/req: idemgate':>21} {'upstream':>8} {'redis':>6} {'wrk':>5}")
     for conc in CONCURRENCY:
         for name in CASES:
             c = cases[f"{name}@{conc}"]
             cpu = c["cpu_us_per_request"]
             lines.append(f"({name}) {c['what']:<34} {conc:>4} {c['rps']:8.0f} "
                          f"{c['rps_ratio_to_b']:6.2f} {c['p50_us']:7.0f} {c['p99_us']:7.0f} "
-                         f"{cpu['idemgate']:21.1f} {cpu['upstream']:8.1f} {cpu['redis']:6.1f}")
+                         f"{cpu['idemgate']:21.1f} {cpu['upstream']:8.1f} {cpu['redis']:6.1f} "
+                         f"{cpu['wrk']:5.1f}")
     cpu = mem_run["cpu_us_per_request"]
     lines.append(f"(c) new key, Redis, peak RSS {rss_mib:5.1f} MiB {256:>4} {mem_run['rps']:8.0f} "
                  f"{'':>6} {mem_run['p50_us']:7d} {mem_run['p99_us']:7d} "
-                 f"{cpu['idemgate']:21.1f} {cpu['upstream']:8.1f} {cpu['redis']:6.1f}")
+                 f"{cpu['idemgate']:21.1f} {cpu['upstream']:8.1f} {cpu['redis']:6.1f} "
+                 f"{cpu['wrk']:5.1f}")
     lines.append("")
     for t in checked:
         lines.append(f"{'met   ' if t['met'] else 'MISSED'} {t['target']:<38} "
@@ -239,6 +248,13 @@ def main():
     floor = {"p_over_a": ratio("p", "a", 50), "b_over_p": ratio("b", "p", 50)}
     lines.append(f"plain hyper proxy (p) = {floor['p_over_a']:.2f}x (a) at c=50; "
                  f"idemgate pass-through (b) = {floor['b_over_p']:.2f}x (p)")
+    # What one more loopback hop costs at c=1 here: (b) is (a) plus the hop to idemgate.
+    # A new key on Redis adds two hops to Redis over (b), so the c=1 target cannot be met
+    # with less than twice this (plus idemgate's own work).
+    hop = paired("b", "a", 1, lambda b, a: b["p50_us"] - a["p50_us"])
+    floor["hop_c1_us"] = hop
+    lines.append(f"one loopback hop at c=1: (b) p50 - (a) p50 = {hop:.0f} us; "
+                 f"(c) needs two more: {2 * hop:.0f} us")
     table = "\n".join(lines)
     print(table)
 
