@@ -68,7 +68,7 @@ pub async fn open_store(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
         return Ok(Arc::new(store));
     };
     let store = RedisStore::connect(url, c.redis_connect_timeout, c.store_timeout).await?;
-    let info = store.server_info().await?;
+    let info = crate::store::deadline(c.store_timeout, store.server_info()).await?;
     if info.maxmemory_policy != "noeviction" {
         return Err(Error::EvictingRedis(info.maxmemory_policy));
     }

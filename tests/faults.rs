@@ -366,6 +366,73 @@ async fn binary_refuses_an_evicting_redis() {
     assert_eq!(up.hits(), 0);
 }
 
+/// Waits for the binary to exit on its own, at most `limit`; kills it and fails otherwise.
+async fn exit_within(child: &mut std::process::Child, limit: Duration, what: &str) -> i32 {
+    let until = Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s.code().unwrap_or(-1);
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            panic!("idemgate still running after {limit:?}: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// 6c. A Redis that stops answering while idemgate starts: it exits (69) within its
+// deadlines instead of hanging. A real Redis frozen before the start, and a stand-in that
+// answers the connection's handshake (CLIENT SETINFO) and then nothing: a real server
+// cannot be frozen on cue between the two, and the calls after the handshake (loading the
+// scripts, INFO) are bounded only by idemgate's own deadlines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_stops_answering_at_start_up_is_an_exit_not_a_hang() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    redis.pause();
+    let (mut cmd, _, _, dir) = Gate::command(&up.url(), &redis.url(), &[]);
+    let mut child = cmd.spawn().unwrap();
+    let code = exit_within(&mut child, Duration::from_secs(15), "frozen Redis").await;
+    let log = std::fs::read_to_string(dir.path().join("idemgate.log")).unwrap();
+    assert_eq!(code, 69, "{log}");
+    assert!(log.contains("timed out"), "{log}");
+    redis.resume();
+
+    let mute = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("redis://{}/0", mute.local_addr().unwrap());
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut s, _)) = mute.accept().await {
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    // Every CLIENT command of the handshake gets its +OK; anything else
+                    // (SCRIPT LOAD, INFO) gets no answer at all.
+                    let text = String::from_utf8_lossy(&seen).into_owned();
+                    let clients = text.matches("CLIENT").count();
+                    seen.clear();
+                    for _ in 0..clients {
+                        let _ = s.write_all(b"+OK\r\n").await;
+                    }
+                }
+            });
+        }
+    });
+    let (mut cmd, _, _, dir) = Gate::command(&up.url(), &url, &[]);
+    let mut child = cmd.spawn().unwrap();
+    let code = exit_within(&mut child, Duration::from_secs(15), "mute Redis").await;
+    let log = std::fs::read_to_string(dir.path().join("idemgate.log")).unwrap();
+    assert_eq!(code, 69, "{log}");
+    assert!(log.contains("timed out"), "{log}");
+    assert_eq!(up.hits(), 0);
+}
+
 // 6b. Redis full under `noeviction`: 503, even where store errors would be forwarded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_redis_is_503_and_never_forwards_unprotected() {
