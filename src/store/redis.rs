@@ -116,9 +116,9 @@ impl RedisStore {
     ///
     /// redis-rs is given no response timeout of its own: every call made afterwards already
     /// runs under its caller's deadline (`store_timeout`, or the lease renewal's), and a
-    /// second timer per call cost about 2,300 instructions per new key (callgrind, 113,656 to
-    /// 111,327) and, when idemgate is idle, wakes tokio's driver through its eventfd (a
-    /// `write` and a spurious `epoll_wait` more per Redis call). A timed-out call is dropped;
+    /// second timer per call costs instructions and, when idemgate is idle, wakes tokio's
+    /// driver through its eventfd (a `write` and a spurious `epoll_wait` more per Redis
+    /// call; the README's Performance section has the figures). A timed-out call is dropped;
     /// a late answer to it is read and discarded by the connection, as before.
     pub async fn connect(
         url: &str,
