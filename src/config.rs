@@ -52,6 +52,12 @@ pub struct Config {
     /// Outer deadline of every store call (claim, record, release...).
     #[serde(with = "humantime_serde")]
     pub store_timeout: Duration,
+    /// How long an idle connection to the upstream may be reused. Keep it below the
+    /// upstream's own keep-alive timeout: a request written onto a connection that the
+    /// upstream is closing at that moment cannot be told from one the upstream read, and
+    /// its outcome is unknown. `0`: a new connection for every request.
+    #[serde(with = "humantime_serde")]
+    pub upstream_idle_timeout: Duration,
     /// How long one attempt to connect to Redis may take.
     #[serde(with = "humantime_serde")]
     pub redis_connect_timeout: Duration,
@@ -156,6 +162,12 @@ pub struct Route {
     pub fingerprint_ignore: Option<Vec<String>>,
 }
 
+/// The default of [`Config::upstream_idle_timeout`]: half of the shortest keep-alive
+/// timeout common servers use (1 s), so that upstreams closing idle connections after 1 s,
+/// 2 s (gunicorn) or 5 s (Node, uvicorn, Apache) never close one that idemgate is about to
+/// reuse, with half a second to spare for a loaded machine. Below 1 s, set it.
+pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_millis(500);
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -166,6 +178,7 @@ impl Default for Config {
             redis_url: None,
             redis_info_interval: Duration::from_secs(15),
             store_timeout: Duration::from_millis(500),
+            upstream_idle_timeout: UPSTREAM_IDLE_TIMEOUT,
             redis_connect_timeout: Duration::from_secs(1),
             memory_max_records: 1_000_000,
             header_read_timeout: Duration::from_secs(10),
