@@ -133,20 +133,25 @@ async fn history_with_wire_faults_never_strands_a_key_that_did_not_run() {
                         n.replies_delayed += 1;
                     }
                     60..=71 => {
-                        let d = Duration::from_millis(rng.random_range(100..700));
+                        // Requests held back on connections that are then cut: they still
+                        // reach Redis, after their senders gave up on them and went on
+                        // down new connections (where a release can overtake its claim).
+                        let d = Duration::from_millis(rng.random_range(400..900));
                         proxy.delay_requests(d);
-                        sleep(100..700, &mut rng);
-                        proxy.delay_requests(Duration::ZERO);
-                        // Held-back requests still reach Redis after their senders gave
-                        // up on them, on connections that are then cut.
+                        sleep(20..150, &mut rng);
                         proxy.cut_all();
                         n.requests_delayed += 1;
                     }
                     72..=89 => {
+                        // Replies lost, then the connections cut and reconnections refused
+                        // for a while: what was sent meanwhile ran, and nobody heard.
                         proxy.drop_replies(true);
                         sleep(20..300, &mut rng);
+                        proxy.refuse(true);
                         proxy.cut_all();
                         proxy.drop_replies(false);
+                        sleep(100..500, &mut rng);
+                        proxy.refuse(false);
                         n.replies_lost += 1;
                     }
                     _ => {
