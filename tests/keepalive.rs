@@ -169,6 +169,7 @@ async fn paced_run(
 ) -> HashMap<u16, usize> {
     let up = ClosingUpstream::start(closing).await;
     let mut cfg = idemgate::Config::for_upstream(&up.url());
+    cfg.defaults.anonymous = idemgate::config::Anonymous::Shared;
     if let Some(t) = idle_timeout {
         cfg.upstream_idle_timeout = t;
     }
