@@ -553,22 +553,33 @@ impl Settings {
     pub fn route<'a>(&'a self, raw: &str) -> Result<Routed<'a>, PathError> {
         // Normal forms already computed, per rules: a path is normalized at most once per
         // distinct rule set (there are four), and a path in normal form costs no copy.
-        let mut forms: Vec<(PathRules, Cow<'_, str>)> = Vec::with_capacity(1);
+        // No allocation for the bookkeeping: there are four rule sets at most.
+        let mut forms: [Option<(PathRules, Cow<'_, str>)>; 4] = Default::default();
         fn form_for<'p>(
-            forms: &mut Vec<(PathRules, Cow<'p, str>)>,
+            forms: &mut [Option<(PathRules, Cow<'p, str>)>; 4],
             raw: &'p str,
             rules: PathRules,
         ) -> Result<usize, PathError> {
-            if let Some(i) = forms.iter().position(|(r, _)| *r == rules) {
-                return Ok(i);
+            for (i, slot) in forms.iter_mut().enumerate() {
+                match slot {
+                    Some((r, _)) if *r == rules => return Ok(i),
+                    Some(_) => {}
+                    None => {
+                        *slot = Some((rules, path::normalize(raw, rules)?));
+                        return Ok(i);
+                    }
+                }
             }
-            forms.push((rules, path::normalize(raw, rules)?));
-            Ok(forms.len() - 1)
+            // Two booleans make four rule sets, so a slot was free or matched above.
+            Err(PathError::NotAbsolute)
         }
         let mut chosen = None;
         for (prefix, policy) in &self.routes {
             let i = form_for(&mut forms, raw, policy.path_rules)?;
-            if prefix_matches(prefix, &forms[i].1) {
+            let matches = forms[i]
+                .as_ref()
+                .is_some_and(|(_, form)| prefix_matches(prefix, form));
+            if matches {
                 chosen = Some((policy, i));
                 break;
             }
@@ -580,9 +591,9 @@ impl Settings {
                 form_for(&mut forms, raw, self.default_policy.path_rules)?,
             ),
         };
-        let normalized = match forms.swap_remove(i).1 {
-            Cow::Borrowed(_) => None,
-            Cow::Owned(s) => Some(s),
+        let normalized = match forms[i].take() {
+            Some((_, Cow::Owned(s))) => Some(s),
+            _ => None,
         };
         Ok(Routed { policy, normalized })
     }
