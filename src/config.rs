@@ -71,8 +71,11 @@ pub struct Config {
     pub admin_listen: Option<SocketAddr>,
     /// When set, every admin endpoint but `/healthz` wants `Authorization: Bearer <token>`.
     pub admin_token: Option<Secret>,
-    /// Redis URL; absent: the embedded in-memory store.
+    /// Redis URL; absent: an embedded store (see `store_path`).
     pub redis_url: Option<String>,
+    /// Directory of the persistent embedded store (an SQLite database): records survive a
+    /// restart. Absent (and no `redis_url`): records live in this process's memory.
+    pub store_path: Option<PathBuf>,
     /// Whose records these are, when several services share one store: records of
     /// different namespaces never meet. Required with a shared store (Redis).
     pub namespace: Option<String>,
@@ -219,6 +222,7 @@ impl Default for Config {
             admin_listen: Some(SocketAddr::from(([127, 0, 0, 1], 9901))),
             admin_token: None,
             redis_url: None,
+            store_path: None,
             namespace: None,
             jwt_hs256_secret: None,
             jwks_file: None,
@@ -445,6 +449,12 @@ impl Settings {
         }
         if config.worker_threads == 0 {
             return Err(invalid("worker_threads", "must be at least 1"));
+        }
+        if config.redis_url.is_some() && config.store_path.is_some() {
+            return Err(invalid(
+                "store_path",
+                "cannot be used with redis_url: choose one store",
+            ));
         }
         if let Some(url) = &config.redis_url {
             redis::Client::open(url.as_str()).map_err(|e| invalid("redis_url", e.to_string()))?;
@@ -845,6 +855,10 @@ mod tests {
                 "routes[0].fingerprint_ignore",
             ),
             ("redis_url = \"nope://\"", "redis_url"),
+            (
+                "redis_url = \"redis://127.0.0.1:6379/0\"\nnamespace = \"p\"\nstore_path = \"/tmp/x\"",
+                "store_path",
+            ),
         ] {
             let err = settings(toml).unwrap_err().to_string();
             assert!(err.contains(key), "{toml:?}: {err}");

@@ -83,6 +83,10 @@ struct Overrides {
     #[arg(long, value_name = "URL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     redis_url: Option<String>,
+    /// Directory of the persistent embedded store (records survive a restart).
+    #[arg(long, value_name = "DIR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store_path: Option<std::path::PathBuf>,
     /// Whose records these are, when several services share one store (required with Redis).
     #[arg(long, value_name = "NAME")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -270,7 +274,11 @@ fn main() -> ExitCode {
             listen = %settings.config.listen,
             upstream = %settings.config.upstream,
             admin = ?settings.config.admin_listen,
-            store = if settings.config.redis_url.is_some() { "redis" } else { "memory" },
+            store = match (&settings.config.redis_url, &settings.config.store_path) {
+                (Some(_), _) => "redis",
+                (None, Some(_)) => "sqlite",
+                (None, None) => "memory",
+            },
             version = env!("CARGO_PKG_VERSION"),
             "idemgate starting"
         );

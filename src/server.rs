@@ -21,7 +21,7 @@ use crate::config::{Config, ConfigError, Settings};
 use crate::metrics::{self, Instrumented, Metrics};
 use crate::proxy::Proxy;
 use crate::scope::Scoper;
-use crate::store::{MemoryStore, RedisStore, Store, StoreError};
+use crate::store::{MemoryStore, RedisStore, SqliteStore, Store, StoreError};
 
 /// Why idemgate could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -68,9 +68,18 @@ pub async fn open_store(settings: &Settings) -> Result<(Arc<dyn Store>, Scoper),
 
 async fn open_backend(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
     let c = &settings.config;
+    if let (None, Some(dir)) = (&c.redis_url, &c.store_path) {
+        let dir = dir.clone();
+        let store = tokio::task::spawn_blocking(move || SqliteStore::open(&dir))
+            .await
+            .map_err(|e| StoreError::Backend(format!("opening the store: {e}")))??;
+        store.spawn_sweeper(Duration::from_secs(10));
+        tracing::info!(path = %store.path().display(), "using the persistent embedded store");
+        return Ok(Arc::new(store));
+    }
     let Some(url) = &c.redis_url else {
         tracing::warn!(
-            "using the embedded in-memory store: records do not survive a restart and are not shared between instances; set redis_url for production"
+            "using the embedded in-memory store: records do not survive a restart and are not shared between instances; set store_path or redis_url for production"
         );
         let store = MemoryStore::new(c.memory_max_records);
         store.spawn_sweeper(Duration::from_secs(10));

@@ -1,5 +1,6 @@
-//! One contract, two stores: every test here runs against the embedded store and against a
-//! real redis-server, through the `Store` trait only.
+//! One contract, three stores: every test here runs against the in-memory store, the
+//! persistent embedded store (SQLite in a temporary directory) and a real redis-server,
+//! through the `Store` trait only.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -13,19 +14,31 @@ use idemgate::fingerprint::Fingerprint;
 use idemgate::key::{IdempotencyKey, RecordId};
 use idemgate::scope::{ScopeSecret, Scoper, Tenant};
 use idemgate::store::{
-    Claim, ClaimRequest, Deleted, MemoryStore, OwnerToken, RecordState, RedisStore, Store,
-    StoreError, StoredResponse,
+    Claim, ClaimRequest, Deleted, MemoryStore, OwnerToken, RecordState, RedisStore, SqliteStore,
+    Store, StoreError, StoredResponse,
 };
 
 struct Fixture {
     store: Arc<dyn Store>,
     _redis: Option<RedisServer>,
+    _dir: Option<tempfile::TempDir>,
 }
 
 async fn memory() -> Fixture {
     Fixture {
         store: Arc::new(MemoryStore::new(1000)),
         _redis: None,
+        _dir: None,
+    }
+}
+
+async fn sqlite() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
+    Fixture {
+        store: Arc::new(store),
+        _redis: None,
+        _dir: Some(dir),
     }
 }
 
@@ -41,6 +54,7 @@ async fn redis() -> Fixture {
     Fixture {
         store: Arc::new(store),
         _redis: Some(server),
+        _dir: None,
     }
 }
 
@@ -90,6 +104,9 @@ macro_rules! contract {
     ($($name:ident),* $(,)?) => {
         mod on_memory {
             $( #[tokio::test] async fn $name() { super::$name(super::memory().await).await } )*
+        }
+        mod on_sqlite {
+            $( #[tokio::test] async fn $name() { super::$name(super::sqlite().await).await } )*
         }
         mod on_redis {
             $( #[tokio::test] async fn $name() { super::$name(super::redis().await).await } )*
@@ -478,4 +495,63 @@ async fn embedded_store_cap_answers_full_and_sweeps_expired() {
         Claim::Claimed
     );
     assert_eq!(store.len(), 2);
+}
+
+#[tokio::test]
+async fn persistent_store_keeps_records_and_secret_across_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
+    let secret = store.scope_secret().await.unwrap();
+    let done = claim("done", 1, 60_000);
+    let busy = claim("busy", 1, 60_000);
+    assert_eq!(store.claim(&done).await.unwrap(), Claim::Claimed);
+    assert!(store
+        .record(&done.id, &done.owner, &response("kept"))
+        .await
+        .unwrap());
+    assert_eq!(store.claim(&busy).await.unwrap(), Claim::Claimed);
+    drop(store);
+
+    let store = SqliteStore::open(dir.path()).unwrap();
+    assert_eq!(
+        store.scope_secret().await.unwrap().to_hex(),
+        secret.to_hex()
+    );
+    let mut again = claim("done", 1, 60_000);
+    assert_eq!(
+        store.claim(&again).await.unwrap(),
+        Claim::Replay(response("kept"))
+    );
+    again.id = busy.id;
+    assert!(matches!(
+        store.claim(&again).await.unwrap(),
+        Claim::InFlight { .. }
+    ));
+    // The owner of the claim made before the reopen still owns it.
+    assert!(store
+        .record(&busy.id, &busy.owner, &response("late"))
+        .await
+        .unwrap());
+}
+
+#[tokio::test]
+async fn persistent_store_sweeps_expired_records_in_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
+    let expiring = idemgate::store::sqlite::EXPIRE_BATCH * 2 + 5;
+    for n in 0..expiring {
+        let mut c = claim(&format!("short-{n}"), 1, 60_000);
+        c.retention = Duration::from_millis(50);
+        assert_eq!(store.claim(&c).await.unwrap(), Claim::Claimed);
+    }
+    let live = claim("long", 1, 60_000);
+    assert_eq!(store.claim(&live).await.unwrap(), Claim::Claimed);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(store.sweep().await.unwrap(), 1);
+    assert!(store.inspect(&live.id, false).await.unwrap().is_some());
+    assert!(store
+        .inspect(&id("short-0"), false)
+        .await
+        .unwrap()
+        .is_none());
 }

@@ -1,5 +1,5 @@
-//! Where records live: one [`Store`] trait, an embedded in-memory backend and a Redis
-//! backend, held to the same contract by one test suite (`tests/store_contract.rs`).
+//! Where records live: one [`Store`] trait, an embedded in-memory backend, a persistent
+//! embedded backend (SQLite on local disk) and a Redis backend, held to the same contract by one test suite (`tests/store_contract.rs`).
 //!
 //! A record goes `in_progress` (claimed, with an owner token and a lease) → `completed`
 //! (status, headers, body recorded by its owner), or → `unknown` (sent, no complete answer;
@@ -25,9 +25,11 @@ use crate::scope::ScopeSecret;
 
 pub mod memory;
 pub mod redis;
+pub mod sqlite;
 
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
+pub use self::sqlite::SqliteStore;
 
 /// A boxed future, so the trait can be used as `dyn Store`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -264,7 +266,7 @@ pub trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Deleted, StoreError>>;
     /// Checks the store answers.
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
-    /// A short name for logs: `memory` or `redis`.
+    /// A short name for logs: `memory`, `sqlite` or `redis`.
     fn kind(&self) -> &'static str;
     /// The secret that record ids are keyed with: the same for every instance that shares
     /// this store, created by the first one and kept by the store. An embedded store has

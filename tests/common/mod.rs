@@ -31,6 +31,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -524,7 +525,26 @@ impl Gate {
     /// Starts the binary in front of `upstream` on `redis_url` with extra `IDEMGATE_*`
     /// variables, and waits until `/healthz` answers.
     pub fn start(upstream: &str, redis_url: &str, env: &[(&str, &str)]) -> Gate {
-        let (mut cmd, addr, admin, dir) = Self::command(upstream, redis_url, env);
+        let (cmd, addr, admin, dir) = Self::command(upstream, redis_url, env);
+        Self::launch(cmd, addr, admin, dir)
+    }
+
+    /// As [`start`](Self::start), on the persistent embedded store in `store_path` instead
+    /// of Redis.
+    pub fn start_on_disk(upstream: &str, store_path: &Path, env: &[(&str, &str)]) -> Gate {
+        let (mut cmd, addr, admin, dir) = Self::command(upstream, "", env);
+        cmd.env_remove("IDEMGATE_REDIS_URL")
+            .env("IDEMGATE_STORE_PATH", store_path);
+        Self::launch(cmd, addr, admin, dir)
+    }
+
+    /// Spawns `cmd` and waits until `/healthz` answers.
+    fn launch(
+        mut cmd: Command,
+        addr: SocketAddr,
+        admin: SocketAddr,
+        dir: tempfile::TempDir,
+    ) -> Gate {
         let child = cmd.spawn().expect("idemgate binary");
         let mut gate = Gate {
             addr,
