@@ -555,3 +555,35 @@ async fn persistent_store_sweeps_expired_records_in_batches() {
         .unwrap()
         .is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn persistent_store_opened_twice_on_one_directory_has_one_winner() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two connections to one file, as two processes on one volume would have.
+    let stores: Vec<Arc<dyn Store>> = (0..2)
+        .map(|_| Arc::new(SqliteStore::open(dir.path()).unwrap()) as Arc<dyn Store>)
+        .collect();
+    assert_eq!(
+        stores[0].scope_secret().await.unwrap().to_hex(),
+        stores[1].scope_secret().await.unwrap().to_hex()
+    );
+    for round in 0..20 {
+        let key = format!("race-{round}");
+        let tasks: Vec<_> = (0..8)
+            .map(|n| {
+                let store = stores[n % 2].clone();
+                let req = claim(&key, 1, 60_000);
+                tokio::spawn(async move { store.claim(&req).await.unwrap() })
+            })
+            .collect();
+        let mut claimed = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Claim::Claimed => claimed += 1,
+                Claim::InFlight { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(claimed, 1, "round {round}");
+    }
+}
