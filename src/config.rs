@@ -76,6 +76,9 @@ pub struct Config {
     /// Directory of the persistent embedded store (an SQLite database): records survive a
     /// restart. Absent (and no `redis_url`): records live in this process's memory.
     pub store_path: Option<PathBuf>,
+    /// PostgreSQL URL (`postgres://user:password@host/db`): records in one table that
+    /// several instances share. No TLS yet.
+    pub postgres_url: Option<Secret>,
     /// Whose records these are, when several services share one store: records of
     /// different namespaces never meet. Required with a shared store (Redis).
     pub namespace: Option<String>,
@@ -223,6 +226,7 @@ impl Default for Config {
             admin_token: None,
             redis_url: None,
             store_path: None,
+            postgres_url: None,
             namespace: None,
             jwt_hs256_secret: None,
             jwks_file: None,
@@ -450,16 +454,27 @@ impl Settings {
         if config.worker_threads == 0 {
             return Err(invalid("worker_threads", "must be at least 1"));
         }
-        if config.redis_url.is_some() && config.store_path.is_some() {
+        let stores = [
+            config.redis_url.is_some(),
+            config.store_path.is_some(),
+            config.postgres_url.is_some(),
+        ];
+        if stores.iter().filter(|s| **s).count() > 1 {
             return Err(invalid(
                 "store_path",
-                "cannot be used with redis_url: choose one store",
+                "redis_url, store_path and postgres_url exclude each other: choose one store",
             ));
+        }
+        if let Some(url) = &config.postgres_url {
+            url.expose()
+                .parse::<tokio_postgres::Config>()
+                .map_err(|e| invalid("postgres_url", e.to_string()))?;
         }
         if let Some(url) = &config.redis_url {
             redis::Client::open(url.as_str()).map_err(|e| invalid("redis_url", e.to_string()))?;
         }
-        let namespace = match (&config.namespace, &config.redis_url) {
+        let shared = config.redis_url.is_some() || config.postgres_url.is_some();
+        let namespace = match (&config.namespace, shared) {
             (Some(ns), _) => {
                 let ok = (1..=64).contains(&ns.len())
                     && ns
@@ -473,13 +488,13 @@ impl Settings {
                 }
                 ns.clone()
             }
-            (None, Some(_)) => {
+            (None, true) => {
                 return Err(invalid(
                     "namespace",
-                    "is required with redis_url: name the service whose records these are (e.g. `payments`), so that two services sharing one Redis never see each other's records",
+                    "is required with redis_url and postgres_url: name the service whose records these are (e.g. `payments`), so that two services sharing one store never see each other's records",
                 ))
             }
-            (None, None) => "default".to_string(),
+            (None, false) => "default".to_string(),
         };
         if let Some(secret) = &config.jwt_hs256_secret {
             if secret.expose().len() < 32 {
@@ -859,6 +874,8 @@ mod tests {
                 "redis_url = \"redis://127.0.0.1:6379/0\"\nnamespace = \"p\"\nstore_path = \"/tmp/x\"",
                 "store_path",
             ),
+            ("postgres_url = \"postgres://x@127.0.0.1/db\"", "namespace"),
+            ("postgres_url = \"postgres://x@127.0.0.1/db?sslmode=nope\"\nnamespace = \"p\"", "postgres_url"),
         ] {
             let err = settings(toml).unwrap_err().to_string();
             assert!(err.contains(key), "{toml:?}: {err}");

@@ -275,6 +275,7 @@ fn main() -> ExitCode {
             upstream = %settings.config.upstream,
             admin = ?settings.config.admin_listen,
             store = match (&settings.config.redis_url, &settings.config.store_path) {
+                _ if settings.config.postgres_url.is_some() => "postgres",
                 (Some(_), _) => "redis",
                 (None, Some(_)) => "sqlite",
                 (None, None) => "memory",

@@ -21,7 +21,7 @@ use crate::config::{Config, ConfigError, Settings};
 use crate::metrics::{self, Instrumented, Metrics};
 use crate::proxy::Proxy;
 use crate::scope::Scoper;
-use crate::store::{MemoryStore, RedisStore, SqliteStore, Store, StoreError};
+use crate::store::{MemoryStore, PostgresStore, RedisStore, SqliteStore, Store, StoreError};
 
 /// Why idemgate could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +68,13 @@ pub async fn open_store(settings: &Settings) -> Result<(Arc<dyn Store>, Scoper),
 
 async fn open_backend(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
     let c = &settings.config;
+    if let Some(url) = &c.postgres_url {
+        let store =
+            PostgresStore::connect(url.expose(), c.redis_connect_timeout, c.store_timeout).await?;
+        store.spawn_sweeper(Duration::from_secs(10));
+        tracing::info!("connected to PostgreSQL");
+        return Ok(Arc::new(store));
+    }
     if let (None, Some(dir)) = (&c.redis_url, &c.store_path) {
         let dir = dir.clone();
         let store = tokio::task::spawn_blocking(move || SqliteStore::open(&dir))

@@ -1,6 +1,6 @@
-//! One contract, three stores: every test here runs against the in-memory store, the
-//! persistent embedded store (SQLite in a temporary directory) and a real redis-server,
-//! through the `Store` trait only.
+//! One contract, four stores: every test here runs against the in-memory store, the
+//! persistent embedded store (SQLite in a temporary directory), a real redis-server and a
+//! real PostgreSQL server, through the `Store` trait only.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -9,19 +9,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::postgres::PgServer;
 use common::RedisServer;
 use idemgate::fingerprint::Fingerprint;
 use idemgate::key::{IdempotencyKey, RecordId};
 use idemgate::scope::{ScopeSecret, Scoper, Tenant};
 use idemgate::store::{
-    Claim, ClaimRequest, Deleted, MemoryStore, OwnerToken, RecordState, RedisStore, SqliteStore,
-    Store, StoreError, StoredResponse,
+    Claim, ClaimRequest, Deleted, MemoryStore, OwnerToken, PostgresStore, RecordState, RedisStore,
+    SqliteStore, Store, StoreError, StoredResponse,
 };
 
 struct Fixture {
     store: Arc<dyn Store>,
     _redis: Option<RedisServer>,
     _dir: Option<tempfile::TempDir>,
+    _pg: Option<PgServer>,
 }
 
 async fn memory() -> Fixture {
@@ -29,6 +31,7 @@ async fn memory() -> Fixture {
         store: Arc::new(MemoryStore::new(1000)),
         _redis: None,
         _dir: None,
+        _pg: None,
     }
 }
 
@@ -39,6 +42,24 @@ async fn sqlite() -> Fixture {
         store: Arc::new(store),
         _redis: None,
         _dir: Some(dir),
+        _pg: None,
+    }
+}
+
+async fn postgres() -> Fixture {
+    let server = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let store = PostgresStore::connect(
+        &server.url("postgres"),
+        Duration::from_secs(5),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    Fixture {
+        store: Arc::new(store),
+        _redis: None,
+        _dir: None,
+        _pg: Some(server),
     }
 }
 
@@ -55,6 +76,7 @@ async fn redis() -> Fixture {
         store: Arc::new(store),
         _redis: Some(server),
         _dir: None,
+        _pg: None,
     }
 }
 
@@ -107,6 +129,9 @@ macro_rules! contract {
         }
         mod on_sqlite {
             $( #[tokio::test] async fn $name() { super::$name(super::sqlite().await).await } )*
+        }
+        mod on_postgres {
+            $( #[tokio::test] async fn $name() { super::$name(super::postgres().await).await } )*
         }
         mod on_redis {
             $( #[tokio::test] async fn $name() { super::$name(super::redis().await).await } )*

@@ -24,10 +24,12 @@ use crate::key::RecordId;
 use crate::scope::ScopeSecret;
 
 pub mod memory;
+pub mod postgres;
 pub mod redis;
 pub mod sqlite;
 
 pub use self::memory::MemoryStore;
+pub use self::postgres::PostgresStore;
 pub use self::redis::RedisStore;
 pub use self::sqlite::SqliteStore;
 
