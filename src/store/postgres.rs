@@ -302,7 +302,8 @@ impl PostgresStore {
             )
             .await
             .map_err(pg)?
-            .map(|r| r.get(0));
+            .map(|r| col(&r, 0))
+            .transpose()?;
         let found: i64 = match found {
             None => 0,
             Some(v) => v
@@ -336,8 +337,8 @@ impl PostgresStore {
                 .client
                 .query_one(&c.sweep, &[&EXPIRE_BATCH])
                 .await
-                .map_err(pg)?
-                .get(0);
+                .map_err(pg)
+                .and_then(|r| col(&r, 0))?;
             total += n as u64;
             if n < EXPIRE_BATCH {
                 return Ok(total);
@@ -373,33 +374,40 @@ impl PostgresStore {
     }
 }
 
+/// Column `i` of `row`: a column of another type (a table changed by hand) is an error,
+/// not a panic.
+fn col<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, i: usize) -> Result<T, StoreError> {
+    row.try_get(i)
+        .map_err(|e| corrupt(&format!("column {i}: {e}")))
+}
+
 fn lease_left(ms: i64) -> Duration {
     Duration::from_millis(ms.max(1) as u64)
 }
 
 fn found(row: &Row, req: &ClaimRequest) -> Result<Option<Claim>, StoreError> {
-    if row.get::<_, bool>(0) {
+    if col::<bool>(row, 0)? {
         return Ok(Some(Claim::Claimed));
     }
-    let Some(state) = row.get::<_, Option<i16>>(2) else {
+    let Some(state) = col::<Option<i16>>(row, 2)? else {
         // No live row visible: withdrawn, or made by a claim that committed after this
         // statement's snapshot (run it again).
-        return Ok(row.get::<_, bool>(1).then_some(Claim::Withdrawn));
+        return Ok(col::<bool>(row, 1)?.then_some(Claim::Withdrawn));
     };
-    let fp: Vec<u8> = row.get(3);
-    let fv: i32 = row.get(4);
+    let fp: Vec<u8> = col(row, 3)?;
+    let fv: i32 = col(row, 4)?;
     let fv = u16::try_from(fv).map_err(|_| corrupt("fingerprint version out of range"))?;
     Ok(Some(if fv != req.fingerprint_version {
         Claim::OtherVersion(fv)
     } else if fp.as_slice() != req.fingerprint.0.as_slice() {
         Claim::Mismatch
     } else if state == 1 {
-        let status: Option<i32> = row.get(6);
+        let status: Option<i32> = col(row, 6)?;
         let status = status
             .and_then(|s| u16::try_from(s).ok())
             .ok_or_else(|| corrupt("completed without a status"))?;
-        let headers: Option<Vec<u8>> = row.get(7);
-        let body: Option<Vec<u8>> = row.get(8);
+        let headers: Option<Vec<u8>> = col(row, 7)?;
+        let body: Option<Vec<u8>> = col(row, 8)?;
         Claim::Replay(StoredResponse {
             status,
             headers: StoredResponse::decode_headers(&headers.unwrap_or_default())
@@ -407,7 +415,7 @@ fn found(row: &Row, req: &ClaimRequest) -> Result<Option<Claim>, StoreError> {
             body: Bytes::from(body.unwrap_or_default()),
         })
     } else {
-        let left: i64 = row.get(5);
+        let left: i64 = col(row, 5)?;
         if state == 0 && left > 0 {
             Claim::InFlight {
                 lease_left: lease_left(left),
@@ -526,7 +534,7 @@ impl Store for PostgresStore {
                 )
                 .await
                 .map_err(pg)?;
-            Ok(row.get::<_, bool>(0))
+            col::<bool>(&row, 0)
         })
     }
 
@@ -545,16 +553,16 @@ impl Store for PostgresStore {
             else {
                 return Ok(None);
             };
-            let state: i16 = r.get(0);
-            let fp: Vec<u8> = r.get(1);
+            let state: i16 = col(&r, 0)?;
+            let fp: Vec<u8> = col(&r, 1)?;
             let fp: [u8; 32] = fp
                 .try_into()
                 .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
-            let fv: i32 = r.get(2);
-            let (lease_left, busy_left): (i64, i64) = (r.get(3), r.get(4));
-            let (created, ttl): (i64, i64) = (r.get(5), r.get(6));
-            let status: Option<i32> = r.get(7);
-            let body: Option<Vec<u8>> = r.get(8);
+            let fv: i32 = col(&r, 2)?;
+            let (lease_left, busy_left): (i64, i64) = (col(&r, 3)?, col(&r, 4)?);
+            let (created, ttl): (i64, i64) = (col(&r, 5)?, col(&r, 6)?);
+            let status: Option<i32> = col(&r, 7)?;
+            let body: Option<Vec<u8>> = col(&r, 8)?;
             let live = state == 0 && lease_left > 0;
             let completed = state == 1;
             Ok(Some(RecordView {
@@ -598,8 +606,8 @@ impl Store for PostgresStore {
                 .client
                 .query_one(&c.delete, &[&id.as_bytes().as_slice(), &force])
                 .await
-                .map_err(pg)?
-                .get(0);
+                .map_err(pg)
+                .and_then(|r| col(&r, 0))?;
             Ok(match n {
                 1 => Deleted::Deleted,
                 2 => Deleted::OwnerBusy,
@@ -639,8 +647,8 @@ impl Store for PostgresStore {
                     &[],
                 )
                 .await
-                .map_err(pg)?
-                .get(0);
+                .map_err(pg)
+                .and_then(|r| col(&r, 0))?;
             ScopeSecret::from_hex(&hex).ok_or_else(|| corrupt("scope secret is not 64 hex digits"))
         })
     }
