@@ -10,6 +10,7 @@
 //! - [`store`]: the [`store::Store`] trait, the embedded [`store::MemoryStore`] and
 //!   [`store::RedisStore`].
 //! - [`proxy`]: the hyper service and the claim → forward → record → replay flow.
+//! - [`request_id`]: `X-Request-Id`, kept or made up, passed on and logged.
 //! - [`upstream`]: the client to the upstream, header rewriting, failure classification.
 //! - [`problem`]: idemgate's own `application/problem+json` responses.
 //! - [`admin`]: health, readiness, `/metrics` and record inspection/release.
@@ -31,6 +32,7 @@ pub mod metrics;
 pub mod probe;
 pub mod problem;
 pub mod proxy;
+pub mod request_id;
 pub mod server;
 pub mod store;
 pub mod upstream;

@@ -31,8 +31,8 @@ struct Cli {
 enum Command {
     /// Run a deliberately non-idempotent legacy bank (every POST /transfers moves money).
     Bank {
-        /// Address to listen on.
-        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9000")]
+        /// Address to listen on (a host name is resolved).
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9000", value_parser = resolve_addr)]
         listen: SocketAddr,
     },
     /// Replay a day of retrying transfer traffic against a bank, directly and through
@@ -68,25 +68,33 @@ struct LabArgs {
     json: bool,
 }
 
-/// Flags that override the file and the environment.
+/// Flags that override the file and the environment. Their defaults are the
+/// configuration's (shown in `--help`); a flag that is not given leaves the file and the
+/// environment in charge.
 #[derive(clap::Args, Debug, Serialize)]
 struct Overrides {
-    /// Address to listen on for clients, e.g. 127.0.0.1:8080.
-    #[arg(long, value_name = "ADDR")]
+    /// Address to listen on for clients (a host name is resolved) [default: 127.0.0.1:8080]
+    #[arg(long, value_name = "ADDR", value_parser = resolve_addr)]
     #[serde(skip_serializing_if = "Option::is_none")]
     listen: Option<SocketAddr>,
-    /// Upstream origin, e.g. http://127.0.0.1:9000.
+    /// Upstream origin [default: http://127.0.0.1:9000]
     #[arg(long, value_name = "URL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     upstream: Option<String>,
-    /// Redis URL; without it records live in this process's memory.
+    /// Redis URL, e.g. redis://127.0.0.1:6379/0 [default: none, records live in this
+    /// process's memory]
     #[arg(long, value_name = "URL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     redis_url: Option<String>,
-    /// Address of the admin listener (/healthz, /readyz, /metrics, /records/{id}).
-    #[arg(long, value_name = "ADDR")]
+    /// Address of the admin listener (/healthz, /readyz, /metrics, /records/{id})
+    /// [default: 127.0.0.1:9901]
+    #[arg(long, value_name = "ADDR", value_parser = resolve_addr)]
     #[serde(skip_serializing_if = "Option::is_none")]
     admin_listen: Option<SocketAddr>,
+}
+
+fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
+    idemgate::config::resolve_addr(s)
 }
 
 fn init_tracing(default_filter: &str) {
@@ -94,8 +102,12 @@ fn init_tracing(default_filter: &str) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let json = std::env::var("IDEMGATE_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
+    // Colours only for a person at a terminal: a log file or collector gets plain text.
+    use std::io::IsTerminal;
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     if json {
         builder.json().flatten_event(true).init();
@@ -265,7 +277,10 @@ fn main() -> ExitCode {
         tracing::info!(
             listen = %settings.config.listen,
             upstream = %settings.config.upstream,
-            admin = ?settings.config.admin_listen,
+            admin = %settings
+                .config
+                .admin_listen
+                .map_or_else(|| "off".to_string(), |a| a.to_string()),
             store = if settings.config.redis_url.is_some() { "redis" } else { "memory" },
             version = env!("CARGO_PKG_VERSION"),
             "idemgate starting"

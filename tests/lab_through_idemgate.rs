@@ -54,4 +54,13 @@ async fn through_idemgate_on_redis_nothing_moves_twice() {
     assert_eq!(report.idemgate.clients.corrections_executed, 0, "{table}");
     assert!(report.passed(), "{table}");
     assert!(report.idemgate.label.contains("redis"), "{table}");
+    // It went through Redis, and left nothing behind in it.
+    let info = redis.command(&["INFO", "stats"]).unwrap();
+    let written: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap();
+    assert!(written > 200, "{info}");
+    assert_eq!(redis.command(&["DBSIZE"]).as_deref(), Some(":0\r\n"));
 }
