@@ -14,6 +14,7 @@ use hyper::{Method, Uri};
 use serde::{Deserialize, Serialize};
 
 use crate::fingerprint::JsonPointer;
+use crate::retry_after::TypicalTime;
 
 /// What to do when the store cannot be reached at claim time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -401,6 +402,9 @@ pub struct Policy {
     pub on_ambiguous: OnAmbiguous,
     #[allow(missing_docs)]
     pub fingerprint_ignore: Vec<JsonPointer>,
+    /// How long this route's upstream typically takes (measured while running), for the
+    /// `Retry-After` of a 409 in-progress.
+    pub upstream_time: Arc<TypicalTime>,
 }
 
 impl Policy {
@@ -598,6 +602,7 @@ fn resolve(
         on_store_error: r.on_store_error.unwrap_or(d.on_store_error),
         on_ambiguous: r.on_ambiguous.unwrap_or(d.on_ambiguous),
         fingerprint_ignore,
+        upstream_time: Arc::default(),
     };
     if p.lease < Duration::from_millis(100) {
         return Err(invalid(key_of("lease"), "must be at least 100ms"));

@@ -11,6 +11,8 @@
 //!   [`store::RedisStore`].
 //! - [`proxy`]: the hyper service and the claim → forward → record → replay flow.
 //! - [`request_id`]: `X-Request-Id`, kept or made up, passed on and logged.
+//! - [`retry_after`]: the `Retry-After` of a 409 in-progress, from the lease and the
+//!   route's typical upstream time.
 //! - [`upstream`]: the client to the upstream, header rewriting, failure classification.
 //! - [`problem`]: idemgate's own `application/problem+json` responses.
 //! - [`admin`]: health, readiness, `/metrics` and record inspection/release.
@@ -33,6 +35,7 @@ pub mod probe;
 pub mod problem;
 pub mod proxy;
 pub mod request_id;
+pub mod retry_after;
 pub mod server;
 pub mod store;
 pub mod upstream;

@@ -30,6 +30,7 @@ use crate::key::{self, IdempotencyKey, RecordId, Tenant};
 use crate::metrics::Metrics;
 use crate::problem::Problem;
 use crate::request_id::{self, X_REQUEST_ID};
+use crate::retry_after;
 use crate::store::{deadline, Claim, ClaimRequest, OwnerToken, Store, StoreError, StoredResponse};
 use crate::upstream::{self, Failure, UpstreamClient};
 
@@ -352,14 +353,17 @@ impl Proxy {
             ),
             Ok(Claim::Claimed) => return self.forward_claimed(protected).await,
             Ok(Claim::Replay(stored)) => (replay(stored), Outcome::Replayed),
-            Ok(Claim::InFlight { .. }) => (
-                Problem::InProgress.response(
+            Ok(Claim::InFlight { lease_left }) => {
+                let policy = &protected.policy;
+                let typical = policy.upstream_time.get();
+                let wait = retry_after::in_progress(policy.lease, lease_left, typical);
+                let res = Problem::InProgress.response(
                     "a request with this key is being executed; retry after it finishes",
                     Some(&id),
-                    Some(1),
-                ),
-                Outcome::InProgress,
-            ),
+                    Some(wait),
+                );
+                (res, Outcome::InProgress)
+            }
             Ok(Claim::Mismatch) => (
                 Problem::FingerprintMismatch.response(
                     "this key was used with a different request (method, path, query, content type or body); use a new key for a new operation",
@@ -662,6 +666,7 @@ async fn exchange(
     let store = &shared.store;
     let (mut res, outcome) = match result {
         Ok((mut parts, bytes)) => {
+            policy.upstream_time.observe(latency.0);
             upstream::strip_hop_by_hop(&mut parts.headers);
             let stored = StoredResponse {
                 status: parts.status.as_u16(),

@@ -29,6 +29,7 @@ on_both_stores!(
     lease_is_renewed_while_the_upstream_works,
     admin_inspects_and_releases_records,
     request_id_is_passed_on_or_made_up,
+    retry_after_follows_the_routes_upstream_time,
 );
 
 async fn retry_replays_the_first_answer_byte_for_byte(backend: Backend) {
@@ -67,6 +68,36 @@ async fn retry_replays_the_first_answer_byte_for_byte(backend: Backend) {
         vec![app.addr().to_string()]
     );
     assert_eq!(seen.body, TRANSFER.as_bytes());
+    app.shutdown().await;
+}
+
+async fn retry_after_follows_the_routes_upstream_time(backend: Backend) {
+    let up = Upstream::start().await;
+    let app = spawn_app(config(&up, &backend)).await;
+    let c = client();
+    let slow = [(DELAY_MS, "2500")];
+    // One measurement: this route's upstream takes 2.5 s.
+    let first = post(&c, &app, "/v1/transfers", Some("k-ra-0"), TRANSFER, &slow).await;
+    assert_eq!(first.status, 201);
+    let running = {
+        let (c, addr) = (c.clone(), app.addr());
+        tokio::spawn(async move {
+            let url = format!("http://{addr}/v1/transfers");
+            post_url(&c, &url, Some("k-ra-1"), TRANSFER, &[(DELAY_MS, "2500")]).await
+        })
+    };
+    eventually(Duration::from_secs(5), "upstream reached", || {
+        up.hits() == 2
+    })
+    .await;
+    let dup = post(&c, &app, "/v1/transfers", Some("k-ra-1"), TRANSFER, &slow).await;
+    assert_eq!(dup.status, 409);
+    let wait: u64 = dup.header("retry-after").unwrap().parse().unwrap();
+    // 2.5 s typical, a fraction of it passed: 2 or 3 s, rounded up; not the 1 s of a
+    // route that answers at once.
+    assert!((2..=3).contains(&wait), "Retry-After: {wait}");
+    assert_eq!(running.await.unwrap().status, 201);
+    assert_eq!(up.hits(), 2);
     app.shutdown().await;
 }
 
