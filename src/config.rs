@@ -75,6 +75,10 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Threads that serve requests (1: everything on one thread, the sidecar default).
     pub worker_threads: usize,
+    /// OpenTelemetry collector, OTLP over HTTP with protobuf (`http://host:4318`;
+    /// `/v1/traces` is added); absent: no tracing, unless the standard
+    /// `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT` names one.
+    pub otlp_endpoint: Option<String>,
     /// Applies to every request unless a route overrides it.
     pub defaults: Defaults,
     /// Per-path overrides; the longest matching prefix wins.
@@ -203,6 +207,7 @@ impl Default for Config {
             body_read_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
             worker_threads: 1,
+            otlp_endpoint: None,
             defaults: Defaults::default(),
             routes: Vec::new(),
         }
@@ -246,18 +251,11 @@ impl Config {
         if let Some(path) = file {
             f = f.merge(Toml::file_exact(path));
         }
-        // Variables that name no setting are left out with one warning instead of stopping
-        // start-up: Kubernetes injects `IDEMGATE_PORT`, `IDEMGATE_SERVICE_HOST`... into every
-        // pod of a namespace that has a Service called `idemgate`. A TOML file's unknown
-        // keys stay an error: a file is written for idemgate alone.
-        let unknown =
-            unknown_env_vars(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()));
-        if !unknown.is_empty() {
-            tracing::warn!(
-                ignored = %unknown.join(", "),
-                "environment variables with the IDEMGATE_ prefix that name no setting are ignored"
-            );
-        }
+        // Variables that name no setting are left out (the binary names them in one
+        // warning, see `unknown_env`) instead of stopping start-up: Kubernetes injects
+        // `IDEMGATE_PORT`, `IDEMGATE_SERVICE_HOST`... into every pod of a namespace that has
+        // a Service called `idemgate`. A TOML file's unknown keys stay an error: a file is
+        // written for idemgate alone.
         let known = KnownKeys::new();
         f = f.merge(
             Env::prefixed("IDEMGATE_")
@@ -313,6 +311,12 @@ impl KnownKeys {
         }
         true
     }
+}
+
+/// The `IDEMGATE_` variables of this process that name no setting, sorted: [`Config::figment`]
+/// leaves them out, and the binary names them in one warning.
+pub fn unknown_env() -> Vec<String> {
+    unknown_env_vars(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()))
 }
 
 /// The `IDEMGATE_` variables among `names` that name no setting, sorted.
@@ -466,6 +470,18 @@ impl Settings {
         }
         if config.worker_threads == 0 {
             return Err(invalid("worker_threads", "must be at least 1"));
+        }
+        if let Some(endpoint) = &config.otlp_endpoint {
+            let ok = endpoint
+                .parse::<Uri>()
+                .ok()
+                .is_some_and(|u| u.scheme_str() == Some("http") && u.authority().is_some());
+            if !ok {
+                return Err(invalid(
+                    "otlp_endpoint",
+                    "must be http://host:port (OTLP over HTTP, no TLS: run the collector beside idemgate)",
+                ));
+            }
         }
         if let Some(url) = &config.redis_url {
             redis::Client::open(url.as_str()).map_err(|e| invalid("redis_url", e.to_string()))?;

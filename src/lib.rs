@@ -20,6 +20,7 @@
 //!   watcher.
 //! - [`probe`]: `idemgate probe URL`, the container health check.
 //! - [`server`]: start-up checks, accept loops and graceful shutdown.
+//! - [`telemetry`]: OpenTelemetry spans for protected requests (`otlp_endpoint`).
 //! - [`body`]: the body type shared by all of the above.
 //! - [`lab`]: beside the product, not in its request path: a deliberately non-idempotent
 //!   bank, a day of retrying traffic and an auditor (`idemgate bank`, `idemgate lab`).
@@ -38,6 +39,7 @@ pub mod request_id;
 pub mod retry_after;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 pub mod upstream;
 
 pub use config::Config;

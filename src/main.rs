@@ -97,23 +97,29 @@ fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
     idemgate::config::resolve_addr(s)
 }
 
-fn init_tracing(default_filter: &str) {
+/// Logs to stderr, filtered by `RUST_LOG`; with a tracer, idemgate's spans also go to
+/// OpenTelemetry (each output has its own filter, so the log lines are the same either way).
+fn init_tracing(default_filter: &str, tracer: Option<opentelemetry_sdk::trace::SdkTracer>) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::prelude::*;
     use tracing_subscriber::EnvFilter;
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let json = std::env::var("IDEMGATE_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
     // Colours only for a person at a terminal: a log file or collector gets plain text.
-    use std::io::IsTerminal;
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
-    if json {
-        builder.json().flatten_event(true).init();
+    let fmt = if json {
+        fmt.json().flatten_event(true).boxed()
     } else {
-        builder.init();
-    }
+        fmt.boxed()
+    };
+    tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .with(tracer.map(idemgate::telemetry::layer))
+        .init();
 }
 
 async fn shutdown_signal() {
@@ -169,7 +175,7 @@ fn serving_runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime, Exi
 }
 
 fn bank(listen: SocketAddr) -> ExitCode {
-    init_tracing("info");
+    init_tracing("info", None);
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
@@ -196,7 +202,7 @@ fn bank(listen: SocketAddr) -> ExitCode {
 
 fn lab(args: LabArgs) -> ExitCode {
     // The lab's own output is the table; per-request logs would drown it.
-    init_tracing("error");
+    init_tracing("error", None);
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
@@ -253,7 +259,6 @@ fn main() -> ExitCode {
         Some(Command::Probe { url, timeout }) => return probe(&url, timeout),
         None => {}
     }
-    init_tracing("info");
     let figment = Config::figment(cli.config.as_deref()).merge(Serialized::globals(&cli.overrides));
     let settings = match Config::load(figment) {
         Ok(s) => s,
@@ -262,6 +267,37 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
+    let otlp_endpoint = settings.config.otlp_endpoint.as_deref();
+    let telemetry = if idemgate::telemetry::wanted(otlp_endpoint) {
+        match idemgate::telemetry::Telemetry::start(otlp_endpoint) {
+            Ok((telemetry, tracer)) => Some((telemetry, tracer)),
+            Err(e) => {
+                eprintln!("idemgate: configuration error: otlp_endpoint: {e}");
+                return ExitCode::from(64);
+            }
+        }
+    } else {
+        None
+    };
+    let (telemetry, tracer) = telemetry.unzip();
+    init_tracing("info", tracer);
+    let unknown = idemgate::config::unknown_env();
+    if !unknown.is_empty() {
+        tracing::warn!(
+            ignored = %unknown.join(", "),
+            "environment variables with the IDEMGATE_ prefix that name no setting are ignored"
+        );
+    }
+    let code = serve(settings);
+    // The spans still buffered go out before the process ends.
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
+    }
+    code
+}
+
+/// Runs the proxy until SIGTERM/SIGINT.
+fn serve(settings: idemgate::config::Settings) -> ExitCode {
     let runtime = match serving_runtime(settings.config.worker_threads) {
         Ok(rt) => rt,
         Err(code) => return code,
@@ -282,6 +318,7 @@ fn main() -> ExitCode {
                 .admin_listen
                 .map_or_else(|| "off".to_string(), |a| a.to_string()),
             store = if settings.config.redis_url.is_some() { "redis" } else { "memory" },
+            tracing = idemgate::telemetry::enabled(),
             version = env!("CARGO_PKG_VERSION"),
             "idemgate starting"
         );

@@ -22,6 +22,7 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, DATE, SET_COOKIE};
 use hyper::{Request, Response, StatusCode};
 use tokio_util::task::TaskTracker;
+use tracing::Span;
 
 use crate::body::{self, Body};
 use crate::config::{OnAmbiguous, OnStoreError, Policy, Settings};
@@ -32,6 +33,7 @@ use crate::problem::Problem;
 use crate::request_id::{self, X_REQUEST_ID};
 use crate::retry_after;
 use crate::store::{deadline, Claim, ClaimRequest, OwnerToken, Store, StoreError, StoredResponse};
+use crate::telemetry::{self, Step};
 use crate::upstream::{self, Failure, UpstreamClient};
 
 /// Header added to every replayed response.
@@ -107,6 +109,8 @@ struct Claimed {
     owner: OwnerToken,
     policy: Arc<Policy>,
     request: Request<Body>,
+    // The request's span (none with tracing off): parent of the upstream and record spans.
+    span: Span,
 }
 
 impl Proxy {
@@ -155,6 +159,7 @@ impl Proxy {
                 method: &method,
                 policy,
                 request_id: &request_id,
+                span: &Span::none(),
                 started,
             };
             log_request(metrics, &res, Outcome::Passthrough, None, &line);
@@ -162,12 +167,19 @@ impl Proxy {
         }
         let policy = policy.clone();
         let method = req.method().clone();
+        let span = telemetry::request_span(
+            req.headers(),
+            &method,
+            policy.route.as_deref(),
+            request_id::as_str(&request_id),
+        );
         let metrics = &self.shared.metrics;
         let log = |res: &Response<Body>, outcome: Outcome, policy: &Policy| {
             let line = Line {
                 method: &method,
                 policy,
                 request_id: &request_id,
+                span: &span,
                 started,
             };
             log_request(metrics, res, outcome, None, &line);
@@ -237,7 +249,9 @@ impl Proxy {
             owner: claim.owner.clone(),
             armed: true,
         };
+        let claim_span = telemetry::child(&span, Step::Claim);
         let found = self.claim(&mut claim, &request, &body, &policy).await;
+        drop(claim_span);
         pending.disarm();
         let protected = Protected {
             claim,
@@ -246,6 +260,7 @@ impl Proxy {
             peer,
             method,
             request_id,
+            span,
             started,
         };
         self.settle(found, protected).await
@@ -296,6 +311,7 @@ impl Proxy {
             peer,
             method,
             request_id,
+            span,
             started,
         } = protected;
         let id = claim.id;
@@ -304,6 +320,7 @@ impl Proxy {
             owner: claim.owner,
             policy: policy.clone(),
             request,
+            span: span.clone(),
         };
         let this = self.clone();
         // Boxed: the exchange → record state machine is several kilobytes, and tokio
@@ -315,6 +332,7 @@ impl Proxy {
                 method: &method,
                 policy: &policy,
                 request_id: &request_id,
+                span: &span,
                 started,
             };
             log_request(metrics, &res, outcome, Some(id), &line);
@@ -404,6 +422,7 @@ impl Proxy {
             method: &protected.method,
             policy: &protected.policy,
             request_id: &protected.request_id,
+            span: &protected.span,
             started: protected.started,
         };
         log_request(&self.shared.metrics, &res, outcome, Some(id), &line);
@@ -494,6 +513,7 @@ struct Line<'a> {
     method: &'a hyper::Method,
     policy: &'a Policy,
     request_id: &'a HeaderValue,
+    span: &'a Span,
     started: Instant,
 }
 
@@ -511,10 +531,16 @@ fn log_request(
         method,
         policy,
         request_id,
+        span,
         started,
     } = *line;
     let elapsed = started.elapsed();
     metrics.request(outcome, elapsed);
+    if !span.is_none() {
+        let record = id.map(|r| r.to_string());
+        let status = res.status().as_u16();
+        telemetry::finish(span, outcome.as_str(), record.as_deref(), status);
+    }
     let level_enabled = if outcome == Outcome::Passthrough {
         tracing::enabled!(tracing::Level::DEBUG)
     } else {
@@ -573,6 +599,7 @@ struct Protected {
     peer: SocketAddr,
     method: hyper::Method,
     request_id: HeaderValue,
+    span: Span,
     started: Instant,
 }
 
@@ -637,8 +664,13 @@ async fn exchange(
         owner,
         policy,
         mut request,
+        span,
     } = claimed;
     upstream::prepare(&mut request, &shared.settings.upstream, peer);
+    let upstream_span = telemetry::child(&span, Step::Upstream);
+    // The upstream continues the trace under idemgate's span (with tracing off, the
+    // client's traceparent passes as it came).
+    telemetry::inject(&upstream_span, request.headers_mut());
     let call = async {
         let res = shared
             .client
@@ -660,6 +692,7 @@ async fn exchange(
     };
     let sent = Instant::now();
     let result = renewing_lease(shared, &id, &owner, policy.lease, timed).await;
+    drop(upstream_span);
     let latency = UpstreamLatency(sent.elapsed());
     shared.metrics.upstream(latency.0);
     let store_timeout = shared.settings.config.store_timeout;
@@ -679,7 +712,10 @@ async fn exchange(
                     .collect(),
                 body: bytes.clone(),
             };
-            match deadline(store_timeout, store.record(&id, &owner, &stored)).await {
+            let record_span = telemetry::child(&span, Step::Record);
+            let recorded = deadline(store_timeout, store.record(&id, &owner, &stored)).await;
+            drop(record_span);
+            match recorded {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::warn!(record = %id, "record no longer owned (released by an operator?); response not stored")
