@@ -86,6 +86,11 @@ struct Overrides {
     #[arg(long, value_name = "URL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     redis_url: Option<String>,
+    /// Whose records these are, when several services share one store (required with Redis)
+    /// [default: none]
+    #[arg(long, value_name = "NAME")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    namespace: Option<String>,
     /// Address of the admin listener (/healthz, /readyz, /metrics, /records/{id})
     /// [default: 127.0.0.1:9901]
     #[arg(long, value_name = "ADDR", value_parser = resolve_addr)]

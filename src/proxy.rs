@@ -25,13 +25,14 @@ use tokio_util::task::TaskTracker;
 use tracing::Span;
 
 use crate::body::{self, Body};
-use crate::config::{OnAmbiguous, OnStoreError, Policy, Settings};
+use crate::config::{Anonymous, OnAmbiguous, OnStoreError, Policy, Settings};
 use crate::fingerprint::{self, RequestParts, FINGERPRINT_VERSION};
-use crate::key::{self, IdempotencyKey, RecordId, Tenant};
+use crate::key::{self, RecordId};
 use crate::metrics::Metrics;
 use crate::problem::Problem;
 use crate::request_id::{self, X_REQUEST_ID};
 use crate::retry_after;
+use crate::scope::{path, tenant, PathRules, Scoper, Tenant, TenantSource};
 use crate::store::{deadline, Claim, ClaimRequest, OwnerToken, Store, StoreError, StoredResponse};
 use crate::telemetry::{self, Step};
 use crate::upstream::{self, Failure, UpstreamClient};
@@ -91,6 +92,8 @@ pub struct Proxy {
 struct Shared {
     settings: Settings,
     store: Arc<dyn Store>,
+    // Record ids: this store's secret and this instance's namespace.
+    scoper: Scoper,
     client: UpstreamClient,
     // Upstream exchanges that outlive their client connection; shutdown waits for them.
     tasks: TaskTracker,
@@ -118,6 +121,7 @@ impl Proxy {
     pub fn new(
         settings: Settings,
         store: Arc<dyn Store>,
+        scoper: Scoper,
         tasks: TaskTracker,
         metrics: Arc<Metrics>,
     ) -> Proxy {
@@ -126,6 +130,7 @@ impl Proxy {
             shared: Arc::new(Shared {
                 settings,
                 store,
+                scoper,
                 client,
                 tasks,
                 metrics,
@@ -150,11 +155,50 @@ impl Proxy {
         request_id: HeaderValue,
     ) -> Response<Body> {
         let started = Instant::now();
-        let policy = self.shared.settings.policy_for(req.uri().path());
+        let settings = &self.shared.settings;
+        let metrics = &self.shared.metrics;
+        let routed = match settings.route(req.uri().path()) {
+            Ok(routed) => routed,
+            Err(e) => {
+                let (policy, method) = (&settings.default_policy, req.method().clone());
+                let line = Line {
+                    method: &method,
+                    policy,
+                    request_id: &request_id,
+                    span: &Span::none(),
+                    started,
+                };
+                if settings.protects_anywhere(&method) {
+                    let res = Problem::InvalidPath.response(e.to_string(), None, None);
+                    log_request(metrics, &res, Outcome::Rejected, None, &line);
+                    return res;
+                }
+                // No route protects this method: it would pass through wherever it led.
+                let timeout = policy.upstream_timeout;
+                let res = self.pass_through(req.map(body::boxed), peer, timeout).await;
+                log_request(metrics, &res, Outcome::Passthrough, None, &line);
+                return res;
+            }
+        };
+        let policy = routed.policy;
         if !policy.protects(req.method()) {
             let (timeout, method) = (policy.upstream_timeout, req.method().clone());
+            // A key on a method that is not protected is a client that expects protection
+            // and does not get it (`post` is not `POST`: methods are case-sensitive).
+            let keyed = req.headers().contains_key(key::HEADER);
+            if keyed {
+                tracing::warn!(
+                    method = %method,
+                    route = policy.route.as_deref().unwrap_or("-"),
+                    "a request with an Idempotency-Key on a method this route does not protect was forwarded unprotected (methods are case-sensitive)"
+                );
+            }
             let res = self.pass_through(req.map(body::boxed), peer, timeout).await;
-            let metrics = &self.shared.metrics;
+            let outcome = if keyed {
+                Outcome::Unprotected
+            } else {
+                Outcome::Passthrough
+            };
             let line = Line {
                 method: &method,
                 policy,
@@ -162,7 +206,7 @@ impl Proxy {
                 span: &Span::none(),
                 started,
             };
-            log_request(metrics, &res, Outcome::Passthrough, None, &line);
+            log_request(metrics, &res, outcome, None, &line);
             return res;
         }
         let policy = policy.clone();
@@ -173,7 +217,6 @@ impl Proxy {
             policy.route.as_deref(),
             request_id::as_str(&request_id),
         );
-        let metrics = &self.shared.metrics;
         let log = |res: &Response<Body>, outcome: Outcome, policy: &Policy| {
             let line = Line {
                 method: &method,
@@ -205,7 +248,34 @@ impl Proxy {
                 return res;
             }
         };
-        let (parts, incoming) = req.into_parts();
+        let tenant = match self.tenant(req.headers(), &policy) {
+            Ok(tenant) => tenant,
+            Err(res) => {
+                log(&res, Outcome::Rejected, &policy);
+                return res;
+            }
+        };
+        // Scope and fingerprint use the path's normal form; the upstream gets it too, so
+        // that what was scoped as one operation is sent as one request. Only a
+        // case-insensitive route sends its letters as the client wrote them.
+        let raw_path = req.uri().path();
+        let scope_path = routed.normalized.as_deref().unwrap_or(raw_path).to_string();
+        let forward_path = if policy.path_rules.case_insensitive {
+            let rules = PathRules {
+                case_insensitive: false,
+                ..policy.path_rules
+            };
+            match path::normalize(raw_path, rules) {
+                Ok(std::borrow::Cow::Owned(p)) => Some(p),
+                _ => None,
+            }
+        } else {
+            routed.normalized
+        };
+        let (mut parts, incoming) = req.into_parts();
+        if let Some(p) = forward_path {
+            set_path(&mut parts.uri, &p);
+        }
         let body = match self
             .read_body(&parts.headers, incoming, policy.max_body_bytes)
             .await
@@ -219,7 +289,7 @@ impl Proxy {
         let fp = fingerprint::fingerprint(
             &RequestParts {
                 method: parts.method.as_str(),
-                path: parts.uri.path(),
+                path: &scope_path,
                 query: parts.uri.query(),
                 content_type: parts
                     .headers
@@ -229,7 +299,10 @@ impl Proxy {
             },
             &policy.fingerprint_ignore,
         );
-        let id = record_id(&parts, &policy, &key);
+        let id = self
+            .shared
+            .scoper
+            .record_id(&tenant, parts.method.as_str(), &scope_path, &key);
         let mut claim = ClaimRequest {
             id,
             fingerprint: fp,
@@ -250,7 +323,9 @@ impl Proxy {
             armed: true,
         };
         let claim_span = telemetry::child(&span, Step::Claim);
-        let found = self.claim(&mut claim, &request, &body, &policy).await;
+        let found = self
+            .claim(&mut claim, &request, &scope_path, &body, &policy)
+            .await;
         drop(claim_span);
         pending.disarm();
         let protected = Protected {
@@ -272,6 +347,7 @@ impl Proxy {
         &self,
         claim: &mut ClaimRequest,
         request: &Request<Body>,
+        scope_path: &str,
         body: &Bytes,
         policy: &Policy,
     ) -> Result<Claim, StoreError> {
@@ -282,7 +358,7 @@ impl Proxy {
         };
         let parts = RequestParts {
             method: request.method().as_str(),
-            path: request.uri().path(),
+            path: scope_path,
             query: request.uri().query(),
             content_type: request
                 .headers()
@@ -427,6 +503,40 @@ impl Proxy {
         };
         log_request(&self.shared.metrics, &res, outcome, Some(id), &line);
         res
+    }
+
+    /// The tenant of a protected request, or the response that refuses it.
+    #[allow(clippy::result_large_err)]
+    fn tenant(
+        &self,
+        headers: &hyper::HeaderMap,
+        policy: &Policy,
+    ) -> Result<Tenant, Response<Body>> {
+        let jwt = self.shared.settings.jwt.as_deref();
+        match tenant::resolve(headers, &policy.tenant, jwt) {
+            Ok(Some(tenant)) => Ok(tenant),
+            Ok(None) if policy.anonymous == Anonymous::Shared => Ok(Tenant::anonymous()),
+            Ok(None) => {
+                let detail = match &policy.tenant {
+                    TenantSource::Headers(names) if names.is_empty() => "this route reads no tenant headers and does not share an anonymous scope".to_string(),
+                    TenantSource::Headers(names) => format!(
+                        "send one of the headers that name the tenant ({}); requests without a tenant are not accepted on this route",
+                        names.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
+                    ),
+                    TenantSource::JwtClaim(claim) => format!("send a bearer token whose `{claim}` claim names the tenant"),
+                };
+                Err(Problem::MissingTenant.response(detail, None, None))
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "bearer token refused");
+                let mut res = Problem::InvalidToken.response(e.to_string(), None, None);
+                res.headers_mut().insert(
+                    hyper::header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer error=\"invalid_token\""),
+                );
+                Err(res)
+            }
+        }
     }
 
     /// Buffers a protected body up to `max` bytes within the body read timeout.
@@ -582,13 +692,20 @@ fn millis(d: Duration) -> f64 {
     d.as_micros() as f64 / 1000.0
 }
 
-fn record_id(
-    parts: &hyper::http::request::Parts,
-    policy: &Policy,
-    key: &IdempotencyKey,
-) -> RecordId {
-    let tenant = Tenant::from_headers(&parts.headers, &policy.tenant_headers);
-    RecordId::new(&tenant, parts.method.as_str(), parts.uri.path(), key)
+/// Replaces a URI's path, keeping its query.
+fn set_path(uri: &mut hyper::Uri, path: &str) {
+    let pq = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    };
+    let mut parts = std::mem::take(uri).into_parts();
+    // A normalized path is made of the characters of a valid one, so it parses.
+    if let Ok(pq) = pq.parse() {
+        parts.path_and_query = Some(pq);
+    }
+    if let Ok(new) = hyper::Uri::from_parts(parts) {
+        *uri = new;
+    }
 }
 
 /// A protected request between its claim and its answer, with what its log line needs.

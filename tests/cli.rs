@@ -30,6 +30,7 @@ fn help_and_version() {
         "--listen",
         "--upstream",
         "--redis-url",
+        "--namespace",
         "--admin-listen",
         "lab",
         "bank",
@@ -118,7 +119,10 @@ fn unreachable_redis_at_start_exits_69() {
         .port();
     let o = idemgate(
         &["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"],
-        &[("IDEMGATE_REDIS_URL", &format!("redis://127.0.0.1:{port}/0"))],
+        &[
+            ("IDEMGATE_REDIS_URL", &format!("redis://127.0.0.1:{port}/0")),
+            ("IDEMGATE_NAMESPACE", "payments"),
+        ],
     );
     assert_eq!(o.status.code(), Some(69), "{}", stderr(&o));
     assert!(
@@ -129,10 +133,13 @@ fn unreachable_redis_at_start_exits_69() {
     // The address, never the URL's credentials.
     let o = idemgate(
         &["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"],
-        &[(
-            "IDEMGATE_REDIS_URL",
-            &format!("redis://user:pw-8c1f@127.0.0.1:{port}/0"),
-        )],
+        &[
+            (
+                "IDEMGATE_REDIS_URL",
+                &format!("redis://user:pw-8c1f@127.0.0.1:{port}/0"),
+            ),
+            ("IDEMGATE_NAMESPACE", "payments"),
+        ],
     );
     assert_eq!(o.status.code(), Some(69), "{}", stderr(&o));
     assert!(!stderr(&o).contains("pw-8c1f"), "{}", stderr(&o));
@@ -252,4 +259,21 @@ fn first_run_start_up_line_is_plain() {
         !out.contains('\u{1b}'),
         "colour codes in a log file:\n{out}"
     );
+}
+
+/// Two services on one Redis must not share records by accident: a Redis set-up without a
+/// namespace does not start.
+#[test]
+fn redis_without_a_namespace_exits_64_naming_the_key() {
+    let o = idemgate(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--redis-url",
+            "redis://127.0.0.1:9/0",
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
+    assert!(stderr(&o).contains("namespace"), "{}", stderr(&o));
 }

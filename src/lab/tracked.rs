@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::key::RecordId;
+use crate::scope::ScopeSecret;
 use crate::store::{
     deadline, BoxFuture, Claim, ClaimRequest, OwnerToken, RecordView, ServerStats, Store,
     StoreError, StoredResponse,
@@ -117,6 +118,10 @@ impl Store for Tracked {
 
     fn kind(&self) -> &'static str {
         self.inner.kind()
+    }
+
+    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>> {
+        self.inner.scope_secret()
     }
 
     fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
