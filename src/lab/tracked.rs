@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::key::RecordId;
 use crate::scope::ScopeSecret;
 use crate::store::{
-    deadline, BoxFuture, Claim, ClaimRequest, OwnerToken, RecordView, ServerStats, Store,
+    deadline, BoxFuture, Claim, ClaimRequest, Deleted, OwnerToken, RecordView, ServerStats, Store,
     StoreError, StoredResponse,
 };
 
@@ -47,7 +47,11 @@ impl Tracked {
         };
         let mut failed = 0;
         for id in ids {
-            if deadline(timeout, self.inner.delete(&id)).await.is_err() {
+            // Forced: the lab's idemgate has stopped, so no owner is still working on them.
+            if deadline(timeout, self.inner.delete(&id, true))
+                .await
+                .is_err()
+            {
                 failed += 1;
             }
         }
@@ -96,8 +100,9 @@ impl Store for Tracked {
         &'a self,
         id: &'a RecordId,
         owner: &'a OwnerToken,
+        linger: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.release(id, owner)
+        self.inner.release(id, owner, linger)
     }
 
     fn inspect<'a>(
@@ -108,8 +113,12 @@ impl Store for Tracked {
         self.inner.inspect(id, with_body)
     }
 
-    fn delete<'a>(&'a self, id: &'a RecordId) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.delete(id)
+    fn delete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
+        self.inner.delete(id, force)
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
