@@ -10,20 +10,26 @@
 //! - [`store`]: the [`store::Store`] trait, the embedded [`store::MemoryStore`] and
 //!   [`store::RedisStore`].
 //! - [`proxy`]: the hyper service and the claim → forward → record → replay flow.
+//! - [`answer`]: reading an upstream's answer up to `max_response_bytes`, streaming the
+//!   rest.
 //! - [`upstream`]: the client to the upstream, header rewriting, failure classification.
 //! - [`problem`]: idemgate's own `application/problem+json` responses.
 //! - [`admin`]: health, readiness, `/metrics` and record inspection/release.
 //! - [`metrics`]: the Prometheus registry, the timing store wrapper and the Redis `INFO`
 //!   watcher.
 //! - [`probe`]: `idemgate probe URL`, the container health check.
+//! - [`connection`]: what one client connection may hold: head and idle deadlines from
+//!   accept on, and the cap on open connections.
 //! - [`server`]: start-up checks, accept loops and graceful shutdown.
 //! - [`body`]: the body type shared by all of the above.
 //! - [`lab`]: beside the product, not in its request path: a deliberately non-idempotent
 //!   bank, a day of retrying traffic and an auditor (`idemgate bank`, `idemgate lab`).
 
 pub mod admin;
+pub mod answer;
 pub mod body;
 pub mod config;
+pub mod connection;
 pub mod fingerprint;
 pub mod key;
 pub mod lab;

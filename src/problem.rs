@@ -40,6 +40,11 @@ pub enum Problem {
     UpstreamUnreachable,
     /// The request was sent and no complete answer came back.
     UpstreamTimeout,
+    /// The request was executed, but its answer was too large to keep, so it cannot be
+    /// replayed.
+    ResponseNotStored,
+    /// Too many protected requests are in flight (`max_in_flight`); nothing was claimed.
+    Overloaded,
 }
 
 impl Problem {
@@ -57,6 +62,8 @@ impl Problem {
             Problem::StoreUnavailable => "store-unavailable",
             Problem::UpstreamUnreachable => "upstream-unreachable",
             Problem::UpstreamTimeout => "upstream-timeout",
+            Problem::ResponseNotStored => "response-not-stored",
+            Problem::Overloaded => "overloaded",
         }
     }
 
@@ -67,9 +74,11 @@ impl Problem {
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Problem::BodyUnreadable => StatusCode::BAD_REQUEST,
-            Problem::InProgress | Problem::OutcomeUnknown => StatusCode::CONFLICT,
+            Problem::InProgress | Problem::OutcomeUnknown | Problem::ResponseNotStored => {
+                StatusCode::CONFLICT
+            }
             Problem::FingerprintMismatch => StatusCode::UNPROCESSABLE_ENTITY,
-            Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::StoreUnavailable | Problem::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Problem::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
             Problem::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -92,6 +101,10 @@ impl Problem {
             Problem::StoreUnavailable => "The idempotency store is unavailable",
             Problem::UpstreamUnreachable => "The upstream could not be reached",
             Problem::UpstreamTimeout => "The upstream did not answer completely in time",
+            Problem::ResponseNotStored => {
+                "The request with this Idempotency-Key was executed, but its answer was not kept"
+            }
+            Problem::Overloaded => "Too many requests are in progress",
         }
     }
 

@@ -21,8 +21,10 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, DATE, SET_COOKIE};
 use hyper::{Request, Response, StatusCode};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::TaskTracker;
 
+use crate::answer::{self, Answer};
 use crate::body::{self, Body};
 use crate::config::{OnAmbiguous, OnStoreError, Policy, Settings};
 use crate::fingerprint::{self, RequestParts, FINGERPRINT_VERSION};
@@ -58,6 +60,10 @@ pub enum Outcome {
     UpstreamError,
     /// Sent, outcome unknown (504), or a retry of such a request (409 outcome-unknown).
     Ambiguous,
+    /// A retry of a request whose answer was too large to keep (409 response-not-stored).
+    NotStored,
+    /// Refused at once, nothing claimed: `max_in_flight` protected requests were running.
+    Overloaded,
 }
 
 impl Outcome {
@@ -74,6 +80,8 @@ impl Outcome {
             Outcome::StoreError => "store_error",
             Outcome::UpstreamError => "upstream_error",
             Outcome::Ambiguous => "ambiguous",
+            Outcome::NotStored => "not_stored",
+            Outcome::Overloaded => "overloaded",
         }
     }
 }
@@ -92,6 +100,9 @@ struct Shared {
     tasks: TaskTracker,
     // Outcomes and latencies; shared with the admin listener's /metrics.
     metrics: Arc<Metrics>,
+    // One permit per protected request from its key to the end of its exchange (a detached
+    // exchange included): `max_in_flight` bounds the bodies and answers held at once.
+    in_flight: Arc<Semaphore>,
 }
 
 /// How long the upstream took, carried on a response from where it is measured to the
@@ -105,6 +116,8 @@ struct Claimed {
     owner: OwnerToken,
     policy: Arc<Policy>,
     request: Request<Body>,
+    // Held until the exchange and its record are done.
+    _permit: OwnedSemaphorePermit,
 }
 
 impl Proxy {
@@ -116,8 +129,10 @@ impl Proxy {
         metrics: Arc<Metrics>,
     ) -> Proxy {
         let client = upstream::client(upstream::CONNECT_TIMEOUT);
+        let in_flight = Arc::new(Semaphore::new(settings.config.max_in_flight));
         Proxy {
             shared: Arc::new(Shared {
+                in_flight,
                 settings,
                 store,
                 client,
@@ -173,6 +188,17 @@ impl Proxy {
                 return res;
             }
         };
+        // Taken before the body is read: beyond the cap nothing is buffered or claimed, and
+        // the answer comes at once, so the client's retry finds the key free.
+        let Ok(permit) = self.shared.in_flight.clone().try_acquire_owned() else {
+            let res = Problem::Overloaded.response(
+                "too many requests are in progress; nothing was done, retry later",
+                None,
+                Some(1),
+            );
+            log(&res, Outcome::Overloaded, &policy);
+            return res;
+        };
         let (parts, incoming) = req.into_parts();
         let body = match self
             .read_body(&parts.headers, incoming, policy.max_body_bytes)
@@ -226,6 +252,7 @@ impl Proxy {
             peer,
             method,
             started,
+            permit,
         };
         self.settle(found, protected).await
     }
@@ -275,6 +302,7 @@ impl Proxy {
             peer,
             method,
             started,
+            permit,
         } = protected;
         let id = claim.id;
         let claimed = Claimed {
@@ -282,6 +310,7 @@ impl Proxy {
             owner: claim.owner,
             policy: policy.clone(),
             request,
+            _permit: permit,
         };
         let this = self.clone();
         // Boxed: the exchange → record state machine is several kilobytes, and tokio
@@ -325,6 +354,14 @@ impl Proxy {
             ),
             Ok(Claim::Claimed) => return self.forward_claimed(protected).await,
             Ok(Claim::Replay(stored)) => (replay(stored), Outcome::Replayed),
+            Ok(Claim::NotKept { status }) => (
+                Problem::ResponseNotStored.response(
+                    format!("this request was executed once and answered with status {status}, but the answer was larger than max_response_bytes (or did not fit in the store) and was not kept, so it cannot be replayed; it will not be sent again"),
+                    Some(&id),
+                    None,
+                ),
+                Outcome::NotStored,
+            ),
             Ok(Claim::InFlight { .. }) => (
                 Problem::InProgress.response(
                     "a request with this key is being executed; retry after it finishes",
@@ -527,6 +564,7 @@ struct Protected {
     peer: SocketAddr,
     method: hyper::Method,
     started: Instant,
+    permit: OwnedSemaphorePermit,
 }
 
 /// A claim on its way to the store. Dropped armed (its request's future was dropped: the
@@ -590,6 +628,7 @@ async fn exchange(
         owner,
         policy,
         mut request,
+        _permit,
     } = claimed;
     upstream::prepare(&mut request, &shared.settings.upstream, peer);
     let call = async {
@@ -599,12 +638,10 @@ async fn exchange(
             .await
             .map_err(ExchangeError::Request)?;
         let (parts, body) = res.into_parts();
-        let bytes = body
-            .collect()
+        let answer = answer::read(&parts.headers, body, policy.max_response_bytes)
             .await
-            .map_err(ExchangeError::Body)?
-            .to_bytes();
-        Ok::<_, ExchangeError>((parts, bytes))
+            .map_err(ExchangeError::Body)?;
+        Ok::<_, ExchangeError>((parts, answer))
     };
     let timed = async {
         tokio::time::timeout(policy.upstream_timeout, call)
@@ -618,7 +655,17 @@ async fn exchange(
     let store_timeout = shared.settings.config.store_timeout;
     let store = &shared.store;
     let (mut res, outcome) = match result {
-        Ok((mut parts, bytes)) => {
+        Ok((mut parts, Answer::TooLarge { read, rest })) => {
+            upstream::strip_hop_by_hop(&mut parts.headers);
+            let status = parts.status.as_u16();
+            tracing::info!(record = %id, status, max_response_bytes = policy.max_response_bytes, "answer larger than max_response_bytes: streamed to the client, recorded without its body");
+            record_not_kept(shared, &id, &owner, status).await;
+            (
+                Response::from_parts(parts, body::prefixed(read, rest)),
+                Outcome::Forwarded,
+            )
+        }
+        Ok((mut parts, Answer::Whole(bytes))) => {
             upstream::strip_hop_by_hop(&mut parts.headers);
             let stored = StoredResponse {
                 status: parts.status.as_u16(),
@@ -632,6 +679,12 @@ async fn exchange(
             };
             match deadline(store_timeout, store.record(&id, &owner, &stored)).await {
                 Ok(true) => {}
+                // No room for this answer (the embedded store's byte cap, Redis out of
+                // memory): the status alone still keeps retries from executing again.
+                Err(StoreError::Full(e)) => {
+                    tracing::warn!(record = %id, error = %e, "no room in the store for the answer; recording it without its body");
+                    record_not_kept(shared, &id, &owner, stored.status).await;
+                }
                 Ok(false) => {
                     tracing::warn!(record = %id, "record no longer owned (released by an operator?); response not stored")
                 }
@@ -688,6 +741,22 @@ async fn exchange(
     };
     res.extensions_mut().insert(latency);
     (res, outcome)
+}
+
+/// Completes a record without its body, logging what went wrong.
+async fn record_not_kept(shared: &Shared, id: &RecordId, owner: &OwnerToken, status: u16) {
+    let store_timeout = shared.settings.config.store_timeout;
+    let call = shared.store.record_not_kept(id, owner, status);
+    match deadline(store_timeout, call).await {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(record = %id, "record no longer owned (released by an operator?); outcome not stored")
+        }
+        // As for a full answer: the lease runs out and retries see `unknown`.
+        Err(e) => {
+            tracing::error!(record = %id, error = %e, "could not record the upstream's answer")
+        }
+    }
 }
 
 /// Awaits `work` while renewing the lease every third of its length. The fast path (an

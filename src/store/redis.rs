@@ -19,7 +19,8 @@ use super::{
 };
 use crate::key::RecordId;
 
-// Fields of a record hash: st = state (p in progress, c completed, u unknown), fp =
+// Fields of a record hash: st = state (p in progress, c completed, n completed but the
+// answer not kept, u unknown), fp =
 // fingerprint hex, fv = fingerprint version, ow = owner token, lu = lease until (ms, Redis
 // clock), cr = created (ms), sc = status, hd = headers (StoredResponse::encode_headers),
 // bd = body.
@@ -41,6 +42,7 @@ end
 if r[3] ~= ARGV[2] then return {'version', r[3]} end
 if r[2] ~= ARGV[1] then return {'mismatch'} end
 if r[1] == 'c' then return {'completed', r[5], r[6], r[7]} end
+if r[1] == 'n' then return {'not_kept', r[5]} end
 local now = now_ms()
 if r[1] == 'p' and tonumber(r[4]) > now then return {'in_progress', tostring(tonumber(r[4]) - now)} end
 return {'unknown'}
@@ -54,6 +56,14 @@ redis.call('HDEL', KEYS[1], 'lu')
 return 1
 "#;
 
+// As RECORD, for an answer too large to keep: the status alone.
+const RECORD_NOT_KEPT: &str = r#"
+if redis.call('HGET', KEYS[1], 'ow') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'st', 'n', 'sc', ARGV[2])
+redis.call('HDEL', KEYS[1], 'lu', 'hd', 'bd')
+return 1
+"#;
+
 const RENEW: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'ow', 'st')
 if r[1] ~= ARGV[1] or r[2] ~= 'p' then return 0 end
@@ -63,7 +73,7 @@ return 1
 
 const MARK_UNKNOWN: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'ow', 'st')
-if r[1] ~= ARGV[1] or r[2] == 'c' then return 0 end
+if r[1] ~= ARGV[1] or r[2] == 'c' or r[2] == 'n' then return 0 end
 redis.call('HSET', KEYS[1], 'st', 'u')
 redis.call('HDEL', KEYS[1], 'lu')
 return 1
@@ -93,6 +103,7 @@ pub struct RedisStore {
 struct Scripts {
     claim: Script,
     record: Script,
+    record_not_kept: Script,
     renew: Script,
     mark_unknown: Script,
     release: Script,
@@ -142,6 +153,7 @@ impl RedisStore {
         let scripts = Scripts {
             claim: Script::new(&format!("{NOW_MS}{CLAIM}")),
             record: Script::new(RECORD),
+            record_not_kept: Script::new(RECORD_NOT_KEPT),
             renew: Script::new(&format!("{NOW_MS}{NOW}{RENEW}")),
             mark_unknown: Script::new(MARK_UNKNOWN),
             release: Script::new(RELEASE),
@@ -157,6 +169,7 @@ impl RedisStore {
         for s in [
             &store.scripts.claim,
             &store.scripts.record,
+            &store.scripts.record_not_kept,
             &store.scripts.renew,
             &store.scripts.mark_unknown,
             &store.scripts.release,
@@ -270,6 +283,12 @@ fn parse_claim(v: Value) -> Result<Claim, StoreError> {
     match tag.as_str() {
         "claimed" => Ok(Claim::Claimed),
         "mismatch" => Ok(Claim::Mismatch),
+        "not_kept" => items
+            .get(1)
+            .and_then(text_of)
+            .and_then(|s| s.parse().ok())
+            .map(|status| Claim::NotKept { status })
+            .ok_or_else(|| corrupt("status")),
         "unknown" => Ok(Claim::Unknown),
         "version" => items
             .get(1)
@@ -347,6 +366,20 @@ impl Store for RedisStore {
         })
     }
 
+    fn record_not_kept<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        status: u16,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let status = status.to_string();
+            let args: [&[u8]; 1] = [status.as_bytes()];
+            self.owner_checked(&self.scripts.record_not_kept, id, owner, &args)
+                .await
+        })
+    }
+
     fn renew<'a>(
         &'a self,
         id: &'a RecordId,
@@ -400,8 +433,9 @@ impl Store for RedisStore {
             let num = |i: usize| text(i).parse::<i64>().ok();
             let now = num(6).unwrap_or(0);
             let lease_until = num(3);
-            let state = match text(0).as_str() {
-                "c" => RecordState::Completed,
+            let st = text(0);
+            let state = match st.as_str() {
+                "c" | "n" => RecordState::Completed,
                 "p" if lease_until.is_some_and(|l| l > now) => RecordState::InProgress,
                 _ => RecordState::Unknown,
             };
@@ -417,6 +451,7 @@ impl Store for RedisStore {
                 fingerprint: text(1),
                 fingerprint_version: text(2).parse().unwrap_or(0),
                 status: text(5).parse().ok(),
+                body_kept: (state == RecordState::Completed).then_some(st == "c"),
                 body: if with_body {
                     items
                         .get(8)
