@@ -12,6 +12,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use common::*;
+use idemgate::Config;
 
 on_both_stores!(
     a_large_answer_reaches_its_client_and_its_retry_never_executes,
@@ -470,4 +471,155 @@ async fn shutdown_takes_one_grace_period_in_all() {
         "did not drain: {took:?}"
     );
     waiting.abort();
+}
+
+/// Peak resident memory (VmHWM) of a process, in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// The real binary on the embedded store: three concurrent 100 MB answers reach their
+/// clients in full while idemgate's peak memory stays within a few times
+/// `max_body_bytes + max_response_bytes` (it held every answer, and a copy, before).
+#[test]
+fn concurrent_huge_answers_cost_bounded_memory() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let up = rt.block_on(Upstream::start());
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[("IDEMGATE_DEFAULTS__MAX_RESPONSE_BYTES", "4194304")],
+    );
+    let before = peak_rss(gate.pid());
+    let size: u64 = 100_000_000;
+    let url = gate.url("/v1/exports");
+    let received = rt.block_on(async move {
+        let client = reqwest::Client::new();
+        let downloads = (0..3).map(|i| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let mut res = client
+                    .post(&url)
+                    .header("idempotency-key", format!("export-{i}"))
+                    .header(ANSWER_BYTES, size.to_string())
+                    .body("{}")
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(res.status().as_u16(), 201);
+                let mut n = 0u64;
+                while let Some(chunk) = res.chunk().await.unwrap() {
+                    assert_eq!(chunk[0], big_answer_byte(n), "at byte {n}");
+                    n += chunk.len() as u64;
+                }
+                n
+            })
+        });
+        let mut total = Vec::new();
+        for d in downloads.collect::<Vec<_>>() {
+            total.push(d.await.unwrap());
+        }
+        total
+    });
+    assert_eq!(received, vec![size; 3]);
+    let peak = peak_rss(gate.pid());
+    eprintln!(
+        "idemgate peak RSS: {:.1} MiB at start, {:.1} MiB after 3 concurrent 100 MB answers",
+        before as f64 / 1048576.0,
+        peak as f64 / 1048576.0
+    );
+    // 3 x (1 MiB body + 4 MiB answer) is 15 MiB; before the limit it was over 300 MiB.
+    assert!(
+        peak < before + 64 * 1024 * 1024,
+        "peak RSS {peak} bytes (started at {before})"
+    );
+    assert_eq!(up.hits(), 3);
+}
+
+/// On Redis, one shared connection carries every key: multi-MiB answers being recorded and
+/// replayed back to back must not hold other keys' claims beyond `store_timeout`. Prints
+/// the unrelated keys' claim latencies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_answers_on_redis_do_not_hold_up_other_keys() {
+    use idemgate::fingerprint::Fingerprint;
+    use idemgate::key::RecordId;
+    use idemgate::store::{Claim, ClaimRequest, OwnerToken, RedisStore, Store, StoredResponse};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let redis = RedisServer::start();
+    let store_timeout = Config::default().store_timeout;
+    let store = Arc::new(
+        RedisStore::connect(&redis.url(), Duration::from_secs(1), store_timeout)
+            .await
+            .unwrap(),
+    );
+    let claim = |n: u64| ClaimRequest {
+        id: RecordId::from_hex(&format!("{n:064x}")).unwrap(),
+        fingerprint: Fingerprint([1; 32]),
+        fingerprint_version: 1,
+        owner: OwnerToken::random(),
+        lease: Duration::from_secs(10),
+        retention: Duration::from_secs(60),
+    };
+    let big = StoredResponse {
+        status: 201,
+        headers: vec![(
+            "content-type".into(),
+            bytes::Bytes::from_static(b"application/octet-stream"),
+        )],
+        body: bytes::Bytes::from(vec![7u8; 4 * 1024 * 1024]),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    // Four loops: each records a new 4 MiB answer, then replays it twice.
+    let heavy: Vec<_> = (0..4u64)
+        .map(|i| {
+            let (store, stop, big) = (store.clone(), stop.clone(), big.clone());
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let c = claim(1_000_000 * (i + 1) + n);
+                    assert_eq!(store.claim(&c).await.unwrap(), Claim::Claimed);
+                    assert!(store.record(&c.id, &c.owner, &big).await.unwrap());
+                    for _ in 0..2 {
+                        let Claim::Replay(r) = store.claim(&c).await.unwrap() else {
+                            panic!("not a replay");
+                        };
+                        assert_eq!(r.body.len(), big.body.len());
+                    }
+                }
+                n
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut latencies = Vec::new();
+    for n in 0..300 {
+        let c = claim(n);
+        let started = Instant::now();
+        let found = idemgate::store::deadline(store_timeout, store.claim(&c)).await;
+        latencies.push(started.elapsed());
+        assert_eq!(found.unwrap(), Claim::Claimed, "claim {n}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut big_ones = 0;
+    for h in heavy {
+        big_ones += h.await.unwrap();
+    }
+    latencies.sort();
+    let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p) as usize];
+    eprintln!(
+        "unrelated claims while {big_ones} 4 MiB answers were recorded and replayed twice: p50 {:?} p99 {:?} max {:?}",
+        pct(0.5),
+        pct(0.99),
+        latencies.last().unwrap()
+    );
 }

@@ -108,6 +108,7 @@ contract!(
     concurrent_claims_have_one_winner,
     inspect_shows_state_without_body_unless_asked,
     an_answer_not_kept_completes_the_record_with_its_status_alone,
+    a_multi_mib_answer_replays_exactly_and_goes_with_its_record,
 );
 
 async fn first_claim_wins_and_others_see_in_flight(f: Fixture) {
@@ -372,6 +373,39 @@ async fn an_answer_not_kept_completes_the_record_with_its_status_alone(f: Fixtur
         Claim::NotKept { status: 201 }
     );
     assert!(f.store.delete(&c.id).await.unwrap());
+}
+
+async fn a_multi_mib_answer_replays_exactly_and_goes_with_its_record(f: Fixture) {
+    let a = claim("big", 1, 10_000);
+    f.store.claim(&a).await.unwrap();
+    let mut r = response("big");
+    // Not a multiple of any chunk size, and every byte value.
+    r.body = Bytes::from(
+        (0..3_000_001u32)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<u8>>(),
+    );
+    // Only the owner writes it.
+    assert!(!f
+        .store
+        .record(&a.id, &OwnerToken::random(), &r)
+        .await
+        .unwrap());
+    assert!(f.store.record(&a.id, &a.owner, &r).await.unwrap());
+    let b = claim("big", 1, 10_000);
+    assert_eq!(f.store.claim(&b).await.unwrap(), Claim::Replay(r.clone()));
+    let v = f.store.inspect(&a.id, true).await.unwrap().unwrap();
+    assert_eq!(
+        v.body.map(|b| b.len()),
+        Some(String::from_utf8_lossy(&r.body).len())
+    );
+    // Deleted with its record: a new claim and a smaller answer replay that answer.
+    assert!(f.store.delete(&a.id).await.unwrap());
+    let c = claim("big", 1, 10_000);
+    assert_eq!(f.store.claim(&c).await.unwrap(), Claim::Claimed);
+    let small = response("small");
+    assert!(f.store.record(&c.id, &c.owner, &small).await.unwrap());
+    assert_eq!(f.store.claim(&b).await.unwrap(), Claim::Replay(small));
 }
 
 #[tokio::test]

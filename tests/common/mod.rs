@@ -548,8 +548,8 @@ pub struct Gate {
 }
 
 impl Gate {
-    /// Starts the binary in front of `upstream` on `redis_url` with extra `IDEMGATE_*`
-    /// variables, and waits until `/healthz` answers.
+    /// Starts the binary in front of `upstream` on `redis_url` (empty: the embedded store)
+    /// with extra `IDEMGATE_*` variables, and waits until `/healthz` answers.
     pub fn start(upstream: &str, redis_url: &str, env: &[(&str, &str)]) -> Gate {
         let (mut cmd, addr, admin, dir) = Self::command(upstream, redis_url, env);
         let child = cmd.spawn().expect("idemgate binary");
@@ -593,10 +593,13 @@ impl Gate {
             .env("IDEMGATE_LISTEN", addr.to_string())
             .env("IDEMGATE_ADMIN_LISTEN", admin.to_string())
             .env("IDEMGATE_UPSTREAM", upstream)
-            .env("IDEMGATE_REDIS_URL", redis_url)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
+        // Empty: the embedded store.
+        if !redis_url.is_empty() {
+            cmd.env("IDEMGATE_REDIS_URL", redis_url);
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
