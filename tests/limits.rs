@@ -577,8 +577,8 @@ async fn large_answers_on_redis_do_not_hold_up_other_keys() {
         body: bytes::Bytes::from(vec![7u8; 4 * 1024 * 1024]),
     };
     let stop = Arc::new(AtomicBool::new(false));
-    // Four loops: each records a new 4 MiB answer, then replays it twice.
-    let heavy: Vec<_> = (0..4u64)
+    // Six loops: each records a new 4 MiB answer, then replays it twice.
+    let heavy: Vec<_> = (0..6u64)
         .map(|i| {
             let (store, stop, big) = (store.clone(), stop.clone(), big.clone());
             tokio::spawn(async move {
