@@ -15,6 +15,7 @@ use super::{
 };
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
+use crate::scope::ScopeSecret;
 
 /// The in-memory store. Cheap to clone; clones share the records.
 #[derive(Clone)]
@@ -34,6 +35,8 @@ struct Inner {
     held: AtomicUsize,
     // A cap, so a client that floods distinct keys gets 503s instead of exhausting memory.
     max_records: usize,
+    // This store's record-id key: random, and gone with the records it keys.
+    secret: ScopeSecret,
     /// Bytes held by all records ([`Entry::size`]), kept like `held`: raised (checked against
     /// `max_bytes` in the same atomic step) before a record or an answer goes in, lowered
     /// after one comes out.
@@ -363,6 +366,7 @@ impl MemoryStore {
                 max_records,
                 bytes: AtomicUsize::new(0),
                 max_bytes,
+                secret: ScopeSecret::random(),
             }),
         }
     }
@@ -714,6 +718,11 @@ impl Store for MemoryStore {
 
     fn kind(&self) -> &'static str {
         "memory"
+    }
+
+    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>> {
+        let secret = self.inner.secret.clone();
+        Box::pin(async move { Ok(secret) })
     }
 }
 

@@ -18,6 +18,7 @@ use super::{
     StoreError, StoredResponse,
 };
 use crate::key::RecordId;
+use crate::scope::ScopeSecret;
 
 // Fields of a record hash: st = state (p in progress, c completed, n completed but the
 // answer not kept, u unknown), fp =
@@ -132,6 +133,11 @@ if ARGV[1] == '1' then
 end
 return {r[1], r[2], r[3], r[4] or '', r[5], r[6] or '', tostring(now), tostring(redis.call('PTTL', KEYS[1])), body}
 "#;
+
+/// Where the record-id secret lives: outside any record's hash tag, read once at start-up.
+/// It must outlive every record (it does: it has no TTL, and idemgate refuses a Redis that
+/// evicts); losing it orphans every record, exactly like losing the records themselves.
+pub const SECRET_KEY: &str = "idemgate:scope-secret";
 
 /// The Redis store.
 #[derive(Clone)]
@@ -675,6 +681,31 @@ impl Store for RedisStore {
         "redis"
     }
 
+    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.conn.clone();
+            // SET NX, then GET: whichever instance came first, every instance reads the one
+            // secret that won. Two commands rather than `SET NX GET`, which Redis before
+            // 7.0 refuses; this runs once, at start-up.
+            let _: Value = redis::cmd("SET")
+                .arg(SECRET_KEY)
+                .arg(ScopeSecret::random().to_hex())
+                .arg("NX")
+                .query_async(&mut c)
+                .await
+                .map_err(backend)?;
+            let stored: Option<String> = redis::cmd("GET")
+                .arg(SECRET_KEY)
+                .query_async(&mut c)
+                .await
+                .map_err(backend)?;
+            stored
+                .as_deref()
+                .and_then(ScopeSecret::from_hex)
+                .ok_or_else(|| corrupt(&format!("{SECRET_KEY} is not a 64-digit hex secret")))
+        })
+    }
+
     fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
         Box::pin(async move {
             // The default sections hold all four fields; `all` would add per-command ones.
@@ -699,7 +730,7 @@ impl Store for RedisStore {
 mod tests {
     use super::*;
     use crate::fingerprint::Fingerprint;
-    use crate::key::Tenant;
+    use crate::scope::{ScopeSecret, Scoper, Tenant};
     use hyper::header::HeaderValue;
 
     #[test]
@@ -711,8 +742,8 @@ mod tests {
             .ok()
             .flatten()
             .expect("a valid key");
-        let tenant = Tenant::from_headers(&headers, &[]);
-        let id = RecordId::new(&tenant, "POST", "/v1/transfers", &key);
+        let scoper = Scoper::new(&ScopeSecret::random(), "payments");
+        let id = scoper.record_id(&Tenant::anonymous(), "POST", "/v1/transfers", &key);
         let written = RedisStore::key(&id);
         let expected = format!("idemgate:{{{id}}}");
         assert_eq!(std::str::from_utf8(&written).ok(), Some(expected.as_str()));
