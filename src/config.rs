@@ -83,6 +83,12 @@ pub struct Config {
     /// Outer deadline of every store call (claim, record, release...).
     #[serde(with = "humantime_serde")]
     pub store_timeout: Duration,
+    /// How long an idle connection to the upstream may be reused. Keep it below the
+    /// upstream's own keep-alive timeout: a request written onto a connection that the
+    /// upstream is closing at that moment cannot be told from one the upstream read, and
+    /// its outcome is unknown. `0`: a new connection for every request.
+    #[serde(with = "humantime_serde")]
+    pub upstream_idle_timeout: Duration,
     /// How long one attempt to connect to Redis may take.
     #[serde(with = "humantime_serde")]
     pub redis_connect_timeout: Duration,
@@ -215,6 +221,12 @@ pub struct Route {
     pub fingerprint_ignore: Option<Vec<String>>,
 }
 
+/// The default of [`Config::upstream_idle_timeout`]: half of the shortest keep-alive
+/// timeout common servers use (1 s), so that upstreams closing idle connections after 1 s,
+/// 2 s (gunicorn) or 5 s (Node, uvicorn, Apache) never close one that idemgate is about to
+/// reuse, with half a second to spare for a loaded machine. Below 1 s, set it.
+pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_millis(500);
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -228,6 +240,7 @@ impl Default for Config {
             jwks_file: None,
             redis_info_interval: Duration::from_secs(15),
             store_timeout: Duration::from_millis(500),
+            upstream_idle_timeout: UPSTREAM_IDLE_TIMEOUT,
             redis_connect_timeout: Duration::from_secs(1),
             memory_max_records: 1_000_000,
             memory_max_bytes: 1024 * 1024 * 1024,
@@ -574,22 +587,33 @@ impl Settings {
     pub fn route<'a>(&'a self, raw: &str) -> Result<Routed<'a>, PathError> {
         // Normal forms already computed, per rules: a path is normalized at most once per
         // distinct rule set (there are four), and a path in normal form costs no copy.
-        let mut forms: Vec<(PathRules, Cow<'_, str>)> = Vec::with_capacity(1);
+        // No allocation for the bookkeeping: there are four rule sets at most.
+        let mut forms: [Option<(PathRules, Cow<'_, str>)>; 4] = Default::default();
         fn form_for<'p>(
-            forms: &mut Vec<(PathRules, Cow<'p, str>)>,
+            forms: &mut [Option<(PathRules, Cow<'p, str>)>; 4],
             raw: &'p str,
             rules: PathRules,
         ) -> Result<usize, PathError> {
-            if let Some(i) = forms.iter().position(|(r, _)| *r == rules) {
-                return Ok(i);
+            for (i, slot) in forms.iter_mut().enumerate() {
+                match slot {
+                    Some((r, _)) if *r == rules => return Ok(i),
+                    Some(_) => {}
+                    None => {
+                        *slot = Some((rules, path::normalize(raw, rules)?));
+                        return Ok(i);
+                    }
+                }
             }
-            forms.push((rules, path::normalize(raw, rules)?));
-            Ok(forms.len() - 1)
+            // Two booleans make four rule sets, so a slot was free or matched above.
+            Err(PathError::NotAbsolute)
         }
         let mut chosen = None;
         for (prefix, policy) in &self.routes {
             let i = form_for(&mut forms, raw, policy.path_rules)?;
-            if prefix_matches(prefix, &forms[i].1) {
+            let matches = forms[i]
+                .as_ref()
+                .is_some_and(|(_, form)| prefix_matches(prefix, form));
+            if matches {
                 chosen = Some((policy, i));
                 break;
             }
@@ -601,9 +625,9 @@ impl Settings {
                 form_for(&mut forms, raw, self.default_policy.path_rules)?,
             ),
         };
-        let normalized = match forms.swap_remove(i).1 {
-            Cow::Borrowed(_) => None,
-            Cow::Owned(s) => Some(s),
+        let normalized = match forms[i].take() {
+            Some((_, Cow::Owned(s))) => Some(s),
+            _ => None,
         };
         Ok(Routed { policy, normalized })
     }

@@ -53,6 +53,8 @@ pub enum Problem {
     ResponseNotStored,
     /// Too many protected requests are in flight (`max_in_flight`); nothing was claimed.
     Overloaded,
+    /// Admin API: a release refused because the record's owner may still be working on it.
+    OwnerBusy,
 }
 
 impl Problem {
@@ -75,6 +77,7 @@ impl Problem {
             Problem::UpstreamTimeout => "upstream-timeout",
             Problem::ResponseNotStored => "response-not-stored",
             Problem::Overloaded => "overloaded",
+            Problem::OwnerBusy => "owner-busy",
         }
     }
 
@@ -89,9 +92,10 @@ impl Problem {
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Problem::BodyUnreadable => StatusCode::BAD_REQUEST,
-            Problem::InProgress | Problem::OutcomeUnknown | Problem::ResponseNotStored => {
-                StatusCode::CONFLICT
-            }
+            Problem::InProgress
+            | Problem::OutcomeUnknown
+            | Problem::ResponseNotStored
+            | Problem::OwnerBusy => StatusCode::CONFLICT,
             Problem::FingerprintMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::StoreUnavailable | Problem::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Problem::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
@@ -123,6 +127,7 @@ impl Problem {
                 "The request with this Idempotency-Key was executed, but its answer was not kept"
             }
             Problem::Overloaded => "Too many requests are in progress",
+            Problem::OwnerBusy => "The record's owner may still be working on it",
         }
     }
 

@@ -132,7 +132,10 @@ impl Proxy {
         tasks: TaskTracker,
         metrics: Arc<Metrics>,
     ) -> Proxy {
-        let client = upstream::client(upstream::CONNECT_TIMEOUT);
+        let client = upstream::client(
+            upstream::CONNECT_TIMEOUT,
+            settings.config.upstream_idle_timeout,
+        );
         let in_flight = Arc::new(Semaphore::new(settings.config.max_in_flight));
         Proxy {
             shared: Arc::new(Shared {
@@ -298,6 +301,7 @@ impl Proxy {
             owner: OwnerToken::random(),
             lease: policy.lease,
             retention: policy.retention,
+            busy_for: busy_for(&policy, self.shared.settings.config.store_timeout),
         };
         let request = Request::from_parts(parts, body::full(body.clone()));
         // The claim runs on the connection's own task: a replay, a 409 or a 422 costs no
@@ -308,6 +312,7 @@ impl Proxy {
             shared: &self.shared,
             id,
             owner: claim.owner.clone(),
+            linger: claim.retention,
             armed: true,
         };
         let found = self
@@ -448,6 +453,16 @@ impl Proxy {
                 ),
                 Outcome::Mismatch,
             ),
+            // Only a claim that reached the store after its own release can find this, and
+            // nobody waits for that one; it was not forwarded either way.
+            Ok(Claim::Withdrawn) => (
+                Problem::StoreUnavailable.response(
+                    "the idempotency store answered too late; the request was not forwarded",
+                    Some(&id),
+                    Some(1),
+                ),
+                Outcome::StoreError,
+            ),
             Ok(Claim::Unknown) => (
                 Problem::OutcomeUnknown.response(
                     "this request was sent to the upstream once and its outcome is unknown; it will not be sent again until an operator releases the record",
@@ -458,10 +473,14 @@ impl Proxy {
             ),
             Err(e) => {
                 tracing::warn!(record = %id, error = %e, "claim failed");
-                // The claim may have landed even though its answer did not: take it back
-                // (owner-checked, so nothing else is touched) so that a retry is not stuck
-                // behind a record that was never forwarded.
-                release_in_background(&self.shared, id, protected.claim.owner);
+                // The claim may have landed even though its answer did not, or may still
+                // land: take it back (owner-checked, so nothing else is touched) so that a
+                // retry is not stuck behind a record that was never forwarded. A full store
+                // refused it outright: nothing landed, and nothing is left to take back.
+                if !matches!(e, StoreError::Full(_)) {
+                    let claim = &protected.claim;
+                    release_in_background(&self.shared, id, claim.owner.clone(), claim.retention);
+                }
                 if matches!(e, StoreError::Full(_)) || protected.policy.on_store_error == OnStoreError::Reject {
                     let res = Problem::StoreUnavailable.response(
                         "the idempotency store did not answer; the request was not forwarded",
@@ -684,6 +703,8 @@ struct PendingClaim<'a> {
     shared: &'a Shared,
     id: RecordId,
     owner: OwnerToken,
+    // The claim's retention: how long a claim still on its way could arrive and matter.
+    linger: Duration,
     armed: bool,
 }
 
@@ -697,15 +718,35 @@ impl PendingClaim<'_> {
 impl Drop for PendingClaim<'_> {
     fn drop(&mut self) {
         if self.armed {
-            release_in_background(self.shared, self.id, self.owner.clone());
+            release_in_background(self.shared, self.id, self.owner.clone(), self.linger);
         }
     }
 }
 
-/// Releases a claim that may or may not have landed, owner-checked (a claim this owner
-/// never got is left alone), in a task of its own. The release goes down the same store
-/// connection after the claim, so it cannot overtake it.
-fn release_in_background(shared: &Shared, id: RecordId, owner: OwnerToken) {
+/// How long after a claim its owner may still be working on it: the claim's answer (at
+/// most `store_timeout`), the whole upstream exchange (`upstream_timeout`), then the record
+/// (`store_timeout`). An operator's release is refused within this time unless forced.
+fn busy_for(policy: &Policy, store_timeout: Duration) -> Duration {
+    policy.upstream_timeout + store_timeout * 2
+}
+
+/// How long a release that fails is tried again, at most.
+const RELEASE_RETRY_FOR: Duration = Duration::from_secs(60);
+/// The first pause between two tries of a release; it doubles up to
+/// [`RELEASE_RETRY_PAUSE_MAX`].
+const RELEASE_RETRY_PAUSE: Duration = Duration::from_millis(50);
+const RELEASE_RETRY_PAUSE_MAX: Duration = Duration::from_secs(1);
+
+/// Releases a claim that was never forwarded, whether or not it landed, in a task of its
+/// own: owner-checked (a record this owner does not hold is left alone), and noted by the
+/// store for `linger` so that the claim, if it is still on its way, creates nothing when it
+/// arrives. That matters because the release need not follow the claim down the same
+/// connection: when the connection that carried the claim is cut, the release goes down a
+/// new one and can overtake a claim still in flight on the old. A release that fails is
+/// tried again with growing pauses for up to [`RELEASE_RETRY_FOR`], so a store that comes
+/// back within that time frees the key, rather than leaving it to read as `unknown` once
+/// its lease runs out.
+fn release_in_background(shared: &Shared, id: RecordId, owner: OwnerToken, linger: Duration) {
     // Outside a runtime (the process is going away) there is nothing to spawn on: the
     // claim, if it landed, reads as unknown once its lease runs out, never twice executed.
     if tokio::runtime::Handle::try_current().is_err() {
@@ -714,8 +755,21 @@ fn release_in_background(shared: &Shared, id: RecordId, owner: OwnerToken) {
     let store = shared.store.clone();
     let store_timeout = shared.settings.config.store_timeout;
     shared.tasks.spawn(async move {
-        if let Err(e) = deadline(store_timeout, store.release(&id, &owner)).await {
-            tracing::warn!(record = %id, error = %e, "could not take back an interrupted claim; it will read as unknown once its lease runs out");
+        let started = Instant::now();
+        let mut pause = RELEASE_RETRY_PAUSE;
+        loop {
+            match deadline(store_timeout, store.release(&id, &owner, linger)).await {
+                Ok(_) => return,
+                Err(e) if started.elapsed() + pause > RELEASE_RETRY_FOR => {
+                    tracing::error!(record = %id, error = %e, "could not take back a claim that was never forwarded; if it landed, it will read as unknown once its lease runs out");
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(record = %id, error = %e, "release failed; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RELEASE_RETRY_PAUSE_MAX);
+                }
+            }
         }
     });
 }
@@ -812,8 +866,10 @@ async fn exchange(
         }
         Err(ExchangeError::Request(e)) if upstream::classify(&e) == Failure::NotSent => {
             tracing::warn!(record = %id, error = %e, "upstream unreachable; releasing the claim");
-            if let Err(e) = deadline(store_timeout, store.release(&id, &owner)).await {
-                tracing::error!(record = %id, error = %e, "could not release the claim; it will read as unknown once its lease runs out");
+            let linger = policy.retention;
+            if let Err(e) = deadline(store_timeout, store.release(&id, &owner, linger)).await {
+                tracing::warn!(record = %id, error = %e, "could not release the claim; trying again in the background");
+                release_in_background(shared, id, owner, linger);
             }
             let res = Problem::UpstreamUnreachable.response(
                 "could not connect to the upstream; the request was not sent and may be retried",
@@ -835,7 +891,9 @@ async fn exchange(
             tracing::warn!(record = %id, reason = %why, "upstream outcome unknown");
             let settled = match policy.on_ambiguous {
                 OnAmbiguous::Hold => deadline(store_timeout, store.mark_unknown(&id, &owner)).await,
-                OnAmbiguous::Release => deadline(store_timeout, store.release(&id, &owner)).await,
+                OnAmbiguous::Release => {
+                    deadline(store_timeout, store.release(&id, &owner, policy.retention)).await
+                }
             };
             if let Err(e) = settled {
                 tracing::error!(record = %id, error = %e, "could not settle the record; it will read as unknown once its lease runs out");

@@ -14,8 +14,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, OwnerToken, RecordState, RecordView, ServerStats, Store,
-    StoreError, StoredResponse,
+    BoxFuture, Claim, ClaimRequest, Deleted, OwnerToken, RecordState, RecordView, ServerStats,
+    Store, StoreError, StoredResponse,
 };
 use crate::key::RecordId;
 use crate::scope::ScopeSecret;
@@ -23,15 +23,19 @@ use crate::scope::ScopeSecret;
 // Fields of a record hash: st = state (p in progress, c completed, n completed but the
 // answer not kept, u unknown), fp =
 // fingerprint hex, fv = fingerprint version, ow = owner token, lu = lease until (ms, Redis
-// clock), cr = created (ms), sc = status, hd = headers (StoredResponse::encode_headers),
-// bd = body (up to INLINE_MAX bytes), bl = length of a larger body, kept in the string
-// `idemgate:{<id>}:body` beside the hash (same hash tag, same cluster slot).
+// clock), wu = the owner may be working until (ms, Redis clock), cr = created (ms), sc =
+// status, hd = headers (StoredResponse::encode_headers), bd = body (up to INLINE_MAX
+// bytes), bl = length of a larger body, kept in the string `idemgate:{<id>}:body` beside the
+// hash (same hash tag, same cluster slot).
 //
 // A large body stays off the claim path: one Redis reply is read whole before the next one
 // on the shared connection, so a multi-MiB body inline in a claim or record held up every
 // other key's call behind it. It is written and read in CHUNK-sized pieces instead, each
 // its own round trip, so other keys' calls interleave with them; answers up to INLINE_MAX
 // (nearly all of them) keep their one round trip.
+//
+// Beside each record, `idemgate:{<record id>}:w` (same hash slot) is the set of owners that
+// withdrew a claim they were not sure had landed (see `RELEASE`); it expires by itself.
 const NOW_MS: &str = "local function now_ms() local t = redis.call('TIME') return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) end\n";
 const NOW: &str = "local now = now_ms()\n";
 
@@ -41,9 +45,10 @@ const NOW: &str = "local now = now_ms()\n";
 const CLAIM: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'sc', 'hd', 'bd', 'bl')
 if not r[1] then
+  if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 1 then return {'withdrawn'} end
   local now = now_ms()
   redis.call('HSET', KEYS[1], 'st', 'p', 'fp', ARGV[1], 'fv', ARGV[2], 'ow', ARGV[3],
-             'lu', now + tonumber(ARGV[4]), 'cr', now)
+             'lu', now + tonumber(ARGV[4]), 'wu', now + tonumber(ARGV[6]), 'cr', now)
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   return {'claimed'}
 end
@@ -96,11 +101,6 @@ redis.call('HDEL', KEYS[1], 'lu', 'bd')
 return 1
 "#;
 
-const DELETE: &str = r#"
-redis.call('DEL', KEYS[2])
-return redis.call('DEL', KEYS[1])
-"#;
-
 const RENEW: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'ow', 'st')
 if r[1] ~= ARGV[1] or r[2] ~= 'p' then return 0 end
@@ -116,14 +116,36 @@ redis.call('HDEL', KEYS[1], 'lu')
 return 1
 "#;
 
+// The claim may not have landed yet: down a connection that was cut, a claim can still be
+// delivered after this release (which came down a new one). Remembering the withdrawal
+// makes such a late claim create nothing. The set's expiry only ever grows, so one
+// owner's short linger never shortens another's.
 const RELEASE: &str = r#"
-if redis.call('HGET', KEYS[1], 'ow') ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
+if redis.call('HGET', KEYS[1], 'ow') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+redis.call('SADD', KEYS[2], ARGV[1])
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
+return 0
+"#;
+
+// An operator's release: unless forced (ARGV[1] = '1'), a record whose owner may still be
+// working (lease live, or within its `wu`) is left alone. 1 deleted, 0 none, 2 busy. A
+// large body (KEYS[2]) goes with its record.
+const DELETE: &str = r#"
+local r = redis.call('HMGET', KEYS[1], 'st', 'lu', 'wu')
+if not r[1] then return 0 end
+if ARGV[1] ~= '1' and r[1] == 'p' then
+  local now = now_ms()
+  if tonumber(r[2] or '0') > now or tonumber(r[3] or '0') > now then return 2 end
+end
+redis.call('DEL', KEYS[1], KEYS[2])
 return 1
 "#;
 
 const INSPECT: &str = r#"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'cr', 'sc')
+local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'cr', 'sc', 'wu')
 if not r[1] then return false end
 local body = false
 if ARGV[1] == '1' then
@@ -131,7 +153,7 @@ if ARGV[1] == '1' then
   body = b[1]
   if not body and b[2] then body = redis.call('GETRANGE', KEYS[2], 0, tonumber(b[2]) - 1) end
 end
-return {r[1], r[2], r[3], r[4] or '', r[5], r[6] or '', tostring(now), tostring(redis.call('PTTL', KEYS[1])), body}
+return {r[1], r[2], r[3], r[4] or '', r[5], r[6] or '', tostring(now), tostring(redis.call('PTTL', KEYS[1])), body, r[7] or ''}
 "#;
 
 /// Where the record-id secret lives: outside any record's hash tag, read once at start-up.
@@ -152,10 +174,10 @@ struct Scripts {
     record_not_kept: Script,
     write_chunk: Script,
     record_large: Script,
-    delete: Script,
     renew: Script,
     mark_unknown: Script,
     release: Script,
+    delete: Script,
     inspect: Script,
 }
 
@@ -205,10 +227,10 @@ impl RedisStore {
             record_not_kept: Script::new(RECORD_NOT_KEPT),
             write_chunk: Script::new(WRITE_CHUNK),
             record_large: Script::new(RECORD_LARGE),
-            delete: Script::new(DELETE),
             renew: Script::new(&format!("{NOW_MS}{NOW}{RENEW}")),
             mark_unknown: Script::new(MARK_UNKNOWN),
             release: Script::new(RELEASE),
+            delete: Script::new(&format!("{NOW_MS}{DELETE}")),
             inspect: Script::new(&format!("{NOW_MS}{NOW}{INSPECT}")),
         };
         let store = RedisStore {
@@ -224,10 +246,10 @@ impl RedisStore {
             &store.scripts.record_not_kept,
             &store.scripts.write_chunk,
             &store.scripts.record_large,
-            &store.scripts.delete,
             &store.scripts.renew,
             &store.scripts.mark_unknown,
             &store.scripts.release,
+            &store.scripts.delete,
             &store.scripts.inspect,
         ] {
             let load = async { s.prepare_invoke().load_async(&mut c).await.map_err(backend) };
@@ -276,6 +298,14 @@ impl RedisStore {
         let mut c = self.conn.clone();
         let n: i64 = invocation.invoke_async(&mut c).await.map_err(backend)?;
         Ok(n == 1)
+    }
+
+    /// `idemgate:{<id>}:w`: the owners that withdrew a claim on `id` (see `RELEASE`).
+    fn withdrawn_key(id: &RecordId) -> [u8; KEY_LEN + 2] {
+        let mut key = [0u8; KEY_LEN + 2];
+        key[..KEY_LEN].copy_from_slice(&Self::key(id));
+        key[KEY_LEN..].copy_from_slice(b":w");
+        key
     }
 
     /// `idemgate:{<id>}`: the hash tag keeps a record in one cluster slot. Written into a
@@ -459,6 +489,7 @@ fn parse_claim_tag(tag: &str, items: Vec<Value>) -> Result<Claim, StoreError> {
             .map(|status| Claim::NotKept { status })
             .ok_or_else(|| corrupt("status")),
         "unknown" => Ok(Claim::Unknown),
+        "withdrawn" => Ok(Claim::Withdrawn),
         "version" => items
             .get(1)
             .and_then(text_of)
@@ -508,11 +539,13 @@ impl Store for RedisStore {
                 .scripts
                 .claim
                 .key(&Self::key(&req.id)[..])
+                .key(&Self::withdrawn_key(&req.id)[..])
                 .arg(&hex64(&req.fingerprint.0)[..])
                 .arg(req.fingerprint_version)
                 .arg(req.owner.as_str())
                 .arg(req.lease.as_millis() as u64)
                 .arg(req.retention.as_millis() as u64)
+                .arg(req.busy_for.as_millis() as u64)
                 .invoke_async(&mut c)
                 .await
                 .map_err(backend)?;
@@ -591,8 +624,23 @@ impl Store for RedisStore {
         &'a self,
         id: &'a RecordId,
         owner: &'a OwnerToken,
+        linger: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.owner_checked(&self.scripts.release, id, owner, &[]))
+        Box::pin(async move {
+            let mut c = self.conn.clone();
+            let n: i64 = self
+                .scripts
+                .release
+                .key(&Self::key(id)[..])
+                .key(&Self::withdrawn_key(id)[..])
+                .arg(owner.as_str())
+                // At least a millisecond: PEXPIRE 0 would delete the note at once.
+                .arg((linger.as_millis() as u64).max(1))
+                .invoke_async(&mut c)
+                .await
+                .map_err(backend)?;
+            Ok(n == 1)
+        })
     }
 
     fn inspect<'a>(
@@ -620,6 +668,7 @@ impl Store for RedisStore {
             let num = |i: usize| text(i).parse::<i64>().ok();
             let now = num(6).unwrap_or(0);
             let lease_until = num(3);
+            let busy_until = num(9);
             let st = text(0);
             let state = match st.as_str() {
                 "c" | "n" => RecordState::Completed,
@@ -635,6 +684,10 @@ impl Store for RedisStore {
                     _ => None,
                 },
                 ttl_ms: num(7).filter(|t| *t >= 0).map(|t| t as u64),
+                owner_busy_ms: match text(0).as_str() {
+                    "p" => busy_until.filter(|b| *b > now).map(|b| (b - now) as u64),
+                    _ => None,
+                },
                 fingerprint: text(1),
                 fingerprint_version: text(2).parse().unwrap_or(0),
                 status: text(5).parse().ok(),
@@ -651,7 +704,11 @@ impl Store for RedisStore {
         })
     }
 
-    fn delete<'a>(&'a self, id: &'a RecordId) -> BoxFuture<'a, Result<bool, StoreError>> {
+    fn delete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
         Box::pin(async move {
             let mut c = self.conn.clone();
             let n: i64 = self
@@ -659,10 +716,16 @@ impl Store for RedisStore {
                 .delete
                 .key(&Self::key(id)[..])
                 .key(&Self::body_key(id)[..])
+                .arg(if force { "1" } else { "0" })
                 .invoke_async(&mut c)
                 .await
                 .map_err(backend)?;
-            Ok(n == 1)
+            match n {
+                1 => Ok(Deleted::Deleted),
+                0 => Ok(Deleted::NotFound),
+                2 => Ok(Deleted::OwnerBusy),
+                _ => Err(corrupt("delete reply")),
+            }
         })
     }
 
