@@ -567,6 +567,7 @@ async fn large_answers_on_redis_do_not_hold_up_other_keys() {
         owner: OwnerToken::random(),
         lease: Duration::from_secs(10),
         retention: Duration::from_secs(60),
+        busy_for: Duration::from_secs(10),
     };
     let big = StoredResponse {
         status: 201,

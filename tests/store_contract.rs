@@ -502,7 +502,7 @@ async fn an_answer_not_kept_completes_the_record_with_its_status_alone(f: Fixtur
         f.store.claim(&c).await.unwrap(),
         Claim::NotKept { status: 201 }
     );
-    assert!(f.store.delete(&c.id).await.unwrap());
+    assert_eq!(f.store.delete(&c.id, true).await.unwrap(), Deleted::Deleted);
 }
 
 async fn a_multi_mib_answer_replays_exactly_and_goes_with_its_record(f: Fixture) {
@@ -530,7 +530,7 @@ async fn a_multi_mib_answer_replays_exactly_and_goes_with_its_record(f: Fixture)
         Some(String::from_utf8_lossy(&r.body).len())
     );
     // Deleted with its record: a new claim and a smaller answer replay that answer.
-    assert!(f.store.delete(&a.id).await.unwrap());
+    assert_eq!(f.store.delete(&a.id, true).await.unwrap(), Deleted::Deleted);
     let c = claim("big", 1, 10_000);
     assert_eq!(f.store.claim(&c).await.unwrap(), Claim::Claimed);
     let small = response("small");
@@ -576,10 +576,13 @@ async fn embedded_store_byte_cap_answers_full_and_counts_down_to_zero() {
     assert!(store.bytes() <= 8 * 1024);
     assert!(n > 0);
     // Everything removed, nothing counted.
-    assert!(store.release(&b.id, &b.owner).await.unwrap());
-    assert!(store.delete(&a.id).await.unwrap());
+    assert!(store.release(&b.id, &b.owner, LINGER).await.unwrap());
+    assert_eq!(store.delete(&a.id, true).await.unwrap(), Deleted::Deleted);
     for i in 0..n {
-        assert!(store.delete(&id(&format!("c{i}"))).await.unwrap());
+        assert_eq!(
+            store.delete(&id(&format!("c{i}")), true).await.unwrap(),
+            Deleted::Deleted
+        );
     }
     assert_eq!((store.len(), store.bytes()), (0, 0));
 }
