@@ -19,6 +19,15 @@ on_both_stores!(
     a_burst_beyond_max_in_flight_is_refused_at_once_and_claims_nothing,
 );
 
+/// The tests that load the machine most (hundreds of connections, hundreds of megabytes,
+/// multi-MiB Redis traffic) run one at a time: each one's margins assume it has the
+/// machine's cores to itself, not that it shares them with another of these.
+static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    HEAVY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Reads from `s` until the peer closes; `Err` if it is still open after `limit`.
 fn closed_within(s: &mut TcpStream, limit: Duration) -> Result<Vec<u8>, String> {
     s.set_read_timeout(Some(limit)).unwrap();
@@ -154,6 +163,7 @@ async fn beyond_max_connections_new_ones_are_closed_at_once_and_admin_still_answ
 /// answering, and once the silent ones are closed new connections are served again.
 #[test]
 fn hundreds_of_silent_connections_under_a_low_fd_limit_leave_normal_traffic_alone() {
+    let _heavy = heavy();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let up = rt.block_on(Upstream::start());
     let redis = RedisServer::start();
@@ -489,6 +499,7 @@ fn peak_rss(pid: u32) -> u64 {
 /// `max_body_bytes + max_response_bytes` (it held every answer, and a copy, before).
 #[test]
 fn concurrent_huge_answers_cost_bounded_memory() {
+    let _heavy = heavy();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let up = rt.block_on(Upstream::start());
     let gate = Gate::start(
@@ -546,7 +557,10 @@ fn concurrent_huge_answers_cost_bounded_memory() {
 /// replayed back to back must not hold other keys' claims beyond `store_timeout`. Prints
 /// the unrelated keys' claim latencies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard only keeps the other heavy tests out; nothing else waits for it.
+#[allow(clippy::await_holding_lock)]
 async fn large_answers_on_redis_do_not_hold_up_other_keys() {
+    let _heavy = heavy();
     use idemgate::fingerprint::Fingerprint;
     use idemgate::key::RecordId;
     use idemgate::store::{Claim, ClaimRequest, OwnerToken, RedisStore, Store, StoredResponse};
