@@ -14,6 +14,9 @@
 //! - [`proxy`]: the hyper service and the claim → forward → record → replay flow.
 //! - [`answer`]: reading an upstream's answer up to `max_response_bytes`, streaming the
 //!   rest.
+//! - [`request_id`]: `X-Request-Id`, kept or made up, passed on and logged.
+//! - [`retry_after`]: the `Retry-After` of a 409 in-progress, from the lease and the
+//!   route's typical upstream time.
 //! - [`upstream`]: the client to the upstream, header rewriting, failure classification.
 //! - [`problem`]: idemgate's own `application/problem+json` responses.
 //! - [`admin`]: health, readiness, `/metrics` and record inspection/release.
@@ -23,6 +26,7 @@
 //! - [`connection`]: what one client connection may hold: head and idle deadlines from
 //!   accept on, and the cap on open connections.
 //! - [`server`]: start-up checks, accept loops and graceful shutdown.
+//! - [`telemetry`]: OpenTelemetry spans for protected requests (`otlp_endpoint`).
 //! - [`body`]: the body type shared by all of the above.
 //! - [`lab`]: beside the product, not in its request path: a deliberately non-idempotent
 //!   bank, a day of retrying traffic and an auditor (`idemgate bank`, `idemgate lab`).
@@ -39,9 +43,12 @@ pub mod metrics;
 pub mod probe;
 pub mod problem;
 pub mod proxy;
+pub mod request_id;
+pub mod retry_after;
 pub mod scope;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 pub mod upstream;
 
 pub use config::Config;
