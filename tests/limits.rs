@@ -180,9 +180,18 @@ fn hundreds_of_silent_connections_under_a_low_fd_limit_leave_normal_traffic_alon
     assert!(status.success());
     let (addr, admin) = (gate.addr, gate.admin);
     let url = gate.url("/v1/transfers");
-    // Normal traffic: one keep-alive connection, opened before the flood.
+    // Normal traffic: one keep-alive connection, opened (by a first request that has been
+    // answered) before the flood starts.
+    let client = reqwest::Client::new();
+    let first = rt.block_on(
+        client
+            .post(&url)
+            .header("idempotency-key", "normal-0")
+            .body("{}")
+            .send(),
+    );
+    assert_eq!(first.map(|r| r.status().as_u16()).ok(), Some(201));
     let traffic = rt.spawn(async move {
-        let client = reqwest::Client::new();
         let mut answers = Vec::new();
         let until = Instant::now() + Duration::from_secs(6);
         let mut i = 0;
