@@ -47,8 +47,45 @@ pub struct Config {
     pub admin_listen: Option<SocketAddr>,
     /// When set, every admin endpoint but `/healthz` wants `Authorization: Bearer <token>`.
     pub admin_token: Option<Secret>,
-    /// Redis URL; absent: the embedded in-memory store.
+    /// Redis URL; absent (and no sentinels or cluster nodes): the embedded in-memory store.
     pub redis_url: Option<String>,
+    /// Sentinels (`host:port`) that name the current primary of `redis_sentinel_master`.
+    #[serde(default)]
+    pub redis_sentinels: Vec<String>,
+    /// The master name the sentinels monitor.
+    #[serde(default)]
+    pub redis_sentinel_master: Option<String>,
+    /// Seed nodes (`host:port`) of a Redis Cluster.
+    #[serde(default)]
+    pub redis_cluster_nodes: Vec<String>,
+    /// TLS to sentinels and cluster nodes (a URL says it with `rediss://`).
+    #[serde(default)]
+    pub redis_tls: bool,
+    /// PEM file of the CA(s) that signed the Redis servers' certificates; absent: the
+    /// system's roots.
+    #[serde(default)]
+    pub redis_tls_ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate chain, for servers with `tls-auth-clients yes`.
+    #[serde(default)]
+    pub redis_tls_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of `redis_tls_cert_file`.
+    #[serde(default)]
+    pub redis_tls_key_file: Option<std::path::PathBuf>,
+    /// Accept any server certificate: encrypted but not authenticated. Never in production.
+    #[serde(default)]
+    pub redis_tls_insecure: bool,
+    /// ACL user for every Redis node and sentinel.
+    #[serde(default)]
+    pub redis_username: Option<String>,
+    /// Its password (better from `IDEMGATE_REDIS_PASSWORD` than from a file).
+    #[serde(default)]
+    pub redis_password: Option<Secret>,
+    /// Claims and records count as written only once this many replicas have them (`WAIT`).
+    #[serde(default)]
+    pub min_replicas_ack: u32,
+    /// How long `WAIT` may take (shorter than `store_timeout`).
+    #[serde(default = "default_replica_ack_timeout", with = "humantime_serde")]
+    pub replica_ack_timeout: Duration,
     /// Outer deadline of every store call (claim, record, release...).
     #[serde(with = "humantime_serde")]
     pub store_timeout: Duration,
@@ -164,6 +201,18 @@ impl Default for Config {
             admin_listen: Some(SocketAddr::from(([127, 0, 0, 1], 9901))),
             admin_token: None,
             redis_url: None,
+            redis_sentinels: Vec::new(),
+            redis_sentinel_master: None,
+            redis_cluster_nodes: Vec::new(),
+            redis_tls: false,
+            redis_tls_ca_file: None,
+            redis_tls_cert_file: None,
+            redis_tls_key_file: None,
+            redis_tls_insecure: false,
+            redis_username: None,
+            redis_password: None,
+            min_replicas_ack: 0,
+            replica_ack_timeout: default_replica_ack_timeout(),
             redis_info_interval: Duration::from_secs(15),
             store_timeout: Duration::from_millis(500),
             redis_connect_timeout: Duration::from_secs(1),
@@ -176,6 +225,10 @@ impl Default for Config {
             routes: Vec::new(),
         }
     }
+}
+
+fn default_replica_ack_timeout() -> Duration {
+    Duration::from_millis(200)
 }
 
 impl Default for Defaults {
@@ -217,15 +270,20 @@ impl Config {
         }
         f = f.merge(
             Env::prefixed("IDEMGATE_")
-                .ignore(&["CONFIG", "LOG_FORMAT", "ADMIN_TOKEN"])
+                .ignore(&["CONFIG", "LOG_FORMAT", "ADMIN_TOKEN", "REDIS_PASSWORD"])
                 .split("__"),
         );
         // Taken verbatim: the environment provider would read a token such as `1e5` or
         // `[x]` as a number or an array.
-        match std::env::var("IDEMGATE_ADMIN_TOKEN") {
-            Ok(token) => f.merge(Serialized::global("admin_token", token)),
-            Err(_) => f,
+        for (var, key) in [
+            ("IDEMGATE_ADMIN_TOKEN", "admin_token"),
+            ("IDEMGATE_REDIS_PASSWORD", "redis_password"),
+        ] {
+            if let Ok(secret) = std::env::var(var) {
+                f = f.merge(Serialized::global(key, secret));
+            }
         }
+        f
     }
 
     /// Extracts and validates.
@@ -317,6 +375,8 @@ pub struct Settings {
     pub default_policy: Arc<Policy>,
     /// Routes, longest prefix first.
     pub routes: Vec<(String, Arc<Policy>)>,
+    /// The Redis store, when one is configured.
+    pub redis: Option<crate::store::RedisSetup>,
 }
 
 impl Settings {
@@ -349,9 +409,7 @@ impl Settings {
         if config.worker_threads == 0 {
             return Err(invalid("worker_threads", "must be at least 1"));
         }
-        if let Some(url) = &config.redis_url {
-            redis::Client::open(url.as_str()).map_err(|e| invalid("redis_url", e.to_string()))?;
-        }
+        let redis = crate::store::RedisSetup::from_config(&config)?;
         let d = &config.defaults;
         let default_policy = Arc::new(resolve("defaults", None, d, &Route::default())?);
         let mut routes = Vec::new();
@@ -378,6 +436,7 @@ impl Settings {
             upstream,
             default_policy,
             routes,
+            redis,
         })
     }
 

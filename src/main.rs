@@ -266,7 +266,7 @@ fn main() -> ExitCode {
             listen = %settings.config.listen,
             upstream = %settings.config.upstream,
             admin = ?settings.config.admin_listen,
-            store = if settings.config.redis_url.is_some() { "redis" } else { "memory" },
+            store = if settings.redis.is_some() { "redis" } else { "memory" },
             version = env!("CARGO_PKG_VERSION"),
             "idemgate starting"
         );

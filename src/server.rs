@@ -56,10 +56,11 @@ impl Error {
     }
 }
 
-/// Opens the configured store: Redis when `redis_url` is set, else the embedded one.
+/// Opens the configured store: Redis when `redis_url`, `redis_sentinels` or
+/// `redis_cluster_nodes` is set, else the embedded one.
 pub async fn open_store(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
     let c = &settings.config;
-    let Some(url) = &c.redis_url else {
+    let Some(setup) = &settings.redis else {
         tracing::warn!(
             "using the embedded in-memory store: records do not survive a restart and are not shared between instances; set redis_url for production"
         );
@@ -67,7 +68,7 @@ pub async fn open_store(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
         store.spawn_sweeper(Duration::from_secs(10));
         return Ok(Arc::new(store));
     };
-    let store = RedisStore::connect(url, c.redis_connect_timeout, c.store_timeout).await?;
+    let store = RedisStore::open(setup, c.redis_connect_timeout, c.store_timeout).await?;
     let info = crate::store::deadline(c.store_timeout, store.server_info()).await?;
     if info.maxmemory_policy != "noeviction" {
         return Err(Error::EvictingRedis(info.maxmemory_policy));

@@ -18,9 +18,12 @@ use crate::key::RecordId;
 
 pub mod memory;
 pub mod redis;
+pub mod redis_link;
+pub mod redis_setup;
 
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
+pub use self::redis_setup::RedisSetup;
 
 /// A boxed future, so the trait can be used as `dyn Store`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
