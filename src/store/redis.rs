@@ -260,24 +260,25 @@ impl RedisStore {
         loop {
             let result = match &pipe {
                 None => cmd.query_async::<Value>(&mut c).await.map(|v| (v, None)),
-                Some(pipe) => pipe
-                    .query_async::<Vec<Value>>(&mut c)
-                    .await
-                    .and_then(|mut replies| {
-                        let acked = match replies.pop() {
-                            Some(Value::Int(n)) => n,
-                            Some(Value::ServerError(e)) => return Err(e.into()),
-                            _ => 0,
-                        };
-                        match replies.pop() {
-                            Some(Value::ServerError(e)) => Err(e.into()),
-                            Some(v) => Ok((v, Some(acked))),
-                            None => Err(redis::RedisError::from((
-                                redis::ErrorKind::Parse,
-                                "pipeline without the script's reply",
-                            ))),
-                        }
-                    }),
+                Some(pipe) => {
+                    pipe.query_async::<Vec<Value>>(&mut c)
+                        .await
+                        .and_then(|mut replies| {
+                            let acked = match replies.pop() {
+                                Some(Value::Int(n)) => n,
+                                Some(Value::ServerError(e)) => return Err(e.into()),
+                                _ => 0,
+                            };
+                            match replies.pop() {
+                                Some(Value::ServerError(e)) => Err(e.into()),
+                                Some(v) => Ok((v, Some(acked))),
+                                None => Err(redis::RedisError::from((
+                                    redis::ErrorKind::Parse,
+                                    "pipeline without the script's reply",
+                                ))),
+                            }
+                        })
+                }
             };
             match result {
                 Err(e) if !loaded && e.code() == Some("NOSCRIPT") => {
@@ -296,10 +297,12 @@ impl RedisStore {
     /// Whether `WAIT`'s count meets `min_replicas_ack`; the error says what was missing.
     fn acknowledged(&self, what: &str, acked: Option<i64>) -> Result<(), StoreError> {
         match (self.replica_ack, acked) {
-            (Some(ack), Some(n)) if n < i64::from(ack.replicas) => Err(StoreError::Backend(format!(
-                "{what} acknowledged by {n} of {} replicas within {:?}",
-                ack.replicas, ack.timeout
-            ))),
+            (Some(ack), Some(n)) if n < i64::from(ack.replicas) => {
+                Err(StoreError::Backend(format!(
+                    "{what} acknowledged by {n} of {} replicas within {:?}",
+                    ack.replicas, ack.timeout
+                )))
+            }
             _ => Ok(()),
         }
     }
@@ -371,7 +374,10 @@ fn describe_failure(setup: &RedisSetup, e: &redis::RedisError) -> String {
             tls = true;
         }
         if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            if io.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) {
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+            {
                 tls = true;
             }
         }

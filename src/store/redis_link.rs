@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
@@ -202,10 +204,13 @@ fn tls_mode(tls: &Tls) -> TlsMode {
 
 fn certificates(tls: &Tls) -> TlsCertificates {
     TlsCertificates {
-        client_tls: tls.client.as_ref().map(|(cert, key)| redis::ClientTlsConfig {
-            client_cert: cert.0.clone(),
-            client_key: key.0.clone(),
-        }),
+        client_tls: tls
+            .client
+            .as_ref()
+            .map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.0.clone(),
+                client_key: key.0.clone(),
+            }),
         root_cert: tls.ca.as_ref().map(|ca| ca.0.clone()),
     }
 }
@@ -340,7 +345,9 @@ impl ConnectionLike for SentinelLink {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(self.call(move |mut c| async move { c.req_packed_commands(cmd, offset, count).await }))
+        Box::pin(
+            self.call(move |mut c| async move { c.req_packed_commands(cmd, offset, count).await }),
+        )
     }
 
     fn get_db(&self) -> i64 {

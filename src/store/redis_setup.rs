@@ -82,7 +82,11 @@ impl RedisSetup {
             ("redis_sentinels", !c.redis_sentinels.is_empty()),
             ("redis_cluster_nodes", !c.redis_cluster_nodes.is_empty()),
         ];
-        let set: Vec<&str> = chosen.iter().filter(|(_, on)| *on).map(|(k, _)| *k).collect();
+        let set: Vec<&str> = chosen
+            .iter()
+            .filter(|(_, on)| *on)
+            .map(|(k, _)| *k)
+            .collect();
         if set.len() > 1 {
             return Err(invalid(
                 set[1],
@@ -95,7 +99,8 @@ impl RedisSetup {
         let (topology, url_tls) = match *which {
             "redis_url" => {
                 let url = c.redis_url.clone().unwrap_or_default();
-                redis::Client::open(url.as_str()).map_err(|e| invalid("redis_url", e.to_string()))?;
+                redis::Client::open(url.as_str())
+                    .map_err(|e| invalid("redis_url", e.to_string()))?;
                 let tls = url.starts_with("rediss://");
                 if c.redis_tls && !tls {
                     return Err(invalid(

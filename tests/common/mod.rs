@@ -2,6 +2,8 @@
 //! counter and a settable delay, and idemgate in-process on port 0.
 #![allow(dead_code)]
 
+pub mod topology;
+
 /// Runs each named `async fn(Backend)` of the test file twice: on the embedded store and on
 /// a redis-server of its own.
 #[allow(unused_macros)]
