@@ -418,15 +418,20 @@ impl Cluster {
         self.nodes.iter().map(Node::addr).collect()
     }
 
-    /// Waits until every running node says `cluster_state:ok` and sees three primaries
-    /// that own slots.
+    /// Waits until every running node says `cluster_state:ok`, three primaries own slots
+    /// and each has a replica online.
     pub fn wait_ok(&self) {
         let until = Instant::now() + Duration::from_secs(60);
         while Instant::now() < until {
             let ok = self.nodes.iter().filter(|n| n.is_running()).all(|n| {
                 n.cli(&["CLUSTER", "INFO"])
                     .is_some_and(|i| i.contains("cluster_state:ok"))
-            }) && self.primaries().len() == 3;
+            }) && self.primaries().len() == 3
+                && self.primaries().iter().all(|i| {
+                    self.nodes[*i]
+                        .cli(&["INFO", "replication"])
+                        .is_some_and(|r| r.contains("state=online"))
+                });
             if ok {
                 return;
             }
