@@ -104,8 +104,8 @@ pub struct Node {
     child: Option<Child>,
     dir: tempfile::TempDir,
     args: Vec<String>,
-    /// `redis-cli` flags for TLS, when the node speaks only TLS.
-    cli_tls: Vec<String>,
+    /// `redis-cli` flags: TLS when the node speaks only TLS, a password.
+    cli_args: Vec<String>,
 }
 
 impl Node {
@@ -114,7 +114,7 @@ impl Node {
         Self::start_on(free_port(), args, Vec::new(), None)
     }
 
-    fn start_on(port: u16, args: &[&str], cli_tls: Vec<String>, conf: Option<&str>) -> Node {
+    fn start_on(port: u16, args: &[&str], cli_args: Vec<String>, conf: Option<&str>) -> Node {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut all: Vec<String> = Vec::new();
         if let Some(conf) = conf {
@@ -128,7 +128,7 @@ impl Node {
             child: None,
             dir,
             args: all,
-            cli_tls,
+            cli_args,
         };
         n.spawn();
         n
@@ -177,7 +177,7 @@ impl Node {
         let out = Command::new("redis-cli")
             .arg("-p")
             .arg(self.port.to_string())
-            .args(&self.cli_tls)
+            .args(&self.cli_args)
             .args(args)
             .stdin(Stdio::null())
             .output()
@@ -258,7 +258,7 @@ pub fn tls_node(pki: &Pki, auth_clients: bool, extra: &[&str]) -> Node {
     .map(|a| a.to_string())
     .collect();
     args.extend(extra.iter().map(|a| a.to_string()));
-    let cli_tls = vec![
+    let cli_args = vec![
         "--tls".into(),
         "--sni".into(),
         "localhost".into(),
@@ -270,7 +270,7 @@ pub fn tls_node(pki: &Pki, auth_clients: bool, extra: &[&str]) -> Node {
         s("client.key"),
     ];
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    Node::start_on(port, &refs, cli_tls, None)
+    Node::start_on(port, &refs, cli_args, None)
 }
 
 /// A primary, `replicas` replicas and three sentinels watching it as `mymaster`.
@@ -283,28 +283,55 @@ pub const MASTER: &str = "mymaster";
 
 impl Sentinels {
     pub fn start(replicas: usize) -> Sentinels {
-        let persist = ["--save", "", "--appendonly", "no"];
-        let primary = Node::start(&persist);
+        Self::start_with(replicas, None)
+    }
+
+    /// With `password`, every data node and sentinel requires it (`requirepass`), and
+    /// replicas and sentinels use it among themselves.
+    pub fn start_with(replicas: usize, password: Option<&str>) -> Sentinels {
+        let mut persist: Vec<String> = ["--save", "", "--appendonly", "no"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let mut cli: Vec<String> = Vec::new();
+        if let Some(pw) = password {
+            for a in ["--requirepass", pw, "--masterauth", pw] {
+                persist.push(a.to_string());
+            }
+            for a in ["-a", pw, "--no-auth-warning"] {
+                cli.push(a.to_string());
+            }
+        }
+        let start = |args: &[String]| {
+            let a: Vec<&str> = args.iter().map(String::as_str).collect();
+            Node::start_on(free_port(), &a, cli.clone(), None)
+        };
+        let primary = start(&persist);
         let mut data = vec![primary];
         for _ in 0..replicas {
-            let of = format!("127.0.0.1 {}", data[0].port);
-            let mut args = persist.to_vec();
-            args.extend(["--replicaof", &of]);
-            data.push(Node::start(&args));
+            let mut args = persist.clone();
+            args.push("--replicaof".into());
+            args.push(format!("127.0.0.1 {}", data[0].port));
+            data.push(start(&args));
         }
         let p = data[0].port;
         let mut sentinels = Vec::new();
         for _ in 0..3 {
-            let conf = format!(
+            let mut conf = format!(
                 "sentinel monitor {MASTER} 127.0.0.1 {p} 2\n\
                  sentinel down-after-milliseconds {MASTER} 1000\n\
                  sentinel failover-timeout {MASTER} 4000\n\
                  sentinel parallel-syncs {MASTER} 2\n"
             );
+            if let Some(pw) = password {
+                conf.push_str(&format!(
+                    "sentinel auth-pass {MASTER} {pw}\nrequirepass {pw}\nsentinel sentinel-pass {pw}\n"
+                ));
+            }
             sentinels.push(Node::start_on(
                 free_port(),
                 &["--sentinel"],
-                Vec::new(),
+                cli.clone(),
                 Some(&conf),
             ));
         }
