@@ -16,7 +16,7 @@ use common::*;
 use idemgate::Config;
 
 fn cluster_config(up: &Upstream, cluster: &Cluster) -> Config {
-    let mut c = Config::for_upstream(&up.url());
+    let mut c = config(up, &Backend::memory());
     // One seed is enough; the rest is discovered.
     c.redis_cluster_nodes = vec![cluster.addrs()[0].clone()];
     c.admin_listen = Some("127.0.0.1:0".parse().unwrap());

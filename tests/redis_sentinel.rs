@@ -13,7 +13,7 @@ use common::*;
 use idemgate::Config;
 
 fn sentinel_config(up: &Upstream, s: &Sentinels) -> Config {
-    let mut c = Config::for_upstream(&up.url());
+    let mut c = config(up, &Backend::memory());
     c.redis_sentinels = s.addrs();
     c.redis_sentinel_master = Some(MASTER.into());
     c.admin_listen = Some("127.0.0.1:0".parse().unwrap());
@@ -105,7 +105,8 @@ async fn an_unacknowledged_claim_is_not_forwarded() {
     let replica = Node::start(&["--replicaof", &of, "--save", "", "--appendonly", "no"]);
     eventually_online(&primary).await;
     let up = Upstream::start().await;
-    let mut cfg = redis_config(&up, &primary);
+    let mut cfg = config(&up, &Backend::memory());
+    cfg.redis_url = Some(primary.url());
     cfg.min_replicas_ack = 1;
     cfg.replica_ack_timeout = Duration::from_millis(200);
     let app = spawn_app(cfg).await;

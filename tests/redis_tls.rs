@@ -13,7 +13,7 @@ use common::*;
 use idemgate::Config;
 
 fn tls_config(up: &Upstream, node: &Node, host: &str, pki: &Pki) -> Config {
-    let mut c = Config::for_upstream(&up.url());
+    let mut c = config(up, &Backend::memory());
     c.redis_url = Some(format!("rediss://{host}:{}/0", node.port));
     c.redis_tls_ca_file = Some(pki.path("ca.crt"));
     c.redis_tls_cert_file = Some(pki.path("client.crt"));
@@ -147,7 +147,7 @@ async fn the_readme_acl_user_is_enough_and_no_more() {
     assert!(off.starts_with("+OK"), "{off}");
 
     let up = Upstream::start().await;
-    let mut c = Config::for_upstream(&up.url());
+    let mut c = config(&up, &Backend::memory());
     c.redis_url = Some(redis.url());
     c.redis_username = Some("idemgate".into());
     c.redis_password = Some(password.into());
@@ -215,4 +215,31 @@ fn redis_cli_as(port: u16, password: &str, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
+}
+
+/// The binary with the password in `IDEMGATE_REDIS_PASSWORD`, taken verbatim even where it
+/// looks like a number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_password_comes_from_the_environment_verbatim() {
+    let redis = RedisServer::start();
+    let password = "1e5";
+    let line = readme_acl_line(password);
+    let args: Vec<&str> = line.iter().map(String::as_str).collect();
+    assert!(redis.command(&args).unwrap().starts_with("+OK"));
+    assert!(redis
+        .command(&["ACL", "SETUSER", "default", "off"])
+        .unwrap()
+        .starts_with("+OK"));
+    let up = Upstream::start().await;
+    let gate = Gate::start(
+        &up.url(),
+        &redis.url(),
+        &[
+            ("IDEMGATE_REDIS_USERNAME", "idemgate"),
+            ("IDEMGATE_REDIS_PASSWORD", password),
+        ],
+    );
+    let a = post_url(&client(), &gate.url("/pay"), Some("env-1"), "{}", &[]).await;
+    assert_eq!(a.status, 201, "{:?}", a.body);
+    assert!(!gate.log().contains(password), "{}", gate.log());
 }

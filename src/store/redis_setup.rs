@@ -309,3 +309,141 @@ fn replica_ack(c: &Config) -> Result<Option<ReplicaAck>, ConfigError> {
         timeout: t,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Settings;
+
+    fn error_of(c: Config) -> String {
+        match Settings::new(c) {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn with(f: impl FnOnce(&mut Config)) -> Config {
+        let mut c = Config::default();
+        f(&mut c);
+        c
+    }
+
+    #[test]
+    fn bad_redis_settings_name_their_key() {
+        let pem = std::env::temp_dir().join(format!("idemgate-setup-{}.pem", std::process::id()));
+        std::fs::write(
+            &pem,
+            "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n",
+        )
+        .expect("temp file");
+        let cases: Vec<(Config, &str)> = vec![
+            (
+                with(|c| {
+                    c.redis_url = Some("redis://a:1".into());
+                    c.redis_cluster_nodes = vec!["a:1".into()];
+                }),
+                "redis_cluster_nodes",
+            ),
+            (
+                with(|c| c.redis_sentinels = vec!["a:1".into()]),
+                "redis_sentinel_master",
+            ),
+            (
+                with(|c| {
+                    c.redis_sentinels = vec!["a".into()];
+                    c.redis_sentinel_master = Some("m".into());
+                }),
+                "redis_sentinels[0]",
+            ),
+            (
+                with(|c| c.redis_cluster_nodes = vec!["a:0".into()]),
+                "redis_cluster_nodes[0]",
+            ),
+            (
+                with(|c| {
+                    c.redis_url = Some("redis://a:1".into());
+                    c.redis_tls = true;
+                }),
+                "redis_tls",
+            ),
+            (
+                with(|c| {
+                    c.redis_url = Some("redis://a:1".into());
+                    c.redis_tls_ca_file = Some(pem.clone());
+                }),
+                "redis_tls_ca_file",
+            ),
+            (
+                with(|c| {
+                    c.redis_url = Some("rediss://a:1".into());
+                    c.redis_tls_ca_file = Some("/nonexistent/ca.pem".into());
+                }),
+                "redis_tls_ca_file",
+            ),
+            (
+                with(|c| {
+                    c.redis_url = Some("rediss://a:1".into());
+                    c.redis_tls_cert_file = Some(pem.clone());
+                }),
+                "redis_tls_key_file",
+            ),
+            (
+                with(|c| {
+                    c.redis_url = Some("rediss://a:1".into());
+                    c.redis_tls_ca_file = Some(std::env::temp_dir());
+                }),
+                "redis_tls_ca_file",
+            ),
+            (
+                with(|c| {
+                    c.redis_url = Some("redis://a:1".into());
+                    c.redis_username = Some("u".into());
+                }),
+                "redis_password",
+            ),
+            (
+                with(|c| {
+                    c.redis_url = Some("redis://a:1".into());
+                    c.min_replicas_ack = 1;
+                    c.replica_ack_timeout = c.store_timeout;
+                }),
+                "replica_ack_timeout",
+            ),
+            (with(|c| c.min_replicas_ack = 1), "min_replicas_ack"),
+            (
+                with(|c| c.redis_password = Some("p".into())),
+                "redis_password",
+            ),
+            (with(|c| c.redis_url = Some("nope://".into())), "redis_url"),
+        ];
+        for (c, key) in cases {
+            let err = error_of(c);
+            assert!(err.contains(&format!("`{key}`")), "{key}: {err}");
+        }
+        let _ = std::fs::remove_file(&pem);
+    }
+
+    #[test]
+    fn every_topology_with_tls_and_credentials_is_accepted() {
+        let s = Settings::new(with(|c| {
+            c.redis_cluster_nodes = vec!["10.0.0.1:7000".into(), "[::1]:7001".into()];
+            c.redis_tls = true;
+            c.redis_username = Some("idemgate".into());
+            c.redis_password = Some("secret".into());
+            c.min_replicas_ack = 1;
+        }))
+        .expect("valid");
+        let r = s.redis.expect("redis");
+        assert!(r.tls.is_some());
+        assert!(
+            matches!(&r.topology, Topology::Cluster { nodes } if nodes[1] == ("::1".to_string(), 7001))
+        );
+        assert!(r.replica_ack.is_some_and(|a| a.replicas == 1));
+        // The password never prints.
+        assert!(!format!("{r:?}").contains("secret"));
+        assert!(Settings::new(Config::default())
+            .expect("valid")
+            .redis
+            .is_none());
+    }
+}
