@@ -145,3 +145,60 @@ fn replica_pid(n: &Node) -> u32 {
         .parse()
         .unwrap()
 }
+
+/// What `min_replicas_ack` costs, read from Redis itself (`INFO commandstats` and
+/// `INFO cpu` of the primary) over new keys sent one at a time; printed, not asserted.
+/// `cargo test --release --test redis_sentinel replica_ack_cost -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement"]
+async fn replica_ack_cost() {
+    const N: usize = 2000;
+    let primary = RedisServer::start();
+    let of = format!("127.0.0.1 {}", primary.port);
+    let _replica = Node::start(&["--replicaof", &of, "--save", "", "--appendonly", "no"]);
+    eventually_online(&primary).await;
+    let field = |info: &str, name: &str| -> f64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let stat = |info: &str, cmd: &str, what: &str| -> f64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:")))
+            .and_then(|l| l.split(',').find_map(|kv| kv.strip_prefix(&format!("{what}="))))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    for ack in [0u32, 1] {
+        let up = Upstream::start().await;
+        let mut cfg = config(&up, &Backend::memory());
+        cfg.redis_url = Some(primary.url());
+        cfg.min_replicas_ack = ack;
+        let app = spawn_app(cfg).await;
+        let client = client();
+        primary.command(&["CONFIG", "RESETSTAT"]).unwrap();
+        let cpu = |i: &str| field(i, "used_cpu_sys") + field(i, "used_cpu_user");
+        let before = primary.command(&["INFO", "cpu"]).unwrap();
+        let start = std::time::Instant::now();
+        for i in 0..N {
+            let a = post(&client, &app, "/pay", Some(&format!("cost-{ack}-{i}")), "{}", &[]).await;
+            assert_eq!(a.status, 201);
+        }
+        let elapsed = start.elapsed();
+        let after = primary.command(&["INFO", "cpu"]).unwrap();
+        let stats = primary.command(&["INFO", "commandstats"]).unwrap();
+        let per = |cmd: &str, what: &str| stat(&stats, cmd, what) / N as f64;
+        eprintln!(
+            "min_replicas_ack={ack}: per new key: evalsha {:.2} calls ({:.1} us), wait {:.2} calls ({:.1} us), \
+             primary CPU {:.1} us (idle time included), client latency {:.0} us",
+            per("evalsha", "calls"),
+            per("evalsha", "usec"),
+            per("wait", "calls"),
+            per("wait", "usec"),
+            (cpu(&after) - cpu(&before)) * 1e6 / N as f64,
+            elapsed.as_micros() as f64 / N as f64,
+        );
+        app.shutdown().await;
+    }
+}
