@@ -214,3 +214,65 @@ async fn a_primary_killed_mid_traffic() {
         Err(_) => panic!("clients still hold the app"),
     }
 }
+
+/// The per-primary share of records and the primaries' time in idemgate's scripts, over
+/// `SCALE_KEYS` (default 100,000) new keys sent through one idemgate, 32 at a time;
+/// printed, not asserted.
+/// `cargo test --test redis_cluster share_over_many_keys -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement"]
+async fn share_over_many_keys() {
+    let keys: usize = std::env::var("SCALE_KEYS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100_000);
+    let cluster = Cluster::start();
+    let up = Upstream::start().await;
+    let app = Arc::new(spawn_app(cluster_config(&up, &cluster)).await);
+    for i in cluster.primaries() {
+        cluster.nodes[i].cli(&["CONFIG", "RESETSTAT"]).unwrap();
+    }
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let start = std::time::Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..32 {
+        let (app, next) = (app.clone(), next.clone());
+        workers.push(tokio::spawn(async move {
+            let client = client();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= keys {
+                    break;
+                }
+                let a = post(&client, &app, "/pay", Some(&format!("s-{i}")), "{}", &[]).await;
+                assert_eq!(a.status, 201);
+            }
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    let elapsed = start.elapsed();
+    let per_primary = cluster.keys_per_primary();
+    let total: u64 = per_primary.iter().map(|(_, n)| n).sum();
+    assert_eq!(total, keys as u64);
+    for (node, n) in &per_primary {
+        let stats = cluster.nodes[*node].cli(&["INFO", "commandstats"]).unwrap();
+        let usec = stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+            .and_then(|l| l.split(',').find_map(|kv| kv.strip_prefix("usec=")))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        eprintln!(
+            "primary {node}: {n} records ({:.2}%), {:.1} us of EVALSHA per record",
+            *n as f64 * 100.0 / keys as f64,
+            usec / *n as f64
+        );
+    }
+    eprintln!(
+        "{keys} new keys in {:.1} s through one idemgate (debug build): {:.0}/s",
+        elapsed.as_secs_f64(),
+        keys as f64 / elapsed.as_secs_f64()
+    );
+}

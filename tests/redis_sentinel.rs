@@ -166,7 +166,10 @@ async fn replica_ack_cost() {
     let stat = |info: &str, cmd: &str, what: &str| -> f64 {
         info.lines()
             .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:")))
-            .and_then(|l| l.split(',').find_map(|kv| kv.strip_prefix(&format!("{what}="))))
+            .and_then(|l| {
+                l.split(',')
+                    .find_map(|kv| kv.strip_prefix(&format!("{what}=")))
+            })
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0)
     };
@@ -182,7 +185,15 @@ async fn replica_ack_cost() {
         let before = primary.command(&["INFO", "cpu"]).unwrap();
         let start = std::time::Instant::now();
         for i in 0..N {
-            let a = post(&client, &app, "/pay", Some(&format!("cost-{ack}-{i}")), "{}", &[]).await;
+            let a = post(
+                &client,
+                &app,
+                "/pay",
+                Some(&format!("cost-{ack}-{i}")),
+                "{}",
+                &[],
+            )
+            .await;
             assert_eq!(a.status, 201);
         }
         let elapsed = start.elapsed();
