@@ -8,7 +8,9 @@
 //! - [`key`]: parsing the `Idempotency-Key` header; the tenant and record id of a request.
 //! - [`fingerprint`]: what makes two requests "the same": canonical JSON, forms, raw bytes.
 //! - [`store`]: the [`store::Store`] trait, the embedded [`store::MemoryStore`] and
-//!   [`store::RedisStore`].
+//!   [`store::RedisStore`]; `store::redis_setup` validates how Redis is reached (one
+//!   server, Sentinel, Cluster, TLS, ACL user, replica acknowledgement) and
+//!   `store::redis_link` holds the connection for each topology.
 //! - [`proxy`]: the hyper service and the claim → forward → record → replay flow.
 //! - [`upstream`]: the client to the upstream, header rewriting, failure classification.
 //! - [`problem`]: idemgate's own `application/problem+json` responses.
