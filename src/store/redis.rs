@@ -240,13 +240,18 @@ impl RedisStore {
         Ok(texts)
     }
 
-    /// Runs `script` as prepared in `cmd` (from [`evalsha`]) and, with replica
-    /// acknowledgement on, `WAIT` in the same round trip. Returns the script's reply and how
-    /// many replicas acknowledged (`None` without `WAIT`). A script missing on the server
-    /// (restart, failover to a node that never saw it) is loaded and run once more.
-    async fn eval(&self, script: &Script, cmd: Cmd) -> Result<(Value, Option<i64>), StoreError> {
+    /// Runs `script` as prepared in `cmd` (from [`evalsha`]) and, when `wait` and replica
+    /// acknowledgement is on, `WAIT` in the same round trip. Returns the script's reply and
+    /// how many replicas acknowledged (`None` without `WAIT`). A script missing on the
+    /// server (restart, failover to a node that never saw it) is loaded and run once more.
+    async fn eval(
+        &self,
+        script: &Script,
+        cmd: Cmd,
+        wait: bool,
+    ) -> Result<(Value, Option<i64>), StoreError> {
         let mut c = self.conn.clone();
-        let pipe = self.replica_ack.map(|ack| {
+        let pipe = self.replica_ack.filter(|_| wait).map(|ack| {
             let mut pipe = redis::pipe();
             // Errors come back as values, so that a missing script is told from the rest.
             pipe.ignore_errors()
@@ -309,13 +314,14 @@ impl RedisStore {
 
     /// Runs one of the owner-checked scripts: KEYS[1] = the record, ARGV[1] = the owner,
     /// then `args`. It answers 1 when it applied, 0 when the record is not (or no longer)
-    /// the owner's.
+    /// the owner's. `acknowledged`: what to call the write when it must wait for replicas.
     async fn owner_checked(
         &self,
         script: &Script,
         id: &RecordId,
         owner: &OwnerToken,
         args: &[&[u8]],
+        acknowledged: Option<&str>,
     ) -> Result<bool, StoreError> {
         let mut cmd = evalsha(script, &Self::key(id));
         cmd.arg(owner.as_str());
@@ -324,13 +330,13 @@ impl RedisStore {
         }
         // Only a record waits for replicas: renewals, releases and marks that are lost in
         // a failover leave a claim whose lease runs out, which reads as `unknown`.
-        let (v, acked) = self.eval(script, cmd).await?;
+        let (v, acked) = self.eval(script, cmd, acknowledged.is_some()).await?;
         let n = match v {
             Value::Int(n) => n,
             _ => return Err(corrupt("owner-checked script reply")),
         };
-        if n == 1 && std::ptr::eq(script, &self.scripts.record) {
-            self.acknowledged("record", acked)?;
+        if let (1, Some(what)) = (n, acknowledged) {
+            self.acknowledged(what, acked)?;
         }
         Ok(n == 1)
     }
@@ -385,7 +391,7 @@ fn describe_failure(setup: &RedisSetup, e: &redis::RedisError) -> String {
     }
     let lower = text.to_ascii_lowercase();
     if setup.tls.is_some()
-        && ["certificate", "tls", "handshake", "alert", "peer"]
+        && ["certificate", "tls", "handshake", "alert"]
             .iter()
             .any(|w| lower.contains(w))
     {
@@ -492,7 +498,7 @@ impl Store for RedisStore {
                 .arg(req.owner.as_str())
                 .arg(req.lease.as_millis() as u64)
                 .arg(req.retention.as_millis() as u64);
-            let (v, acked) = self.eval(&self.scripts.claim, cmd).await?;
+            let (v, acked) = self.eval(&self.scripts.claim, cmd, true).await?;
             let claim = parse_claim(v)?;
             if claim == Claim::Claimed {
                 if let Err(e) = self.acknowledged("claim", acked) {
@@ -517,7 +523,7 @@ impl Store for RedisStore {
             let status = response.status.to_string();
             let headers = response.encode_headers();
             let args: [&[u8]; 3] = [status.as_bytes(), &headers, &response.body];
-            self.owner_checked(&self.scripts.record, id, owner, &args)
+            self.owner_checked(&self.scripts.record, id, owner, &args, Some("record"))
                 .await
         })
     }
@@ -530,7 +536,7 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let lease_ms = lease.as_millis().to_string();
-            self.owner_checked(&self.scripts.renew, id, owner, &[lease_ms.as_bytes()])
+            self.owner_checked(&self.scripts.renew, id, owner, &[lease_ms.as_bytes()], None)
                 .await
         })
     }
@@ -540,7 +546,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.owner_checked(&self.scripts.mark_unknown, id, owner, &[]))
+        Box::pin(self.owner_checked(&self.scripts.mark_unknown, id, owner, &[], None))
     }
 
     fn release<'a>(
@@ -548,7 +554,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.owner_checked(&self.scripts.release, id, owner, &[]))
+        Box::pin(self.owner_checked(&self.scripts.release, id, owner, &[], None))
     }
 
     fn inspect<'a>(
