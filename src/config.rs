@@ -2,8 +2,9 @@
 //! flags, merged with figment, then validated into the typed [`Settings`] that the proxy
 //! uses. Every error names the key at fault.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +15,8 @@ use hyper::{Method, Uri};
 use serde::{Deserialize, Serialize};
 
 use crate::fingerprint::JsonPointer;
+use crate::scope::jwt::JwtVerifier;
+use crate::scope::{path, PathError, PathRules, TenantSource};
 
 /// What to do when the store cannot be reached at claim time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,6 +36,27 @@ pub enum OnAmbiguous {
     Hold,
     /// Delete it: a retry executes again (only for upstreams that dedupe themselves).
     Release,
+}
+
+/// What a protected request without a tenant gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Anonymous {
+    /// 400 `missing-tenant`, nothing claimed or forwarded (default).
+    Refuse,
+    /// One scope shared by every request without a tenant on the route: two anonymous
+    /// clients that pick the same key see each other's records.
+    Shared,
+}
+
+/// How a route compares path spellings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PathMatch {
+    /// RFC 3986 normalization, repeated slashes collapsed, a trailing slash ignored.
+    Normalized,
+    /// RFC 3986 normalization only: `/a/` and `/a`, `/a//b` and `/a/b` differ.
+    Strict,
 }
 
 /// The file/environment form of the configuration, as users write it.
@@ -86,6 +110,13 @@ pub struct Config {
     /// How long `WAIT` may take (shorter than `store_timeout`).
     #[serde(default = "default_replica_ack_timeout", with = "humantime_serde")]
     pub replica_ack_timeout: Duration,
+    /// Whose records these are, when several services share one store: records of
+    /// different namespaces never meet. Required with a shared store (Redis).
+    pub namespace: Option<String>,
+    /// Secret that HS256 bearer tokens are verified with, for `tenant_jwt_claim`.
+    pub jwt_hs256_secret: Option<Secret>,
+    /// JWKS file with the RS256/ES256 public keys that bearer tokens are verified with.
+    pub jwks_file: Option<PathBuf>,
     /// Outer deadline of every store call (claim, record, release...).
     #[serde(with = "humantime_serde")]
     pub store_timeout: Duration,
@@ -162,6 +193,14 @@ pub struct Defaults {
     pub max_key_length: usize,
     /// Headers whose values identify the tenant.
     pub tenant_headers: Vec<String>,
+    /// When set, the tenant is this claim of the verified bearer JWT instead.
+    pub tenant_jwt_claim: Option<String>,
+    /// See [`Anonymous`].
+    pub anonymous: Anonymous,
+    /// See [`PathMatch`].
+    pub path_match: PathMatch,
+    /// Compare paths case-insensitively (IIS/ASP.NET-style upstreams).
+    pub case_insensitive_paths: bool,
     /// See [`OnStoreError`].
     pub on_store_error: OnStoreError,
     /// See [`OnAmbiguous`].
@@ -188,6 +227,10 @@ pub struct Route {
     pub max_body_bytes: Option<u64>,
     pub max_key_length: Option<usize>,
     pub tenant_headers: Option<Vec<String>>,
+    pub tenant_jwt_claim: Option<String>,
+    pub anonymous: Option<Anonymous>,
+    pub path_match: Option<PathMatch>,
+    pub case_insensitive_paths: Option<bool>,
     pub on_store_error: Option<OnStoreError>,
     pub on_ambiguous: Option<OnAmbiguous>,
     pub fingerprint_ignore: Option<Vec<String>>,
@@ -213,6 +256,9 @@ impl Default for Config {
             redis_password: None,
             min_replicas_ack: 0,
             replica_ack_timeout: default_replica_ack_timeout(),
+            namespace: None,
+            jwt_hs256_secret: None,
+            jwks_file: None,
             redis_info_interval: Duration::from_secs(15),
             store_timeout: Duration::from_millis(500),
             redis_connect_timeout: Duration::from_secs(1),
@@ -242,6 +288,10 @@ impl Default for Defaults {
             max_body_bytes: 1024 * 1024,
             max_key_length: 255,
             tenant_headers: vec!["Authorization".into()],
+            tenant_jwt_claim: None,
+            anonymous: Anonymous::Refuse,
+            path_match: PathMatch::Normalized,
+            case_insensitive_paths: false,
             on_store_error: OnStoreError::Reject,
             on_ambiguous: OnAmbiguous::Hold,
             fingerprint_ignore: Vec::new(),
@@ -270,17 +320,26 @@ impl Config {
         }
         f = f.merge(
             Env::prefixed("IDEMGATE_")
-                .ignore(&["CONFIG", "LOG_FORMAT", "ADMIN_TOKEN", "REDIS_PASSWORD"])
+                .ignore(&[
+                    "CONFIG",
+                    "LOG_FORMAT",
+                    "ADMIN_TOKEN",
+                    "JWT_HS256_SECRET",
+                    "NAMESPACE",
+                    "REDIS_PASSWORD",
+                ])
                 .split("__"),
         );
-        // Taken verbatim: the environment provider would read a token such as `1e5` or
+        // Taken verbatim: the environment provider would read a value such as `1e5` or
         // `[x]` as a number or an array.
         for (var, key) in [
             ("IDEMGATE_ADMIN_TOKEN", "admin_token"),
+            ("IDEMGATE_JWT_HS256_SECRET", "jwt_hs256_secret"),
+            ("IDEMGATE_NAMESPACE", "namespace"),
             ("IDEMGATE_REDIS_PASSWORD", "redis_password"),
         ] {
-            if let Ok(secret) = std::env::var(var) {
-                f = f.merge(Serialized::global(key, secret));
+            if let Ok(value) = std::env::var(var) {
+                f = f.merge(Serialized::global(key, value));
             }
         }
         f
@@ -337,8 +396,12 @@ pub struct Policy {
     pub max_body_bytes: u64,
     #[allow(missing_docs)]
     pub max_key_length: usize,
+    /// Where the tenant comes from (`tenant_headers` or `tenant_jwt_claim`).
+    pub tenant: TenantSource,
     #[allow(missing_docs)]
-    pub tenant_headers: Vec<HeaderName>,
+    pub anonymous: Anonymous,
+    /// `path_match` and `case_insensitive_paths`.
+    pub path_rules: PathRules,
     #[allow(missing_docs)]
     pub on_store_error: OnStoreError,
     #[allow(missing_docs)]
@@ -373,10 +436,28 @@ pub struct Settings {
     /// Policy for requests that match no route. Shared (`Arc`) because every protected
     /// request carries its policy into its own task: a clone must not allocate.
     pub default_policy: Arc<Policy>,
-    /// Routes, longest prefix first.
+    /// Routes, longest prefix first, each prefix in the normal form of its own rules.
     pub routes: Vec<(String, Arc<Policy>)>,
     /// The Redis store, when one is configured.
     pub redis: Option<crate::store::RedisSetup>,
+    /// The namespace of every record id (`default` on the embedded store).
+    pub namespace: String,
+    /// Verifies bearer tokens for `tenant_jwt_claim`; present when keys are configured.
+    pub jwt: Option<Arc<JwtVerifier>>,
+    // Whether any policy protects a method: decides between 400 and pass-through for a
+    // path that cannot be normalized (and so matched to a route).
+    protected_methods: Vec<Method>,
+}
+
+/// Where a request's path led: its policy, and the path's normal form when it differs from
+/// the spelling the client sent.
+#[derive(Debug)]
+pub struct Routed<'a> {
+    /// The policy of the longest matching route, or the defaults.
+    pub policy: &'a Arc<Policy>,
+    /// The path in the normal form of that policy's rules (what scope and fingerprint
+    /// use); `None` when that is the path as sent.
+    pub normalized: Option<String>,
 }
 
 impl Settings {
@@ -410,44 +491,156 @@ impl Settings {
             return Err(invalid("worker_threads", "must be at least 1"));
         }
         let redis = crate::store::RedisSetup::from_config(&config)?;
+        let namespace = match (&config.namespace, &redis) {
+            (Some(ns), _) => {
+                let ok = (1..=64).contains(&ns.len())
+                    && ns
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+                if !ok {
+                    return Err(invalid(
+                        "namespace",
+                        "must be 1 to 64 characters of letters, digits, '.', '_', ':' or '-'",
+                    ));
+                }
+                ns.clone()
+            }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "namespace",
+                    "is required with Redis: name the service whose records these are (e.g. `payments`), so that two services sharing one Redis never see each other's records",
+                ))
+            }
+            (None, None) => "default".to_string(),
+        };
+        if let Some(secret) = &config.jwt_hs256_secret {
+            if secret.expose().len() < 32 {
+                return Err(invalid(
+                    "jwt_hs256_secret",
+                    "must be at least 32 bytes (RFC 7518 3.2: a key as long as the hash)",
+                ));
+            }
+        }
+        let jwks =
+            match &config.jwks_file {
+                Some(p) => Some(std::fs::read_to_string(p).map_err(|e| {
+                    invalid("jwks_file", format!("cannot read {}: {e}", p.display()))
+                })?),
+                None => None,
+            };
+        let jwt = if config.jwt_hs256_secret.is_some() || jwks.is_some() {
+            let secret = config
+                .jwt_hs256_secret
+                .as_ref()
+                .map(|s| s.expose().as_bytes());
+            let verifier =
+                JwtVerifier::new(secret, jwks.as_deref()).map_err(|e| invalid("jwks_file", e))?;
+            Some(Arc::new(verifier))
+        } else {
+            None
+        };
         let d = &config.defaults;
-        let default_policy = Arc::new(resolve("defaults", None, d, &Route::default())?);
+        let default_policy = Arc::new(resolve(
+            "defaults",
+            None,
+            d,
+            &Route::default(),
+            jwt.is_some(),
+        )?);
         let mut routes = Vec::new();
         for (i, r) in config.routes.iter().enumerate() {
             let at = format!("routes[{i}]");
             if !r.path.starts_with('/') {
                 return Err(invalid(format!("{at}.path"), "must start with '/'"));
             }
+            let policy = resolve(&at, Some(r.path.clone()), d, r, jwt.is_some())?;
+            let prefix = path::normalize(&r.path, policy.path_rules)
+                .map_err(|e| invalid(format!("{at}.path"), e.to_string()))?
+                .into_owned();
             if routes
                 .iter()
-                .any(|(p, _): &(String, Arc<Policy>)| *p == r.path)
+                .any(|(p, _): &(String, Arc<Policy>)| *p == prefix)
             {
                 return Err(invalid(
                     format!("{at}.path"),
-                    "another route has the same path",
+                    "another route has the same path (after normalization)",
                 ));
             }
-            let policy = resolve(&at, Some(r.path.clone()), d, r)?;
-            routes.push((r.path.clone(), Arc::new(policy)));
+            routes.push((prefix, Arc::new(policy)));
         }
         routes.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
+        let policies = routes.iter().map(|(_, p)| p).chain([&default_policy]);
+        let mut protected_methods: Vec<Method> = Vec::new();
+        for p in policies {
+            for m in &p.methods {
+                if !protected_methods.contains(m) {
+                    protected_methods.push(m.clone());
+                }
+            }
+        }
         Ok(Settings {
             config,
             upstream,
             default_policy,
             routes,
             redis,
+            namespace,
+            jwt,
+            protected_methods,
         })
     }
 
     /// The policy for a request path: the longest route prefix that matches at a segment
-    /// boundary, else the defaults.
-    pub fn policy_for(&self, path: &str) -> &Arc<Policy> {
-        self.routes
-            .iter()
-            .find(|(prefix, _)| prefix_matches(prefix, path))
-            .map(|(_, p)| p)
+    /// boundary, else the defaults. Each route is matched against the path in the normal
+    /// form of that route's own rules. An error: the path cannot be normalized safely.
+    pub fn route<'a>(&'a self, raw: &str) -> Result<Routed<'a>, PathError> {
+        // Normal forms already computed, per rules: a path is normalized at most once per
+        // distinct rule set (there are four), and a path in normal form costs no copy.
+        let mut forms: Vec<(PathRules, Cow<'_, str>)> = Vec::with_capacity(1);
+        fn form_for<'p>(
+            forms: &mut Vec<(PathRules, Cow<'p, str>)>,
+            raw: &'p str,
+            rules: PathRules,
+        ) -> Result<usize, PathError> {
+            if let Some(i) = forms.iter().position(|(r, _)| *r == rules) {
+                return Ok(i);
+            }
+            forms.push((rules, path::normalize(raw, rules)?));
+            Ok(forms.len() - 1)
+        }
+        let mut chosen = None;
+        for (prefix, policy) in &self.routes {
+            let i = form_for(&mut forms, raw, policy.path_rules)?;
+            if prefix_matches(prefix, &forms[i].1) {
+                chosen = Some((policy, i));
+                break;
+            }
+        }
+        let (policy, i) = match chosen {
+            Some(c) => c,
+            None => (
+                &self.default_policy,
+                form_for(&mut forms, raw, self.default_policy.path_rules)?,
+            ),
+        };
+        let normalized = match forms.swap_remove(i).1 {
+            Cow::Borrowed(_) => None,
+            Cow::Owned(s) => Some(s),
+        };
+        Ok(Routed { policy, normalized })
+    }
+
+    /// The policy for a path, for callers that need no normal form (a path that cannot be
+    /// normalized gets the defaults).
+    pub fn policy_for(&self, raw: &str) -> &Arc<Policy> {
+        self.route(raw)
+            .map(|r| r.policy)
             .unwrap_or(&self.default_policy)
+    }
+
+    /// Whether any route (or the defaults) protects this method.
+    pub fn protects_anywhere(&self, method: &Method) -> bool {
+        self.protected_methods.contains(method)
     }
 }
 
@@ -490,6 +683,7 @@ fn resolve(
     route: Option<String>,
     d: &Defaults,
     r: &Route,
+    jwt_keys: bool,
 ) -> Result<Policy, ConfigError> {
     let methods = r.methods.as_ref().unwrap_or(&d.methods);
     let key_of = |name: &str| {
@@ -506,7 +700,7 @@ fn resolve(
                 .map_err(|_| invalid(key_of("methods"), format!("`{m}` is not an HTTP method")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let tenant_headers = r
+    let tenant_header_names = r
         .tenant_headers
         .as_ref()
         .unwrap_or(&d.tenant_headers)
@@ -520,6 +714,30 @@ fn resolve(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
+    // A route's own choice wins: its `tenant_jwt_claim`, else its `tenant_headers`, else the
+    // defaults' claim, else the defaults' headers.
+    let claim = match (&r.tenant_jwt_claim, &r.tenant_headers) {
+        (Some(c), _) => Some(c),
+        (None, Some(_)) => None,
+        (None, None) => d.tenant_jwt_claim.as_ref(),
+    };
+    let tenant = match claim {
+        Some(c) if c.is_empty() => {
+            return Err(invalid(key_of("tenant_jwt_claim"), "must name a claim"))
+        }
+        Some(_) if !jwt_keys => {
+            return Err(invalid(
+                key_of("tenant_jwt_claim"),
+                "needs keys to verify tokens with: set jwt_hs256_secret (or IDEMGATE_JWT_HS256_SECRET) and/or jwks_file",
+            ))
+        }
+        Some(c) => TenantSource::JwtClaim(c.clone()),
+        None => TenantSource::Headers(tenant_header_names),
+    };
+    let path_rules = PathRules {
+        strict: r.path_match.unwrap_or(d.path_match) == PathMatch::Strict,
+        case_insensitive: r.case_insensitive_paths.unwrap_or(d.case_insensitive_paths),
+    };
     let fingerprint_ignore = r
         .fingerprint_ignore
         .as_ref()
@@ -539,7 +757,9 @@ fn resolve(
         upstream_timeout: r.upstream_timeout.unwrap_or(d.upstream_timeout),
         max_body_bytes: r.max_body_bytes.unwrap_or(d.max_body_bytes),
         max_key_length: r.max_key_length.unwrap_or(d.max_key_length),
-        tenant_headers,
+        tenant,
+        anonymous: r.anonymous.unwrap_or(d.anonymous),
+        path_rules,
         on_store_error: r.on_store_error.unwrap_or(d.on_store_error),
         on_ambiguous: r.on_ambiguous.unwrap_or(d.on_ambiguous),
         fingerprint_ignore,
@@ -575,6 +795,7 @@ fn matches_override(r: &Route, name: &str) -> bool {
     match name {
         "methods" => r.methods.is_some(),
         "tenant_headers" => r.tenant_headers.is_some(),
+        "tenant_jwt_claim" => r.tenant_jwt_claim.is_some(),
         "fingerprint_ignore" => r.fingerprint_ignore.is_some(),
         "lease" => r.lease.is_some(),
         "upstream_timeout" => r.upstream_timeout.is_some(),

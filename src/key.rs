@@ -1,14 +1,11 @@
-//! The `Idempotency-Key` header, and the scope that a record belongs to.
+//! The `Idempotency-Key` header, and the id of the record it leads to.
 //!
-//! A key is only meaningful together with who sent it and where: the record id is a hash of
-//! (tenant, method, path, key), where the tenant is a hash of the configured
-//! `tenant_headers` (by default `Authorization`). Two tenants that pick the same key never
-//! meet, and no credential is ever stored: only its hash goes into the id.
+//! A key is only meaningful together with who sent it and where: [`crate::scope`] turns
+//! (namespace, tenant, method, path, key) into a [`RecordId`].
 
 use std::fmt;
 
-use hyper::header::{HeaderMap, HeaderName};
-use sha2::{Digest, Sha256};
+use hyper::header::HeaderMap;
 
 /// The request header that carries the key.
 pub const HEADER: &str = "idempotency-key";
@@ -139,21 +136,15 @@ pub fn to_hex(bytes: &[u8]) -> String {
     String::from_utf8(buf).unwrap_or_default()
 }
 
-/// The id of one record: SHA-256 of (tenant, method, path, key), shown as lowercase hex.
+/// The id of one record: a keyed hash of its scope ([`crate::scope::Scoper`]), shown as
+/// lowercase hex.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RecordId([u8; 32]);
 
 impl RecordId {
-    /// Computes the id of the record that a request with this key belongs to.
-    pub fn new(tenant: &Tenant, method: &str, path: &str, key: &IdempotencyKey) -> RecordId {
-        let mut h = Sha256::new();
-        h.update(b"idemgate-scope\x00\x01");
-        h.update(tenant.0);
-        for part in [method.as_bytes(), path.as_bytes(), key.0.as_bytes()] {
-            h.update((part.len() as u64).to_be_bytes());
-            h.update(part);
-        }
-        RecordId(h.finalize().into())
+    /// An id from its 32 bytes.
+    pub fn from_bytes(bytes: [u8; 32]) -> RecordId {
+        RecordId(bytes)
     }
 
     /// Parses the hex form that problem responses and the admin API show.
@@ -163,7 +154,7 @@ impl RecordId {
         Some(RecordId(out))
     }
 
-    /// The id's bytes: a SHA-256 output, so every bit of them is uniformly distributed (the
+    /// The id's bytes: an HMAC-SHA-256 output, so every bit of them is uniformly distributed (the
     /// embedded store picks a record's shard from them).
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
@@ -179,29 +170,6 @@ impl fmt::Display for RecordId {
 impl fmt::Debug for RecordId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "RecordId({self})")
-    }
-}
-
-/// Who sent a request: a hash of the values of the tenant headers (absent and empty differ).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Tenant([u8; 32]);
-
-impl Tenant {
-    /// Hashes the tenant headers of a request. Credentials only ever exist here as a hash.
-    pub fn from_headers(headers: &HeaderMap, tenant_headers: &[HeaderName]) -> Tenant {
-        let mut h = Sha256::new();
-        h.update(b"idemgate-tenant\x00\x01");
-        for name in tenant_headers {
-            h.update((name.as_str().len() as u64).to_be_bytes());
-            h.update(name.as_str());
-            let values: Vec<&[u8]> = headers.get_all(name).iter().map(|v| v.as_bytes()).collect();
-            h.update((values.len() as u64).to_be_bytes());
-            for v in values {
-                h.update((v.len() as u64).to_be_bytes());
-                h.update(v);
-            }
-        }
-        Tenant(h.finalize().into())
     }
 }
 
@@ -254,30 +222,11 @@ mod tests {
     }
 
     #[test]
-    fn record_ids_separate_tenants_methods_paths_and_keys() {
-        let auth = HeaderName::from_static("authorization");
-        let mut a = HeaderMap::new();
-        a.insert(&auth, HeaderValue::from_static("Bearer a"));
-        let mut b = HeaderMap::new();
-        b.insert(&auth, HeaderValue::from_static("Bearer b"));
-        let ta = Tenant::from_headers(&a, std::slice::from_ref(&auth));
-        let tb = Tenant::from_headers(&b, std::slice::from_ref(&auth));
-        let tnone = Tenant::from_headers(&HeaderMap::new(), std::slice::from_ref(&auth));
-        let k = key(&[b"k1"]).unwrap().unwrap();
-        let k2 = key(&[b"k2"]).unwrap().unwrap();
-        let base = RecordId::new(&ta, "POST", "/t", &k);
-        assert_eq!(base, RecordId::new(&ta, "POST", "/t", &k));
-        for other in [
-            RecordId::new(&tb, "POST", "/t", &k),
-            RecordId::new(&tnone, "POST", "/t", &k),
-            RecordId::new(&ta, "PATCH", "/t", &k),
-            RecordId::new(&ta, "POST", "/u", &k),
-            RecordId::new(&ta, "POST", "/t", &k2),
-        ] {
-            assert_ne!(base, other);
-        }
-        assert_eq!(RecordId::from_hex(&base.to_string()), Some(base));
+    fn record_ids_print_as_hex_and_parse_back() {
+        let id = RecordId::from_bytes([0xab; 32]);
+        assert_eq!(id.to_string(), "ab".repeat(32));
+        assert_eq!(RecordId::from_hex(&id.to_string()), Some(id));
+        assert_eq!(RecordId::from_hex("ab"), None);
         assert_eq!(to_hex(&[0x00, 0x9f, 0xff]), "009fff");
-        assert_eq!(base.to_string(), hex::encode(base.0));
     }
 }

@@ -5,7 +5,9 @@
 //!
 //! - [`config`]: the layered configuration (defaults < TOML < env < flags) and its
 //!   validation into per-route [`config::Policy`].
-//! - [`key`]: parsing the `Idempotency-Key` header; the tenant and record id of a request.
+//! - [`key`]: parsing the `Idempotency-Key` header; the [`key::RecordId`] type.
+//! - [`scope`]: who owns a record: the normalized path, the tenant (headers or a verified
+//!   JWT claim), the namespace, and the keyed hash that makes them a record id.
 //! - [`fingerprint`]: what makes two requests "the same": canonical JSON, forms, raw bytes.
 //! - [`store`]: the [`store::Store`] trait, the embedded [`store::MemoryStore`] and
 //!   [`store::RedisStore`]; `store::redis_setup` validates how Redis is reached (one
@@ -33,6 +35,7 @@ pub mod metrics;
 pub mod probe;
 pub mod problem;
 pub mod proxy;
+pub mod scope;
 pub mod server;
 pub mod store;
 pub mod upstream;

@@ -383,6 +383,10 @@ impl Store for Instrumented {
         self.inner.kind()
     }
 
+    fn scope_secret(&self) -> BoxFuture<'_, Result<crate::scope::ScopeSecret, StoreError>> {
+        self.inner.scope_secret()
+    }
+
     fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
         self.inner.server_stats()
     }

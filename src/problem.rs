@@ -22,6 +22,14 @@ pub enum Problem {
     MissingKey,
     /// The `Idempotency-Key` header is malformed, too long or repeated.
     InvalidKey,
+    /// A protected request from which no tenant can be read, on a route without a shared
+    /// anonymous scope.
+    MissingTenant,
+    /// The bearer token that names the tenant failed verification.
+    InvalidToken,
+    /// A protected request's path cannot be normalized safely (an encoded `/`, dot segments
+    /// above the root, broken percent-encoding).
+    InvalidPath,
     /// The body is larger than `max_body_bytes`.
     BodyTooLarge,
     /// The client stopped sending the body, or sent it too slowly.
@@ -48,6 +56,9 @@ impl Problem {
         match self {
             Problem::MissingKey => "missing-key",
             Problem::InvalidKey => "invalid-key",
+            Problem::MissingTenant => "missing-tenant",
+            Problem::InvalidToken => "invalid-token",
+            Problem::InvalidPath => "invalid-path",
             Problem::BodyTooLarge => "body-too-large",
             Problem::BodyTimeout => "body-timeout",
             Problem::BodyUnreadable => "body-unreadable",
@@ -63,7 +74,11 @@ impl Problem {
     /// The HTTP status of this case.
     pub fn status(self) -> StatusCode {
         match self {
-            Problem::MissingKey | Problem::InvalidKey => StatusCode::BAD_REQUEST,
+            Problem::MissingKey
+            | Problem::InvalidKey
+            | Problem::MissingTenant
+            | Problem::InvalidPath => StatusCode::BAD_REQUEST,
+            Problem::InvalidToken => StatusCode::UNAUTHORIZED,
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Problem::BodyUnreadable => StatusCode::BAD_REQUEST,
@@ -79,6 +94,9 @@ impl Problem {
         match self {
             Problem::MissingKey => "An Idempotency-Key header is required on this route",
             Problem::InvalidKey => "The Idempotency-Key header is invalid",
+            Problem::MissingTenant => "The request does not say whose it is",
+            Problem::InvalidToken => "The bearer token was refused",
+            Problem::InvalidPath => "The request path cannot be normalized safely",
             Problem::BodyTooLarge => "The request body is too large",
             Problem::BodyTimeout => "The request body did not arrive in time",
             Problem::BodyUnreadable => "The request body could not be read",

@@ -24,11 +24,12 @@ use hyper::{Request, Response, StatusCode};
 use tokio_util::task::TaskTracker;
 
 use crate::body::{self, Body};
-use crate::config::{OnAmbiguous, OnStoreError, Policy, Settings};
+use crate::config::{Anonymous, OnAmbiguous, OnStoreError, Policy, Settings};
 use crate::fingerprint::{self, RequestParts, FINGERPRINT_VERSION};
-use crate::key::{self, IdempotencyKey, RecordId, Tenant};
+use crate::key::{self, RecordId};
 use crate::metrics::Metrics;
 use crate::problem::Problem;
+use crate::scope::{path, tenant, PathRules, Scoper, Tenant, TenantSource};
 use crate::store::{deadline, Claim, ClaimRequest, OwnerToken, Store, StoreError, StoredResponse};
 use crate::upstream::{self, Failure, UpstreamClient};
 
@@ -87,6 +88,8 @@ pub struct Proxy {
 struct Shared {
     settings: Settings,
     store: Arc<dyn Store>,
+    // Record ids: this store's secret and this instance's namespace.
+    scoper: Scoper,
     client: UpstreamClient,
     // Upstream exchanges that outlive their client connection; shutdown waits for them.
     tasks: TaskTracker,
@@ -112,6 +115,7 @@ impl Proxy {
     pub fn new(
         settings: Settings,
         store: Arc<dyn Store>,
+        scoper: Scoper,
         tasks: TaskTracker,
         metrics: Arc<Metrics>,
     ) -> Proxy {
@@ -120,6 +124,7 @@ impl Proxy {
             shared: Arc::new(Shared {
                 settings,
                 store,
+                scoper,
                 client,
                 tasks,
                 metrics,
@@ -130,25 +135,57 @@ impl Proxy {
     /// Handles one request. Never fails: every error becomes a response here.
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
         let started = Instant::now();
-        let policy = self.shared.settings.policy_for(req.uri().path());
+        let settings = &self.shared.settings;
+        let metrics = &self.shared.metrics;
+        let routed = match settings.route(req.uri().path()) {
+            Ok(routed) => routed,
+            Err(e) => {
+                let (policy, method) = (&settings.default_policy, req.method().clone());
+                if settings.protects_anywhere(&method) {
+                    let res = Problem::InvalidPath.response(e.to_string(), None, None);
+                    log_request(
+                        metrics,
+                        &res,
+                        Outcome::Rejected,
+                        None,
+                        &method,
+                        policy,
+                        started,
+                    );
+                    return res;
+                }
+                // No route protects this method: it would pass through wherever it led.
+                let timeout = policy.upstream_timeout;
+                let res = self.pass_through(req.map(body::boxed), peer, timeout).await;
+                let outcome = Outcome::Passthrough;
+                log_request(metrics, &res, outcome, None, &method, policy, started);
+                return res;
+            }
+        };
+        let policy = routed.policy;
         if !policy.protects(req.method()) {
             let (timeout, method) = (policy.upstream_timeout, req.method().clone());
+            // A key on a method that is not protected is a client that expects protection
+            // and does not get it (`post` is not `POST`: methods are case-sensitive).
+            let keyed = req.headers().contains_key(key::HEADER);
+            if keyed {
+                tracing::warn!(
+                    method = %method,
+                    route = policy.route.as_deref().unwrap_or("-"),
+                    "a request with an Idempotency-Key on a method this route does not protect was forwarded unprotected (methods are case-sensitive)"
+                );
+            }
             let res = self.pass_through(req.map(body::boxed), peer, timeout).await;
-            let metrics = &self.shared.metrics;
-            log_request(
-                metrics,
-                &res,
-                Outcome::Passthrough,
-                None,
-                &method,
-                policy,
-                started,
-            );
+            let outcome = if keyed {
+                Outcome::Unprotected
+            } else {
+                Outcome::Passthrough
+            };
+            log_request(metrics, &res, outcome, None, &method, policy, started);
             return res;
         }
         let policy = policy.clone();
         let method = req.method().clone();
-        let metrics = &self.shared.metrics;
         let log = |res: &Response<Body>, outcome: Outcome, policy: &Policy| {
             log_request(metrics, res, outcome, None, &method, policy, started);
         };
@@ -173,7 +210,34 @@ impl Proxy {
                 return res;
             }
         };
-        let (parts, incoming) = req.into_parts();
+        let tenant = match self.tenant(req.headers(), &policy) {
+            Ok(tenant) => tenant,
+            Err(res) => {
+                log(&res, Outcome::Rejected, &policy);
+                return res;
+            }
+        };
+        // Scope and fingerprint use the path's normal form; the upstream gets it too, so
+        // that what was scoped as one operation is sent as one request. Only a
+        // case-insensitive route sends its letters as the client wrote them.
+        let raw_path = req.uri().path();
+        let scope_path = routed.normalized.as_deref().unwrap_or(raw_path).to_string();
+        let forward_path = if policy.path_rules.case_insensitive {
+            let rules = PathRules {
+                case_insensitive: false,
+                ..policy.path_rules
+            };
+            match path::normalize(raw_path, rules) {
+                Ok(std::borrow::Cow::Owned(p)) => Some(p),
+                _ => None,
+            }
+        } else {
+            routed.normalized
+        };
+        let (mut parts, incoming) = req.into_parts();
+        if let Some(p) = forward_path {
+            set_path(&mut parts.uri, &p);
+        }
         let body = match self
             .read_body(&parts.headers, incoming, policy.max_body_bytes)
             .await
@@ -187,7 +251,7 @@ impl Proxy {
         let fp = fingerprint::fingerprint(
             &RequestParts {
                 method: parts.method.as_str(),
-                path: parts.uri.path(),
+                path: &scope_path,
                 query: parts.uri.query(),
                 content_type: parts
                     .headers
@@ -197,7 +261,10 @@ impl Proxy {
             },
             &policy.fingerprint_ignore,
         );
-        let id = record_id(&parts, &policy, &key);
+        let id = self
+            .shared
+            .scoper
+            .record_id(&tenant, parts.method.as_str(), &scope_path, &key);
         let mut claim = ClaimRequest {
             id,
             fingerprint: fp,
@@ -217,7 +284,9 @@ impl Proxy {
             owner: claim.owner.clone(),
             armed: true,
         };
-        let found = self.claim(&mut claim, &request, &body, &policy).await;
+        let found = self
+            .claim(&mut claim, &request, &scope_path, &body, &policy)
+            .await;
         pending.disarm();
         let protected = Protected {
             claim,
@@ -236,6 +305,7 @@ impl Proxy {
         &self,
         claim: &mut ClaimRequest,
         request: &Request<Body>,
+        scope_path: &str,
         body: &Bytes,
         policy: &Policy,
     ) -> Result<Claim, StoreError> {
@@ -246,7 +316,7 @@ impl Proxy {
         };
         let parts = RequestParts {
             method: request.method().as_str(),
-            path: request.uri().path(),
+            path: scope_path,
             query: request.uri().query(),
             content_type: request
                 .headers()
@@ -383,6 +453,40 @@ impl Proxy {
         res
     }
 
+    /// The tenant of a protected request, or the response that refuses it.
+    #[allow(clippy::result_large_err)]
+    fn tenant(
+        &self,
+        headers: &hyper::HeaderMap,
+        policy: &Policy,
+    ) -> Result<Tenant, Response<Body>> {
+        let jwt = self.shared.settings.jwt.as_deref();
+        match tenant::resolve(headers, &policy.tenant, jwt) {
+            Ok(Some(tenant)) => Ok(tenant),
+            Ok(None) if policy.anonymous == Anonymous::Shared => Ok(Tenant::anonymous()),
+            Ok(None) => {
+                let detail = match &policy.tenant {
+                    TenantSource::Headers(names) if names.is_empty() => "this route reads no tenant headers and does not share an anonymous scope".to_string(),
+                    TenantSource::Headers(names) => format!(
+                        "send one of the headers that name the tenant ({}); requests without a tenant are not accepted on this route",
+                        names.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
+                    ),
+                    TenantSource::JwtClaim(claim) => format!("send a bearer token whose `{claim}` claim names the tenant"),
+                };
+                Err(Problem::MissingTenant.response(detail, None, None))
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "bearer token refused");
+                let mut res = Problem::InvalidToken.response(e.to_string(), None, None);
+                res.headers_mut().insert(
+                    hyper::header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer error=\"invalid_token\""),
+                );
+                Err(res)
+            }
+        }
+    }
+
     /// Buffers a protected body up to `max` bytes within the body read timeout.
     async fn read_body(
         &self,
@@ -510,13 +614,20 @@ fn log_request(
     }
 }
 
-fn record_id(
-    parts: &hyper::http::request::Parts,
-    policy: &Policy,
-    key: &IdempotencyKey,
-) -> RecordId {
-    let tenant = Tenant::from_headers(&parts.headers, &policy.tenant_headers);
-    RecordId::new(&tenant, parts.method.as_str(), parts.uri.path(), key)
+/// Replaces a URI's path, keeping its query.
+fn set_path(uri: &mut hyper::Uri, path: &str) {
+    let pq = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    };
+    let mut parts = std::mem::take(uri).into_parts();
+    // A normalized path is made of the characters of a valid one, so it parses.
+    if let Ok(pq) = pq.parse() {
+        parts.path_and_query = Some(pq);
+    }
+    if let Ok(new) = hyper::Uri::from_parts(parts) {
+        *uri = new;
+    }
 }
 
 /// A protected request between its claim and its answer, with what its log line needs.

@@ -20,6 +20,7 @@ use crate::admin::Admin;
 use crate::config::{Config, ConfigError, Settings};
 use crate::metrics::{self, Instrumented, Metrics};
 use crate::proxy::Proxy;
+use crate::scope::Scoper;
 use crate::store::{MemoryStore, RedisStore, Store, StoreError};
 
 /// Why idemgate could not start or stopped with an error.
@@ -56,9 +57,17 @@ impl Error {
     }
 }
 
-/// Opens the configured store: Redis when `redis_url`, `redis_sentinels` or
-/// `redis_cluster_nodes` is set, else the embedded one.
-pub async fn open_store(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
+/// Opens the configured store (Redis when `redis_url`, `redis_sentinels` or
+/// `redis_cluster_nodes` is set, else the embedded one) and
+/// reads the secret that its record ids are keyed with.
+pub async fn open_store(settings: &Settings) -> Result<(Arc<dyn Store>, Scoper), Error> {
+    let store = open_backend(settings).await?;
+    let timeout = settings.config.store_timeout;
+    let secret = crate::store::deadline(timeout, store.scope_secret()).await?;
+    Ok((store, Scoper::new(&secret, &settings.namespace)))
+}
+
+async fn open_backend(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
     let c = &settings.config;
     let Some(setup) = &settings.redis else {
         tracing::warn!(
@@ -116,11 +125,19 @@ pub async fn start(config: Config) -> Result<Running, Error> {
         Some(l) => Some(local_addr(l, settings.config.listen)?),
         None => None,
     };
-    let store = open_store(&settings).await?;
+    let (store, scoper) = open_store(&settings).await?;
     let stop = CancellationToken::new();
     let token = stop.clone();
     let task = tokio::spawn(async move {
-        serve(settings, store, listener, admin, token.cancelled_owned()).await;
+        serve(
+            settings,
+            store,
+            scoper,
+            listener,
+            admin,
+            token.cancelled_owned(),
+        )
+        .await;
     });
     Ok(Running {
         addr,
@@ -169,8 +186,8 @@ pub async fn run(
     admin: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let store = open_store(&settings).await?;
-    serve(settings, store, listener, admin, shutdown).await;
+    let (store, scoper) = open_store(&settings).await?;
+    serve(settings, store, scoper, listener, admin, shutdown).await;
     Ok(())
 }
 
@@ -178,6 +195,7 @@ pub async fn run(
 pub async fn serve(
     settings: Settings,
     store: Arc<dyn Store>,
+    scoper: Scoper,
     listener: TcpListener,
     admin: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -208,7 +226,7 @@ pub async fn serve(
             },
         ))
     });
-    let proxy = Proxy::new(settings, store, tasks.clone(), metrics);
+    let proxy = Proxy::new(settings, store, scoper, tasks.clone(), metrics);
     let proxy_task = tokio::spawn(accept_loop(
         listener,
         stop.clone(),

@@ -108,7 +108,10 @@ fn unreachable_redis_at_start_exits_69() {
         .port();
     let o = idemgate(
         &["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"],
-        &[("IDEMGATE_REDIS_URL", &format!("redis://127.0.0.1:{port}/0"))],
+        &[
+            ("IDEMGATE_REDIS_URL", &format!("redis://127.0.0.1:{port}/0")),
+            ("IDEMGATE_NAMESPACE", "payments"),
+        ],
     );
     assert_eq!(o.status.code(), Some(69), "{}", stderr(&o));
     assert!(stderr(&o).contains("store"), "{}", stderr(&o));

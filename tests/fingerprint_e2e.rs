@@ -224,13 +224,14 @@ async fn ignored_members_do_not_count(backend: Backend) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_of_an_unknown_fingerprint_version_is_never_a_422() {
     use idemgate::fingerprint::Fingerprint;
-    use idemgate::key::{RecordId, Tenant};
+    use idemgate::scope::{Scoper, Tenant};
     use idemgate::store::{ClaimRequest, OwnerToken, RedisStore, Store};
     use std::time::Duration;
 
     let redis = RedisServer::start();
     let up = Upstream::start().await;
-    // An idemgate of a later version made this record (same scope: no Authorization header).
+    // An idemgate of a later version made this record (same scope: the shared anonymous
+    // tenant, the tests' namespace, the store's secret).
     let store = RedisStore::connect(&redis.url(), Duration::from_secs(1), Duration::from_secs(1))
         .await
         .unwrap();
@@ -240,9 +241,9 @@ async fn a_record_of_an_unknown_fingerprint_version_is_never_a_422() {
         hyper::header::HeaderValue::from_static("v-key"),
     );
     let key = idemgate::key::parse(&h, 255).unwrap().unwrap();
-    let auth = [hyper::header::AUTHORIZATION];
-    let id = RecordId::new(
-        &Tenant::from_headers(&hyper::HeaderMap::new(), &auth),
+    let secret = store.scope_secret().await.unwrap();
+    let id = Scoper::new(&secret, NAMESPACE).record_id(
+        &Tenant::anonymous(),
         "POST",
         "/v1/transfers",
         &key,

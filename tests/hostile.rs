@@ -62,6 +62,7 @@ fn assert_well_framed(raw: &str) {
 async fn app_before(upstream_url: &str, tweak: impl FnOnce(&mut Config)) -> idemgate::Running {
     let mut c = Config::for_upstream(upstream_url);
     c.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    c.defaults.anonymous = idemgate::config::Anonymous::Shared;
     tweak(&mut c);
     spawn_app(c).await
 }
@@ -350,11 +351,15 @@ async fn anonymous_and_authenticated_callers_never_share_and_replays_carry_no_ho
     let mallory = post(&c, &app, "/v1/transfers", Some("shared"), TRANSFER, &auth).await;
     assert!(!anon.replayed() && !mallory.replayed());
     assert_ne!(anon.body, mallory.body);
-    // Same credentials with other case or padding are another tenant, never a replay of
-    // someone else's record; the one that matches replays.
-    let other = [("authorization", "bearer mallory")];
+    // A credential in other letter case is another tenant, never a replay of someone else's
+    // record; the same credential replays, whatever the case of its scheme.
+    let other = [("authorization", "Bearer MALLORY")];
     let r = post(&c, &app, "/v1/transfers", Some("shared"), TRANSFER, &other).await;
     assert!(!r.replayed());
+    let scheme = [("authorization", "bearer mallory")];
+    let r = post(&c, &app, "/v1/transfers", Some("shared"), TRANSFER, &scheme).await;
+    assert!(r.replayed());
+    assert_eq!(r.body, mallory.body);
     let again = post(&c, &app, "/v1/transfers", Some("shared"), TRANSFER, &auth).await;
     assert!(again.replayed());
     assert_eq!(again.body, mallory.body);

@@ -312,13 +312,15 @@ async fn client_that_disconnects_still_gets_its_answer_on_retry(backend: Backend
 
 async fn refused_upstream_is_502_and_released(backend: Backend) {
     let port = free_port();
-    let mut cfg = Config::for_upstream(&format!("http://127.0.0.1:{port}"));
-    cfg.redis_url = backend.url();
+    let up = Upstream::start().await;
+    let mut cfg = config(&up, &backend);
+    cfg.upstream = format!("http://127.0.0.1:{port}");
     let app = spawn_app(cfg).await;
     let c = client();
     let r = post(&c, &app, "/v1/transfers", Some("k-refused"), TRANSFER, &[]).await;
     assert_eq!(r.status, 502);
     assert!(r.problem_type().ends_with("/upstream-unreachable"));
+    drop(up);
     let up = Upstream::start_on(port).await;
     let retry = post(&c, &app, "/v1/transfers", Some("k-refused"), TRANSFER, &[]).await;
     assert_eq!(retry.status, 201);
@@ -326,8 +328,6 @@ async fn refused_upstream_is_502_and_released(backend: Backend) {
     assert_eq!(up.hits(), 1);
     app.shutdown().await;
 }
-
-use idemgate::Config;
 
 async fn upstream_timeout_is_504_and_held_as_unknown(backend: Backend) {
     let up = Upstream::start().await;

@@ -11,12 +11,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::topology::Cluster;
+use common::topology::{redis_base, Cluster};
 use common::*;
 use idemgate::Config;
 
 fn cluster_config(up: &Upstream, cluster: &Cluster) -> Config {
-    let mut c = config(up, &Backend::memory());
+    let mut c = redis_base(up);
     // One seed is enough; the rest is discovered.
     c.redis_cluster_nodes = vec![cluster.addrs()[0].clone()];
     c.admin_listen = Some("127.0.0.1:0".parse().unwrap());
@@ -68,7 +68,7 @@ async fn a_slot_migration_is_followed_through_ask_and_moved() {
         .primaries()
         .into_iter()
         .find_map(|i| {
-            let keys = cluster.nodes[i].cli(&["--scan", "--pattern", "idemgate:*"])?;
+            let keys = cluster.nodes[i].cli(&["--scan", "--pattern", "idemgate:{*"])?;
             keys.lines().next().map(|k| (i, k.trim().to_string()))
         })
         .expect("the record on some primary");
@@ -104,7 +104,7 @@ async fn a_slot_migration_is_followed_through_ask_and_moved() {
     // The source no longer has it; the destination does.
     let on = |i: usize| {
         cluster.nodes[i]
-            .cli(&["--scan", "--pattern", "idemgate:*"])
+            .cli(&["--scan", "--pattern", "idemgate:{*"])
             .unwrap()
     };
     assert!(on(src).trim().is_empty());

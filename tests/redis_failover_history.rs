@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::topology::{Cluster, Sentinels, MASTER};
+use common::topology::{redis_base, Cluster, Sentinels, MASTER};
 use common::*;
 use idemgate::Config;
 use rand::rngs::StdRng;
@@ -209,7 +209,7 @@ fn seed() -> u64 {
 async fn sentinel_failovers_execute_no_acknowledged_key_twice() {
     let s = Sentinels::start(2);
     let up = Upstream::start().await;
-    let mut cfg = config(&up, &Backend::memory());
+    let mut cfg = redis_base(&up);
     cfg.redis_sentinels = s.addrs();
     cfg.redis_sentinel_master = Some(MASTER.into());
     // Both replicas: whichever the sentinels promote has every forwarded claim.
@@ -221,7 +221,7 @@ async fn sentinel_failovers_execute_no_acknowledged_key_twice() {
 async fn cluster_failovers_execute_no_acknowledged_key_twice() {
     let c = Cluster::start();
     let up = Upstream::start().await;
-    let mut cfg = config(&up, &Backend::memory());
+    let mut cfg = redis_base(&up);
     cfg.redis_cluster_nodes = c.addrs();
     cfg.min_replicas_ack = 1;
     run_history(Topo::Cluster(c), cfg, up, seed()).await;

@@ -8,12 +8,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::topology::{Node, Sentinels, MASTER};
+use common::topology::{redis_base, Node, Sentinels, MASTER};
 use common::*;
 use idemgate::Config;
 
 fn sentinel_config(up: &Upstream, s: &Sentinels) -> Config {
-    let mut c = config(up, &Backend::memory());
+    let mut c = redis_base(up);
     c.redis_sentinels = s.addrs();
     c.redis_sentinel_master = Some(MASTER.into());
     c.admin_listen = Some("127.0.0.1:0".parse().unwrap());
@@ -105,7 +105,7 @@ async fn an_unacknowledged_claim_is_not_forwarded() {
     let replica = Node::start(&["--replicaof", &of, "--save", "", "--appendonly", "no"]);
     eventually_online(&primary).await;
     let up = Upstream::start().await;
-    let mut cfg = config(&up, &Backend::memory());
+    let mut cfg = redis_base(&up);
     cfg.redis_url = Some(primary.url());
     cfg.min_replicas_ack = 1;
     cfg.replica_ack_timeout = Duration::from_millis(200);
@@ -175,7 +175,7 @@ async fn replica_ack_cost() {
     };
     for ack in [0u32, 1] {
         let up = Upstream::start().await;
-        let mut cfg = config(&up, &Backend::memory());
+        let mut cfg = redis_base(&up);
         cfg.redis_url = Some(primary.url());
         cfg.min_replicas_ack = ack;
         let app = spawn_app(cfg).await;

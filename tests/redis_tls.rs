@@ -8,12 +8,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::topology::{tls_node, Node, Pki};
+use common::topology::{redis_base, tls_node, Node, Pki};
 use common::*;
 use idemgate::Config;
 
 fn tls_config(up: &Upstream, node: &Node, host: &str, pki: &Pki) -> Config {
-    let mut c = config(up, &Backend::memory());
+    let mut c = redis_base(up);
     c.redis_url = Some(format!("rediss://{host}:{}/0", node.port));
     c.redis_tls_ca_file = Some(pki.path("ca.crt"));
     c.redis_tls_cert_file = Some(pki.path("client.crt"));
@@ -40,7 +40,7 @@ async fn private_ca_and_client_certificate() {
     let app = spawn_app(tls_config(&up, &node, "localhost", &pki)).await;
     one_key_executes_once(&app, &up).await;
     // The record is on the TLS server: the plain port is closed (port 0).
-    let keys = node.cli(&["--scan", "--pattern", "idemgate:*"]).unwrap();
+    let keys = node.cli(&["--scan", "--pattern", "idemgate:{*"]).unwrap();
     assert_eq!(keys.lines().count(), 1, "{keys}");
     app.shutdown().await;
 }
@@ -147,7 +147,7 @@ async fn the_readme_acl_user_is_enough_and_no_more() {
     assert!(off.starts_with("+OK"), "{off}");
 
     let up = Upstream::start().await;
-    let mut c = config(&up, &Backend::memory());
+    let mut c = redis_base(&up);
     c.redis_url = Some(redis.url());
     c.redis_username = Some("idemgate".into());
     c.redis_password = Some(password.into());

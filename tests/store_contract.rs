@@ -10,7 +10,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::RedisServer;
 use idemgate::fingerprint::Fingerprint;
-use idemgate::key::{IdempotencyKey, RecordId, Tenant};
+use idemgate::key::{IdempotencyKey, RecordId};
+use idemgate::scope::{ScopeSecret, Scoper, Tenant};
 use idemgate::store::{
     Claim, ClaimRequest, MemoryStore, OwnerToken, RecordState, RedisStore, Store, StoreError,
     StoredResponse,
@@ -50,12 +51,11 @@ fn id(key: &str) -> RecordId {
         hyper::header::HeaderValue::from_str(key).unwrap(),
     );
     let key: IdempotencyKey = idemgate::key::parse(&h, 255).unwrap().unwrap();
-    RecordId::new(
-        &Tenant::from_headers(&hyper::HeaderMap::new(), &[]),
-        "POST",
-        "/t",
-        &key,
+    Scoper::new(
+        &ScopeSecret::from_hex(&"5a".repeat(32)).unwrap(),
+        "contract",
     )
+    .record_id(&Tenant::anonymous(), "POST", "/t", &key)
 }
 
 fn claim(key: &str, fp: u8, lease_ms: u64) -> ClaimRequest {

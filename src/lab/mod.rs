@@ -208,10 +208,16 @@ async fn start_idemgate(
     redis_url: Option<String>,
 ) -> Result<(SocketAddr, crate::Running), String> {
     let mut config = crate::Config::for_upstream(&format!("http://{upstream}"));
+    if redis_url.is_some() {
+        config.namespace = Some("lab".into());
+    }
     config.redis_url = redis_url;
+    // The legacy bank has no authentication, so its clients carry no tenant: they share one
+    // anonymous scope (their keys are unique per intent and per run).
     config.routes.push(crate::config::Route {
         path: "/transfers".into(),
         require_key: Some(true),
+        anonymous: Some(crate::config::Anonymous::Shared),
         ..Default::default()
     });
     let running = crate::start(config).await.map_err(|e| e.to_string())?;

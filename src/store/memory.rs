@@ -15,6 +15,7 @@ use super::{
 };
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
+use crate::scope::ScopeSecret;
 
 /// The in-memory store. Cheap to clone; clones share the records.
 #[derive(Clone)]
@@ -34,6 +35,8 @@ struct Inner {
     held: AtomicUsize,
     // A cap, so a client that floods distinct keys gets 503s instead of exhausting memory.
     max_records: usize,
+    // This store's record-id key: random, and gone with the records it keys.
+    secret: ScopeSecret,
 }
 
 /// How many shards the records are split over, each with its own lock, map and expiry index.
@@ -247,6 +250,7 @@ impl MemoryStore {
                 shards: std::array::from_fn(|_| Mutex::new(Records::new())),
                 held: AtomicUsize::new(0),
                 max_records,
+                secret: ScopeSecret::random(),
             }),
         }
     }
@@ -557,6 +561,11 @@ impl Store for MemoryStore {
 
     fn kind(&self) -> &'static str {
         "memory"
+    }
+
+    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>> {
+        let secret = self.inner.secret.clone();
+        Box::pin(async move { Ok(secret) })
     }
 }
 

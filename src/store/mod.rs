@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
+use crate::scope::ScopeSecret;
 
 pub mod memory;
 pub mod redis;
@@ -226,6 +227,10 @@ pub trait Store: Send + Sync + 'static {
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
     /// A short name for logs: `memory` or `redis`.
     fn kind(&self) -> &'static str;
+    /// The secret that record ids are keyed with: the same for every instance that shares
+    /// this store, created by the first one and kept by the store. An embedded store has
+    /// its own, which dies with it like its records.
+    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>>;
     /// What the server says about itself, for metrics; `None` for a store without a
     /// server (the embedded one).
     fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {

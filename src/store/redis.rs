@@ -22,6 +22,7 @@ use super::{
     StoreError, StoredResponse,
 };
 use crate::key::RecordId;
+use crate::scope::ScopeSecret;
 
 // Fields of a record hash: st = state (p in progress, c completed, u unknown), fp =
 // fingerprint hex, fv = fingerprint version, ow = owner token, lu = lease until (ms, Redis
@@ -86,6 +87,11 @@ local body = false
 if ARGV[1] == '1' then body = redis.call('HGET', KEYS[1], 'bd') end
 return {r[1], r[2], r[3], r[4] or '', r[5], r[6] or '', tostring(now), tostring(redis.call('PTTL', KEYS[1])), body}
 "#;
+
+/// Where the record-id secret lives: outside any record's hash tag, read once at start-up.
+/// It must outlive every record (it does: it has no TTL, and idemgate refuses a Redis that
+/// evicts); losing it orphans every record, exactly like losing the records themselves.
+pub const SECRET_KEY: &str = "idemgate:scope-secret";
 
 /// The Redis store.
 #[derive(Clone)]
@@ -637,6 +643,43 @@ impl Store for RedisStore {
         "redis"
     }
 
+    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.conn.clone();
+            // SET NX, then GET: whichever instance came first, every instance reads the one
+            // secret that won. Two commands rather than `SET NX GET`, which Redis before
+            // 7.0 refuses; this runs once, at start-up.
+            let _: Value = redis::cmd("SET")
+                .arg(SECRET_KEY)
+                .arg(ScopeSecret::random().to_hex())
+                .arg("NX")
+                .query_async(&mut c)
+                .await
+                .map_err(backend)?;
+            let stored: Option<String> = redis::cmd("GET")
+                .arg(SECRET_KEY)
+                .query_async(&mut c)
+                .await
+                .map_err(backend)?;
+            let secret = stored
+                .as_deref()
+                .and_then(ScopeSecret::from_hex)
+                .ok_or_else(|| corrupt(&format!("{SECRET_KEY} is not a 64-digit hex secret")))?;
+            // Every record id hangs on the secret: one lost in a failover would orphan every
+            // record. With replica acknowledgement on, it must be on the replicas too.
+            if let Some(ack) = self.replica_ack {
+                let acked: i64 = redis::cmd("WAIT")
+                    .arg(ack.replicas)
+                    .arg(ack.timeout.as_millis() as u64)
+                    .query_async(&mut c)
+                    .await
+                    .map_err(backend)?;
+                self.acknowledged("the scope secret", Some(acked))?;
+            }
+            Ok(secret)
+        })
+    }
+
     fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
         Box::pin(async move {
             // The default sections hold all four fields; `all` would add per-command ones.
@@ -677,7 +720,7 @@ impl Store for RedisStore {
 mod tests {
     use super::*;
     use crate::fingerprint::Fingerprint;
-    use crate::key::Tenant;
+    use crate::scope::{ScopeSecret, Scoper, Tenant};
     use hyper::header::HeaderValue;
 
     #[test]
@@ -689,8 +732,8 @@ mod tests {
             .ok()
             .flatten()
             .expect("a valid key");
-        let tenant = Tenant::from_headers(&headers, &[]);
-        let id = RecordId::new(&tenant, "POST", "/v1/transfers", &key);
+        let scoper = Scoper::new(&ScopeSecret::random(), "payments");
+        let id = scoper.record_id(&Tenant::anonymous(), "POST", "/v1/transfers", &key);
         let written = RedisStore::key(&id);
         let expected = format!("idemgate:{{{id}}}");
         assert_eq!(std::str::from_utf8(&written).ok(), Some(expected.as_str()));

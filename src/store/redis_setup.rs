@@ -428,6 +428,7 @@ mod tests {
         let s = Settings::new(with(|c| {
             c.redis_cluster_nodes = vec!["10.0.0.1:7000".into(), "[::1]:7001".into()];
             c.redis_tls = true;
+            c.namespace = Some("payments".into());
             c.redis_username = Some("idemgate".into());
             c.redis_password = Some("secret".into());
             c.min_replicas_ack = 1;

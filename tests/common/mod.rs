@@ -417,11 +417,22 @@ impl Backend {
     }
 }
 
+/// The namespace of the tests' Redis-backed instances.
+pub const NAMESPACE: &str = "test";
+
 /// A config in front of `upstream` on the given backend, admin listener on port 0.
+///
+/// Requests without a tenant share one anonymous scope, so tests that are not about tenants
+/// need not invent credentials; the tests about tenants set `anonymous` back to `refuse`
+/// or send their own headers.
 pub fn config(upstream: &Upstream, backend: &Backend) -> Config {
     let mut c = Config::for_upstream(&upstream.url());
     c.redis_url = backend.url();
+    if c.redis_url.is_some() {
+        c.namespace = Some(NAMESPACE.into());
+    }
     c.admin_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    c.defaults.anonymous = idemgate::config::Anonymous::Shared;
     c
 }
 
@@ -429,7 +440,9 @@ pub fn config(upstream: &Upstream, backend: &Backend) -> Config {
 pub fn redis_config(upstream: &Upstream, redis: &RedisServer) -> Config {
     let mut c = Config::for_upstream(&upstream.url());
     c.redis_url = Some(redis.url());
+    c.namespace = Some(NAMESPACE.into());
     c.admin_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    c.defaults.anonymous = idemgate::config::Anonymous::Shared;
     c
 }
 
@@ -554,6 +567,8 @@ impl Gate {
             .env("IDEMGATE_ADMIN_LISTEN", admin.to_string())
             .env("IDEMGATE_UPSTREAM", upstream)
             .env("IDEMGATE_REDIS_URL", redis_url)
+            .env("IDEMGATE_NAMESPACE", NAMESPACE)
+            .env("IDEMGATE_DEFAULTS__ANONYMOUS", "shared")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);

@@ -479,16 +479,20 @@ impl Cluster {
             .collect()
     }
 
-    /// Keys per primary, by node index.
+    /// Records per primary, by node index (the scope secret is not a record).
     pub fn keys_per_primary(&self) -> Vec<(usize, u64)> {
         self.primaries()
             .into_iter()
             .map(|i| {
-                let n = self.nodes[i]
+                let node = &self.nodes[i];
+                let n: u64 = node
                     .cli(&["DBSIZE"])
                     .and_then(|s| s.trim().parse().ok())
                     .unwrap_or(0);
-                (i, n)
+                let secret = node
+                    .cli(&["EXISTS", "idemgate:scope-secret"])
+                    .is_some_and(|s| s.trim() == "1");
+                (i, n - u64::from(secret))
             })
             .collect()
     }
@@ -505,4 +509,12 @@ fn owns_slots(n: &Node) -> bool {
             f.first() == Some(&myid.as_str()) && f.len() > 8
         })
     })
+}
+
+/// The shared test configuration in front of `up`, with the namespace that Redis needs;
+/// the caller says which Redis.
+pub fn redis_base(up: &super::Upstream) -> idemgate::Config {
+    let mut c = super::config(up, &super::Backend::memory());
+    c.namespace = Some(super::NAMESPACE.into());
+    c
 }

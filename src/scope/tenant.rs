@@ -1,0 +1,213 @@
+//! The tenant of a request: the principal whose records these are.
+//!
+//! Two sources, chosen per route:
+//!
+//! - [`TenantSource::Headers`] (`tenant_headers`, default `["Authorization"]`): the values of
+//!   headers. With a trusted header that a gateway sets (`X-Account-Id`), that is the
+//!   principal. With `Authorization` it is the raw credential: the scheme is compared
+//!   case-insensitively (`bearer x` and `Bearer x` are one tenant), but a refreshed token is
+//!   another tenant, so a retry made with a new token is a new operation.
+//! - [`TenantSource::JwtClaim`] (`tenant_jwt_claim`): a claim of the bearer token, which must
+//!   pass verification; a token that does not never reaches a record.
+//!
+//! A request from which no tenant can be read resolves to `None`; the proxy refuses it
+//! unless its route shares one anonymous scope (`anonymous = "shared"`).
+
+use hyper::header::{HeaderMap, HeaderName, AUTHORIZATION};
+use sha2::{Digest, Sha256};
+
+use super::jwt::{JwtError, JwtVerifier};
+
+/// Where a route reads its tenant from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TenantSource {
+    /// The values of these headers (absent headers and empty values do not count).
+    Headers(Vec<HeaderName>),
+    /// This claim of a verified `Authorization: Bearer` JWT.
+    JwtClaim(String),
+}
+
+/// A resolved tenant: a hash of the principal (credentials only ever exist as a hash, and
+/// the record id keys that hash again under the store's secret).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Tenant([u8; 32]);
+
+impl Tenant {
+    /// The one tenant of every request on a route with `anonymous = "shared"`.
+    pub fn anonymous() -> Tenant {
+        Tenant(Sha256::digest(b"idemgate-tenant\x00\x02anonymous").into())
+    }
+
+    /// The hash's bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tenant(..)")
+    }
+}
+
+/// Why a request's tenant could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum TenantError {
+    /// The bearer token failed verification.
+    #[error("the bearer token was refused: {0}")]
+    InvalidToken(#[from] JwtError),
+    /// `tenant_jwt_claim` is set but idemgate has no keys to verify tokens with (a
+    /// configuration that validation refuses; kept as an error rather than a panic).
+    #[error("no JWT keys are configured")]
+    NoKeys,
+}
+
+fn part(h: &mut Sha256, b: &[u8]) {
+    h.update((b.len() as u64).to_be_bytes());
+    h.update(b);
+}
+
+/// Trims optional whitespace (RFC 9110 OWS) from both ends.
+fn trim(mut b: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = b {
+        b = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = b {
+        b = rest;
+    }
+    b
+}
+
+/// Resolves the tenant of a request. `Ok(None)`: the request carries no tenant.
+pub fn resolve(
+    headers: &HeaderMap,
+    source: &TenantSource,
+    jwt: Option<&JwtVerifier>,
+) -> Result<Option<Tenant>, TenantError> {
+    match source {
+        TenantSource::Headers(names) => Ok(from_headers(headers, names)),
+        TenantSource::JwtClaim(claim) => {
+            let Some(token) = bearer_token(headers) else {
+                return Ok(None);
+            };
+            let verifier = jwt.ok_or(TenantError::NoKeys)?;
+            let Some(value) = verifier.verify(token, claim)? else {
+                return Ok(None);
+            };
+            let mut h = Sha256::new();
+            h.update(b"idemgate-tenant\x00\x02jwt");
+            part(&mut h, claim.as_bytes());
+            part(&mut h, value.as_bytes());
+            Ok(Some(Tenant(h.finalize().into())))
+        }
+    }
+}
+
+fn from_headers(headers: &HeaderMap, names: &[HeaderName]) -> Option<Tenant> {
+    let mut h = Sha256::new();
+    h.update(b"idemgate-tenant\x00\x02headers");
+    let mut any = false;
+    for name in names {
+        part(&mut h, name.as_str().as_bytes());
+        let values: Vec<&[u8]> = headers
+            .get_all(name)
+            .iter()
+            .map(|v| trim(v.as_bytes()))
+            .filter(|v| !v.is_empty())
+            .collect();
+        h.update((values.len() as u64).to_be_bytes());
+        for v in values {
+            any = true;
+            if *name == AUTHORIZATION {
+                // `<scheme> <credentials>`: the scheme is case-insensitive (RFC 9110
+                // 11.1), the credentials are not.
+                let (scheme, rest) = match v.iter().position(|b| *b == b' ' || *b == b'\t') {
+                    Some(i) => (&v[..i], trim(&v[i..])),
+                    None => (v, &[][..]),
+                };
+                part(&mut h, &scheme.to_ascii_lowercase());
+                part(&mut h, rest);
+            } else {
+                part(&mut h, v);
+            }
+        }
+    }
+    any.then(|| Tenant(h.finalize().into()))
+}
+
+/// The token of `Authorization: Bearer <token>` (scheme in any case), if there is exactly
+/// one such header.
+pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let mut values = headers.get_all(AUTHORIZATION).iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    let v = value.to_str().ok()?.trim();
+    let (scheme, token) = v.split_once([' ', '\t'])?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::HeaderValue;
+
+    fn tenant_of(pairs: &[(&'static str, &str)], names: &[&'static str]) -> Option<Tenant> {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(*n, HeaderValue::from_str(v).expect("value"));
+        }
+        let names = names.iter().map(|n| HeaderName::from_static(n)).collect();
+        resolve(&h, &TenantSource::Headers(names), None).expect("headers never fail")
+    }
+
+    #[test]
+    fn the_auth_scheme_is_case_insensitive_and_the_credential_is_not() {
+        let auth = ["authorization"];
+        let a = tenant_of(&[("authorization", "Bearer NEW")], &auth);
+        assert!(a.is_some());
+        assert_eq!(a, tenant_of(&[("authorization", "bearer NEW")], &auth));
+        assert_eq!(a, tenant_of(&[("authorization", "BEARER   NEW ")], &auth));
+        assert_ne!(a, tenant_of(&[("authorization", "Bearer new")], &auth));
+        assert_ne!(a, tenant_of(&[("authorization", "Bearer OLD")], &auth));
+    }
+
+    #[test]
+    fn no_header_or_an_empty_one_is_no_tenant() {
+        let auth = ["authorization"];
+        assert_eq!(tenant_of(&[], &auth), None);
+        assert_eq!(tenant_of(&[("authorization", "")], &auth), None);
+        assert_eq!(tenant_of(&[("x-api-key", "k")], &auth), None);
+        assert_eq!(tenant_of(&[("x-api-key", "k")], &[]), None);
+    }
+
+    #[test]
+    fn header_tenants_are_told_apart_by_name_and_value() {
+        let names = ["x-api-key", "x-account-id"];
+        let a = tenant_of(&[("x-api-key", "m1")], &names);
+        assert!(a.is_some());
+        assert_ne!(a, tenant_of(&[("x-api-key", "m2")], &names));
+        assert_ne!(a, tenant_of(&[("x-account-id", "m1")], &names));
+        assert_ne!(a, Some(Tenant::anonymous()));
+        // The scheme rule is for Authorization only.
+        assert_ne!(
+            tenant_of(&[("x-api-key", "Key A")], &names),
+            tenant_of(&[("x-api-key", "key A")], &names)
+        );
+    }
+
+    #[test]
+    fn bearer_tokens_are_read_in_any_scheme_case() {
+        let mut h = HeaderMap::new();
+        h.insert(AUTHORIZATION, HeaderValue::from_static("bEaReR  abc "));
+        assert_eq!(bearer_token(&h), Some("abc"));
+        h.insert(AUTHORIZATION, HeaderValue::from_static("Basic abc"));
+        assert_eq!(bearer_token(&h), None);
+        h.insert(AUTHORIZATION, HeaderValue::from_static("Bearer"));
+        assert_eq!(bearer_token(&h), None);
+    }
+}
