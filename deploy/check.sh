@@ -64,8 +64,8 @@ IDEMGATE_CONFIG="$work/idemgate.toml" IDEMGATE_REDIS_PASSWORD="$PASSWORD" \
   target/debug/idemgate 2>"$work/idemgate.log" & pids+=($!)
 wait_for "$p_proxy" idemgate
 # The upstream answers 501 to a POST: any answer is recorded, and the retry replays it.
-curl -s -o /dev/null -X POST -H 'Idempotency-Key: check-1' "http://127.0.0.1:$p_proxy/transfers"
-replayed=$(curl -s -D - -o /dev/null -X POST -H 'Idempotency-Key: check-1' "http://127.0.0.1:$p_proxy/transfers" | tr -d '\r' | grep -i '^idempotent-replayed: true' || true)
+curl -s -o /dev/null -X POST -H 'Authorization: Bearer check' -H 'Idempotency-Key: check-1' "http://127.0.0.1:$p_proxy/transfers"
+replayed=$(curl -s -D - -o /dev/null -X POST -H 'Authorization: Bearer check' -H 'Idempotency-Key: check-1' "http://127.0.0.1:$p_proxy/transfers" | tr -d '\r' | grep -i '^idempotent-replayed: true' || true)
 # The user may not look around: SCAN is not among its commands.
 denied=$(cli --user idemgate --pass "$PASSWORD" --no-auth-warning --scan 2>&1 || true)
 if [ -n "$replayed" ] && [[ "$denied" == *NOPERM* ]]; then
