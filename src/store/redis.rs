@@ -169,7 +169,7 @@ impl RedisStore {
             Ok(conn) => conn.map_err(at)?,
             Err(_) => {
                 return Err(StoreError::Backend(format!(
-                    "Redis at {}: no connection within {:?}",
+                    "Redis at {}: timed out: no connection within {:?}",
                     setup.addresses(),
                     budget + response_timeout
                 )))
