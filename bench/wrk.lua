@@ -1,4 +1,5 @@
--- Requests for bench/run. Arguments (after `--`): mode, prefix, keys.
+-- Requests for bench/run. Arguments (after `--`): mode, prefix, keys, and optionally the
+-- path (default /v1/transfers) and an Authorization value.
 --   none    POST without Idempotency-Key (direct upstream, or idemgate pass-through)
 --   new     a key never used before on every request: prefix-<thread>-<n>
 --   replay  cycles through prefix-0 .. prefix-<keys-1>, created beforehand
@@ -17,15 +18,27 @@ function setup(thread)
   thread:set("tid", threads)
 end
 
+local path = "/v1/transfers"
+local authorization = nil
+
 local function format(key)
   local headers = { ["Content-Type"] = "application/json" }
   if key then
     headers["Idempotency-Key"] = key
   end
-  return wrk.format("POST", "/v1/transfers", headers, body)
+  if authorization then
+    headers["Authorization"] = authorization
+  end
+  return wrk.format("POST", path, headers, body)
 end
 
 function init(args)
+  if args[4] and args[4] ~= "" then
+    path = args[4]
+  end
+  if args[5] and args[5] ~= "" then
+    authorization = args[5]
+  end
   mode = args[1] or "none"
   local prefix = args[2] or "k"
   local keys = tonumber(args[3] or "1")

@@ -888,4 +888,85 @@ mod tests {
         let err = settings("listen_addr = \"x\"").unwrap_err().to_string();
         assert!(err.contains("listen_addr"), "{err}");
     }
+
+    #[test]
+    fn scope_settings_are_validated_naming_their_key() {
+        for (toml, key) in [
+            ("redis_url = \"redis://127.0.0.1:6379/0\"", "namespace"),
+            ("namespace = \"has space\"", "namespace"),
+            (
+                "[defaults]\ntenant_jwt_claim = \"sub\"",
+                "defaults.tenant_jwt_claim",
+            ),
+            (
+                "[[routes]]\npath = \"/a\"\ntenant_jwt_claim = \"sub\"",
+                "routes[0].tenant_jwt_claim",
+            ),
+            ("jwt_hs256_secret = \"short\"", "jwt_hs256_secret"),
+            ("jwks_file = \"/nonexistent/jwks.json\"", "jwks_file"),
+            (
+                "[[routes]]\npath = \"/a/\"\n[[routes]]\npath = \"/a\"",
+                "routes[1].path",
+            ),
+            ("[[routes]]\npath = \"/a%2Fb\"", "routes[0].path"),
+            ("[defaults]\nanonymous = \"open\"", "anonymous"),
+            ("[defaults]\npath_match = \"loose\"", "path_match"),
+        ] {
+            let err = settings(toml).unwrap_err().to_string();
+            assert!(err.contains(key), "{toml:?}: {err}");
+        }
+        let s =
+            settings("redis_url = \"redis://127.0.0.1:6379/0\"\nnamespace = \"payments\"").unwrap();
+        assert_eq!(s.namespace, "payments");
+        assert_eq!(settings("").unwrap().namespace, "default");
+        let err = settings("jwt_hs256_secret = \"short\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !err.contains("short\""),
+            "the secret is never printed: {err}"
+        );
+    }
+
+    #[test]
+    fn routes_match_the_normal_form_of_the_path() {
+        let s = settings(
+            r#"
+            [defaults]
+            tenant_jwt_claim = "sub"
+            [[routes]]
+            path = "/v1/transfers/"
+            tenant_headers = ["X-Account-Id"]
+            [[routes]]
+            path = "/IIS"
+            case_insensitive_paths = true
+            [[routes]]
+            path = "/strict"
+            path_match = "strict"
+            "#
+            .replace(
+                "[defaults]",
+                "jwt_hs256_secret = \"0123456789abcdef0123456789abcdef\"\n[defaults]",
+            )
+            .as_str(),
+        )
+        .unwrap();
+        let r = s.route("/v1//%74ransfers/7/").unwrap();
+        assert_eq!(r.policy.route.as_deref(), Some("/v1/transfers/"));
+        assert_eq!(r.normalized.as_deref(), Some("/v1/transfers/7"));
+        assert_eq!(
+            r.policy.tenant,
+            TenantSource::Headers(vec![HeaderName::from_static("x-account-id")])
+        );
+        let r = s.route("/v1/transfers").unwrap();
+        assert_eq!(r.normalized, None);
+        assert_eq!(r.policy.route.as_deref(), Some("/v1/transfers/"));
+        let r = s.route("/iis/Pay").unwrap();
+        assert_eq!(r.policy.route.as_deref(), Some("/IIS"));
+        assert_eq!(r.normalized.as_deref(), Some("/iis/pay"));
+        assert_eq!(s.route("/strict//x").unwrap().normalized, None);
+        let d = s.route("/other").unwrap().policy;
+        assert_eq!(d.tenant, TenantSource::JwtClaim("sub".into()));
+        assert!(s.route("/a%2fb").is_err());
+    }
 }

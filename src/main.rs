@@ -83,6 +83,10 @@ struct Overrides {
     #[arg(long, value_name = "URL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     redis_url: Option<String>,
+    /// Whose records these are, when several services share one store (required with Redis).
+    #[arg(long, value_name = "NAME")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    namespace: Option<String>,
     /// Address of the admin listener (/healthz, /readyz, /metrics, /records/{id}).
     #[arg(long, value_name = "ADDR")]
     #[serde(skip_serializing_if = "Option::is_none")]

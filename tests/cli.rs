@@ -27,6 +27,7 @@ fn help_and_version() {
         "--listen",
         "--upstream",
         "--redis-url",
+        "--namespace",
         "--admin-listen",
         "lab",
         "bank",
@@ -150,4 +151,21 @@ fn the_shipped_kubernetes_configuration_loads() {
     let settings = idemgate::Config::load(idemgate::Config::figment(Some(&file)))
         .unwrap_or_else(|e| panic!("{e}\n{toml}"));
     assert_eq!(settings.config.worker_threads, 1);
+}
+
+/// Two services on one Redis must not share records by accident: a Redis set-up without a
+/// namespace does not start.
+#[test]
+fn redis_without_a_namespace_exits_64_naming_the_key() {
+    let o = idemgate(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--redis-url",
+            "redis://127.0.0.1:9/0",
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
+    assert!(stderr(&o).contains("namespace"), "{}", stderr(&o));
 }
