@@ -1,7 +1,9 @@
 //! The admin listener: `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /records/{id}`
 //! and `DELETE /records/{id}`. Loopback by default; it can release records, so keep it
-//! private, and set `admin_token` when it is not on loopback: then every endpoint but
-//! `/healthz` wants `Authorization: Bearer <token>`.
+//! private, and set `admin_token` when it is not on loopback: then every endpoint but the
+//! probes (`/healthz`, `/readyz`) wants `Authorization: Bearer <token>`. The probes are open
+//! so that a plain `httpGet` probe can use them; they say up or not, nothing else (the
+//! store's error only to a caller with the token).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +18,8 @@ use crate::body::{self, Body};
 use crate::config::Secret;
 use crate::key::RecordId;
 use crate::metrics::{self, Metrics};
-use crate::store::{deadline, Store};
+use crate::problem::Problem;
+use crate::store::{deadline, Deleted, RecordState, RecordView, Store};
 
 /// The admin service.
 #[derive(Clone)]
@@ -63,25 +66,32 @@ impl Admin {
 
     /// Handles one admin request.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
-        if req.uri().path() != "/healthz" && !self.authorized(&req) {
+        let authorized = self.authorized(&req);
+        let probe = matches!(req.uri().path(), "/healthz" | "/readyz");
+        if !probe && !authorized {
             let mut res = text(StatusCode::UNAUTHORIZED, "admin token required\n");
             res.headers_mut()
                 .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             return res;
         }
         let path = req.uri().path().to_string();
-        let with_body = req
-            .uri()
-            .query()
-            .is_some_and(|q| q.split('&').any(|p| p == "body=1"));
+        let with_body = has_param(&req, "body=1");
+        let force = has_param(&req, "force=true");
         match (req.method(), path.as_str()) {
             (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
             (&Method::GET, "/readyz") => {
                 match deadline(self.store_timeout, self.store.ping()).await {
                     Ok(()) => text(StatusCode::OK, "ready\n"),
-                    Err(e) => text(
+                    Err(e) if authorized => text(
                         StatusCode::SERVICE_UNAVAILABLE,
                         &format!("not ready: {} store: {e}\n", self.store.kind()),
+                    ),
+                    Err(_) => text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &format!(
+                            "not ready: the {} store does not answer\n",
+                            self.store.kind()
+                        ),
                     ),
                 }
             }
@@ -113,20 +123,23 @@ impl Admin {
                         }
                     }
                     Method::DELETE => {
-                        let before =
-                            deadline(self.store_timeout, self.store.inspect(&id, false)).await;
-                        match deadline(self.store_timeout, self.store.delete(&id)).await {
-                            Ok(true) => {
-                                tracing::warn!(record = %id, "record released by an operator");
+                        let before = deadline(self.store_timeout, self.store.inspect(&id, false))
+                            .await
+                            .ok()
+                            .flatten();
+                        match deadline(self.store_timeout, self.store.delete(&id, force)).await {
+                            Ok(Deleted::Deleted) => {
+                                tracing::warn!(record = %id, forced = force, "record released by an operator");
                                 json(
                                     StatusCode::OK,
-                                    &serde_json::json!({"released": before.ok().flatten(), "id": id.to_string()}),
+                                    &serde_json::json!({"released": before, "id": id.to_string()}),
                                 )
                             }
-                            Ok(false) => json(
+                            Ok(Deleted::NotFound) => json(
                                 StatusCode::NOT_FOUND,
                                 &serde_json::json!({"error": "no such record", "id": id.to_string()}),
                             ),
+                            Ok(Deleted::OwnerBusy) => owner_busy(&id, before.as_ref()),
                             Err(e) => store_error(e),
                         }
                     }
@@ -136,6 +149,35 @@ impl Admin {
             _ => text(StatusCode::NOT_FOUND, "not found\n"),
         }
     }
+}
+
+/// Whether the query string holds `param` (`name=value`) as one of its parts.
+fn has_param(req: &Request<Incoming>, param: &str) -> bool {
+    req.uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|p| p == param))
+}
+
+/// 409: the release was refused because the owner may still be working, and why.
+fn owner_busy(id: &RecordId, view: Option<&RecordView>) -> Response<Body> {
+    let why = match view {
+        Some(RecordView {
+            state: RecordState::InProgress,
+            lease_left_ms: Some(ms),
+            ..
+        }) => format!("its owner holds a live lease for another {ms} ms"),
+        Some(RecordView {
+            owner_busy_ms: Some(ms),
+            ..
+        }) => format!(
+            "its lease ran out, but its owner may still be waiting for the upstream for another {ms} ms (upstream_timeout)"
+        ),
+        _ => "its owner may still be working on it".to_string(),
+    };
+    let detail = format!(
+        "not released: {why}; a retry let through now could execute while the first call completes. Try again once it has passed, or add ?force=true if you know the idemgate instance that owns it is gone (see the README's runbook)"
+    );
+    Problem::OwnerBusy.response(detail, Some(id), None)
 }
 
 fn store_error(e: crate::store::StoreError) -> Response<Body> {

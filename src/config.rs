@@ -15,6 +15,7 @@ use hyper::{Method, Uri};
 use serde::{Deserialize, Serialize};
 
 use crate::fingerprint::JsonPointer;
+use crate::retry_after::TypicalTime;
 use crate::scope::jwt::JwtVerifier;
 use crate::scope::{path, PathError, PathRules, TenantSource};
 
@@ -63,13 +64,16 @@ pub enum PathMatch {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// Where clients connect.
+    /// Where clients connect (`host:port`; a host name is resolved at start).
+    #[serde(deserialize_with = "addr")]
     pub listen: SocketAddr,
     /// The upstream origin, `http://host:port`.
     pub upstream: String,
     /// The admin listener (`/healthz`, `/readyz`, `/metrics`, `/records/{id}`); absent: off.
+    #[serde(default, deserialize_with = "optional_addr")]
     pub admin_listen: Option<SocketAddr>,
-    /// When set, every admin endpoint but `/healthz` wants `Authorization: Bearer <token>`.
+    /// When set, every admin endpoint but the probes (`/healthz`, `/readyz`) wants
+    /// `Authorization: Bearer <token>`.
     pub admin_token: Option<Secret>,
     /// Redis URL; absent (and no sentinels or cluster nodes): the embedded in-memory store.
     pub redis_url: Option<String>,
@@ -120,6 +124,12 @@ pub struct Config {
     /// Outer deadline of every store call (claim, record, release...).
     #[serde(with = "humantime_serde")]
     pub store_timeout: Duration,
+    /// How long an idle connection to the upstream may be reused. Keep it below the
+    /// upstream's own keep-alive timeout: a request written onto a connection that the
+    /// upstream is closing at that moment cannot be told from one the upstream read, and
+    /// its outcome is unknown. `0`: a new connection for every request.
+    #[serde(with = "humantime_serde")]
+    pub upstream_idle_timeout: Duration,
     /// How long one attempt to connect to Redis may take.
     #[serde(with = "humantime_serde")]
     pub redis_connect_timeout: Duration,
@@ -139,10 +149,41 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Threads that serve requests (1: everything on one thread, the sidecar default).
     pub worker_threads: usize,
+    /// OpenTelemetry collector, OTLP over HTTP with protobuf (`http://host:4318`;
+    /// `/v1/traces` is added); absent: no tracing, unless the standard
+    /// `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT` names one.
+    pub otlp_endpoint: Option<String>,
     /// Applies to every request unless a route overrides it.
     pub defaults: Defaults,
     /// Per-path overrides; the longest matching prefix wins.
     pub routes: Vec<Route>,
+}
+
+/// `host:port` to a socket address: an IP address as it is, a host name (`localhost:8080`)
+/// resolved, its first address taken.
+pub fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    use std::net::ToSocketAddrs;
+    match s.to_socket_addrs() {
+        Ok(mut addrs) => addrs
+            .next()
+            .ok_or_else(|| format!("`{s}` resolves to no address")),
+        Err(e) => Err(format!("`{s}` is not host:port or does not resolve: {e}")),
+    }
+}
+
+fn addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let s = String::deserialize(d)?;
+    resolve_addr(&s).map_err(serde::de::Error::custom)
+}
+
+fn optional_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+    match Option::<String>::deserialize(d)? {
+        Some(s) => resolve_addr(&s).map(Some).map_err(serde::de::Error::custom),
+        None => Ok(None),
+    }
 }
 
 /// A configuration value that must never be printed: its `Debug` is redacted, so a
@@ -236,6 +277,12 @@ pub struct Route {
     pub fingerprint_ignore: Option<Vec<String>>,
 }
 
+/// The default of [`Config::upstream_idle_timeout`]: half of the shortest keep-alive
+/// timeout common servers use (1 s), so that upstreams closing idle connections after 1 s,
+/// 2 s (gunicorn) or 5 s (Node, uvicorn, Apache) never close one that idemgate is about to
+/// reuse, with half a second to spare for a loaded machine. Below 1 s, set it.
+pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_millis(500);
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -261,12 +308,14 @@ impl Default for Config {
             jwks_file: None,
             redis_info_interval: Duration::from_secs(15),
             store_timeout: Duration::from_millis(500),
+            upstream_idle_timeout: UPSTREAM_IDLE_TIMEOUT,
             redis_connect_timeout: Duration::from_secs(1),
             memory_max_records: 1_000_000,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
             worker_threads: 1,
+            otlp_endpoint: None,
             defaults: Defaults::default(),
             routes: Vec::new(),
         }
@@ -318,16 +367,16 @@ impl Config {
         if let Some(path) = file {
             f = f.merge(Toml::file_exact(path));
         }
+        // Variables that name no setting are left out (the binary names them in one
+        // warning, see `unknown_env`) instead of stopping start-up: Kubernetes injects
+        // `IDEMGATE_PORT`, `IDEMGATE_SERVICE_HOST`... into every pod of a namespace that has
+        // a Service called `idemgate`. A TOML file's unknown keys stay an error: a file is
+        // written for idemgate alone.
+        let known = KnownKeys::new();
         f = f.merge(
             Env::prefixed("IDEMGATE_")
-                .ignore(&[
-                    "CONFIG",
-                    "LOG_FORMAT",
-                    "ADMIN_TOKEN",
-                    "JWT_HS256_SECRET",
-                    "NAMESPACE",
-                    "REDIS_PASSWORD",
-                ])
+                .ignore(NOT_SETTINGS)
+                .filter(move |key| known.contains(key.as_str()))
                 .split("__"),
         );
         // Taken verbatim: the environment provider would read a value such as `1e5` or
@@ -354,11 +403,75 @@ impl Config {
     }
 }
 
+/// `IDEMGATE_` variables that are read elsewhere, not settings.
+/// (The secrets and the namespace are read verbatim, see [`Config::figment`].)
+const NOT_SETTINGS: &[&str] = &[
+    "CONFIG",
+    "LOG_FORMAT",
+    "ADMIN_TOKEN",
+    "JWT_HS256_SECRET",
+    "NAMESPACE",
+    "REDIS_PASSWORD",
+];
+
+/// The shape of the configuration, as the defaults serialize: which environment names
+/// (`listen`, `defaults__lease`) name a setting.
+#[derive(Clone)]
+struct KnownKeys(Arc<serde_json::Value>);
+
+impl KnownKeys {
+    fn new() -> KnownKeys {
+        KnownKeys(Arc::new(
+            serde_json::to_value(Config::default()).unwrap_or_default(),
+        ))
+    }
+
+    /// Whether an environment name without its prefix (`DEFAULTS__LEASE`, any case) names a
+    /// setting. Below a value that is not a table (an absent option, the route list) every
+    /// name is left to the deserializer, which reports what is wrong with it.
+    fn contains(&self, key: &str) -> bool {
+        let mut at = &*self.0;
+        for segment in key.split("__") {
+            match at {
+                serde_json::Value::Object(map) => match map.get(&segment.to_ascii_lowercase()) {
+                    Some(v) => at = v,
+                    None => return false,
+                },
+                _ => return true,
+            }
+        }
+        true
+    }
+}
+
+/// The `IDEMGATE_` variables of this process that name no setting, sorted: [`Config::figment`]
+/// leaves them out, and the binary names them in one warning.
+pub fn unknown_env() -> Vec<String> {
+    unknown_env_vars(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()))
+}
+
+/// The `IDEMGATE_` variables among `names` that name no setting, sorted.
+pub fn unknown_env_vars(names: impl Iterator<Item = String>) -> Vec<String> {
+    let known = KnownKeys::new();
+    let mut unknown: Vec<String> = names
+        .filter_map(|name| {
+            let key = name
+                .get(..9)
+                .filter(|p| p.eq_ignore_ascii_case("IDEMGATE_"))
+                .and_then(|_| name.get(9..))?;
+            let ignored = NOT_SETTINGS.iter().any(|k| k.eq_ignore_ascii_case(key));
+            (!ignored && !known.contains(key)).then_some(name)
+        })
+        .collect();
+    unknown.sort();
+    unknown
+}
+
 /// A configuration error: the key at fault and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The sources could not be read or did not match the schema (figment names the key).
-    #[error("{0}")]
+    #[error("{}", describe(.0))]
     Source(Box<figment::Error>),
     /// A value has the right type but cannot be used.
     #[error("invalid configuration value for `{key}`: {reason}")]
@@ -368,6 +481,26 @@ pub enum ConfigError {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// figment's message without its profile name (`default.`), which means nothing to
+/// someone who never chose a profile: `what is wrong for key `defaults.lease` in file`.
+fn describe(e: &figment::Error) -> String {
+    let mut out = Vec::new();
+    for e in e.clone() {
+        let mut line = e.kind.to_string();
+        if !e.path.is_empty() {
+            line.push_str(&format!(" for key `{}`", e.path.join(".")));
+        }
+        if let Some(md) = &e.metadata {
+            match &md.source {
+                Some(source) => line.push_str(&format!(" in {} {}", source, md.name)),
+                None => line.push_str(&format!(" in {}", md.name)),
+            }
+        }
+        out.push(line);
+    }
+    out.join("\n")
 }
 
 fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
@@ -408,6 +541,9 @@ pub struct Policy {
     pub on_ambiguous: OnAmbiguous,
     #[allow(missing_docs)]
     pub fingerprint_ignore: Vec<JsonPointer>,
+    /// How long this route's upstream typically takes (measured while running), for the
+    /// `Retry-After` of a 409 in-progress.
+    pub upstream_time: Arc<TypicalTime>,
 }
 
 impl Policy {
@@ -489,6 +625,18 @@ impl Settings {
         }
         if config.worker_threads == 0 {
             return Err(invalid("worker_threads", "must be at least 1"));
+        }
+        if let Some(endpoint) = &config.otlp_endpoint {
+            let ok = endpoint
+                .parse::<Uri>()
+                .ok()
+                .is_some_and(|u| u.scheme_str() == Some("http") && u.authority().is_some());
+            if !ok {
+                return Err(invalid(
+                    "otlp_endpoint",
+                    "must be http://host:port (OTLP over HTTP, no TLS: run the collector beside idemgate)",
+                ));
+            }
         }
         let redis = crate::store::RedisSetup::from_config(&config)?;
         let namespace = match (&config.namespace, &redis) {
@@ -596,22 +744,33 @@ impl Settings {
     pub fn route<'a>(&'a self, raw: &str) -> Result<Routed<'a>, PathError> {
         // Normal forms already computed, per rules: a path is normalized at most once per
         // distinct rule set (there are four), and a path in normal form costs no copy.
-        let mut forms: Vec<(PathRules, Cow<'_, str>)> = Vec::with_capacity(1);
+        // No allocation for the bookkeeping: there are four rule sets at most.
+        let mut forms: [Option<(PathRules, Cow<'_, str>)>; 4] = Default::default();
         fn form_for<'p>(
-            forms: &mut Vec<(PathRules, Cow<'p, str>)>,
+            forms: &mut [Option<(PathRules, Cow<'p, str>)>; 4],
             raw: &'p str,
             rules: PathRules,
         ) -> Result<usize, PathError> {
-            if let Some(i) = forms.iter().position(|(r, _)| *r == rules) {
-                return Ok(i);
+            for (i, slot) in forms.iter_mut().enumerate() {
+                match slot {
+                    Some((r, _)) if *r == rules => return Ok(i),
+                    Some(_) => {}
+                    None => {
+                        *slot = Some((rules, path::normalize(raw, rules)?));
+                        return Ok(i);
+                    }
+                }
             }
-            forms.push((rules, path::normalize(raw, rules)?));
-            Ok(forms.len() - 1)
+            // Two booleans make four rule sets, so a slot was free or matched above.
+            Err(PathError::NotAbsolute)
         }
         let mut chosen = None;
         for (prefix, policy) in &self.routes {
             let i = form_for(&mut forms, raw, policy.path_rules)?;
-            if prefix_matches(prefix, &forms[i].1) {
+            let matches = forms[i]
+                .as_ref()
+                .is_some_and(|(_, form)| prefix_matches(prefix, form));
+            if matches {
                 chosen = Some((policy, i));
                 break;
             }
@@ -623,9 +782,9 @@ impl Settings {
                 form_for(&mut forms, raw, self.default_policy.path_rules)?,
             ),
         };
-        let normalized = match forms.swap_remove(i).1 {
-            Cow::Borrowed(_) => None,
-            Cow::Owned(s) => Some(s),
+        let normalized = match forms[i].take() {
+            Some((_, Cow::Owned(s))) => Some(s),
+            _ => None,
         };
         Ok(Routed { policy, normalized })
     }
@@ -763,6 +922,7 @@ fn resolve(
         on_store_error: r.on_store_error.unwrap_or(d.on_store_error),
         on_ambiguous: r.on_ambiguous.unwrap_or(d.on_ambiguous),
         fingerprint_ignore,
+        upstream_time: Arc::default(),
     };
     if p.lease < Duration::from_millis(100) {
         return Err(invalid(key_of("lease"), "must be at least 100ms"));
@@ -887,6 +1047,60 @@ mod tests {
         assert!(err.contains("defaults.retention"), "{err}");
         let err = settings("listen_addr = \"x\"").unwrap_err().to_string();
         assert!(err.contains("listen_addr"), "{err}");
+    }
+
+    #[test]
+    fn listen_addresses_may_name_a_host() {
+        let s = settings("listen = \"localhost:8088\"\nadmin_listen = \"localhost:9988\"").unwrap();
+        assert!(s.config.listen.ip().is_loopback());
+        assert_eq!(s.config.listen.port(), 8088);
+        assert_eq!(s.config.admin_listen.map(|a| a.port()), Some(9988));
+        let err = settings("listen = \"localhost\"").unwrap_err().to_string();
+        assert!(err.contains("listen"), "{err}");
+    }
+
+    #[test]
+    fn errors_do_not_name_the_profile() {
+        let err = settings("[defaults]\nretention = \"soon\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("for key `defaults.retention`"), "{err}");
+        assert!(!err.contains("default."), "{err}");
+    }
+
+    #[test]
+    fn environment_names_that_are_no_setting_are_told_apart() {
+        let names = [
+            // What a Service called `idemgate` injects into every pod.
+            "IDEMGATE_PORT",
+            "IDEMGATE_PORT_80_TCP_ADDR",
+            "IDEMGATE_SERVICE_HOST",
+            "IDEMGATE_DEFAULTS__LEASEE",
+            // Settings, in any case, top level and nested.
+            "IDEMGATE_LISTEN",
+            "idemgate_upstream",
+            "IDEMGATE_REDIS_URL",
+            "IDEMGATE_DEFAULTS__ON_AMBIGUOUS",
+            "IDEMGATE_DEFAULTS",
+            // Read elsewhere.
+            "IDEMGATE_CONFIG",
+            "IDEMGATE_LOG_FORMAT",
+            "IDEMGATE_ADMIN_TOKEN",
+            "IDEMGATE_NAMESPACE",
+            // Not ours.
+            "PATH",
+            "IDEMGATEWAY",
+        ];
+        let unknown = unknown_env_vars(names.iter().map(|s| s.to_string()));
+        assert_eq!(
+            unknown,
+            [
+                "IDEMGATE_DEFAULTS__LEASEE",
+                "IDEMGATE_PORT",
+                "IDEMGATE_PORT_80_TCP_ADDR",
+                "IDEMGATE_SERVICE_HOST"
+            ]
+        );
     }
 
     #[test]

@@ -20,8 +20,8 @@ use prometheus_client::registry::Registry;
 use crate::key::RecordId;
 use crate::proxy::Outcome;
 use crate::store::{
-    renew_deadline, BoxFuture, Claim, ClaimRequest, OwnerToken, RecordView, ServerStats, Store,
-    StoreError, StoredResponse,
+    renew_deadline, BoxFuture, Claim, ClaimRequest, Deleted, OwnerToken, RecordView, ServerStats,
+    Store, StoreError, StoredResponse,
 };
 
 /// The content type of [`Metrics::encode`]'s output (OpenMetrics text, which Prometheus
@@ -357,8 +357,9 @@ impl Store for Instrumented {
         &'a self,
         id: &'a RecordId,
         owner: &'a OwnerToken,
+        linger: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let call = self.inner.release(id, owner);
+        let call = self.inner.release(id, owner, linger);
         self.timed(StoreOp::Release, self.store_timeout, call)
     }
 
@@ -371,8 +372,13 @@ impl Store for Instrumented {
         self.timed(StoreOp::Inspect, self.store_timeout, call)
     }
 
-    fn delete<'a>(&'a self, id: &'a RecordId) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.timed(StoreOp::Delete, self.store_timeout, self.inner.delete(id))
+    fn delete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
+        let call = self.inner.delete(id, force);
+        self.timed(StoreOp::Delete, self.store_timeout, call)
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {

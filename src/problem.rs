@@ -48,6 +48,8 @@ pub enum Problem {
     UpstreamUnreachable,
     /// The request was sent and no complete answer came back.
     UpstreamTimeout,
+    /// Admin API: a release refused because the record's owner may still be working on it.
+    OwnerBusy,
 }
 
 impl Problem {
@@ -68,6 +70,7 @@ impl Problem {
             Problem::StoreUnavailable => "store-unavailable",
             Problem::UpstreamUnreachable => "upstream-unreachable",
             Problem::UpstreamTimeout => "upstream-timeout",
+            Problem::OwnerBusy => "owner-busy",
         }
     }
 
@@ -82,7 +85,9 @@ impl Problem {
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Problem::BodyUnreadable => StatusCode::BAD_REQUEST,
-            Problem::InProgress | Problem::OutcomeUnknown => StatusCode::CONFLICT,
+            Problem::InProgress | Problem::OutcomeUnknown | Problem::OwnerBusy => {
+                StatusCode::CONFLICT
+            }
             Problem::FingerprintMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
@@ -110,6 +115,7 @@ impl Problem {
             Problem::StoreUnavailable => "The idempotency store is unavailable",
             Problem::UpstreamUnreachable => "The upstream could not be reached",
             Problem::UpstreamTimeout => "The upstream did not answer completely in time",
+            Problem::OwnerBusy => "The record's owner may still be working on it",
         }
     }
 

@@ -22,6 +22,7 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, DATE, SET_COOKIE};
 use hyper::{Request, Response, StatusCode};
 use tokio_util::task::TaskTracker;
+use tracing::Span;
 
 use crate::body::{self, Body};
 use crate::config::{Anonymous, OnAmbiguous, OnStoreError, Policy, Settings};
@@ -29,8 +30,11 @@ use crate::fingerprint::{self, RequestParts, FINGERPRINT_VERSION};
 use crate::key::{self, RecordId};
 use crate::metrics::Metrics;
 use crate::problem::Problem;
+use crate::request_id::{self, X_REQUEST_ID};
+use crate::retry_after;
 use crate::scope::{path, tenant, PathRules, Scoper, Tenant, TenantSource};
 use crate::store::{deadline, Claim, ClaimRequest, OwnerToken, Store, StoreError, StoredResponse};
+use crate::telemetry::{self, Step};
 use crate::upstream::{self, Failure, UpstreamClient};
 
 /// Header added to every replayed response.
@@ -108,6 +112,8 @@ struct Claimed {
     owner: OwnerToken,
     policy: Arc<Policy>,
     request: Request<Body>,
+    // The request's span (none with tracing off): parent of the upstream and record spans.
+    span: Span,
 }
 
 impl Proxy {
@@ -119,7 +125,10 @@ impl Proxy {
         tasks: TaskTracker,
         metrics: Arc<Metrics>,
     ) -> Proxy {
-        let client = upstream::client(upstream::CONNECT_TIMEOUT);
+        let client = upstream::client(
+            upstream::CONNECT_TIMEOUT,
+            settings.config.upstream_idle_timeout,
+        );
         Proxy {
             shared: Arc::new(Shared {
                 settings,
@@ -132,8 +141,22 @@ impl Proxy {
         }
     }
 
-    /// Handles one request. Never fails: every error becomes a response here.
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    /// Handles one request. Never fails: every error becomes a response here. The
+    /// request's `X-Request-Id` (its own, or a fresh one) goes upstream with it and comes
+    /// back on every answer, replays and idemgate's own included.
+    pub async fn handle(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let request_id = request_id::ensure(req.headers_mut());
+        let mut res = self.respond(req, peer, request_id.clone()).await;
+        res.headers_mut().insert(X_REQUEST_ID, request_id);
+        res
+    }
+
+    async fn respond(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        request_id: HeaderValue,
+    ) -> Response<Body> {
         let started = Instant::now();
         let settings = &self.shared.settings;
         let metrics = &self.shared.metrics;
@@ -141,24 +164,22 @@ impl Proxy {
             Ok(routed) => routed,
             Err(e) => {
                 let (policy, method) = (&settings.default_policy, req.method().clone());
+                let line = Line {
+                    method: &method,
+                    policy,
+                    request_id: &request_id,
+                    span: &Span::none(),
+                    started,
+                };
                 if settings.protects_anywhere(&method) {
                     let res = Problem::InvalidPath.response(e.to_string(), None, None);
-                    log_request(
-                        metrics,
-                        &res,
-                        Outcome::Rejected,
-                        None,
-                        &method,
-                        policy,
-                        started,
-                    );
+                    log_request(metrics, &res, Outcome::Rejected, None, &line);
                     return res;
                 }
                 // No route protects this method: it would pass through wherever it led.
                 let timeout = policy.upstream_timeout;
                 let res = self.pass_through(req.map(body::boxed), peer, timeout).await;
-                let outcome = Outcome::Passthrough;
-                log_request(metrics, &res, outcome, None, &method, policy, started);
+                log_request(metrics, &res, Outcome::Passthrough, None, &line);
                 return res;
             }
         };
@@ -181,13 +202,33 @@ impl Proxy {
             } else {
                 Outcome::Passthrough
             };
-            log_request(metrics, &res, outcome, None, &method, policy, started);
+            let line = Line {
+                method: &method,
+                policy,
+                request_id: &request_id,
+                span: &Span::none(),
+                started,
+            };
+            log_request(metrics, &res, outcome, None, &line);
             return res;
         }
         let policy = policy.clone();
         let method = req.method().clone();
+        let span = telemetry::request_span(
+            req.headers(),
+            &method,
+            policy.route.as_deref(),
+            request_id::as_str(&request_id),
+        );
         let log = |res: &Response<Body>, outcome: Outcome, policy: &Policy| {
-            log_request(metrics, res, outcome, None, &method, policy, started);
+            let line = Line {
+                method: &method,
+                policy,
+                request_id: &request_id,
+                span: &span,
+                started,
+            };
+            log_request(metrics, res, outcome, None, &line);
         };
         let key = match key::parse(req.headers(), policy.max_key_length) {
             Ok(Some(key)) => key,
@@ -272,6 +313,7 @@ impl Proxy {
             owner: OwnerToken::random(),
             lease: policy.lease,
             retention: policy.retention,
+            busy_for: busy_for(&policy, self.shared.settings.config.store_timeout),
         };
         let request = Request::from_parts(parts, body::full(body.clone()));
         // The claim runs on the connection's own task: a replay, a 409 or a 422 costs no
@@ -282,11 +324,14 @@ impl Proxy {
             shared: &self.shared,
             id,
             owner: claim.owner.clone(),
+            linger: claim.retention,
             armed: true,
         };
+        let claim_span = telemetry::child(&span, Step::Claim);
         let found = self
             .claim(&mut claim, &request, &scope_path, &body, &policy)
             .await;
+        drop(claim_span);
         pending.disarm();
         let protected = Protected {
             claim,
@@ -294,6 +339,8 @@ impl Proxy {
             policy,
             peer,
             method,
+            request_id,
+            span,
             started,
         };
         self.settle(found, protected).await
@@ -344,6 +391,8 @@ impl Proxy {
             policy,
             peer,
             method,
+            request_id,
+            span,
             started,
         } = protected;
         let id = claim.id;
@@ -352,6 +401,7 @@ impl Proxy {
             owner: claim.owner,
             policy: policy.clone(),
             request,
+            span: span.clone(),
         };
         let this = self.clone();
         // Boxed: the exchange → record state machine is several kilobytes, and tokio
@@ -359,7 +409,14 @@ impl Proxy {
         let task = self.shared.tasks.spawn(Box::pin(async move {
             let (res, outcome) = exchange(&this.shared, claimed, peer).await;
             let metrics = &this.shared.metrics;
-            log_request(metrics, &res, outcome, Some(id), &method, &policy, started);
+            let line = Line {
+                method: &method,
+                policy: &policy,
+                request_id: &request_id,
+                span: &span,
+                started,
+            };
+            log_request(metrics, &res, outcome, Some(id), &line);
             res
         }));
         match task.await {
@@ -395,14 +452,17 @@ impl Proxy {
             ),
             Ok(Claim::Claimed) => return self.forward_claimed(protected).await,
             Ok(Claim::Replay(stored)) => (replay(stored), Outcome::Replayed),
-            Ok(Claim::InFlight { .. }) => (
-                Problem::InProgress.response(
+            Ok(Claim::InFlight { lease_left }) => {
+                let policy = &protected.policy;
+                let typical = policy.upstream_time.get();
+                let wait = retry_after::in_progress(policy.lease, lease_left, typical);
+                let res = Problem::InProgress.response(
                     "a request with this key is being executed; retry after it finishes",
                     Some(&id),
-                    Some(1),
-                ),
-                Outcome::InProgress,
-            ),
+                    Some(wait),
+                );
+                (res, Outcome::InProgress)
+            }
             Ok(Claim::Mismatch) => (
                 Problem::FingerprintMismatch.response(
                     "this key was used with a different request (method, path, query, content type or body); use a new key for a new operation",
@@ -410,6 +470,16 @@ impl Proxy {
                     None,
                 ),
                 Outcome::Mismatch,
+            ),
+            // Only a claim that reached the store after its own release can find this, and
+            // nobody waits for that one; it was not forwarded either way.
+            Ok(Claim::Withdrawn) => (
+                Problem::StoreUnavailable.response(
+                    "the idempotency store answered too late; the request was not forwarded",
+                    Some(&id),
+                    Some(1),
+                ),
+                Outcome::StoreError,
             ),
             Ok(Claim::Unknown) => (
                 Problem::OutcomeUnknown.response(
@@ -421,10 +491,14 @@ impl Proxy {
             ),
             Err(e) => {
                 tracing::warn!(record = %id, error = %e, "claim failed");
-                // The claim may have landed even though its answer did not: take it back
-                // (owner-checked, so nothing else is touched) so that a retry is not stuck
-                // behind a record that was never forwarded.
-                release_in_background(&self.shared, id, protected.claim.owner);
+                // The claim may have landed even though its answer did not, or may still
+                // land: take it back (owner-checked, so nothing else is touched) so that a
+                // retry is not stuck behind a record that was never forwarded. A full store
+                // refused it outright: nothing landed, and nothing is left to take back.
+                if !matches!(e, StoreError::Full(_)) {
+                    let claim = &protected.claim;
+                    release_in_background(&self.shared, id, claim.owner.clone(), claim.retention);
+                }
                 if matches!(e, StoreError::Full(_)) || protected.policy.on_store_error == OnStoreError::Reject {
                     let res = Problem::StoreUnavailable.response(
                         "the idempotency store did not answer; the request was not forwarded",
@@ -439,17 +513,14 @@ impl Proxy {
                 }
             }
         };
-        let metrics = &self.shared.metrics;
-        let (method, policy) = (&protected.method, &protected.policy);
-        log_request(
-            metrics,
-            &res,
-            outcome,
-            Some(id),
-            method,
-            policy,
-            protected.started,
-        );
+        let line = Line {
+            method: &protected.method,
+            policy: &protected.policy,
+            request_id: &protected.request_id,
+            span: &protected.span,
+            started: protected.started,
+        };
+        log_request(&self.shared.metrics, &res, outcome, Some(id), &line);
         res
     }
 
@@ -566,20 +637,39 @@ impl Proxy {
     }
 }
 
+/// What a request's log line says about the request itself.
+struct Line<'a> {
+    method: &'a hyper::Method,
+    policy: &'a Policy,
+    request_id: &'a HeaderValue,
+    span: &'a Span,
+    started: Instant,
+}
+
 /// Counts a finished request and writes its log line: `info` for protected requests,
 /// `debug` for pass-through ones (they are counted all the same). Never a body, a key's raw
-/// value or a header value: the record id names the request.
+/// value or a credential: the record id and the request id name the request.
 fn log_request(
     metrics: &Metrics,
     res: &Response<Body>,
     outcome: Outcome,
     id: Option<RecordId>,
-    method: &hyper::Method,
-    policy: &Policy,
-    started: Instant,
+    line: &Line<'_>,
 ) {
+    let Line {
+        method,
+        policy,
+        request_id,
+        span,
+        started,
+    } = *line;
     let elapsed = started.elapsed();
     metrics.request(outcome, elapsed);
+    if !span.is_none() {
+        let record = id.map(|r| r.to_string());
+        let status = res.status().as_u16();
+        telemetry::finish(span, outcome.as_str(), record.as_deref(), status);
+    }
     let level_enabled = if outcome == Outcome::Passthrough {
         tracing::enabled!(tracing::Level::DEBUG)
     } else {
@@ -591,18 +681,19 @@ fn log_request(
     let upstream_ms = res
         .extensions()
         .get::<UpstreamLatency>()
-        .map(|l| l.0.as_secs_f64() * 1000.0);
+        .map(|l| millis(l.0));
     let record = id.map(|r| r.to_string());
     macro_rules! line {
         ($level:ident) => {
             tracing::$level!(
                 outcome = outcome.as_str(),
                 record = record.as_deref().unwrap_or("-"),
+                request_id = request_id::as_str(request_id),
                 method = %method,
                 route = policy.route.as_deref().unwrap_or("-"),
                 status = res.status().as_u16(),
                 upstream_ms,
-                latency_ms = elapsed.as_secs_f64() * 1000.0,
+                latency_ms = millis(elapsed),
                 "request"
             )
         };
@@ -612,6 +703,12 @@ fn log_request(
     } else {
         line!(info);
     }
+}
+
+/// Milliseconds with microsecond precision (`3.824`): what a log line needs, without the
+/// binary fraction's noise (`3.8241400000000003`).
+fn millis(d: Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
 }
 
 /// Replaces a URI's path, keeping its query.
@@ -637,6 +734,8 @@ struct Protected {
     policy: Arc<Policy>,
     peer: SocketAddr,
     method: hyper::Method,
+    request_id: HeaderValue,
+    span: Span,
     started: Instant,
 }
 
@@ -646,6 +745,8 @@ struct PendingClaim<'a> {
     shared: &'a Shared,
     id: RecordId,
     owner: OwnerToken,
+    // The claim's retention: how long a claim still on its way could arrive and matter.
+    linger: Duration,
     armed: bool,
 }
 
@@ -659,15 +760,35 @@ impl PendingClaim<'_> {
 impl Drop for PendingClaim<'_> {
     fn drop(&mut self) {
         if self.armed {
-            release_in_background(self.shared, self.id, self.owner.clone());
+            release_in_background(self.shared, self.id, self.owner.clone(), self.linger);
         }
     }
 }
 
-/// Releases a claim that may or may not have landed, owner-checked (a claim this owner
-/// never got is left alone), in a task of its own. The release goes down the same store
-/// connection after the claim, so it cannot overtake it.
-fn release_in_background(shared: &Shared, id: RecordId, owner: OwnerToken) {
+/// How long after a claim its owner may still be working on it: the claim's answer (at
+/// most `store_timeout`), the whole upstream exchange (`upstream_timeout`), then the record
+/// (`store_timeout`). An operator's release is refused within this time unless forced.
+fn busy_for(policy: &Policy, store_timeout: Duration) -> Duration {
+    policy.upstream_timeout + store_timeout * 2
+}
+
+/// How long a release that fails is tried again, at most.
+const RELEASE_RETRY_FOR: Duration = Duration::from_secs(60);
+/// The first pause between two tries of a release; it doubles up to
+/// [`RELEASE_RETRY_PAUSE_MAX`].
+const RELEASE_RETRY_PAUSE: Duration = Duration::from_millis(50);
+const RELEASE_RETRY_PAUSE_MAX: Duration = Duration::from_secs(1);
+
+/// Releases a claim that was never forwarded, whether or not it landed, in a task of its
+/// own: owner-checked (a record this owner does not hold is left alone), and noted by the
+/// store for `linger` so that the claim, if it is still on its way, creates nothing when it
+/// arrives. That matters because the release need not follow the claim down the same
+/// connection: when the connection that carried the claim is cut, the release goes down a
+/// new one and can overtake a claim still in flight on the old. A release that fails is
+/// tried again with growing pauses for up to [`RELEASE_RETRY_FOR`], so a store that comes
+/// back within that time frees the key, rather than leaving it to read as `unknown` once
+/// its lease runs out.
+fn release_in_background(shared: &Shared, id: RecordId, owner: OwnerToken, linger: Duration) {
     // Outside a runtime (the process is going away) there is nothing to spawn on: the
     // claim, if it landed, reads as unknown once its lease runs out, never twice executed.
     if tokio::runtime::Handle::try_current().is_err() {
@@ -676,8 +797,21 @@ fn release_in_background(shared: &Shared, id: RecordId, owner: OwnerToken) {
     let store = shared.store.clone();
     let store_timeout = shared.settings.config.store_timeout;
     shared.tasks.spawn(async move {
-        if let Err(e) = deadline(store_timeout, store.release(&id, &owner)).await {
-            tracing::warn!(record = %id, error = %e, "could not take back an interrupted claim; it will read as unknown once its lease runs out");
+        let started = Instant::now();
+        let mut pause = RELEASE_RETRY_PAUSE;
+        loop {
+            match deadline(store_timeout, store.release(&id, &owner, linger)).await {
+                Ok(_) => return,
+                Err(e) if started.elapsed() + pause > RELEASE_RETRY_FOR => {
+                    tracing::error!(record = %id, error = %e, "could not take back a claim that was never forwarded; if it landed, it will read as unknown once its lease runs out");
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(record = %id, error = %e, "release failed; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RELEASE_RETRY_PAUSE_MAX);
+                }
+            }
         }
     });
 }
@@ -701,8 +835,13 @@ async fn exchange(
         owner,
         policy,
         mut request,
+        span,
     } = claimed;
     upstream::prepare(&mut request, &shared.settings.upstream, peer);
+    let upstream_span = telemetry::child(&span, Step::Upstream);
+    // The upstream continues the trace under idemgate's span (with tracing off, the
+    // client's traceparent passes as it came).
+    telemetry::inject(&upstream_span, request.headers_mut());
     let call = async {
         let res = shared
             .client
@@ -724,24 +863,30 @@ async fn exchange(
     };
     let sent = Instant::now();
     let result = renewing_lease(shared, &id, &owner, policy.lease, timed).await;
+    drop(upstream_span);
     let latency = UpstreamLatency(sent.elapsed());
     shared.metrics.upstream(latency.0);
     let store_timeout = shared.settings.config.store_timeout;
     let store = &shared.store;
     let (mut res, outcome) = match result {
         Ok((mut parts, bytes)) => {
+            policy.upstream_time.observe(latency.0);
             upstream::strip_hop_by_hop(&mut parts.headers);
             let stored = StoredResponse {
                 status: parts.status.as_u16(),
                 headers: parts
                     .headers
                     .iter()
-                    .filter(|(n, _)| ![DATE, SET_COOKIE, CONTENT_LENGTH].contains(n))
+                    // The request id names one request; a replay carries its own.
+                    .filter(|(n, _)| ![DATE, SET_COOKIE, CONTENT_LENGTH, X_REQUEST_ID].contains(n))
                     .map(|(n, v)| (n.as_str().to_string(), Bytes::copy_from_slice(v.as_bytes())))
                     .collect(),
                 body: bytes.clone(),
             };
-            match deadline(store_timeout, store.record(&id, &owner, &stored)).await {
+            let record_span = telemetry::child(&span, Step::Record);
+            let recorded = deadline(store_timeout, store.record(&id, &owner, &stored)).await;
+            drop(record_span);
+            match recorded {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::warn!(record = %id, "record no longer owned (released by an operator?); response not stored")
@@ -759,8 +904,10 @@ async fn exchange(
         }
         Err(ExchangeError::Request(e)) if upstream::classify(&e) == Failure::NotSent => {
             tracing::warn!(record = %id, error = %e, "upstream unreachable; releasing the claim");
-            if let Err(e) = deadline(store_timeout, store.release(&id, &owner)).await {
-                tracing::error!(record = %id, error = %e, "could not release the claim; it will read as unknown once its lease runs out");
+            let linger = policy.retention;
+            if let Err(e) = deadline(store_timeout, store.release(&id, &owner, linger)).await {
+                tracing::warn!(record = %id, error = %e, "could not release the claim; trying again in the background");
+                release_in_background(shared, id, owner, linger);
             }
             let res = Problem::UpstreamUnreachable.response(
                 "could not connect to the upstream; the request was not sent and may be retried",
@@ -782,7 +929,9 @@ async fn exchange(
             tracing::warn!(record = %id, reason = %why, "upstream outcome unknown");
             let settled = match policy.on_ambiguous {
                 OnAmbiguous::Hold => deadline(store_timeout, store.mark_unknown(&id, &owner)).await,
-                OnAmbiguous::Release => deadline(store_timeout, store.release(&id, &owner)).await,
+                OnAmbiguous::Release => {
+                    deadline(store_timeout, store.release(&id, &owner, policy.retention)).await
+                }
             };
             if let Err(e) = settled {
                 tracing::error!(record = %id, error = %e, "could not settle the record; it will read as unknown once its lease runs out");

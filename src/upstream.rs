@@ -28,13 +28,30 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Builds the client. Connecting has its own timeout, so a black-holed upstream is reported
 /// as unreachable (provably not sent) rather than as a timeout.
-pub fn client(connect_timeout: Duration) -> UpstreamClient {
+///
+/// An idle connection is reused for at most `idle_timeout` (`upstream_idle_timeout`). An
+/// upstream closes idle connections on a timer of its own, and a request written onto a
+/// connection at the moment the upstream closes it fails in a way that cannot be told from
+/// a request the upstream read (see [`classify`]): its outcome is unknown, and the key is
+/// held for an operator although nothing ran. So idemgate must give up an idle connection
+/// before the upstream does. hyper-util's pool enforces the timeout at checkout (an idle
+/// connection older than it is dropped there, not only by the periodic reaper), and a
+/// connection goes idle only once its answer has been read, after the upstream started its
+/// own timer: a connection idemgate reuses has been idle for less than `idle_timeout` on the
+/// upstream's clock too, plus the time the answer took to arrive.
+///
+/// Requests that hyper hands back unwritten, because the pooled connection turned out to be
+/// closed before any byte of the request went out, are retried on another connection by
+/// hyper-util (`retry_canceled_requests`, on by default, and left on: those are provably
+/// unsent).
+pub fn client(connect_timeout: Duration, idle_timeout: Duration) -> UpstreamClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(connect_timeout));
     connector.enforce_http(true);
     Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
+        .pool_idle_timeout(idle_timeout)
+        .retry_canceled_requests(true)
         .build(connector)
 }
 
@@ -136,9 +153,37 @@ pub enum Failure {
     Ambiguous,
 }
 
-/// Classifies a client error. Only a failure to connect proves the request was not sent.
+/// Classifies a client error: [`Failure::NotSent`] only when the error proves that not one
+/// byte of the request reached the upstream, because that releases the key and lets a
+/// retry execute; anything else may have been read and executed.
+///
+/// What hyper and hyper-util document, and what follows:
+///
+/// - `legacy::Error::is_connect()`: "an error from `Connect`": the connector failed
+///   (refused, DNS, connect timeout), so there was no connection to write on. Not sent.
+/// - `hyper::Error::is_canceled()`: "a `Request` that was canceled ... dropped before it
+///   can be dispatched to the connection, for example because the connection was not
+///   ready". In hyper's client every such error is made where the request is handed back
+///   to the caller unwritten (hyper's `TrySendError` carries the message back: a request
+///   still queued when the connection closed, or a connection that was not ready), and
+///   hyper-util then reports kind `Canceled`, or, on a reused connection, retries it on
+///   another one (`retry_canceled_requests`). Not sent.
+/// - `hyper::Error::is_incomplete_message()`: "the connection reported EOF while hyper's
+///   HTTP state indicates more of the message needed to be transmitted", documented with
+///   "a request is written on a connection, and the next `read` reports EOF (perhaps a
+///   server just closed an 'idle' connection)". The request was written: the upstream may
+///   have read it and executed it, then closed without answering. Ambiguous, even when the
+///   connection was idle a moment before: that race is avoided by
+///   `upstream_idle_timeout` (see [`client`]), not explained away here.
+/// - I/O errors while writing (reset, broken pipe), errors reading the answer, timeouts:
+///   part or all of the request may have been read. Ambiguous.
 pub fn classify(e: &hyper_util::client::legacy::Error) -> Failure {
-    if e.is_connect() {
+    use std::error::Error as _;
+    let canceled = e
+        .source()
+        .and_then(|s| s.downcast_ref::<hyper::Error>())
+        .is_some_and(hyper::Error::is_canceled);
+    if e.is_connect() || canceled {
         Failure::NotSent
     } else {
         Failure::Ambiguous

@@ -94,8 +94,12 @@ async fn killed_mid_flight_is_never_executed_again_until_an_operator_releases_it
     let id = r.json()["record_id"].as_str().unwrap().to_string();
     let view = inspect(&c, gate.admin, &id).await.expect("record kept");
     assert_eq!(view["state"], "unknown");
-    // The operator reconciles with the upstream and releases the key: one new execution.
-    assert!(release(&c, gate.admin, &id).await);
+    // The record cannot tell a dead owner from one still waiting for the upstream (within
+    // its upstream_timeout): an unforced release is refused.
+    assert_eq!(admin_delete(&c, gate.admin, &id, false).await, 409);
+    // The operator knows that instance is gone, reconciles with the upstream and forces the
+    // release: one new execution.
+    assert_eq!(admin_delete(&c, gate.admin, &id, true).await, 200);
     let again = post_url(&c, &url, Some("k-killed"), TRANSFER, &[]).await;
     assert_eq!(again.status, 201);
     assert!(!again.replayed());
@@ -542,7 +546,15 @@ async fn a_stale_owner_never_overwrites_the_new_owners_record() {
         dup.body
     );
     let id = dup.json()["record_id"].as_str().unwrap().to_string();
-    assert!(release(&c, b.admin_addr().unwrap(), &id).await);
+    // Refused while the owner works, unless forced.
+    assert_eq!(
+        admin_delete(&c, b.admin_addr().unwrap(), &id, false).await,
+        409
+    );
+    assert_eq!(
+        admin_delete(&c, b.admin_addr().unwrap(), &id, true).await,
+        200
+    );
     let second = post(&c, &b, "/v1/transfers", Some("k-stale"), TRANSFER, &[]).await;
     assert_eq!(second.status, 201);
     assert_eq!(second.header("x-execution"), Some("2"));

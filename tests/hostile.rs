@@ -465,6 +465,7 @@ async fn the_sweeper_drops_expired_records() {
             owner: OwnerToken::random(),
             lease: Duration::from_millis(100),
             retention: Duration::from_millis(200),
+            busy_for: Duration::from_millis(100),
         };
         store.claim(&req).await.unwrap();
     }

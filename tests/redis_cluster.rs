@@ -90,10 +90,16 @@ async fn a_slot_migration_is_followed_through_ask_and_moved() {
     ok(cluster.nodes[src].cli(&["CLUSTER", "SETSLOT", slot, "MIGRATING", &dst_id]));
     let dst_port = cluster.nodes[dst].port.to_string();
     ok(cluster.nodes[src].cli(&["MIGRATE", "127.0.0.1", &dst_port, &key, "0", "5000"]));
-    // Mid-migration: the key is on dst, src answers ASK.
+    // Mid-migration: the record is on dst, src answers ASK. The claim script names two
+    // keys of the slot (the record and its withdrawal note), and Redis answers TRYAGAIN to a
+    // multi-key command while only some of its keys have moved: a 503, or the replay.
     let during = post(&client, &app, "/pay", Some("moving"), "{}", &[]).await;
-    assert!(during.replayed(), "{} {:?}", during.status, during.body);
-    assert_eq!(during.body, first.body);
+    if during.status == 503 {
+        assert!(during.problem_type().ends_with("store-unavailable"));
+    } else {
+        assert!(during.replayed(), "{} {:?}", during.status, during.body);
+        assert_eq!(during.body, first.body);
+    }
     for i in cluster.primaries() {
         ok(cluster.nodes[i].cli(&["CLUSTER", "SETSLOT", slot, "NODE", &dst_id]));
     }

@@ -33,8 +33,17 @@ fn commandstats(redis: &RedisServer) -> HashMap<String, u64> {
 /// Lua scripts ran inside Redis (counted too since Redis 7) and this test's own
 /// `CONFIG RESETSTAT` / `INFO`.
 fn round_trips(redis: &RedisServer) -> (u64, HashMap<String, u64>) {
-    const INSIDE_SCRIPTS: [&str; 8] = [
-        "time", "hmget", "hget", "hset", "hdel", "pexpire", "pttl", "del",
+    const INSIDE_SCRIPTS: [&str; 10] = [
+        "time",
+        "hmget",
+        "hget",
+        "hset",
+        "hdel",
+        "pexpire",
+        "pttl",
+        "del",
+        "sismember",
+        "sadd",
     ];
     let stats = commandstats(redis);
     let total = stats

@@ -13,8 +13,8 @@ use idemgate::fingerprint::Fingerprint;
 use idemgate::key::{IdempotencyKey, RecordId};
 use idemgate::scope::{ScopeSecret, Scoper, Tenant};
 use idemgate::store::{
-    Claim, ClaimRequest, MemoryStore, OwnerToken, RecordState, RedisStore, Store, StoreError,
-    StoredResponse,
+    Claim, ClaimRequest, Deleted, MemoryStore, OwnerToken, RecordState, RedisStore, Store,
+    StoreError, StoredResponse,
 };
 
 struct Fixture {
@@ -66,6 +66,7 @@ fn claim(key: &str, fp: u8, lease_ms: u64) -> ClaimRequest {
         owner: OwnerToken::random(),
         lease: Duration::from_millis(lease_ms),
         retention: Duration::from_secs(60),
+        busy_for: Duration::from_millis(lease_ms),
     }
 }
 
@@ -107,7 +108,129 @@ contract!(
     retention_expires_records,
     concurrent_claims_have_one_winner,
     inspect_shows_state_without_body_unless_asked,
+    a_claim_that_arrives_after_its_release_creates_nothing,
+    operator_delete_refuses_while_the_owner_may_be_working,
 );
+
+/// How long a release remembers a withdrawn claim, in tests that do not wait for it.
+const LINGER: Duration = Duration::from_secs(60);
+
+async fn a_claim_that_arrives_after_its_release_creates_nothing(f: Fixture) {
+    // The owner gave up on its claim before the claim reached the store (it was delayed on
+    // a connection that was cut, and the release went down a new one).
+    let late = claim("k", 1, 10_000);
+    assert!(!f
+        .store
+        .release(&late.id, &late.owner, Duration::from_millis(400))
+        .await
+        .unwrap());
+    assert_eq!(f.store.claim(&late).await.unwrap(), Claim::Withdrawn);
+    assert!(f.store.inspect(&late.id, false).await.unwrap().is_none());
+    // Anyone else's claim is not held back.
+    let other = claim("k", 1, 10_000);
+    assert_eq!(f.store.claim(&other).await.unwrap(), Claim::Claimed);
+    // Still void when it arrives while another owner holds the record, and after that
+    // owner has released it.
+    assert!(matches!(
+        f.store.claim(&late).await.unwrap(),
+        Claim::InFlight { .. }
+    ));
+    assert!(f
+        .store
+        .release(&other.id, &other.owner, LINGER)
+        .await
+        .unwrap());
+    assert_eq!(f.store.claim(&late).await.unwrap(), Claim::Withdrawn);
+    // The release of someone else's record neither touched it nor made the key unusable.
+    let held = claim("h", 1, 10_000);
+    assert_eq!(f.store.claim(&held).await.unwrap(), Claim::Claimed);
+    let gave_up = claim("h", 1, 10_000);
+    assert!(!f
+        .store
+        .release(&held.id, &gave_up.owner, LINGER)
+        .await
+        .unwrap());
+    assert!(f
+        .store
+        .record(&held.id, &held.owner, &response("held"))
+        .await
+        .unwrap());
+    assert_eq!(
+        f.store.claim(&claim("h", 1, 10_000)).await.unwrap(),
+        Claim::Replay(response("held"))
+    );
+    // The note is short-lived: past its linger, that owner's claim is an ordinary one.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut again = claim("k", 1, 10_000);
+    again.owner = late.owner.clone();
+    assert_eq!(f.store.claim(&again).await.unwrap(), Claim::Claimed);
+}
+
+async fn operator_delete_refuses_while_the_owner_may_be_working(f: Fixture) {
+    // A live lease.
+    let mut a = claim("live", 1, 10_000);
+    a.busy_for = Duration::from_secs(10);
+    f.store.claim(&a).await.unwrap();
+    assert_eq!(
+        f.store.delete(&a.id, false).await.unwrap(),
+        Deleted::OwnerBusy
+    );
+    assert!(f.store.inspect(&a.id, false).await.unwrap().is_some());
+    assert_eq!(f.store.delete(&a.id, true).await.unwrap(), Deleted::Deleted);
+
+    // A lease that lapsed (a store stall kept its owner from renewing it) while its owner
+    // may still be waiting for the upstream: it reads as unknown, and is still refused.
+    let mut b = claim("lapsed", 1, 100);
+    b.busy_for = Duration::from_millis(900);
+    f.store.claim(&b).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let v = f.store.inspect(&b.id, false).await.unwrap().unwrap();
+    assert_eq!(v.state, RecordState::Unknown);
+    assert!(v.owner_busy_ms.is_some_and(|ms| ms > 0 && ms <= 900));
+    assert_eq!(
+        f.store.delete(&b.id, false).await.unwrap(),
+        Deleted::OwnerBusy
+    );
+    // Once the owner has given up for sure, an unforced release goes through.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let v = f.store.inspect(&b.id, false).await.unwrap().unwrap();
+    assert_eq!(v.state, RecordState::Unknown);
+    assert_eq!(v.owner_busy_ms, None);
+    assert_eq!(
+        f.store.delete(&b.id, false).await.unwrap(),
+        Deleted::Deleted
+    );
+
+    // Settled by its owner (marked unknown, or completed): releasable at once.
+    let mut c = claim("settled", 1, 10_000);
+    c.busy_for = Duration::from_secs(10);
+    f.store.claim(&c).await.unwrap();
+    f.store.mark_unknown(&c.id, &c.owner).await.unwrap();
+    assert_eq!(
+        f.store
+            .inspect(&c.id, false)
+            .await
+            .unwrap()
+            .unwrap()
+            .owner_busy_ms,
+        None
+    );
+    assert_eq!(
+        f.store.delete(&c.id, false).await.unwrap(),
+        Deleted::Deleted
+    );
+    let mut d = claim("done", 1, 10_000);
+    d.busy_for = Duration::from_secs(10);
+    f.store.claim(&d).await.unwrap();
+    f.store
+        .record(&d.id, &d.owner, &response("d"))
+        .await
+        .unwrap();
+    assert_eq!(
+        f.store.delete(&d.id, false).await.unwrap(),
+        Deleted::Deleted
+    );
+}
 
 async fn first_claim_wins_and_others_see_in_flight(f: Fixture) {
     let a = claim("k", 1, 10_000);
@@ -181,14 +304,14 @@ async fn only_the_owner_records_renews_or_releases(f: Fixture) {
         .renew(&a.id, &stranger, Duration::from_secs(10))
         .await
         .unwrap());
-    assert!(!f.store.release(&a.id, &stranger).await.unwrap());
+    assert!(!f.store.release(&a.id, &stranger, LINGER).await.unwrap());
     assert!(!f.store.mark_unknown(&a.id, &stranger).await.unwrap());
     assert!(matches!(
         f.store.claim(&claim("k", 1, 10_000)).await.unwrap(),
         Claim::InFlight { .. }
     ));
     // A stale owner whose record was released and re-claimed cannot overwrite the new one.
-    assert!(f.store.release(&a.id, &a.owner).await.unwrap());
+    assert!(f.store.release(&a.id, &a.owner, LINGER).await.unwrap());
     let b = claim("k", 1, 10_000);
     assert_eq!(f.store.claim(&b).await.unwrap(), Claim::Claimed);
     assert!(!f
@@ -253,8 +376,15 @@ async fn mark_unknown_holds_and_delete_frees(f: Fixture) {
         .renew(&a.id, &a.owner, Duration::from_secs(1))
         .await
         .unwrap());
-    assert!(f.store.delete(&a.id).await.unwrap());
-    assert!(!f.store.delete(&a.id).await.unwrap());
+    // The owner settled it: no force needed.
+    assert_eq!(
+        f.store.delete(&a.id, false).await.unwrap(),
+        Deleted::Deleted
+    );
+    assert_eq!(
+        f.store.delete(&a.id, false).await.unwrap(),
+        Deleted::NotFound
+    );
     assert_eq!(
         f.store.claim(&claim("k", 1, 10_000)).await.unwrap(),
         Claim::Claimed
@@ -264,8 +394,8 @@ async fn mark_unknown_holds_and_delete_frees(f: Fixture) {
 async fn release_frees_the_key_for_a_new_claim(f: Fixture) {
     let a = claim("k", 1, 10_000);
     f.store.claim(&a).await.unwrap();
-    assert!(f.store.release(&a.id, &a.owner).await.unwrap());
-    assert!(!f.store.release(&a.id, &a.owner).await.unwrap());
+    assert!(f.store.release(&a.id, &a.owner, LINGER).await.unwrap());
+    assert!(!f.store.release(&a.id, &a.owner, LINGER).await.unwrap());
     assert_eq!(
         f.store.claim(&claim("k", 2, 10_000)).await.unwrap(),
         Claim::Claimed

@@ -35,7 +35,11 @@ pub struct Tenant([u8; 32]);
 impl Tenant {
     /// The one tenant of every request on a route with `anonymous = "shared"`.
     pub fn anonymous() -> Tenant {
-        Tenant(Sha256::digest(b"idemgate-tenant\x00\x02anonymous").into())
+        // Hashed once: every request on a shared anonymous route asks for it.
+        static ANONYMOUS: std::sync::LazyLock<Tenant> = std::sync::LazyLock::new(|| {
+            Tenant(Sha256::digest(b"idemgate-tenant\x00\x02anonymous").into())
+        });
+        *ANONYMOUS
     }
 
     /// The hash's bytes.

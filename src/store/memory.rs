@@ -1,7 +1,7 @@
 //! The embedded store: the same semantics as Redis, in this process's memory. For one
 //! instance and for trying idemgate out: records do not survive a restart and are not shared.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ops::Deref;
 
 use bytes::Bytes;
@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, OwnerToken, RecordState, RecordView, Store, StoreError,
-    StoredResponse,
+    BoxFuture, Claim, ClaimRequest, Deleted, OwnerToken, RecordState, RecordView, Store,
+    StoreError, StoredResponse,
 };
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
@@ -86,14 +86,40 @@ struct Records {
     /// never holds more items than the map, and never needs an O(n) rebuild to shed stale
     /// ones. Kept exact by going through [`Records::insert`] and [`Records::remove`].
     by_expiry: BTreeSet<(Instant, RecordId)>,
+    /// Claims taken back by owners that found no record of theirs: `(until, id, owner)`.
+    /// A claim here runs to completion inside the call that makes it, so it can never
+    /// arrive after its owner's release, and this list is kept only so that both stores
+    /// honour the same contract; it is short-lived and capped at [`WITHDRAWN_MAX`].
+    withdrawn: VecDeque<(Instant, RecordId, OwnerToken)>,
 }
+
+/// The most withdrawals a shard remembers; beyond that the oldest is forgotten (see
+/// [`Records::withdrawn`] for why that costs nothing here).
+const WITHDRAWN_MAX: usize = 64;
 
 impl Records {
     fn new() -> Records {
         Records {
             map: HashMap::new(),
             by_expiry: BTreeSet::new(),
+            withdrawn: VecDeque::new(),
         }
+    }
+
+    /// Remembers until `until` that `owner` withdrew its claim on `id`.
+    fn withdraw(&mut self, id: RecordId, owner: OwnerToken, now: Instant, until: Instant) {
+        self.withdrawn.retain(|(t, _, _)| *t > now);
+        if self.withdrawn.len() >= WITHDRAWN_MAX {
+            self.withdrawn.pop_front();
+        }
+        self.withdrawn.push_back((until, id, owner));
+    }
+
+    /// Whether `owner` withdrew its claim on `id` (and that is still remembered).
+    fn was_withdrawn(&self, id: &RecordId, owner: &OwnerToken, now: Instant) -> bool {
+        self.withdrawn
+            .iter()
+            .any(|(t, i, o)| *t > now && i == id && o == owner)
     }
 
     fn insert(&mut self, id: RecordId, entry: Box<Entry>) {
@@ -203,10 +229,16 @@ impl Shard<'_> {
     /// one. An expired one is removed here, as good as absent already, so that it does not
     /// count against the cap for the claim about to replace it.
     fn look_up(&mut self, req: &ClaimRequest, now: Instant) -> Option<Claim> {
-        let e = self.records.map.get(&req.id)?;
+        let Some(e) = self.records.map.get(&req.id) else {
+            return self
+                .was_withdrawn(&req.id, &req.owner, now)
+                .then_some(Claim::Withdrawn);
+        };
         if e.expires <= now {
             self.remove(&req.id);
-            return None;
+            return self
+                .was_withdrawn(&req.id, &req.owner, now)
+                .then_some(Claim::Withdrawn);
         }
         if e.fingerprint_version != req.fingerprint_version {
             return Some(Claim::OtherVersion(e.fingerprint_version));
@@ -234,6 +266,8 @@ struct Entry {
     // entry is made: the expiry index holds a copy, so changing it in place would leave the
     // index pointing at the wrong instant.
     expires: Instant,
+    // Until when the owner may still be working on it (see `ClaimRequest::busy_for`).
+    busy_until: Instant,
 }
 
 enum State {
@@ -388,6 +422,7 @@ impl MemoryStore {
                 owner: req.owner.clone(),
                 created: SystemTime::now(),
                 expires: now + req.retention,
+                busy_until: now + req.busy_for,
             }),
         );
         Ok(Claim::Claimed)
@@ -492,12 +527,17 @@ impl Store for MemoryStore {
         &'a self,
         id: &'a RecordId,
         owner: &'a OwnerToken,
+        linger: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         let now = Instant::now();
         let mut records = self.lock_for(id);
         let owned = matches!(records.map.get(id), Some(e) if e.expires > now && e.owner == *owner);
         if owned {
             records.remove(id);
+        } else {
+            records
+                .records
+                .withdraw(*id, owner.clone(), now, now + linger);
         }
         ready(Ok(owned))
     }
@@ -510,6 +550,12 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let records = self.lock_for(id);
         let view = records.map.get(id).filter(|e| e.expires > now).map(|e| {
+            let owner_busy_ms = match e.state {
+                State::InProgress { .. } if e.busy_until > now => {
+                    Some((e.busy_until - now).as_millis() as u64)
+                }
+                _ => None,
+            };
             let (state, lease_left, status, body) = match &e.state {
                 State::InProgress { lease_until } if *lease_until > now => (
                     RecordState::InProgress,
@@ -537,6 +583,7 @@ impl Store for MemoryStore {
                     .unwrap_or(0),
                 lease_left_ms: lease_left,
                 ttl_ms: Some((e.expires - now).as_millis() as u64),
+                owner_busy_ms,
                 fingerprint: e.fingerprint.to_hex(),
                 fingerprint_version: e.fingerprint_version,
                 status,
@@ -546,13 +593,26 @@ impl Store for MemoryStore {
         ready(Ok(view))
     }
 
-    fn delete<'a>(&'a self, id: &'a RecordId) -> BoxFuture<'a, Result<bool, StoreError>> {
+    fn delete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
         let now = Instant::now();
-        let removed = self
-            .lock_for(id)
-            .remove(id)
-            .is_some_and(|e| e.expires > now);
-        ready(Ok(removed))
+        let mut records = self.lock_for(id);
+        let busy = records.map.get(id).is_some_and(|e| {
+            e.expires > now
+                && matches!(e.state, State::InProgress { lease_until } if lease_until > now || e.busy_until > now)
+        });
+        if busy && !force {
+            return ready(Ok(Deleted::OwnerBusy));
+        }
+        let removed = records.remove(id).is_some_and(|e| e.expires > now);
+        ready(Ok(if removed {
+            Deleted::Deleted
+        } else {
+            Deleted::NotFound
+        }))
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
@@ -584,6 +644,7 @@ mod tests {
             owner: OwnerToken::random(),
             lease: Duration::from_secs(10),
             retention: Duration::from_secs(60),
+            busy_for: Duration::from_secs(10),
         };
         assert_eq!(store.claim(&req).await.ok(), Some(Claim::Claimed));
         let buffer = Bytes::from(vec![b'x'; 8192]);
@@ -617,6 +678,7 @@ mod tests {
             owner: OwnerToken::random(),
             lease: Duration::from_secs(10),
             retention,
+            busy_for: Duration::from_secs(10),
         }
     }
 
@@ -645,7 +707,7 @@ mod tests {
         let again = claim_req(2_000_000, LONG);
         assert_eq!(store.claim(&again).await.ok(), Some(Claim::Claimed));
         assert_eq!(
-            store.release(&again.id, &again.owner).await.ok(),
+            store.release(&again.id, &again.owner, SHORT).await.ok(),
             Some(true)
         );
         let again = claim_req(2_000_000, SHORT);
@@ -725,10 +787,16 @@ mod tests {
         for n in 0..20_000 {
             let req = claim_req(n, LONG);
             assert_eq!(store.claim(&req).await.ok(), Some(Claim::Claimed));
-            assert_eq!(store.release(&req.id, &req.owner).await.ok(), Some(true));
+            assert_eq!(
+                store.release(&req.id, &req.owner, SHORT).await.ok(),
+                Some(true)
+            );
             let req = claim_req(n + 1_000_000, LONG);
             assert_eq!(store.claim(&req).await.ok(), Some(Claim::Claimed));
-            assert_eq!(store.delete(&req.id).await.ok(), Some(true));
+            assert_eq!(
+                store.delete(&req.id, true).await.ok(),
+                Some(Deleted::Deleted)
+            );
             assert!(store.index_len() <= 1);
         }
         assert_eq!(store.len(), 0);
@@ -816,7 +884,7 @@ mod tests {
 
         // A release frees a slot for a claim in any shard, and for one claim only.
         assert_eq!(
-            store.release(&reqs[3].id, &reqs[3].owner).await.ok(),
+            store.release(&reqs[3].id, &reqs[3].owner, SHORT).await.ok(),
             Some(true)
         );
         assert_eq!(store.len(), 9);
@@ -826,7 +894,10 @@ mod tests {
             Err(StoreError::Full(_))
         ));
         // So does a delete.
-        assert_eq!(store.delete(&reqs[7].id).await.ok(), Some(true));
+        assert_eq!(
+            store.delete(&reqs[7].id, true).await.ok(),
+            Some(Deleted::Deleted)
+        );
         assert_eq!(store.claim(&crowded).await.ok(), Some(Claim::Claimed));
         assert!(matches!(
             store.claim(&claim_req(11, LONG)).await,

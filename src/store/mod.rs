@@ -5,6 +5,12 @@
 //! (status, headers, body recorded by its owner), or → `unknown` (sent, no complete answer;
 //! or the lease ran out with nobody renewing it), or is released (deleted by its owner when
 //! the request provably never reached the upstream, or by an operator).
+//!
+//! A claim whose answer never came back may or may not have landed, and may even land after
+//! its owner has given up on it (sent down a connection that was cut, delivered when the
+//! network heals). Its owner takes it back with [`Store::release`], which also leaves a
+//! short note (a *withdrawal*) that makes such a late claim create nothing: a claim that was
+//! never forwarded ends released, never `unknown`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -31,7 +37,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// An unguessable token that names the holder of a claim: only it may record or release.
 /// Shared, not copied, on clone: a protected request's claim guard holds one too.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct OwnerToken(std::sync::Arc<str>);
 
 impl OwnerToken {
@@ -64,6 +70,10 @@ pub struct ClaimRequest {
     pub lease: Duration,
     /// How long the record lives from now.
     pub retention: Duration,
+    /// How long from now the owner may still be working on the request (forwarding it,
+    /// waiting for the upstream, recording the answer), lease or no lease: an operator's
+    /// release within this time could let a retry execute while the first call completes.
+    pub busy_for: Duration,
 }
 
 /// A response as recorded, and replayed byte for byte.
@@ -128,6 +138,10 @@ pub enum Claim {
     OtherVersion(u16),
     /// Sent once, outcome unknown (marked so, or its lease ran out unrenewed).
     Unknown,
+    /// This very claim (same owner) was taken back by [`Store::release`] before it reached
+    /// the store: nothing was created. Only a claim that arrives after its owner gave up on
+    /// it can see this.
+    Withdrawn,
 }
 
 /// The state of a record, as the admin API shows it.
@@ -155,6 +169,11 @@ pub struct RecordView {
     pub lease_left_ms: Option<u64>,
     /// Time to live left, in milliseconds.
     pub ttl_ms: Option<u64>,
+    /// While not settled: how much longer, in milliseconds, its owner may still be working
+    /// on it (waiting for the upstream), even if its lease has run out. An operator's
+    /// release is refused meanwhile unless forced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner_busy_ms: Option<u64>,
     /// Fingerprint (hex) and its version.
     pub fingerprint: String,
     #[allow(missing_docs)]
@@ -164,6 +183,17 @@ pub struct RecordView {
     /// Recorded body, only when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
+}
+
+/// What an operator's [`Store::delete`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deleted {
+    /// The record is gone.
+    Deleted,
+    /// There was no record.
+    NotFound,
+    /// Left alone: its owner may still be working on it (not forced).
+    OwnerBusy,
 }
 
 /// Why a store call failed. Every failure is treated as "the store may or may not have
@@ -210,10 +240,16 @@ pub trait Store: Send + Sync + 'static {
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
     /// Deletes the record if `owner` still owns it (the request never left idemgate).
+    ///
+    /// Safe whether or not `owner`'s claim landed, and whenever it lands: when the store
+    /// holds no record of `owner`'s, it remembers for `linger` that `owner` withdrew, and a
+    /// claim by `owner` arriving within that time creates nothing ([`Claim::Withdrawn`]).
+    /// `Ok(true)`: a record of `owner`'s was deleted.
     fn release<'a>(
         &'a self,
         id: &'a RecordId,
         owner: &'a OwnerToken,
+        linger: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
     /// Reads a record for operators.
     fn inspect<'a>(
@@ -221,8 +257,14 @@ pub trait Store: Send + Sync + 'static {
         id: &'a RecordId,
         with_body: bool,
     ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>>;
-    /// Deletes a record whatever its owner (an operator's reconciliation).
-    fn delete<'a>(&'a self, id: &'a RecordId) -> BoxFuture<'a, Result<bool, StoreError>>;
+    /// Deletes a record for an operator (a reconciliation). Unless `force`, a record whose
+    /// owner may still be working (a live lease, or within its [`ClaimRequest::busy_for`])
+    /// is left alone: checked and deleted in one atomic step.
+    fn delete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Deleted, StoreError>>;
     /// Checks the store answers.
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
     /// A short name for logs: `memory` or `redis`.

@@ -18,16 +18,19 @@ use redis::{Cmd, Script, Value};
 use super::redis_link::Link;
 use super::redis_setup::{RedisSetup, ReplicaAck, Topology};
 use super::{
-    BoxFuture, Claim, ClaimRequest, OwnerToken, RecordState, RecordView, ServerStats, Store,
-    StoreError, StoredResponse,
+    BoxFuture, Claim, ClaimRequest, Deleted, OwnerToken, RecordState, RecordView, ServerStats,
+    Store, StoreError, StoredResponse,
 };
 use crate::key::RecordId;
 use crate::scope::ScopeSecret;
 
 // Fields of a record hash: st = state (p in progress, c completed, u unknown), fp =
 // fingerprint hex, fv = fingerprint version, ow = owner token, lu = lease until (ms, Redis
-// clock), cr = created (ms), sc = status, hd = headers (StoredResponse::encode_headers),
-// bd = body.
+// clock), wu = the owner may be working until (ms, Redis clock), cr = created (ms), sc =
+// status, hd = headers (StoredResponse::encode_headers), bd = body.
+//
+// Beside each record, `idemgate:{<record id>}:w` (same hash slot) is the set of owners that
+// withdrew a claim they were not sure had landed (see `RELEASE`); it expires by itself.
 const NOW_MS: &str = "local function now_ms() local t = redis.call('TIME') return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) end\n";
 const NOW: &str = "local now = now_ms()\n";
 
@@ -37,9 +40,10 @@ const NOW: &str = "local now = now_ms()\n";
 const CLAIM: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'sc', 'hd', 'bd')
 if not r[1] then
+  if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 1 then return {'withdrawn'} end
   local now = now_ms()
   redis.call('HSET', KEYS[1], 'st', 'p', 'fp', ARGV[1], 'fv', ARGV[2], 'ow', ARGV[3],
-             'lu', now + tonumber(ARGV[4]), 'cr', now)
+             'lu', now + tonumber(ARGV[4]), 'wu', now + tonumber(ARGV[6]), 'cr', now)
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   return {'claimed'}
 end
@@ -74,18 +78,39 @@ redis.call('HDEL', KEYS[1], 'lu')
 return 1
 "#;
 
+// The claim may not have landed yet: down a connection that was cut, a claim can still be
+// delivered after this release (which came down a new one). Remembering the withdrawal
+// makes such a late claim create nothing. The set's expiry only ever grows, so one
+// owner's short linger never shortens another's.
 const RELEASE: &str = r#"
-if redis.call('HGET', KEYS[1], 'ow') ~= ARGV[1] then return 0 end
+if redis.call('HGET', KEYS[1], 'ow') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+redis.call('SADD', KEYS[2], ARGV[1])
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
+return 0
+"#;
+
+// An operator's release: unless forced (ARGV[1] = '1'), a record whose owner may still be
+// working (lease live, or within its `wu`) is left alone. 1 deleted, 0 none, 2 busy.
+const DELETE: &str = r#"
+local r = redis.call('HMGET', KEYS[1], 'st', 'lu', 'wu')
+if not r[1] then return 0 end
+if ARGV[1] ~= '1' and r[1] == 'p' then
+  local now = now_ms()
+  if tonumber(r[2] or '0') > now or tonumber(r[3] or '0') > now then return 2 end
+end
 redis.call('DEL', KEYS[1])
 return 1
 "#;
 
 const INSPECT: &str = r#"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'cr', 'sc')
+local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'cr', 'sc', 'wu')
 if not r[1] then return false end
 local body = false
 if ARGV[1] == '1' then body = redis.call('HGET', KEYS[1], 'bd') end
-return {r[1], r[2], r[3], r[4] or '', r[5], r[6] or '', tostring(now), tostring(redis.call('PTTL', KEYS[1])), body}
+return {r[1], r[2], r[3], r[4] or '', r[5], r[6] or '', tostring(now), tostring(redis.call('PTTL', KEYS[1])), body, r[7] or ''}
 "#;
 
 /// Where the record-id secret lives: outside any record's hash tag, read once at start-up.
@@ -108,6 +133,7 @@ struct Scripts {
     renew: Script,
     mark_unknown: Script,
     release: Script,
+    delete: Script,
     inspect: Script,
 }
 
@@ -181,6 +207,7 @@ impl RedisStore {
             renew: Script::new(&format!("{NOW_MS}{NOW}{RENEW}")),
             mark_unknown: Script::new(MARK_UNKNOWN),
             release: Script::new(RELEASE),
+            delete: Script::new(&format!("{NOW_MS}{DELETE}")),
             inspect: Script::new(&format!("{NOW_MS}{NOW}{INSPECT}")),
         };
         let store = RedisStore {
@@ -197,6 +224,7 @@ impl RedisStore {
             &store.scripts.renew,
             &store.scripts.mark_unknown,
             &store.scripts.release,
+            &store.scripts.delete,
             &store.scripts.inspect,
         ] {
             let load = async { s.prepare_invoke().load_async(&mut c).await.map_err(at) };
@@ -329,7 +357,7 @@ impl RedisStore {
         args: &[&[u8]],
         acknowledged: Option<&str>,
     ) -> Result<bool, StoreError> {
-        let mut cmd = evalsha(script, &Self::key(id));
+        let mut cmd = evalsha(script, &[&Self::key(id)[..]]);
         cmd.arg(owner.as_str());
         for arg in args {
             cmd.arg(*arg);
@@ -345,6 +373,14 @@ impl RedisStore {
             self.acknowledged(what, acked)?;
         }
         Ok(n == 1)
+    }
+
+    /// `idemgate:{<id>}:w`: the owners that withdrew a claim on `id` (see `RELEASE`).
+    fn withdrawn_key(id: &RecordId) -> [u8; KEY_LEN + 2] {
+        let mut key = [0u8; KEY_LEN + 2];
+        key[..KEY_LEN].copy_from_slice(&Self::key(id));
+        key[KEY_LEN..].copy_from_slice(b":w");
+        key
     }
 
     /// `idemgate:{<id>}`: the hash tag keeps a record in one cluster slot. Written into a
@@ -367,10 +403,13 @@ fn hex64(bytes: &[u8; 32]) -> [u8; 64] {
     out
 }
 
-/// `EVALSHA <script> 1 <key>`, ready for the script's arguments.
-fn evalsha(script: &Script, key: &[u8]) -> Cmd {
+/// `EVALSHA <script> <n> <keys...>`, ready for the script's arguments.
+fn evalsha(script: &Script, keys: &[&[u8]]) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(1).arg(key);
+    cmd.arg(script.get_hash()).arg(keys.len());
+    for key in keys {
+        cmd.arg(*key);
+    }
     cmd
 }
 
@@ -454,6 +493,7 @@ fn parse_claim(v: Value) -> Result<Claim, StoreError> {
         "claimed" => Ok(Claim::Claimed),
         "mismatch" => Ok(Claim::Mismatch),
         "unknown" => Ok(Claim::Unknown),
+        "withdrawn" => Ok(Claim::Withdrawn),
         "version" => items
             .get(1)
             .and_then(text_of)
@@ -498,12 +538,16 @@ fn parse_claim(v: Value) -> Result<Claim, StoreError> {
 impl Store for RedisStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
         Box::pin(async move {
-            let mut cmd = evalsha(&self.scripts.claim, &Self::key(&req.id));
+            let mut cmd = evalsha(
+                &self.scripts.claim,
+                &[&Self::key(&req.id)[..], &Self::withdrawn_key(&req.id)[..]],
+            );
             cmd.arg(&hex64(&req.fingerprint.0)[..])
                 .arg(req.fingerprint_version)
                 .arg(req.owner.as_str())
                 .arg(req.lease.as_millis() as u64)
-                .arg(req.retention.as_millis() as u64);
+                .arg(req.retention.as_millis() as u64)
+                .arg(req.busy_for.as_millis() as u64);
             let (v, acked) = self.eval(&self.scripts.claim, cmd, true).await?;
             let claim = parse_claim(v)?;
             if claim == Claim::Claimed {
@@ -511,7 +555,7 @@ impl Store for RedisStore {
                     // Not forwarded, so not kept: a retry must be able to execute. Should
                     // this release be lost too, the claim reads as unknown once its lease
                     // runs out (409, never a second execution).
-                    let _ = self.release(&req.id, &req.owner).await;
+                    let _ = self.release(&req.id, &req.owner, req.lease).await;
                     return Err(e);
                 }
             }
@@ -559,8 +603,23 @@ impl Store for RedisStore {
         &'a self,
         id: &'a RecordId,
         owner: &'a OwnerToken,
+        linger: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.owner_checked(&self.scripts.release, id, owner, &[], None))
+        Box::pin(async move {
+            let mut c = self.conn.clone();
+            let n: i64 = self
+                .scripts
+                .release
+                .key(&Self::key(id)[..])
+                .key(&Self::withdrawn_key(id)[..])
+                .arg(owner.as_str())
+                // At least a millisecond: PEXPIRE 0 would delete the note at once.
+                .arg((linger.as_millis() as u64).max(1))
+                .invoke_async(&mut c)
+                .await
+                .map_err(backend)?;
+            Ok(n == 1)
+        })
     }
 
     fn inspect<'a>(
@@ -587,6 +646,7 @@ impl Store for RedisStore {
             let num = |i: usize| text(i).parse::<i64>().ok();
             let now = num(6).unwrap_or(0);
             let lease_until = num(3);
+            let busy_until = num(9);
             let state = match text(0).as_str() {
                 "c" => RecordState::Completed,
                 "p" if lease_until.is_some_and(|l| l > now) => RecordState::InProgress,
@@ -601,6 +661,10 @@ impl Store for RedisStore {
                     _ => None,
                 },
                 ttl_ms: num(7).filter(|t| *t >= 0).map(|t| t as u64),
+                owner_busy_ms: match text(0).as_str() {
+                    "p" => busy_until.filter(|b| *b > now).map(|b| (b - now) as u64),
+                    _ => None,
+                },
                 fingerprint: text(1),
                 fingerprint_version: text(2).parse().unwrap_or(0),
                 status: text(5).parse().ok(),
@@ -616,15 +680,27 @@ impl Store for RedisStore {
         })
     }
 
-    fn delete<'a>(&'a self, id: &'a RecordId) -> BoxFuture<'a, Result<bool, StoreError>> {
+    fn delete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
         Box::pin(async move {
             let mut c = self.conn.clone();
-            let n: i64 = redis::cmd("DEL")
-                .arg(&Self::key(id)[..])
-                .query_async(&mut c)
+            let n: i64 = self
+                .scripts
+                .delete
+                .key(&Self::key(id)[..])
+                .arg(if force { "1" } else { "0" })
+                .invoke_async(&mut c)
                 .await
                 .map_err(backend)?;
-            Ok(n == 1)
+            match n {
+                1 => Ok(Deleted::Deleted),
+                0 => Ok(Deleted::NotFound),
+                2 => Ok(Deleted::OwnerBusy),
+                _ => Err(corrupt("delete reply")),
+            }
         })
     }
 

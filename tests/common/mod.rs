@@ -45,6 +45,8 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use idemgate::{Config, Running};
 
+pub mod faultproxy;
+
 /// A free loopback port (bound then released; good enough on one test machine).
 pub fn free_port() -> u16 {
     StdListener::bind("127.0.0.1:0")
@@ -707,6 +709,23 @@ pub async fn release(client: &reqwest::Client, admin: SocketAddr, id: &str) -> b
         .await
         .expect("admin request");
     r.status().as_u16() == 200
+}
+
+/// `DELETE /records/{id}` on an admin listener, `?force=true` if `force`; the status.
+pub async fn admin_delete(
+    client: &reqwest::Client,
+    admin: SocketAddr,
+    id: &str,
+    force: bool,
+) -> u16 {
+    let force = if force { "?force=true" } else { "" };
+    client
+        .delete(format!("http://{admin}/records/{id}{force}"))
+        .send()
+        .await
+        .expect("admin request")
+        .status()
+        .as_u16()
 }
 
 /// An upstream that records the raw bytes of every connection and answers each one with a
