@@ -107,9 +107,21 @@ pub struct Config {
     pub redis_info_interval: Duration,
     /// The embedded store answers 503 instead of holding more records than this.
     pub memory_max_records: usize,
-    /// How long a client may take to send the request headers.
+    /// ... or more bytes than this (records, their headers and bodies, and their upkeep);
+    /// an answer that would not fit is recorded without its body.
+    pub memory_max_bytes: usize,
+    /// How long a client may take to send a request head, counted from accept for its
+    /// first request (a connection that sends nothing is closed after it too).
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
+    /// How long a keep-alive connection may sit idle (no request, no bytes) before it is
+    /// closed.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Open client connections at most; beyond, new ones are closed as soon as accepted.
+    pub max_connections: usize,
+    /// Protected requests in flight at most (per instance); beyond, 503 `overloaded` at once.
+    pub max_in_flight: usize,
     /// How long a client may take to send a protected request's body (408 after).
     #[serde(with = "humantime_serde")]
     pub body_read_timeout: Duration,
@@ -199,6 +211,9 @@ pub struct Defaults {
     pub upstream_timeout: Duration,
     /// Largest protected body that is buffered (413 above).
     pub max_body_bytes: u64,
+    /// Largest upstream answer that is recorded; a larger one still reaches its client,
+    /// streamed, but is recorded without its body.
+    pub max_response_bytes: u64,
     /// Longest accepted key.
     pub max_key_length: usize,
     /// Headers whose values identify the tenant.
@@ -235,6 +250,7 @@ pub struct Route {
     #[serde(default, with = "humantime_serde")]
     pub upstream_timeout: Option<Duration>,
     pub max_body_bytes: Option<u64>,
+    pub max_response_bytes: Option<u64>,
     pub max_key_length: Option<usize>,
     pub tenant_headers: Option<Vec<String>>,
     pub tenant_jwt_claim: Option<String>,
@@ -270,7 +286,14 @@ impl Default for Config {
             upstream_idle_timeout: UPSTREAM_IDLE_TIMEOUT,
             redis_connect_timeout: Duration::from_secs(1),
             memory_max_records: 1_000_000,
+            memory_max_bytes: 1024 * 1024 * 1024,
             header_read_timeout: Duration::from_secs(10),
+            // Longer than the usual load balancer's idle timeout (60 s), so that it is the
+            // balancer, not idemgate, that closes an idle connection: otherwise a request it
+            // sends just as idemgate closes is lost.
+            idle_timeout: Duration::from_secs(75),
+            max_connections: 4096,
+            max_in_flight: 1024,
             body_read_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
             worker_threads: 1,
@@ -290,6 +313,7 @@ impl Default for Defaults {
             lease: Duration::from_secs(10),
             upstream_timeout: Duration::from_secs(30),
             max_body_bytes: 1024 * 1024,
+            max_response_bytes: 4 * 1024 * 1024,
             max_key_length: 255,
             tenant_headers: vec!["Authorization".into()],
             tenant_jwt_claim: None,
@@ -481,6 +505,8 @@ pub struct Policy {
     #[allow(missing_docs)]
     pub max_body_bytes: u64,
     #[allow(missing_docs)]
+    pub max_response_bytes: u64,
+    #[allow(missing_docs)]
     pub max_key_length: usize,
     /// Where the tenant comes from (`tenant_headers` or `tenant_jwt_claim`).
     pub tenant: TenantSource,
@@ -557,6 +583,7 @@ impl Settings {
             ("header_read_timeout", config.header_read_timeout),
             ("redis_info_interval", config.redis_info_interval),
             ("body_read_timeout", config.body_read_timeout),
+            ("idle_timeout", config.idle_timeout),
         ] {
             if d.is_zero() {
                 return Err(invalid(key, "must be greater than zero"));
@@ -571,8 +598,15 @@ impl Settings {
                 ));
             }
         }
-        if config.memory_max_records == 0 {
-            return Err(invalid("memory_max_records", "must be at least 1"));
+        for (key, n) in [
+            ("memory_max_records", config.memory_max_records),
+            ("memory_max_bytes", config.memory_max_bytes),
+            ("max_connections", config.max_connections),
+            ("max_in_flight", config.max_in_flight),
+        ] {
+            if n == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
         }
         if config.worker_threads == 0 {
             return Err(invalid("worker_threads", "must be at least 1"));
@@ -884,6 +918,7 @@ fn resolve(
         lease: r.lease.unwrap_or(d.lease),
         upstream_timeout: r.upstream_timeout.unwrap_or(d.upstream_timeout),
         max_body_bytes: r.max_body_bytes.unwrap_or(d.max_body_bytes),
+        max_response_bytes: r.max_response_bytes.unwrap_or(d.max_response_bytes),
         max_key_length: r.max_key_length.unwrap_or(d.max_key_length),
         tenant,
         anonymous: r.anonymous.unwrap_or(d.anonymous),
@@ -917,6 +952,9 @@ fn resolve(
     if p.max_body_bytes == 0 {
         return Err(invalid(key_of("max_body_bytes"), "must be at least 1"));
     }
+    if p.max_response_bytes == 0 {
+        return Err(invalid(key_of("max_response_bytes"), "must be at least 1"));
+    }
     Ok(p)
 }
 
@@ -931,6 +969,7 @@ fn matches_override(r: &Route, name: &str) -> bool {
         "retention" => r.retention.is_some(),
         "max_key_length" => r.max_key_length.is_some(),
         "max_body_bytes" => r.max_body_bytes.is_some(),
+        "max_response_bytes" => r.max_response_bytes.is_some(),
         _ => false,
     }
 }
@@ -954,6 +993,7 @@ mod tests {
         assert_eq!(p.retention, Duration::from_secs(86400));
         assert_eq!(p.lease, Duration::from_secs(10));
         assert_eq!(p.max_body_bytes, 1048576);
+        assert_eq!(p.max_response_bytes, 4 * 1048576);
         assert_eq!(
             s.config.admin_listen,
             Some("127.0.0.1:9901".parse().unwrap())
@@ -1012,6 +1052,13 @@ mod tests {
             ),
             ("postgres_url = \"postgres://x@127.0.0.1/db\"", "namespace"),
             ("postgres_url = \"postgres://x@127.0.0.1/db?sslmode=nope\"\nnamespace = \"p\"", "postgres_url"),
+            ("max_in_flight = 0", "max_in_flight"),
+            ("max_connections = 0", "max_connections"),
+            ("idle_timeout = \"0s\"", "idle_timeout"),
+            (
+                "[[routes]]\npath = \"/a\"\nmax_response_bytes = 0",
+                "routes[0].max_response_bytes",
+            ),
         ] {
             let err = settings(toml).unwrap_err().to_string();
             assert!(err.contains(key), "{toml:?}: {err}");

@@ -29,7 +29,7 @@ use crate::store::{
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Every outcome, in declaration order (`Outcome as usize` indexes this).
-const OUTCOMES: [Outcome; 10] = [
+const OUTCOMES: [Outcome; 12] = [
     Outcome::Forwarded,
     Outcome::Replayed,
     Outcome::InProgress,
@@ -40,6 +40,8 @@ const OUTCOMES: [Outcome; 10] = [
     Outcome::StoreError,
     Outcome::UpstreamError,
     Outcome::Ambiguous,
+    Outcome::NotStored,
+    Outcome::Overloaded,
 ];
 
 /// A store operation, the `op` label of the store metrics.
@@ -324,6 +326,16 @@ impl Store for Instrumented {
         self.timed(StoreOp::Record, self.store_timeout, call)
     }
 
+    fn record_not_kept<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        status: u16,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let call = self.inner.record_not_kept(id, owner, status);
+        self.timed(StoreOp::Record, self.store_timeout, call)
+    }
+
     fn renew<'a>(
         &'a self,
         id: &'a RecordId,
@@ -473,7 +485,9 @@ mod tests {
             | Outcome::Rejected
             | Outcome::StoreError
             | Outcome::UpstreamError
-            | Outcome::Ambiguous => (),
+            | Outcome::Ambiguous
+            | Outcome::NotStored
+            | Outcome::Overloaded => (),
         };
     }
 

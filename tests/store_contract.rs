@@ -150,6 +150,8 @@ contract!(
     retention_expires_records,
     concurrent_claims_have_one_winner,
     inspect_shows_state_without_body_unless_asked,
+    an_answer_not_kept_completes_the_record_with_its_status_alone,
+    a_multi_mib_answer_replays_exactly_and_goes_with_its_record,
     a_claim_that_arrives_after_its_release_creates_nothing,
     operator_delete_refuses_while_the_owner_may_be_working,
 );
@@ -500,6 +502,131 @@ async fn inspect_shows_state_without_body_unless_asked(f: Fixture) {
     assert!(v.ttl_ms.is_some_and(|t| t <= 60_000 && t > 50_000));
     let v = f.store.inspect(&a.id, true).await.unwrap().unwrap();
     assert!(v.body.unwrap().contains("seen"));
+}
+
+async fn an_answer_not_kept_completes_the_record_with_its_status_alone(f: Fixture) {
+    let a = claim("k", 1, 10_000);
+    f.store.claim(&a).await.unwrap();
+    // Only the owner completes it.
+    let stranger = OwnerToken::random();
+    assert!(!f
+        .store
+        .record_not_kept(&a.id, &stranger, 201)
+        .await
+        .unwrap());
+    assert!(f.store.record_not_kept(&a.id, &a.owner, 201).await.unwrap());
+    let b = claim("k", 1, 10_000);
+    assert_eq!(
+        f.store.claim(&b).await.unwrap(),
+        Claim::NotKept { status: 201 }
+    );
+    // Completed: it cannot be marked unknown, and another request is still a mismatch.
+    assert!(!f.store.mark_unknown(&a.id, &a.owner).await.unwrap());
+    assert_eq!(
+        f.store.claim(&claim("k", 2, 10_000)).await.unwrap(),
+        Claim::Mismatch
+    );
+    let v = f.store.inspect(&a.id, true).await.unwrap().unwrap();
+    assert_eq!(v.state, RecordState::Completed);
+    assert_eq!(v.status, Some(201));
+    assert_eq!(v.body_kept, Some(false));
+    assert!(v.body.is_none());
+    // An answer recorded in full and then (a retried call) not kept is not kept.
+    let c = claim("j", 1, 10_000);
+    f.store.claim(&c).await.unwrap();
+    assert!(f
+        .store
+        .record(&c.id, &c.owner, &response("x"))
+        .await
+        .unwrap());
+    assert!(f.store.record_not_kept(&c.id, &c.owner, 201).await.unwrap());
+    assert_eq!(
+        f.store.claim(&c).await.unwrap(),
+        Claim::NotKept { status: 201 }
+    );
+    assert_eq!(f.store.delete(&c.id, true).await.unwrap(), Deleted::Deleted);
+}
+
+async fn a_multi_mib_answer_replays_exactly_and_goes_with_its_record(f: Fixture) {
+    let a = claim("big", 1, 10_000);
+    f.store.claim(&a).await.unwrap();
+    let mut r = response("big");
+    // Not a multiple of any chunk size, and every byte value.
+    r.body = Bytes::from(
+        (0..3_000_001u32)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<u8>>(),
+    );
+    // Only the owner writes it.
+    assert!(!f
+        .store
+        .record(&a.id, &OwnerToken::random(), &r)
+        .await
+        .unwrap());
+    assert!(f.store.record(&a.id, &a.owner, &r).await.unwrap());
+    let b = claim("big", 1, 10_000);
+    assert_eq!(f.store.claim(&b).await.unwrap(), Claim::Replay(r.clone()));
+    let v = f.store.inspect(&a.id, true).await.unwrap().unwrap();
+    assert_eq!(
+        v.body.map(|b| b.len()),
+        Some(String::from_utf8_lossy(&r.body).len())
+    );
+    // Deleted with its record: a new claim and a smaller answer replay that answer.
+    assert_eq!(f.store.delete(&a.id, true).await.unwrap(), Deleted::Deleted);
+    let c = claim("big", 1, 10_000);
+    assert_eq!(f.store.claim(&c).await.unwrap(), Claim::Claimed);
+    let small = response("small");
+    assert!(f.store.record(&c.id, &c.owner, &small).await.unwrap());
+    assert_eq!(f.store.claim(&b).await.unwrap(), Claim::Replay(small));
+}
+
+#[tokio::test]
+async fn embedded_store_byte_cap_answers_full_and_counts_down_to_zero() {
+    let store = MemoryStore::with_limits(1000, 8 * 1024);
+    let a = claim("a", 1, 10_000);
+    store.claim(&a).await.unwrap();
+    let upkeep = store.bytes();
+    assert!(upkeep > 0);
+    let big = StoredResponse {
+        status: 201,
+        headers: Vec::new(),
+        body: Bytes::from(vec![b'x'; 6 * 1024]),
+    };
+    assert!(store.record(&a.id, &a.owner, &big).await.unwrap());
+    assert_eq!(store.bytes(), upkeep + 6 * 1024);
+    // A second answer that does not fit: refused, and its record is left as it was.
+    let b = claim("b", 1, 10_000);
+    store.claim(&b).await.unwrap();
+    assert!(matches!(
+        store.record(&b.id, &b.owner, &big).await,
+        Err(StoreError::Full(_))
+    ));
+    assert!(matches!(
+        store.claim(&claim("b", 1, 10_000)).await.unwrap(),
+        Claim::InFlight { .. }
+    ));
+    assert!(store.record_not_kept(&b.id, &b.owner, 201).await.unwrap());
+    // Claims until the bytes run out, then 503.
+    let mut n = 0;
+    let full = loop {
+        match store.claim(&claim(&format!("c{n}"), 1, 10_000)).await {
+            Ok(Claim::Claimed) => n += 1,
+            other => break other,
+        }
+    };
+    assert!(matches!(full, Err(StoreError::Full(ref m)) if m.contains("memory_max_bytes")));
+    assert!(store.bytes() <= 8 * 1024);
+    assert!(n > 0);
+    // Everything removed, nothing counted.
+    assert!(store.release(&b.id, &b.owner, LINGER).await.unwrap());
+    assert_eq!(store.delete(&a.id, true).await.unwrap(), Deleted::Deleted);
+    for i in 0..n {
+        assert_eq!(
+            store.delete(&id(&format!("c{i}")), true).await.unwrap(),
+            Deleted::Deleted
+        );
+    }
+    assert_eq!((store.len(), store.bytes()), (0, 0));
 }
 
 #[tokio::test]

@@ -154,7 +154,7 @@ SELECT state, fingerprint, fingerprint_version,
   (extract(epoch FROM (busy_until - clock_timestamp())) * 1000)::bigint,
   (extract(epoch FROM created) * 1000)::bigint,
   (extract(epoch FROM (expires - clock_timestamp())) * 1000)::bigint,
-  status, CASE WHEN $2 THEN body END
+  status, CASE WHEN $2 THEN body END, headers IS NOT NULL
 FROM idemgate_records WHERE id = $1 AND expires > clock_timestamp()
 ";
 
@@ -408,12 +408,16 @@ fn found(row: &Row, req: &ClaimRequest) -> Result<Option<Claim>, StoreError> {
             .ok_or_else(|| corrupt("completed without a status"))?;
         let headers: Option<Vec<u8>> = col(row, 7)?;
         let body: Option<Vec<u8>> = col(row, 8)?;
-        Claim::Replay(StoredResponse {
-            status,
-            headers: StoredResponse::decode_headers(&headers.unwrap_or_default())
-                .ok_or_else(|| corrupt("undecodable headers"))?,
-            body: Bytes::from(body.unwrap_or_default()),
-        })
+        match headers {
+            // Completed without headers: the answer was too large to keep.
+            None => Claim::NotKept { status },
+            Some(headers) => Claim::Replay(StoredResponse {
+                status,
+                headers: StoredResponse::decode_headers(&headers)
+                    .ok_or_else(|| corrupt("undecodable headers"))?,
+                body: Bytes::from(body.unwrap_or_default()),
+            }),
+        }
     } else {
         let left: i64 = col(row, 5)?;
         if state == 0 && left > 0 {
@@ -478,6 +482,33 @@ impl Store for PostgresStore {
                         &status,
                         &headers,
                         &&response.body[..],
+                    ],
+                )
+                .await?;
+            Ok(n == 1)
+        })
+    }
+
+    fn record_not_kept<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        status: u16,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            // Completed with no headers and no body: what a claim reads as "not kept" (a
+            // kept answer always has headers, if only an empty list).
+            let status = i32::from(status);
+            let none: Option<Vec<u8>> = None;
+            let n = self
+                .execute(
+                    |c| &c.record,
+                    &[
+                        &id.as_bytes().as_slice(),
+                        &owner.as_str(),
+                        &status,
+                        &none,
+                        &none,
                     ],
                 )
                 .await?;
@@ -563,6 +594,7 @@ impl Store for PostgresStore {
             let (created, ttl): (i64, i64) = (col(&r, 5)?, col(&r, 6)?);
             let status: Option<i32> = col(&r, 7)?;
             let body: Option<Vec<u8>> = col(&r, 8)?;
+            let kept: bool = col(&r, 9)?;
             let live = state == 0 && lease_left > 0;
             let completed = state == 1;
             Ok(Some(RecordView {
@@ -591,6 +623,7 @@ impl Store for PostgresStore {
                 } else {
                     None
                 },
+                body_kept: completed.then_some(kept),
             }))
         })
     }

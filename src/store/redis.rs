@@ -20,10 +20,19 @@ use super::{
 use crate::key::RecordId;
 use crate::scope::ScopeSecret;
 
-// Fields of a record hash: st = state (p in progress, c completed, u unknown), fp =
+// Fields of a record hash: st = state (p in progress, c completed, n completed but the
+// answer not kept, u unknown), fp =
 // fingerprint hex, fv = fingerprint version, ow = owner token, lu = lease until (ms, Redis
 // clock), wu = the owner may be working until (ms, Redis clock), cr = created (ms), sc =
-// status, hd = headers (StoredResponse::encode_headers), bd = body.
+// status, hd = headers (StoredResponse::encode_headers), bd = body (up to INLINE_MAX
+// bytes), bl = length of a larger body, kept in the string `idemgate:{<id>}:body` beside the
+// hash (same hash tag, same cluster slot).
+//
+// A large body stays off the claim path: one Redis reply is read whole before the next one
+// on the shared connection, so a multi-MiB body inline in a claim or record held up every
+// other key's call behind it. It is written and read in CHUNK-sized pieces instead, each
+// its own round trip, so other keys' calls interleave with them; answers up to INLINE_MAX
+// (nearly all of them) keep their one round trip.
 //
 // Beside each record, `idemgate:{<record id>}:w` (same hash slot) is the set of owners that
 // withdrew a claim they were not sure had landed (see `RELEASE`); it expires by itself.
@@ -34,7 +43,7 @@ const NOW: &str = "local now = now_ms()\n";
 // made or a lease compared: a replay, the most frequent claim, runs one command instead of
 // three (TIME, HMGET, HMGET).
 const CLAIM: &str = r#"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'sc', 'hd', 'bd')
+local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'sc', 'hd', 'bd', 'bl')
 if not r[1] then
   if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 1 then return {'withdrawn'} end
   local now = now_ms()
@@ -45,7 +54,9 @@ if not r[1] then
 end
 if r[3] ~= ARGV[2] then return {'version', r[3]} end
 if r[2] ~= ARGV[1] then return {'mismatch'} end
-if r[1] == 'c' then return {'completed', r[5], r[6], r[7]} end
+if r[1] == 'c' and r[7] then return {'completed', r[5], r[6], r[7]} end
+if r[1] == 'c' then return {'completed_large', r[5], r[6], r[8]} end
+if r[1] == 'n' then return {'not_kept', r[5]} end
 local now = now_ms()
 if r[1] == 'p' and tonumber(r[4]) > now then return {'in_progress', tostring(tonumber(r[4]) - now)} end
 return {'unknown'}
@@ -59,6 +70,37 @@ redis.call('HDEL', KEYS[1], 'lu')
 return 1
 "#;
 
+// As RECORD, for an answer too large to keep: the status alone.
+const RECORD_NOT_KEPT: &str = r#"
+if redis.call('HGET', KEYS[1], 'ow') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'st', 'n', 'sc', ARGV[2])
+redis.call('HDEL', KEYS[1], 'lu', 'hd', 'bd', 'bl')
+redis.call('DEL', KEYS[2])
+return 1
+"#;
+
+// One piece of a large body, at ARGV[2], by the owner of a record in progress. Its time to
+// live follows the record's, with a minute to spare so that it never goes before it.
+// Running it twice writes the same bytes twice. Bytes beyond `bl` (a longer body that a
+// released claim left) are never read.
+const WRITE_CHUNK: &str = r#"
+local r = redis.call('HMGET', KEYS[1], 'ow', 'st')
+if r[1] ~= ARGV[1] or r[2] ~= 'p' then return 0 end
+redis.call('SETRANGE', KEYS[2], tonumber(ARGV[2]), ARGV[3])
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl + 60000) end
+return 1
+"#;
+
+// As RECORD, once every piece of a large body is written: its length instead of the body.
+const RECORD_LARGE: &str = r#"
+if redis.call('HGET', KEYS[1], 'ow') ~= ARGV[1] then return 0 end
+if redis.call('STRLEN', KEYS[2]) < tonumber(ARGV[4]) then return -1 end
+redis.call('HSET', KEYS[1], 'st', 'c', 'sc', ARGV[2], 'hd', ARGV[3], 'bl', ARGV[4])
+redis.call('HDEL', KEYS[1], 'lu', 'bd')
+return 1
+"#;
+
 const RENEW: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'ow', 'st')
 if r[1] ~= ARGV[1] or r[2] ~= 'p' then return 0 end
@@ -68,7 +110,7 @@ return 1
 
 const MARK_UNKNOWN: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'ow', 'st')
-if r[1] ~= ARGV[1] or r[2] == 'c' then return 0 end
+if r[1] ~= ARGV[1] or r[2] == 'c' or r[2] == 'n' then return 0 end
 redis.call('HSET', KEYS[1], 'st', 'u')
 redis.call('HDEL', KEYS[1], 'lu')
 return 1
@@ -89,7 +131,8 @@ return 0
 "#;
 
 // An operator's release: unless forced (ARGV[1] = '1'), a record whose owner may still be
-// working (lease live, or within its `wu`) is left alone. 1 deleted, 0 none, 2 busy.
+// working (lease live, or within its `wu`) is left alone. 1 deleted, 0 none, 2 busy. A
+// large body (KEYS[2]) goes with its record.
 const DELETE: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'st', 'lu', 'wu')
 if not r[1] then return 0 end
@@ -97,7 +140,7 @@ if ARGV[1] ~= '1' and r[1] == 'p' then
   local now = now_ms()
   if tonumber(r[2] or '0') > now or tonumber(r[3] or '0') > now then return 2 end
 end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[2])
 return 1
 "#;
 
@@ -105,7 +148,11 @@ const INSPECT: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'cr', 'sc', 'wu')
 if not r[1] then return false end
 local body = false
-if ARGV[1] == '1' then body = redis.call('HGET', KEYS[1], 'bd') end
+if ARGV[1] == '1' then
+  local b = redis.call('HMGET', KEYS[1], 'bd', 'bl')
+  body = b[1]
+  if not body and b[2] then body = redis.call('GETRANGE', KEYS[2], 0, tonumber(b[2]) - 1) end
+end
 return {r[1], r[2], r[3], r[4] or '', r[5], r[6] or '', tostring(now), tostring(redis.call('PTTL', KEYS[1])), body, r[7] or ''}
 "#;
 
@@ -124,6 +171,9 @@ pub struct RedisStore {
 struct Scripts {
     claim: Script,
     record: Script,
+    record_not_kept: Script,
+    write_chunk: Script,
+    record_large: Script,
     renew: Script,
     mark_unknown: Script,
     release: Script,
@@ -174,6 +224,9 @@ impl RedisStore {
         let scripts = Scripts {
             claim: Script::new(&format!("{NOW_MS}{CLAIM}")),
             record: Script::new(RECORD),
+            record_not_kept: Script::new(RECORD_NOT_KEPT),
+            write_chunk: Script::new(WRITE_CHUNK),
+            record_large: Script::new(RECORD_LARGE),
             renew: Script::new(&format!("{NOW_MS}{NOW}{RENEW}")),
             mark_unknown: Script::new(MARK_UNKNOWN),
             release: Script::new(RELEASE),
@@ -190,6 +243,9 @@ impl RedisStore {
         for s in [
             &store.scripts.claim,
             &store.scripts.record,
+            &store.scripts.record_not_kept,
+            &store.scripts.write_chunk,
+            &store.scripts.record_large,
             &store.scripts.renew,
             &store.scripts.mark_unknown,
             &store.scripts.release,
@@ -222,7 +278,8 @@ impl RedisStore {
             .map_err(backend)
     }
 
-    /// Runs one of the owner-checked scripts: KEYS[1] = the record, ARGV[1] = the owner,
+    /// Runs one of the owner-checked scripts: KEYS[1] = the record, KEYS[2] = its large
+    /// body, ARGV[1] = the owner,
     /// then `args`. It answers 1 when it applied, 0 when the record is not (or no longer)
     /// the owner's.
     async fn owner_checked(
@@ -233,6 +290,7 @@ impl RedisStore {
         args: &[&[u8]],
     ) -> Result<bool, StoreError> {
         let mut invocation = script.key(&Self::key(id)[..]);
+        invocation.key(&Self::body_key(id)[..]);
         invocation.arg(owner.as_str());
         for arg in args {
             invocation.arg(*arg);
@@ -260,7 +318,83 @@ impl RedisStore {
         key[KEY_LEN - 1] = b'}';
         key
     }
+
+    /// `idemgate:{<id>}:body`: a large body, in the record's cluster slot.
+    fn body_key(id: &RecordId) -> [u8; KEY_LEN + BODY_SUFFIX.len()] {
+        let mut key = [0u8; KEY_LEN + BODY_SUFFIX.len()];
+        key[..KEY_LEN].copy_from_slice(&Self::key(id));
+        key[KEY_LEN..].copy_from_slice(BODY_SUFFIX);
+        key
+    }
+
+    /// Reads a large body of `len` bytes, a chunk per round trip.
+    async fn read_large(&self, id: &RecordId, len: usize) -> Result<Bytes, StoreError> {
+        let key = Self::body_key(id);
+        let mut body = bytes::BytesMut::with_capacity(len);
+        let mut c = self.conn.clone();
+        while body.len() < len {
+            let end = (body.len() + CHUNK).min(len);
+            let chunk: Vec<u8> = redis::cmd("GETRANGE")
+                .arg(&key[..])
+                .arg(body.len())
+                .arg(end - 1)
+                .query_async(&mut c)
+                .await
+                .map_err(backend)?;
+            if chunk.len() != end - body.len() {
+                return Err(corrupt("a large body is shorter than its record says"));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body.freeze())
+    }
+
+    /// Records a response whose body is larger than [`INLINE_MAX`]: the body a chunk per
+    /// round trip, then the record.
+    async fn record_large(
+        &self,
+        id: &RecordId,
+        owner: &OwnerToken,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        for (i, chunk) in response.body.chunks(CHUNK).enumerate() {
+            let offset = (i * CHUNK).to_string();
+            let args: [&[u8]; 2] = [offset.as_bytes(), chunk];
+            if !self
+                .owner_checked(&self.scripts.write_chunk, id, owner, &args)
+                .await?
+            {
+                return Ok(false);
+            }
+        }
+        let status = response.status.to_string();
+        let headers = response.encode_headers();
+        let len = response.body.len().to_string();
+        let args: [&[u8]; 3] = [status.as_bytes(), &headers, len.as_bytes()];
+        let mut invocation = self.scripts.record_large.key(&Self::key(id)[..]);
+        invocation.key(&Self::body_key(id)[..]);
+        invocation.arg(owner.as_str());
+        for arg in args {
+            invocation.arg(arg);
+        }
+        let mut c = self.conn.clone();
+        match invocation
+            .invoke_async::<i64>(&mut c)
+            .await
+            .map_err(backend)?
+        {
+            1 => Ok(true),
+            0 => Ok(false),
+            _ => Err(corrupt("a large body was not all written")),
+        }
+    }
 }
+
+/// Bodies up to this size are kept inline in the record, and come back with the claim.
+const INLINE_MAX: usize = 256 * 1024;
+/// Larger ones are written and read in pieces of this size, one round trip each.
+const CHUNK: usize = 256 * 1024;
+const BODY_SUFFIX: &[u8] = b":body";
 
 /// Lowercase hex of 32 bytes (a record id, a fingerprint), without allocating.
 fn hex64(bytes: &[u8; 32]) -> [u8; 64] {
@@ -304,14 +438,56 @@ fn text_of(v: &Value) -> Option<String> {
     bytes_of(v).and_then(|b| String::from_utf8(b.to_vec()).ok())
 }
 
-fn parse_claim(v: Value) -> Result<Claim, StoreError> {
+/// A claim's reply: what it found, or a completed record whose large body is still to read.
+enum Parsed {
+    Claim(Claim),
+    Large {
+        status: u16,
+        headers: Vec<(String, Bytes)>,
+        len: usize,
+    },
+}
+
+fn parse_claim(v: Value) -> Result<Parsed, StoreError> {
     let Value::Array(items) = v else {
         return Err(corrupt("claim reply is not an array"));
     };
     let tag = items.first().and_then(text_of).unwrap_or_default();
-    match tag.as_str() {
+    if tag == "completed_large" {
+        let status: u16 = items
+            .get(1)
+            .and_then(text_of)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| corrupt("status"))?;
+        let headers = items
+            .get(2)
+            .and_then(bytes_of)
+            .and_then(|b| StoredResponse::decode_headers(&b))
+            .ok_or_else(|| corrupt("headers"))?;
+        let len = items
+            .get(3)
+            .and_then(text_of)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| corrupt("body length"))?;
+        return Ok(Parsed::Large {
+            status,
+            headers,
+            len,
+        });
+    }
+    parse_claim_tag(&tag, items).map(Parsed::Claim)
+}
+
+fn parse_claim_tag(tag: &str, items: Vec<Value>) -> Result<Claim, StoreError> {
+    match tag {
         "claimed" => Ok(Claim::Claimed),
         "mismatch" => Ok(Claim::Mismatch),
+        "not_kept" => items
+            .get(1)
+            .and_then(text_of)
+            .and_then(|s| s.parse().ok())
+            .map(|status| Claim::NotKept { status })
+            .ok_or_else(|| corrupt("status")),
         "unknown" => Ok(Claim::Unknown),
         "withdrawn" => Ok(Claim::Withdrawn),
         "version" => items
@@ -373,7 +549,21 @@ impl Store for RedisStore {
                 .invoke_async(&mut c)
                 .await
                 .map_err(backend)?;
-            parse_claim(v)
+            match parse_claim(v)? {
+                Parsed::Claim(c) => Ok(c),
+                Parsed::Large {
+                    status,
+                    headers,
+                    len,
+                } => {
+                    let body = self.read_large(&req.id, len).await?;
+                    Ok(Claim::Replay(StoredResponse {
+                        status,
+                        headers,
+                        body,
+                    }))
+                }
+            }
         })
     }
 
@@ -384,10 +574,27 @@ impl Store for RedisStore {
         response: &'a StoredResponse,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
+            if response.body.len() > INLINE_MAX {
+                return self.record_large(id, owner, response).await;
+            }
             let status = response.status.to_string();
             let headers = response.encode_headers();
             let args: [&[u8]; 3] = [status.as_bytes(), &headers, &response.body];
             self.owner_checked(&self.scripts.record, id, owner, &args)
+                .await
+        })
+    }
+
+    fn record_not_kept<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        status: u16,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let status = status.to_string();
+            let args: [&[u8]; 1] = [status.as_bytes()];
+            self.owner_checked(&self.scripts.record_not_kept, id, owner, &args)
                 .await
         })
     }
@@ -447,6 +654,7 @@ impl Store for RedisStore {
                 .scripts
                 .inspect
                 .key(&Self::key(id)[..])
+                .key(&Self::body_key(id)[..])
                 .arg(if with_body { "1" } else { "0" })
                 .invoke_async(&mut c)
                 .await
@@ -461,8 +669,9 @@ impl Store for RedisStore {
             let now = num(6).unwrap_or(0);
             let lease_until = num(3);
             let busy_until = num(9);
-            let state = match text(0).as_str() {
-                "c" => RecordState::Completed,
+            let st = text(0);
+            let state = match st.as_str() {
+                "c" | "n" => RecordState::Completed,
                 "p" if lease_until.is_some_and(|l| l > now) => RecordState::InProgress,
                 _ => RecordState::Unknown,
             };
@@ -482,6 +691,7 @@ impl Store for RedisStore {
                 fingerprint: text(1),
                 fingerprint_version: text(2).parse().unwrap_or(0),
                 status: text(5).parse().ok(),
+                body_kept: (state == RecordState::Completed).then_some(st == "c"),
                 body: if with_body {
                     items
                         .get(8)
@@ -505,6 +715,7 @@ impl Store for RedisStore {
                 .scripts
                 .delete
                 .key(&Self::key(id)[..])
+                .key(&Self::body_key(id)[..])
                 .arg(if force { "1" } else { "0" })
                 .invoke_async(&mut c)
                 .await

@@ -310,13 +310,16 @@ fn claim_now(c: &mut Connection, req: &ClaimRequest) -> Result<Claim, StoreError
                     Claim::Mismatch
                 } else if state == COMPLETED {
                     let status = status.ok_or_else(|| corrupt("completed without a status"))?;
-                    let headers = StoredResponse::decode_headers(&headers.unwrap_or_default())
-                        .ok_or_else(|| corrupt("undecodable headers"))?;
-                    Claim::Replay(StoredResponse {
-                        status,
-                        headers,
-                        body: Bytes::from(body.unwrap_or_default()),
-                    })
+                    match headers {
+                        // Completed without headers: the answer was too large to keep.
+                        None => Claim::NotKept { status },
+                        Some(headers) => Claim::Replay(StoredResponse {
+                            status,
+                            headers: StoredResponse::decode_headers(&headers)
+                                .ok_or_else(|| corrupt("undecodable headers"))?,
+                            body: Bytes::from(body.unwrap_or_default()),
+                        }),
+                    }
                 } else if state == IN_PROGRESS && lease_until > now {
                     Claim::InFlight {
                         lease_left: Duration::from_millis((lease_until - now) as u64),
@@ -364,6 +367,34 @@ impl Store for SqliteStore {
                         status,
                         headers,
                         &body[..],
+                        now_ms()
+                    ])
+                })
+                .map_err(backend)?;
+            Ok(n == 1)
+        })
+    }
+
+    fn record_not_kept<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        status: u16,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let (id, owner) = (*id, owner.clone());
+        self.run(move |c| {
+            // Completed with no headers and no body: what a claim reads as "not kept" (a
+            // kept answer always has headers, if only an empty list).
+            let n = c
+                .prepare_cached(
+                    "UPDATE records SET state = 1, status = ?3, headers = NULL, body = NULL
+                     WHERE id = ?1 AND owner = ?2 AND expires > ?4",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![
+                        id.as_bytes().as_slice(),
+                        owner.as_str(),
+                        status,
                         now_ms()
                     ])
                 })
@@ -464,7 +495,7 @@ impl Store for SqliteStore {
             let row = c
                 .query_row(
                     "SELECT state, fingerprint, fingerprint_version, lease_until, busy_until,
-                       created, expires, status, body FROM records
+                       created, expires, status, body, headers IS NOT NULL FROM records
                      WHERE id = ?1 AND expires > ?2",
                     params![id.as_bytes().as_slice(), now],
                     |r| {
@@ -482,13 +513,24 @@ impl Store for SqliteStore {
                             } else {
                                 None
                             },
+                            r.get::<_, bool>(9)?,
                         ))
                     },
                 )
                 .optional()
                 .map_err(backend)?;
-            let Some((state, fp, fv, lease_until, busy_until, created, expires, status, body)) =
-                row
+            let Some((
+                state,
+                fp,
+                fv,
+                lease_until,
+                busy_until,
+                created,
+                expires,
+                status,
+                body,
+                kept,
+            )) = row
             else {
                 return Ok(None);
             };
@@ -516,6 +558,7 @@ impl Store for SqliteStore {
                 } else {
                     None
                 },
+                body_kept: (state == COMPLETED).then_some(kept),
             }))
         })
     }
