@@ -9,7 +9,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::faultproxy::FaultProxy;
@@ -21,21 +21,8 @@ const TRANSFER: &str = r#"{"from":"acc-1","to":"acc-2","amount":1250,"currency":
 /// The header that names an operation, the client's own bookkeeping.
 const OP: &str = "x-test-op";
 
-/// The server shared by the tests running at the same time; stopped when the last of them
-/// lets go of it.
 async fn shared_pg() -> Arc<PgServer> {
-    static SHARED: Mutex<Weak<PgServer>> = Mutex::new(Weak::new());
-    tokio::task::spawn_blocking(|| {
-        let mut slot = SHARED.lock().unwrap();
-        if let Some(pg) = slot.upgrade() {
-            return pg;
-        }
-        let pg = Arc::new(PgServer::start());
-        *slot = Arc::downgrade(&pg);
-        pg
-    })
-    .await
-    .unwrap()
+    tokio::task::spawn_blocking(PgServer::shared).await.unwrap()
 }
 
 fn pg_config(up: &Upstream, url: &str) -> Config {
