@@ -67,8 +67,11 @@ async fn try_post(
     Some((status, replayed, res.bytes().await.ok()?))
 }
 
+/// The operation and the answer of each execution, by execution number.
+type Answers = HashMap<usize, (String, Vec<u8>)>;
+
 /// Executions per operation (by the client's header), and the answer of each execution.
-fn executions(up: &Upstream) -> (HashMap<String, usize>, HashMap<usize, (String, Vec<u8>)>) {
+fn executions(up: &Upstream) -> (HashMap<String, usize>, Answers) {
     let mut per_op: HashMap<String, usize> = HashMap::new();
     let mut answers = HashMap::new();
     for s in up.seen() {
