@@ -75,14 +75,52 @@ pub struct Config {
     /// When set, every admin endpoint but the probes (`/healthz`, `/readyz`) wants
     /// `Authorization: Bearer <token>`.
     pub admin_token: Option<Secret>,
-    /// Redis URL; absent: an embedded store (see `store_path`).
-    pub redis_url: Option<String>,
     /// Directory of the persistent embedded store (an SQLite database): records survive a
     /// restart. Absent (and no `redis_url`): records live in this process's memory.
     pub store_path: Option<PathBuf>,
     /// PostgreSQL URL (`postgres://user:password@host/db`): records in one table that
     /// several instances share. No TLS yet.
     pub postgres_url: Option<Secret>,
+    /// Redis URL; absent (and no sentinels, cluster nodes, `store_path` or
+    /// `postgres_url`): the embedded in-memory store.
+    pub redis_url: Option<String>,
+    /// Sentinels (`host:port`) that name the current primary of `redis_sentinel_master`.
+    #[serde(default)]
+    pub redis_sentinels: Vec<String>,
+    /// The master name the sentinels monitor.
+    #[serde(default)]
+    pub redis_sentinel_master: Option<String>,
+    /// Seed nodes (`host:port`) of a Redis Cluster.
+    #[serde(default)]
+    pub redis_cluster_nodes: Vec<String>,
+    /// TLS to sentinels and cluster nodes (a URL says it with `rediss://`).
+    #[serde(default)]
+    pub redis_tls: bool,
+    /// PEM file of the CA(s) that signed the Redis servers' certificates; absent: the
+    /// system's roots.
+    #[serde(default)]
+    pub redis_tls_ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate chain, for servers with `tls-auth-clients yes`.
+    #[serde(default)]
+    pub redis_tls_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of `redis_tls_cert_file`.
+    #[serde(default)]
+    pub redis_tls_key_file: Option<std::path::PathBuf>,
+    /// Accept any server certificate: encrypted but not authenticated. Never in production.
+    #[serde(default)]
+    pub redis_tls_insecure: bool,
+    /// ACL user for every Redis node and sentinel.
+    #[serde(default)]
+    pub redis_username: Option<String>,
+    /// Its password (better from `IDEMGATE_REDIS_PASSWORD` than from a file).
+    #[serde(default)]
+    pub redis_password: Option<Secret>,
+    /// Claims and records count as written only once this many replicas have them (`WAIT`).
+    #[serde(default)]
+    pub min_replicas_ack: u32,
+    /// How long `WAIT` may take (shorter than `store_timeout`).
+    #[serde(default = "default_replica_ack_timeout", with = "humantime_serde")]
+    pub replica_ack_timeout: Duration,
     /// Whose records these are, when several services share one store: records of
     /// different namespaces never meet. Required with a shared store (Redis).
     pub namespace: Option<String>,
@@ -278,6 +316,18 @@ impl Default for Config {
             redis_url: None,
             store_path: None,
             postgres_url: None,
+            redis_sentinels: Vec::new(),
+            redis_sentinel_master: None,
+            redis_cluster_nodes: Vec::new(),
+            redis_tls: false,
+            redis_tls_ca_file: None,
+            redis_tls_cert_file: None,
+            redis_tls_key_file: None,
+            redis_tls_insecure: false,
+            redis_username: None,
+            redis_password: None,
+            min_replicas_ack: 0,
+            replica_ack_timeout: default_replica_ack_timeout(),
             namespace: None,
             jwt_hs256_secret: None,
             jwks_file: None,
@@ -302,6 +352,10 @@ impl Default for Config {
             routes: Vec::new(),
         }
     }
+}
+
+fn default_replica_ack_timeout() -> Duration {
+    Duration::from_millis(200)
 }
 
 impl Default for Defaults {
@@ -364,6 +418,7 @@ impl Config {
             ("IDEMGATE_ADMIN_TOKEN", "admin_token"),
             ("IDEMGATE_JWT_HS256_SECRET", "jwt_hs256_secret"),
             ("IDEMGATE_NAMESPACE", "namespace"),
+            ("IDEMGATE_REDIS_PASSWORD", "redis_password"),
         ] {
             if let Ok(value) = std::env::var(var) {
                 f = f.merge(Serialized::global(key, value));
@@ -389,6 +444,7 @@ const NOT_SETTINGS: &[&str] = &[
     "ADMIN_TOKEN",
     "JWT_HS256_SECRET",
     "NAMESPACE",
+    "REDIS_PASSWORD",
 ];
 
 /// The shape of the configuration, as the defaults serialize: which environment names
@@ -553,6 +609,8 @@ pub struct Settings {
     pub default_policy: Arc<Policy>,
     /// Routes, longest prefix first, each prefix in the normal form of its own rules.
     pub routes: Vec<(String, Arc<Policy>)>,
+    /// The Redis store, when one is configured.
+    pub redis: Option<crate::store::RedisSetup>,
     /// The namespace of every record id (`default` on the embedded store).
     pub namespace: String,
     /// Verifies bearer tokens for `tenant_jwt_claim`; present when keys are configured.
@@ -639,10 +697,14 @@ impl Settings {
                 ));
             }
         }
-        if let Some(url) = &config.redis_url {
-            redis::Client::open(url.as_str()).map_err(|e| invalid("redis_url", e.to_string()))?;
+        let redis = crate::store::RedisSetup::from_config(&config)?;
+        if redis.is_some() && (config.store_path.is_some() || config.postgres_url.is_some()) {
+            return Err(invalid(
+                "store_path",
+                "Redis, store_path and postgres_url exclude each other: choose one store",
+            ));
         }
-        let shared = config.redis_url.is_some() || config.postgres_url.is_some();
+        let shared = redis.is_some() || config.postgres_url.is_some();
         let namespace = match (&config.namespace, shared) {
             (Some(ns), _) => {
                 let ok = (1..=64).contains(&ns.len())
@@ -660,7 +722,7 @@ impl Settings {
             (None, true) => {
                 return Err(invalid(
                     "namespace",
-                    "is required with redis_url and postgres_url: name the service whose records these are (e.g. `payments`), so that two services sharing one store never see each other's records",
+                    "is required with Redis and PostgreSQL: name the service whose records these are (e.g. `payments`), so that two services sharing one store never see each other's records",
                 ))
             }
             (None, false) => "default".to_string(),
@@ -735,6 +797,7 @@ impl Settings {
             upstream,
             default_policy,
             routes,
+            redis,
             namespace,
             jwt,
             protected_methods,

@@ -10,7 +10,9 @@
 //!   JWT claim), the namespace, and the keyed hash that makes them a record id.
 //! - [`fingerprint`]: what makes two requests "the same": canonical JSON, forms, raw bytes.
 //! - [`store`]: the [`store::Store`] trait, the embedded [`store::MemoryStore`] and
-//!   [`store::RedisStore`].
+//!   [`store::RedisStore`]; `store::redis_setup` validates how Redis is reached (one
+//!   server, Sentinel, Cluster, TLS, ACL user, replica acknowledgement) and
+//!   `store::redis_link` holds the connection for each topology.
 //! - [`proxy`]: the hyper service and the claim → forward → record → replay flow.
 //! - [`answer`]: reading an upstream's answer up to `max_response_bytes`, streaming the
 //!   rest.

@@ -326,11 +326,14 @@ fn serve(settings: idemgate::config::Settings) -> ExitCode {
                 .config
                 .admin_listen
                 .map_or_else(|| "off".to_string(), |a| a.to_string()),
-            store = match (&settings.config.redis_url, &settings.config.store_path) {
-                _ if settings.config.postgres_url.is_some() => "postgres",
-                (Some(_), _) => "redis",
-                (None, Some(_)) => "sqlite",
-                (None, None) => "memory",
+            store = if settings.redis.is_some() {
+                "redis"
+            } else if settings.config.postgres_url.is_some() {
+                "postgres"
+            } else if settings.config.store_path.is_some() {
+                "sqlite"
+            } else {
+                "memory"
             },
             tracing = idemgate::telemetry::enabled(),
             version = env!("CARGO_PKG_VERSION"),

@@ -69,7 +69,8 @@ impl Error {
     }
 }
 
-/// Opens the configured store (Redis when `redis_url` is set, else the embedded one) and
+/// Opens the configured store (Redis when `redis_url`, `redis_sentinels` or
+/// `redis_cluster_nodes` is set, else the embedded one) and
 /// reads the secret that its record ids are keyed with.
 pub async fn open_store(settings: &Settings) -> Result<(Arc<dyn Store>, Scoper), Error> {
     let store = open_backend(settings).await?;
@@ -87,7 +88,7 @@ async fn open_backend(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
         tracing::info!("connected to PostgreSQL");
         return Ok(Arc::new(store));
     }
-    if let (None, Some(dir)) = (&c.redis_url, &c.store_path) {
+    if let (None, Some(dir)) = (&settings.redis, &c.store_path) {
         let dir = dir.clone();
         let store = tokio::task::spawn_blocking(move || SqliteStore::open(&dir))
             .await
@@ -96,7 +97,7 @@ async fn open_backend(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
         tracing::info!(path = %store.path().display(), "using the persistent embedded store");
         return Ok(Arc::new(store));
     }
-    let Some(url) = &c.redis_url else {
+    let Some(setup) = &settings.redis else {
         tracing::warn!(
             "using the embedded in-memory store: records do not survive a restart and are not shared between instances; set store_path or redis_url for production"
         );
@@ -105,10 +106,10 @@ async fn open_backend(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
         return Ok(Arc::new(store));
     };
     let at = |source| Error::RedisUnreachable {
-        addr: redis_addr(url),
+        addr: setup.addresses(),
         source,
     };
-    let store = RedisStore::connect(url, c.redis_connect_timeout, c.store_timeout)
+    let store = RedisStore::open(setup, c.redis_connect_timeout, c.store_timeout)
         .await
         .map_err(at)?;
     let info = crate::store::deadline(c.store_timeout, store.server_info())
@@ -124,15 +125,6 @@ async fn open_backend(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
     }
     tracing::info!(redis_version = %info.version, "connected to Redis");
     Ok(Arc::new(store))
-}
-
-/// Where a Redis URL points, without its user name or password.
-fn redis_addr(url: &str) -> String {
-    use redis::IntoConnectionInfo;
-    match url.into_connection_info() {
-        Ok(info) => info.addr().to_string(),
-        Err(_) => "the configured redis_url".to_string(),
-    }
 }
 
 /// A running idemgate, started in-process (tests, the lab).

@@ -27,11 +27,14 @@ use crate::scope::ScopeSecret;
 pub mod memory;
 pub mod postgres;
 pub mod redis;
+pub mod redis_link;
+pub mod redis_setup;
 pub mod sqlite;
 
 pub use self::memory::MemoryStore;
 pub use self::postgres::PostgresStore;
 pub use self::redis::RedisStore;
+pub use self::redis_setup::RedisSetup;
 pub use self::sqlite::SqliteStore;
 
 /// A boxed future, so the trait can be used as `dyn Store`.

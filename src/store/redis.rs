@@ -4,15 +4,19 @@
 //! trip, atomic, and safe to run twice. Times come from Redis's own clock (`TIME`), so
 //! several idemgate instances agree on leases whatever their clocks say.
 //!
-//! All calls go through one shared multiplexed [`ConnectionManager`], which reconnects by
-//! itself, with explicit connect and response timeouts; callers add an outer deadline.
+//! All calls go through one shared multiplexed connection ([`Link`]: one server, the
+//! primary that Sentinel names, or a Cluster), with explicit connect timeouts; callers add
+//! an outer deadline. With `min_replicas_ack` each claim and record is followed by `WAIT`
+//! in the same round trip (a pipeline, routed to the record's primary in a cluster), and
+//! counts as written only when enough replicas acknowledged it.
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, Value};
+use redis::{Cmd, Script, Value};
 
+use super::redis_link::Link;
+use super::redis_setup::{RedisSetup, ReplicaAck, Topology};
 use super::{
     BoxFuture, Claim, ClaimRequest, Deleted, OwnerToken, RecordState, RecordView, ServerStats,
     Store, StoreError, StoredResponse,
@@ -164,8 +168,10 @@ pub const SECRET_KEY: &str = "idemgate:scope-secret";
 /// The Redis store.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Link,
     scripts: std::sync::Arc<Scripts>,
+    /// `WAIT` after claims and records, when configured.
+    replica_ack: Option<ReplicaAck>,
 }
 
 struct Scripts {
@@ -207,20 +213,44 @@ impl RedisStore {
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> Result<RedisStore, StoreError> {
-        let client = redis::Client::open(url).map_err(backend)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(None)
-            // Reconnection happens in the background; a request that finds the connection
-            // down fails at once (503) rather than waiting through a retry ladder.
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_secs(1));
-        let conn = super::deadline(connect_timeout + response_timeout, async {
-            ConnectionManager::new_with_config(client, config)
-                .await
-                .map_err(backend)
-        })
-        .await?;
+        let setup = RedisSetup {
+            topology: Topology::Single(url.to_string()),
+            tls: None,
+            username: None,
+            password: None,
+            replica_ack: None,
+        };
+        Self::open(&setup, connect_timeout, response_timeout).await
+    }
+
+    /// Connects to the topology of `setup` (see [`connect`](Self::connect)). A failure
+    /// names the address, and says TLS when the TLS layer refused.
+    pub async fn open(
+        setup: &RedisSetup,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Result<RedisStore, StoreError> {
+        let at = |e: redis::RedisError| StoreError::Backend(describe_failure(setup, &e));
+        // A sentinel, then the primary; or the seed nodes, then every node of the cluster.
+        let budget = match setup.topology {
+            Topology::Single(_) => connect_timeout,
+            _ => connect_timeout * 3,
+        };
+        let conn = match tokio::time::timeout(
+            budget + response_timeout,
+            Link::open(setup, connect_timeout),
+        )
+        .await
+        {
+            Ok(conn) => conn.map_err(at)?,
+            Err(_) => {
+                return Err(StoreError::Backend(format!(
+                    "Redis at {}: timed out: no connection within {:?}",
+                    setup.addresses(),
+                    budget + response_timeout
+                )))
+            }
+        };
         let scripts = Scripts {
             claim: Script::new(&format!("{NOW_MS}{CLAIM}")),
             record: Script::new(RECORD),
@@ -236,6 +266,7 @@ impl RedisStore {
         let store = RedisStore {
             conn,
             scripts: std::sync::Arc::new(scripts),
+            replica_ack: setup.replica_ack,
         };
         // Loading now keeps the first requests at one round trip (EVALSHA hits). After a
         // Redis restart the scripts are gone; redis-rs then falls back to EVAL once.
@@ -252,7 +283,7 @@ impl RedisStore {
             &store.scripts.delete,
             &store.scripts.inspect,
         ] {
-            let load = async { s.prepare_invoke().load_async(&mut c).await.map_err(backend) };
+            let load = async { s.prepare_invoke().load_async(&mut c).await.map_err(at) };
             let _: String = super::deadline(response_timeout, load).await?;
         }
         Ok(store)
@@ -260,43 +291,144 @@ impl RedisStore {
 
     /// Reads `INFO` for the start-up checks.
     pub async fn server_info(&self) -> Result<ServerInfo, StoreError> {
-        let info = self.info("all").await?;
-        let field = |name: &str| info_field(&info, name);
+        // Every primary of a cluster must keep its records: the worst one is reported.
+        let infos = self.info_all("all").await?;
+        let policies: Vec<String> = infos
+            .iter()
+            .map(|i| info_field(i, "maxmemory_policy").unwrap_or_default())
+            .collect();
         Ok(ServerInfo {
-            maxmemory_policy: field("maxmemory_policy").unwrap_or_default(),
-            aof_enabled: field("aof_enabled").as_deref() == Some("1"),
-            version: field("redis_version").unwrap_or_default(),
+            maxmemory_policy: policies
+                .iter()
+                .find(|p| *p != "noeviction")
+                .or(policies.first())
+                .cloned()
+                .unwrap_or_default(),
+            aof_enabled: infos
+                .iter()
+                .all(|i| info_field(i, "aof_enabled").as_deref() == Some("1")),
+            version: info_field(&infos[0], "redis_version").unwrap_or_default(),
         })
     }
 
-    async fn info(&self, section: &str) -> Result<String, StoreError> {
+    /// `INFO` of every primary: one text, or one per primary of a cluster.
+    async fn info_all(&self, section: &str) -> Result<Vec<String>, StoreError> {
         let mut c = self.conn.clone();
-        redis::cmd("INFO")
+        let v: Value = redis::cmd("INFO")
             .arg(section)
             .query_async(&mut c)
             .await
-            .map_err(backend)
+            .map_err(backend)?;
+        let texts: Vec<String> = match v {
+            // A cluster answers one INFO per primary, by node address.
+            Value::Map(nodes) => nodes.iter().filter_map(|(_, v)| text_of(v)).collect(),
+            other => text_of(&other).into_iter().collect(),
+        };
+        if texts.is_empty() {
+            return Err(corrupt("INFO reply"));
+        }
+        Ok(texts)
+    }
+
+    /// Runs `script` as prepared in `cmd` (from [`evalsha`]) and, when `wait` and replica
+    /// acknowledgement is on, `WAIT` in the same round trip. Returns the script's reply and
+    /// how many replicas acknowledged (`None` without `WAIT`). A script missing on the
+    /// server (restart, failover to a node that never saw it) is loaded and run once more.
+    async fn eval(
+        &self,
+        script: &Script,
+        cmd: Cmd,
+        wait: bool,
+    ) -> Result<(Value, Option<i64>), StoreError> {
+        let mut c = self.conn.clone();
+        let pipe = self.replica_ack.filter(|_| wait).map(|ack| {
+            let mut pipe = redis::pipe();
+            // Errors come back as values, so that a missing script is told from the rest.
+            pipe.ignore_errors()
+                .add_command(cmd.clone())
+                .cmd("WAIT")
+                .arg(ack.replicas)
+                .arg(ack.timeout.as_millis() as u64);
+            pipe
+        });
+        let mut loaded = false;
+        loop {
+            let result = match &pipe {
+                None => cmd.query_async::<Value>(&mut c).await.map(|v| (v, None)),
+                Some(pipe) => {
+                    pipe.query_async::<Vec<Value>>(&mut c)
+                        .await
+                        .and_then(|mut replies| {
+                            let acked = match replies.pop() {
+                                Some(Value::Int(n)) => n,
+                                Some(Value::ServerError(e)) => return Err(e.into()),
+                                _ => 0,
+                            };
+                            match replies.pop() {
+                                Some(Value::ServerError(e)) => Err(e.into()),
+                                Some(v) => Ok((v, Some(acked))),
+                                None => Err(redis::RedisError::from((
+                                    redis::ErrorKind::Parse,
+                                    "pipeline without the script's reply",
+                                ))),
+                            }
+                        })
+                }
+            };
+            match result {
+                Err(e) if !loaded && e.code() == Some("NOSCRIPT") => {
+                    loaded = true;
+                    script
+                        .prepare_invoke()
+                        .load_async(&mut c)
+                        .await
+                        .map_err(backend)?;
+                }
+                other => return other.map_err(backend),
+            }
+        }
+    }
+
+    /// Whether `WAIT`'s count meets `min_replicas_ack`; the error says what was missing.
+    fn acknowledged(&self, what: &str, acked: Option<i64>) -> Result<(), StoreError> {
+        match (self.replica_ack, acked) {
+            (Some(ack), Some(n)) if n < i64::from(ack.replicas) => {
+                Err(StoreError::Backend(format!(
+                    "{what} acknowledged by {n} of {} replicas within {:?}",
+                    ack.replicas, ack.timeout
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Runs one of the owner-checked scripts: KEYS[1] = the record, KEYS[2] = its large
     /// body, ARGV[1] = the owner,
     /// then `args`. It answers 1 when it applied, 0 when the record is not (or no longer)
-    /// the owner's.
+    /// the owner's. `acknowledged`: what to call the write when it must wait for replicas.
     async fn owner_checked(
         &self,
         script: &Script,
         id: &RecordId,
         owner: &OwnerToken,
         args: &[&[u8]],
+        acknowledged: Option<&str>,
     ) -> Result<bool, StoreError> {
-        let mut invocation = script.key(&Self::key(id)[..]);
-        invocation.key(&Self::body_key(id)[..]);
-        invocation.arg(owner.as_str());
+        let mut cmd = evalsha(script, &[&Self::key(id)[..], &Self::body_key(id)[..]]);
+        cmd.arg(owner.as_str());
         for arg in args {
-            invocation.arg(*arg);
+            cmd.arg(*arg);
         }
-        let mut c = self.conn.clone();
-        let n: i64 = invocation.invoke_async(&mut c).await.map_err(backend)?;
+        // Only a record waits for replicas: renewals, releases and marks that are lost in
+        // a failover leave a claim whose lease runs out, which reads as `unknown`.
+        let (v, acked) = self.eval(script, cmd, acknowledged.is_some()).await?;
+        let n = match v {
+            Value::Int(n) => n,
+            _ => return Err(corrupt("owner-checked script reply")),
+        };
+        if let (1, Some(what)) = (n, acknowledged) {
+            self.acknowledged(what, acked)?;
+        }
         Ok(n == 1)
     }
 
@@ -361,7 +493,7 @@ impl RedisStore {
             let offset = (i * CHUNK).to_string();
             let args: [&[u8]; 2] = [offset.as_bytes(), chunk];
             if !self
-                .owner_checked(&self.scripts.write_chunk, id, owner, &args)
+                .owner_checked(&self.scripts.write_chunk, id, owner, &args, None)
                 .await?
             {
                 return Ok(false);
@@ -371,20 +503,20 @@ impl RedisStore {
         let headers = response.encode_headers();
         let len = response.body.len().to_string();
         let args: [&[u8]; 3] = [status.as_bytes(), &headers, len.as_bytes()];
-        let mut invocation = self.scripts.record_large.key(&Self::key(id)[..]);
-        invocation.key(&Self::body_key(id)[..]);
-        invocation.arg(owner.as_str());
+        let script = &self.scripts.record_large;
+        let mut cmd = evalsha(script, &[&Self::key(id)[..], &Self::body_key(id)[..]]);
+        cmd.arg(owner.as_str());
         for arg in args {
-            invocation.arg(arg);
+            cmd.arg(arg);
         }
-        let mut c = self.conn.clone();
-        match invocation
-            .invoke_async::<i64>(&mut c)
-            .await
-            .map_err(backend)?
-        {
-            1 => Ok(true),
-            0 => Ok(false),
+        // The record counts as written only once the replicas have it, like any record.
+        let (v, acked) = self.eval(script, cmd, true).await?;
+        match v {
+            Value::Int(1) => {
+                self.acknowledged("record", acked)?;
+                Ok(true)
+            }
+            Value::Int(0) => Ok(false),
             _ => Err(corrupt("a large body was not all written")),
         }
     }
@@ -402,6 +534,53 @@ fn hex64(bytes: &[u8; 32]) -> [u8; 64] {
     // The buffer is exactly twice the input's length, the only way encoding can fail.
     let _ = hex::encode_to_slice(bytes, &mut out);
     out
+}
+
+/// `EVALSHA <script> <n> <keys...>`, ready for the script's arguments.
+fn evalsha(script: &Script, keys: &[&[u8]]) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys.len());
+    for key in keys {
+        cmd.arg(*key);
+    }
+    cmd
+}
+
+/// What start-up says when Redis cannot be used: the address, and TLS when the TLS layer
+/// refused (a certificate, a name, a client certificate), so that an operator looks at the
+/// right thing first.
+fn describe_failure(setup: &RedisSetup, e: &redis::RedisError) -> String {
+    let text = e.to_string();
+    let mut tls = false;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.downcast_ref::<rustls::Error>().is_some() {
+            tls = true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+            {
+                tls = true;
+            }
+        }
+        source = err.source();
+    }
+    let lower = text.to_ascii_lowercase();
+    if setup.tls.is_some()
+        && ["certificate", "tls", "handshake", "alert"]
+            .iter()
+            .any(|w| lower.contains(w))
+    {
+        tls = true;
+    }
+    let at = setup.addresses();
+    if tls {
+        format!("Redis at {at}: TLS failed: {text}")
+    } else {
+        format!("Redis at {at}: {text}")
+    }
 }
 
 const KEY_PREFIX: &[u8] = b"idemgate:{";
@@ -534,36 +713,42 @@ fn parse_claim_tag(tag: &str, items: Vec<Value>) -> Result<Claim, StoreError> {
 impl Store for RedisStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
         Box::pin(async move {
-            let mut c = self.conn.clone();
-            let v: Value = self
-                .scripts
-                .claim
-                .key(&Self::key(&req.id)[..])
-                .key(&Self::withdrawn_key(&req.id)[..])
-                .arg(&hex64(&req.fingerprint.0)[..])
+            let mut cmd = evalsha(
+                &self.scripts.claim,
+                &[&Self::key(&req.id)[..], &Self::withdrawn_key(&req.id)[..]],
+            );
+            cmd.arg(&hex64(&req.fingerprint.0)[..])
                 .arg(req.fingerprint_version)
                 .arg(req.owner.as_str())
                 .arg(req.lease.as_millis() as u64)
                 .arg(req.retention.as_millis() as u64)
-                .arg(req.busy_for.as_millis() as u64)
-                .invoke_async(&mut c)
-                .await
-                .map_err(backend)?;
-            match parse_claim(v)? {
-                Parsed::Claim(c) => Ok(c),
+                .arg(req.busy_for.as_millis() as u64);
+            let (v, acked) = self.eval(&self.scripts.claim, cmd, true).await?;
+            let claim = match parse_claim(v)? {
+                Parsed::Claim(c) => c,
                 Parsed::Large {
                     status,
                     headers,
                     len,
                 } => {
                     let body = self.read_large(&req.id, len).await?;
-                    Ok(Claim::Replay(StoredResponse {
+                    Claim::Replay(StoredResponse {
                         status,
                         headers,
                         body,
-                    }))
+                    })
+                }
+            };
+            if claim == Claim::Claimed {
+                if let Err(e) = self.acknowledged("claim", acked) {
+                    // Not forwarded, so not kept: a retry must be able to execute. Should
+                    // this release be lost too, the claim reads as unknown once its lease
+                    // runs out (409, never a second execution).
+                    let _ = self.release(&req.id, &req.owner, req.lease).await;
+                    return Err(e);
                 }
             }
+            Ok(claim)
         })
     }
 
@@ -580,7 +765,7 @@ impl Store for RedisStore {
             let status = response.status.to_string();
             let headers = response.encode_headers();
             let args: [&[u8]; 3] = [status.as_bytes(), &headers, &response.body];
-            self.owner_checked(&self.scripts.record, id, owner, &args)
+            self.owner_checked(&self.scripts.record, id, owner, &args, Some("record"))
                 .await
         })
     }
@@ -594,8 +779,14 @@ impl Store for RedisStore {
         Box::pin(async move {
             let status = status.to_string();
             let args: [&[u8]; 1] = [status.as_bytes()];
-            self.owner_checked(&self.scripts.record_not_kept, id, owner, &args)
-                .await
+            self.owner_checked(
+                &self.scripts.record_not_kept,
+                id,
+                owner,
+                &args,
+                Some("record"),
+            )
+            .await
         })
     }
 
@@ -607,7 +798,7 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let lease_ms = lease.as_millis().to_string();
-            self.owner_checked(&self.scripts.renew, id, owner, &[lease_ms.as_bytes()])
+            self.owner_checked(&self.scripts.renew, id, owner, &[lease_ms.as_bytes()], None)
                 .await
         })
     }
@@ -617,7 +808,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.owner_checked(&self.scripts.mark_unknown, id, owner, &[]))
+        Box::pin(self.owner_checked(&self.scripts.mark_unknown, id, owner, &[], None))
     }
 
     fn release<'a>(
@@ -762,28 +953,56 @@ impl Store for RedisStore {
                 .query_async(&mut c)
                 .await
                 .map_err(backend)?;
-            stored
+            let secret = stored
                 .as_deref()
                 .and_then(ScopeSecret::from_hex)
-                .ok_or_else(|| corrupt(&format!("{SECRET_KEY} is not a 64-digit hex secret")))
+                .ok_or_else(|| corrupt(&format!("{SECRET_KEY} is not a 64-digit hex secret")))?;
+            // Every record id hangs on the secret: one lost in a failover would orphan every
+            // record. With replica acknowledgement on, it must be on the replicas too.
+            if let Some(ack) = self.replica_ack {
+                let acked: i64 = redis::cmd("WAIT")
+                    .arg(ack.replicas)
+                    .arg(ack.timeout.as_millis() as u64)
+                    .query_async(&mut c)
+                    .await
+                    .map_err(backend)?;
+                self.acknowledged("the scope secret", Some(acked))?;
+            }
+            Ok(secret)
         })
     }
 
     fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
         Box::pin(async move {
             // The default sections hold all four fields; `all` would add per-command ones.
-            let info = self.info("default").await?;
+            // A cluster's primaries are read as one server: a restart of any changes the
+            // run id, evictions add up, the youngest uptime and any evicting policy show.
+            let infos = self.info_all("default").await?;
             let number = |info: &str, name: &str| {
                 info_field(info, name)
                     .and_then(|v| v.parse::<u64>().ok())
                     .ok_or_else(|| corrupt(&format!("INFO without {name}")))
             };
+            let mut run_ids = Vec::new();
+            let (mut uptime, mut evicted) = (u64::MAX, 0u64);
+            let mut policy = String::new();
+            for info in &infos {
+                run_ids.push(
+                    info_field(info, "run_id").ok_or_else(|| corrupt("INFO without run_id"))?,
+                );
+                uptime = uptime.min(number(info, "uptime_in_seconds")?);
+                evicted += number(info, "evicted_keys")?;
+                let p = info_field(info, "maxmemory_policy").unwrap_or_default();
+                if policy.is_empty() || p != "noeviction" {
+                    policy = p;
+                }
+            }
+            run_ids.sort();
             Ok(Some(ServerStats {
-                run_id: info_field(&info, "run_id")
-                    .ok_or_else(|| corrupt("INFO without run_id"))?,
-                uptime_secs: number(&info, "uptime_in_seconds")?,
-                evicted_keys: number(&info, "evicted_keys")?,
-                maxmemory_policy: info_field(&info, "maxmemory_policy").unwrap_or_default(),
+                run_id: run_ids.join(","),
+                uptime_secs: uptime,
+                evicted_keys: evicted,
+                maxmemory_policy: policy,
             }))
         })
     }

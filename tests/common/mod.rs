@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod postgres;
+pub mod topology;
 
 /// Runs each named `async fn(Backend)` of the test file twice: on the embedded store and on
 /// a redis-server of its own.
