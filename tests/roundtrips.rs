@@ -106,3 +106,64 @@ async fn two_round_trips_per_new_key_and_one_per_replay() {
     assert_eq!(stats.get("evalsha"), Some(&(N as u64)), "{stats:?}");
     app.shutdown().await;
 }
+
+/// Store calls per operation on the admin listener's `/metrics`, every operation summed.
+async fn store_calls(c: &reqwest::Client, app: &idemgate::Running) -> (f64, HashMap<String, f64>) {
+    const TOKEN: &str = "roundtrips-admin-token";
+    let text = c
+        .get(format!("http://{}/metrics", app.admin_addr().unwrap()))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let per_op: HashMap<String, f64> = text
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("idemgate_store_duration_seconds_count{op=\"")?;
+            let (op, value) = rest.split_once("\"} ")?;
+            Some((op.to_string(), value.trim().parse().ok()?))
+        })
+        .collect();
+    assert!(per_op.contains_key("claim"), "no store metrics in:\n{text}");
+    (per_op.values().sum(), per_op)
+}
+
+/// The persistent embedded store has no server to count commands, so the calls are
+/// counted by idemgate's own store metrics: each is one SQLite transaction (one commit,
+/// one fsync when it writes). Two per new key (claim, record), one per replay (claim).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_two_store_calls_per_new_key_and_one_per_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let mut cfg = config(&up, &Backend::Memory);
+    cfg.store_path = Some(dir.path().to_path_buf());
+    cfg.admin_token = Some("roundtrips-admin-token".into());
+    let app = spawn_app(cfg).await;
+    let c = client();
+    let (start, _) = store_calls(&c, &app).await;
+
+    send_keys(&c, &app, false).await;
+    let (after_new, per_op) = store_calls(&c, &app).await;
+    assert_eq!(up.hits(), N);
+    assert_eq!(
+        after_new - start,
+        2.0 * N as f64,
+        "expected 2 store calls per new key: {per_op:?}"
+    );
+    assert_eq!(per_op["claim"], N as f64, "{per_op:?}");
+    assert_eq!(per_op["record"], N as f64, "{per_op:?}");
+
+    send_keys(&c, &app, true).await;
+    let (after_replays, per_op) = store_calls(&c, &app).await;
+    assert_eq!(up.hits(), N, "a replay reached the upstream");
+    assert_eq!(
+        after_replays - after_new,
+        N as f64,
+        "expected 1 store call per replay: {per_op:?}"
+    );
+    assert_eq!(per_op["claim"], 2.0 * N as f64, "{per_op:?}");
+    app.shutdown().await;
+}

@@ -23,7 +23,7 @@ struct Fixture {
     store: Arc<dyn Store>,
     _redis: Option<RedisServer>,
     _dir: Option<tempfile::TempDir>,
-    _pg: Option<PgServer>,
+    _pg: Option<Arc<PgServer>>,
 }
 
 async fn memory() -> Fixture {
@@ -47,9 +47,10 @@ async fn sqlite() -> Fixture {
 }
 
 async fn postgres() -> Fixture {
-    let server = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    // One server for the tests running at the same time, a database for each.
+    let server = tokio::task::spawn_blocking(PgServer::shared).await.unwrap();
     let store = PostgresStore::connect(
-        &server.url("postgres"),
+        &server.fresh_db().await,
         Duration::from_secs(5),
         Duration::from_secs(5),
     )

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use super::free_port;
@@ -79,6 +80,21 @@ impl PgServer {
         );
         s.pg_ctl_start();
         s
+    }
+
+    /// The server shared by the tests of one binary that run at the same time (each on a
+    /// [`fresh_db`](Self::fresh_db) of its own), started by the first and stopped when the
+    /// last lets go of it; blocking. Not for tests that restart the server or read its
+    /// server-wide statistics.
+    pub fn shared() -> Arc<PgServer> {
+        static SHARED: Mutex<Weak<PgServer>> = Mutex::new(Weak::new());
+        let mut slot = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(pg) = slot.upgrade() {
+            return pg;
+        }
+        let pg = Arc::new(PgServer::start());
+        *slot = Arc::downgrade(&pg);
+        pg
     }
 
     fn cmd(&self, tool: &str) -> Command {
