@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::fingerprint::JsonPointer;
 use crate::scope::jwt::JwtVerifier;
 use crate::scope::{path, PathError, PathRules, TenantSource};
+use crate::store::seal::{Envelope, Keyring};
 
 /// What to do when the store cannot be reached at claim time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +81,15 @@ pub struct Config {
     pub jwt_hs256_secret: Option<Secret>,
     /// JWKS file with the RS256/ES256 public keys that bearer tokens are verified with.
     pub jwks_file: Option<PathBuf>,
+    /// Keys that recorded answers are sealed with at rest, `<id>:<base64 of 32 bytes>`: the
+    /// first seals, every one opens. Empty: answers are stored in clear.
+    pub encryption_keys: Vec<Secret>,
+    /// A file of `encryption_keys` entries, one a line (`#` comments): kept out of the
+    /// configuration file. Its keys come after those of `encryption_keys`.
+    pub encryption_keys_file: Option<PathBuf>,
+    /// Recorded bodies of at least this many bytes are stored compressed (lz4) when that
+    /// makes them smaller. Absent: never.
+    pub compress_min_bytes: Option<usize>,
     /// Outer deadline of every store call (claim, record, release...).
     #[serde(with = "humantime_serde")]
     pub store_timeout: Duration,
@@ -222,6 +232,9 @@ impl Default for Config {
             namespace: None,
             jwt_hs256_secret: None,
             jwks_file: None,
+            encryption_keys: Vec::new(),
+            encryption_keys_file: None,
+            compress_min_bytes: None,
             redis_info_interval: Duration::from_secs(15),
             store_timeout: Duration::from_millis(500),
             upstream_idle_timeout: UPSTREAM_IDLE_TIMEOUT,
@@ -286,6 +299,7 @@ impl Config {
                     "ADMIN_TOKEN",
                     "JWT_HS256_SECRET",
                     "NAMESPACE",
+                    "ENCRYPTION_KEYS",
                 ])
                 .split("__"),
         );
@@ -299,6 +313,10 @@ impl Config {
             if let Ok(value) = std::env::var(var) {
                 f = f.merge(Serialized::global(key, value));
             }
+        }
+        if let Ok(value) = std::env::var("IDEMGATE_ENCRYPTION_KEYS") {
+            let keys: Vec<&str> = value.split(',').filter(|k| !k.trim().is_empty()).collect();
+            f = f.merge(Serialized::global("encryption_keys", keys));
         }
         f
     }
@@ -400,6 +418,8 @@ pub struct Settings {
     pub namespace: String,
     /// Verifies bearer tokens for `tenant_jwt_claim`; present when keys are configured.
     pub jwt: Option<Arc<JwtVerifier>>,
+    /// How recorded answers are kept at rest (sealed, compressed).
+    pub envelope: Envelope,
     // Whether any policy protects a method: decides between 400 and pass-through for a
     // path that cannot be normalized (and so matched to a route).
     protected_methods: Vec<Method>,
@@ -497,6 +517,7 @@ impl Settings {
         } else {
             None
         };
+        let envelope = envelope(&config)?;
         let d = &config.defaults;
         let default_policy = Arc::new(resolve(
             "defaults",
@@ -543,6 +564,7 @@ impl Settings {
             routes,
             namespace,
             jwt,
+            envelope,
             protected_methods,
         })
     }
@@ -617,6 +639,41 @@ fn prefix_matches(prefix: &str, path: &str) -> bool {
         Some(rest) => rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'),
         None => false,
     }
+}
+
+/// The keys and the compression threshold of recorded answers.
+fn envelope(config: &Config) -> Result<Envelope, ConfigError> {
+    let mut entries: Vec<String> = config
+        .encryption_keys
+        .iter()
+        .map(|k| k.expose().to_string())
+        .collect();
+    if let Some(p) = &config.encryption_keys_file {
+        let text = std::fs::read_to_string(p).map_err(|e| {
+            invalid(
+                "encryption_keys_file",
+                format!("cannot read {}: {e}", p.display()),
+            )
+        })?;
+        entries.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(String::from),
+        );
+    }
+    let keys = if entries.is_empty() {
+        None
+    } else {
+        Some(Keyring::parse(&entries).map_err(|e| invalid("encryption_keys", e))?)
+    };
+    if config.compress_min_bytes == Some(0) {
+        return Err(invalid("compress_min_bytes", "must be at least 1"));
+    }
+    Ok(Envelope {
+        keys,
+        compress_min_bytes: config.compress_min_bytes,
+    })
 }
 
 fn parse_upstream(s: &str) -> Result<Upstream, ConfigError> {

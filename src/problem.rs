@@ -50,6 +50,8 @@ pub enum Problem {
     UpstreamTimeout,
     /// Admin API: a release refused because the record's owner may still be working on it.
     OwnerBusy,
+    /// A recorded answer exists and cannot be opened (its encryption key was removed).
+    RecordUnreadable,
 }
 
 impl Problem {
@@ -71,6 +73,7 @@ impl Problem {
             Problem::UpstreamUnreachable => "upstream-unreachable",
             Problem::UpstreamTimeout => "upstream-timeout",
             Problem::OwnerBusy => "owner-busy",
+            Problem::RecordUnreadable => "record-unreadable",
         }
     }
 
@@ -92,6 +95,7 @@ impl Problem {
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
             Problem::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Problem::RecordUnreadable => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -116,6 +120,9 @@ impl Problem {
             Problem::UpstreamUnreachable => "The upstream could not be reached",
             Problem::UpstreamTimeout => "The upstream did not answer completely in time",
             Problem::OwnerBusy => "The record's owner may still be working on it",
+            Problem::RecordUnreadable => {
+                "The recorded answer for this Idempotency-Key cannot be read"
+            }
         }
     }
 

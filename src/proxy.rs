@@ -434,6 +434,18 @@ impl Proxy {
                 ),
                 Outcome::Ambiguous,
             ),
+            // The request was executed once and its answer was kept, sealed under a key
+            // that is gone: a second execution is the one thing this must not become, so
+            // not even `on_store_error = "forward"` forwards it.
+            Err(StoreError::Unreadable(why)) => {
+                tracing::error!(record = %id, error = %why, "recorded answer cannot be read");
+                let res = Problem::RecordUnreadable.response(
+                    "this request was executed once and its recorded answer cannot be read (its encryption key is no longer configured); it will not be executed again",
+                    Some(&id),
+                    None,
+                );
+                (res, Outcome::StoreError)
+            }
             Err(e) => {
                 tracing::warn!(record = %id, error = %e, "claim failed");
                 // The claim may have landed even though its answer did not, or may still

@@ -21,6 +21,7 @@ use crate::config::{Config, ConfigError, Settings};
 use crate::metrics::{self, Instrumented, Metrics};
 use crate::proxy::Proxy;
 use crate::scope::Scoper;
+use crate::store::seal::Enveloped;
 use crate::store::{MemoryStore, RedisStore, Store, StoreError};
 
 /// Why idemgate could not start or stopped with an error.
@@ -60,7 +61,16 @@ impl Error {
 /// Opens the configured store (Redis when `redis_url` is set, else the embedded one) and
 /// reads the secret that its record ids are keyed with.
 pub async fn open_store(settings: &Settings) -> Result<(Arc<dyn Store>, Scoper), Error> {
-    let store = open_backend(settings).await?;
+    let mut store = open_backend(settings).await?;
+    if let Some(keys) = &settings.envelope.keys {
+        tracing::info!(
+            sealing_key = keys.sealing_id(),
+            "recorded answers are sealed at rest"
+        );
+    }
+    // Always: an instance without keys must still know a sealed record when it meets one
+    // (and refuse it), never replay its envelope as if it were the answer.
+    store = Arc::new(Enveloped::new(store, settings.envelope.clone()));
     let timeout = settings.config.store_timeout;
     let secret = crate::store::deadline(timeout, store.scope_secret()).await?;
     Ok((store, Scoper::new(&secret, &settings.namespace)))

@@ -25,6 +25,7 @@ use crate::scope::ScopeSecret;
 
 pub mod memory;
 pub mod redis;
+pub mod seal;
 
 pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
@@ -209,6 +210,10 @@ pub enum StoreError {
     /// The store refuses new records (embedded cap reached, Redis out of memory).
     #[error("store is full: {0}")]
     Full(String),
+    /// A recorded answer exists and cannot be opened (sealed under a key no longer
+    /// configured, or altered). The request must not be executed again: it was once.
+    #[error("recorded answer cannot be read: {0}")]
+    Unreadable(String),
 }
 
 /// The operations idemgate needs from a record store. Every mutating call is atomic and
