@@ -186,6 +186,12 @@ pub struct Defaults {
     pub on_ambiguous: OnAmbiguous,
     /// JSON pointers left out of the fingerprint.
     pub fingerprint_ignore: Vec<String>,
+    /// Headers that carry the key, in order of preference (aliases such as
+    /// `PayPal-Request-Id`): the first present is the key.
+    pub key_headers: Vec<String>,
+    /// Answers with these statuses reach the client and release the claim instead of being
+    /// recorded, so a retry executes: for upstreams that answer them without doing any work.
+    pub release_on_status: Vec<u16>,
 }
 
 /// One `[[routes]]` entry: a path prefix and the settings it overrides.
@@ -213,6 +219,8 @@ pub struct Route {
     pub on_store_error: Option<OnStoreError>,
     pub on_ambiguous: Option<OnAmbiguous>,
     pub fingerprint_ignore: Option<Vec<String>>,
+    pub key_headers: Option<Vec<String>>,
+    pub release_on_status: Option<Vec<u16>>,
 }
 
 /// The default of [`Config::upstream_idle_timeout`]: half of the shortest keep-alive
@@ -268,6 +276,8 @@ impl Default for Defaults {
             on_store_error: OnStoreError::Reject,
             on_ambiguous: OnAmbiguous::Hold,
             fingerprint_ignore: Vec::new(),
+            key_headers: vec![crate::key::HEADER.into()],
+            release_on_status: Vec::new(),
         }
     }
 }
@@ -384,6 +394,10 @@ pub struct Policy {
     pub on_ambiguous: OnAmbiguous,
     #[allow(missing_docs)]
     pub fingerprint_ignore: Vec<JsonPointer>,
+    /// Headers that carry the key, the preferred first.
+    pub key_headers: Vec<HeaderName>,
+    /// Statuses whose answers are passed on and not recorded (the claim is released).
+    pub release_on_status: Vec<u16>,
 }
 
 impl Policy {
@@ -773,6 +787,34 @@ fn resolve(
                 .map_err(|e| invalid(key_of("fingerprint_ignore"), format!("`{p}`: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let mut key_headers: Vec<HeaderName> = Vec::new();
+    for h in r.key_headers.as_ref().unwrap_or(&d.key_headers) {
+        let name = HeaderName::from_bytes(h.as_bytes())
+            .map_err(|_| invalid(key_of("key_headers"), format!("`{h}` is not a header name")))?;
+        if key_headers.contains(&name) {
+            return Err(invalid(
+                key_of("key_headers"),
+                format!("`{h}` is listed twice"),
+            ));
+        }
+        key_headers.push(name);
+    }
+    if key_headers.is_empty() {
+        return Err(invalid(
+            key_of("key_headers"),
+            "must name at least one header",
+        ));
+    }
+    let release_on_status = r
+        .release_on_status
+        .clone()
+        .unwrap_or_else(|| d.release_on_status.clone());
+    if let Some(bad) = release_on_status.iter().find(|s| !(400..=599).contains(*s)) {
+        return Err(invalid(
+            key_of("release_on_status"),
+            format!("{bad}: only 4xx and 5xx answers can say that nothing was done"),
+        ));
+    }
     let p = Policy {
         route,
         methods,
@@ -788,6 +830,8 @@ fn resolve(
         on_store_error: r.on_store_error.unwrap_or(d.on_store_error),
         on_ambiguous: r.on_ambiguous.unwrap_or(d.on_ambiguous),
         fingerprint_ignore,
+        key_headers,
+        release_on_status,
     };
     if p.lease < Duration::from_millis(100) {
         return Err(invalid(key_of("lease"), "must be at least 100ms"));
@@ -822,6 +866,8 @@ fn matches_override(r: &Route, name: &str) -> bool {
         "tenant_headers" => r.tenant_headers.is_some(),
         "tenant_jwt_claim" => r.tenant_jwt_claim.is_some(),
         "fingerprint_ignore" => r.fingerprint_ignore.is_some(),
+        "key_headers" => r.key_headers.is_some(),
+        "release_on_status" => r.release_on_status.is_some(),
         "lease" => r.lease.is_some(),
         "upstream_timeout" => r.upstream_timeout.is_some(),
         "retention" => r.retention.is_some(),

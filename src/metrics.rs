@@ -29,7 +29,7 @@ use crate::store::{
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Every outcome, in declaration order (`Outcome as usize` indexes this).
-const OUTCOMES: [Outcome; 10] = [
+const OUTCOMES: [Outcome; 11] = [
     Outcome::Forwarded,
     Outcome::Replayed,
     Outcome::InProgress,
@@ -40,6 +40,7 @@ const OUTCOMES: [Outcome; 10] = [
     Outcome::StoreError,
     Outcome::UpstreamError,
     Outcome::Ambiguous,
+    Outcome::Released,
 ];
 
 /// A store operation, the `op` label of the store metrics.
@@ -473,7 +474,8 @@ mod tests {
             | Outcome::Rejected
             | Outcome::StoreError
             | Outcome::UpstreamError
-            | Outcome::Ambiguous => (),
+            | Outcome::Ambiguous
+            | Outcome::Released => (),
         };
     }
 

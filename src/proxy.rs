@@ -59,6 +59,9 @@ pub enum Outcome {
     UpstreamError,
     /// Sent, outcome unknown (504), or a retry of such a request (409 outcome-unknown).
     Ambiguous,
+    /// Sent; the upstream's answer has a `release_on_status` status: passed on, not
+    /// recorded, the claim released.
+    Released,
 }
 
 impl Outcome {
@@ -75,6 +78,7 @@ impl Outcome {
             Outcome::StoreError => "store_error",
             Outcome::UpstreamError => "upstream_error",
             Outcome::Ambiguous => "ambiguous",
+            Outcome::Released => "released",
         }
     }
 }
@@ -170,7 +174,10 @@ impl Proxy {
             let (timeout, method) = (policy.upstream_timeout, req.method().clone());
             // A key on a method that is not protected is a client that expects protection
             // and does not get it (`post` is not `POST`: methods are case-sensitive).
-            let keyed = req.headers().contains_key(key::HEADER);
+            let keyed = policy
+                .key_headers
+                .iter()
+                .any(|h| req.headers().contains_key(h));
             if keyed {
                 tracing::warn!(
                     method = %method,
@@ -192,7 +199,7 @@ impl Proxy {
         let log = |res: &Response<Body>, outcome: Outcome, policy: &Policy| {
             log_request(metrics, res, outcome, None, &method, policy, started);
         };
-        let key = match key::parse(req.headers(), policy.max_key_length) {
+        let key = match key::parse_any(req.headers(), &policy.key_headers, policy.max_key_length) {
             Ok(Some(key)) => key,
             Ok(None) if policy.require_key => {
                 let detail = "send an Idempotency-Key header with a unique value per operation";
@@ -795,6 +802,22 @@ async fn exchange(
     let store_timeout = shared.settings.config.store_timeout;
     let store = &shared.store;
     let (mut res, outcome) = match result {
+        // An answer that says the upstream did nothing (`release_on_status`): passed on, and
+        // the claim released so that the retry executes.
+        Ok((mut parts, bytes)) if policy.release_on_status.contains(&parts.status.as_u16()) => {
+            upstream::strip_hop_by_hop(&mut parts.headers);
+            let status = parts.status.as_u16();
+            tracing::info!(record = %id, status, "answer not recorded (release_on_status); releasing the claim");
+            let linger = policy.retention;
+            if let Err(e) = deadline(store_timeout, store.release(&id, &owner, linger)).await {
+                tracing::warn!(record = %id, error = %e, "could not release the claim; trying again in the background");
+                release_in_background(shared, id, owner, linger);
+            }
+            (
+                Response::from_parts(parts, body::full(bytes)),
+                Outcome::Released,
+            )
+        }
         Ok((mut parts, bytes)) => {
             upstream::strip_hop_by_hop(&mut parts.headers);
             let stored = StoredResponse {

@@ -204,6 +204,8 @@ pub enum Mode {
 pub const FAULT: &str = "x-test-fault";
 /// Per-request header: the fake upstream waits this many milliseconds before answering.
 pub const DELAY_MS: &str = "x-test-delay-ms";
+/// Per-request header: the fake upstream answers with this status instead of 201.
+pub const STATUS: &str = "x-test-status";
 
 /// What the upstream saw of one request.
 #[derive(Clone, Debug)]
@@ -290,6 +292,7 @@ impl Upstream {
         let delay = one(DELAY_MS)
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| self.delay_ms.load(Ordering::SeqCst));
+        let status = one(STATUS).and_then(|v| v.parse().ok()).unwrap_or(201u16);
         let mode = match one(FAULT).as_deref() {
             Some("hang") => Mode::Hang,
             Some("reset") => Mode::Reset,
@@ -310,7 +313,7 @@ impl Upstream {
         }
         let out = Bytes::from(execution_body(n, parts.method.as_str(), body.len()));
         let builder = Response::builder()
-            .status(201)
+            .status(status)
             .header("content-type", "application/json")
             .header("x-execution", n.to_string())
             .header("set-cookie", "session=secret")
