@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 use crate::admin::Admin;
 use crate::config::{Config, ConfigError, Settings};
 use crate::metrics::{self, Instrumented, Metrics};
+use crate::operator::Resolver;
 use crate::proxy::Proxy;
 use crate::scope::Scoper;
 use crate::store::seal::Enveloped;
@@ -223,7 +224,9 @@ pub async fn serve(
     ));
     let admin_task = admin.map(|l| {
         let token = settings.config.admin_token.clone();
-        let admin = Admin::new(store.clone(), store_timeout, metrics.clone(), token);
+        let resolver = Resolver::new(Arc::new(settings.clone()), scoper.clone());
+        let admin = Admin::new(store.clone(), store_timeout, metrics.clone(), token)
+            .with_resolver(resolver);
         tokio::spawn(accept_loop(
             l,
             stop.clone(),

@@ -14,8 +14,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, Deleted, OwnerToken, RecordState, RecordView, ServerStats,
-    Store, StoreError, StoredResponse,
+    BoxFuture, Claim, ClaimRequest, Completed, Deleted, OwnerToken, Page, RecordState, RecordView,
+    ServerStats, Store, StoreError, StoredResponse,
 };
 use crate::key::RecordId;
 use crate::scope::ScopeSecret;
@@ -101,6 +101,23 @@ redis.call('DEL', KEYS[1])
 return 1
 "#;
 
+// An operator's resolution of a record that never got its answer recorded: unless forced
+// (ARGV[1] = '1'), a record whose owner may still be working is left alone, and a completed
+// one always is. The owner is cleared, so the former owner's late RECORD is refused.
+// 1 completed, 0 none, 2 busy, 3 already completed.
+const COMPLETE: &str = r#"
+local r = redis.call('HMGET', KEYS[1], 'st', 'lu', 'wu')
+if not r[1] then return 0 end
+if r[1] == 'c' then return 3 end
+if ARGV[1] ~= '1' and r[1] == 'p' then
+  local now = now_ms()
+  if tonumber(r[2] or '0') > now or tonumber(r[3] or '0') > now then return 2 end
+end
+redis.call('HSET', KEYS[1], 'st', 'c', 'ow', '', 'sc', ARGV[2], 'hd', ARGV[3], 'bd', ARGV[4])
+redis.call('HDEL', KEYS[1], 'lu')
+return 1
+"#;
+
 const INSPECT: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'cr', 'sc', 'wu')
 if not r[1] then return false end
@@ -129,6 +146,7 @@ struct Scripts {
     release: Script,
     delete: Script,
     inspect: Script,
+    complete: Script,
 }
 
 /// What start-up learned about the Redis server.
@@ -179,6 +197,7 @@ impl RedisStore {
             release: Script::new(RELEASE),
             delete: Script::new(&format!("{NOW_MS}{DELETE}")),
             inspect: Script::new(&format!("{NOW_MS}{NOW}{INSPECT}")),
+            complete: Script::new(&format!("{NOW_MS}{COMPLETE}")),
         };
         let store = RedisStore {
             conn,
@@ -195,6 +214,7 @@ impl RedisStore {
             &store.scripts.release,
             &store.scripts.delete,
             &store.scripts.inspect,
+            &store.scripts.complete,
         ] {
             let load = async { s.prepare_invoke().load_async(&mut c).await.map_err(backend) };
             let _: String = super::deadline(response_timeout, load).await?;
@@ -515,6 +535,85 @@ impl Store for RedisStore {
                 2 => Ok(Deleted::OwnerBusy),
                 _ => Err(corrupt("delete reply")),
             }
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        response: &'a StoredResponse,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Completed, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.conn.clone();
+            let n: i64 = self
+                .scripts
+                .complete
+                .key(&Self::key(id)[..])
+                .arg(if force { "1" } else { "0" })
+                .arg(response.status.to_string())
+                .arg(response.encode_headers())
+                .arg(&response.body[..])
+                .invoke_async(&mut c)
+                .await
+                .map_err(backend)?;
+            match n {
+                1 => Ok(Completed::Completed),
+                0 => Ok(Completed::NotFound),
+                2 => Ok(Completed::OwnerBusy),
+                3 => Ok(Completed::AlreadyCompleted),
+                _ => Err(corrupt("complete reply")),
+            }
+        })
+    }
+
+    fn list<'a>(
+        &'a self,
+        state: Option<RecordState>,
+        cursor: &'a str,
+        count: usize,
+    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+        Box::pin(async move {
+            // SCAN, never KEYS: each call costs Redis about `count` keys' work, and a
+            // record that exists for the whole walk is returned at least once.
+            let start = if cursor.is_empty() { "0" } else { cursor };
+            if !start.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(corrupt("not a cursor of this store"));
+            }
+            let mut c = self.conn.clone();
+            let (next, keys): (String, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(start)
+                .arg("MATCH")
+                .arg("idemgate:{*}")
+                .arg("COUNT")
+                .arg(count.max(1))
+                .arg("TYPE")
+                .arg("hash")
+                .query_async(&mut c)
+                .await
+                .map_err(backend)?;
+            let mut records = Vec::new();
+            for key in keys {
+                let Some(id) = key
+                    .strip_prefix(KEY_PREFIX)
+                    .and_then(|k| k.strip_suffix(b"}"))
+                    .and_then(|hex| std::str::from_utf8(hex).ok())
+                    .and_then(RecordId::from_hex)
+                else {
+                    continue;
+                };
+                // Gone since the scan saw it: nothing to show.
+                let Some(view) = self.inspect(&id, false).await? else {
+                    continue;
+                };
+                if state.is_none_or(|s| s == view.state) {
+                    records.push(view);
+                }
+            }
+            Ok(Page {
+                records,
+                cursor: (next != "0").then_some(next),
+            })
         })
     }
 

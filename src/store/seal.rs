@@ -29,8 +29,8 @@ use base64::Engine as _;
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, Deleted, OwnerToken, RecordView, ServerStats, Store,
-    StoreError, StoredResponse,
+    BoxFuture, Claim, ClaimRequest, Completed, Deleted, OwnerToken, Page, RecordState, RecordView,
+    ServerStats, Store, StoreError, StoredResponse,
 };
 use crate::key::RecordId;
 use crate::scope::ScopeSecret;
@@ -354,6 +354,30 @@ impl Store for Enveloped {
         force: bool,
     ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
         self.inner.delete(id, force)
+    }
+
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        response: &'a StoredResponse,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Completed, StoreError>> {
+        if !self.envelope.is_active() {
+            return self.inner.complete(id, response, force);
+        }
+        Box::pin(async move {
+            let closed = self.envelope.close(id, response);
+            self.inner.complete(id, &closed, force).await
+        })
+    }
+
+    fn list<'a>(
+        &'a self,
+        state: Option<RecordState>,
+        cursor: &'a str,
+        count: usize,
+    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+        self.inner.list(state, cursor, count)
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
