@@ -183,3 +183,120 @@ fn bad_keys_stop_start_up_naming_the_key_not_its_value() {
     assert!(err.contains("encryption_keys"), "{err}");
     assert!(!err.contains("c2hvcnQ"), "{err}");
 }
+
+/// A payment-like JSON answer of about `size` bytes: line items with varying amounts, ids
+/// and timestamps, as an upstream would send them.
+fn payment_json(size: usize) -> String {
+    let mut items = Vec::new();
+    let mut n: u64 = 7;
+    let mut out = String::new();
+    while out.len() < size {
+        n = n
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        items.push(format!(
+            "{{\"id\":\"li_{:016x}\",\"amount\":{},\"currency\":\"EUR\",\"description\":\"Order {} item\",\"created\":{}}}",
+            n,
+            n % 100_000,
+            n % 9973,
+            1_700_000_000 + n % 10_000_000
+        ));
+        out = format!(
+            "{{\"id\":\"pay_3f9a8b7c6d5e4f3a\",\"status\":\"succeeded\",\"amount\":1250,\"card\":{{\"brand\":\"visa\",\"last4\":\"4242\"}},\"items\":[{}]}}",
+            items.join(",")
+        );
+    }
+    out
+}
+
+/// Redis `MEMORY USAGE` of one completed record with a `size`-byte JSON answer, stored
+/// through an envelope of `keys` and `compress_min_bytes`.
+async fn memory_usage(
+    redis: &RedisServer,
+    size: usize,
+    keys: bool,
+    compress: Option<usize>,
+) -> (usize, i64) {
+    use idemgate::store::seal::{Envelope, Enveloped, Keyring};
+    use idemgate::store::{ClaimRequest, OwnerToken, RedisStore, Store, StoredResponse};
+    use std::sync::Arc;
+    use std::time::Duration;
+    let t = Duration::from_secs(2);
+    let inner: Arc<dyn Store> = Arc::new(RedisStore::connect(&redis.url(), t, t).await.unwrap());
+    let envelope = Envelope {
+        keys: keys.then(|| Keyring::parse(&[key("k1", 1).expose()]).unwrap()),
+        compress_min_bytes: compress,
+    };
+    let store = Enveloped::new(inner, envelope);
+    let body = payment_json(size);
+    let id = idemgate::key::RecordId::from_bytes(rand_id(size, keys, compress));
+    let claim = ClaimRequest {
+        id,
+        fingerprint: idemgate::fingerprint::fingerprint(
+            &idemgate::fingerprint::RequestParts {
+                method: "POST",
+                path: "/v1/pay",
+                query: None,
+                content_type: Some("application/json"),
+                body: b"{}",
+            },
+            &[],
+        ),
+        fingerprint_version: idemgate::fingerprint::FINGERPRINT_VERSION,
+        owner: OwnerToken::random(),
+        lease: Duration::from_secs(10),
+        retention: Duration::from_secs(86400),
+        busy_for: Duration::from_secs(31),
+    };
+    store.claim(&claim).await.unwrap();
+    let answer = StoredResponse {
+        status: 201,
+        headers: vec![(
+            "content-type".into(),
+            bytes::Bytes::from_static(b"application/json"),
+        )],
+        body: body.clone().into(),
+    };
+    assert!(store.record(&id, &claim.owner, &answer).await.unwrap());
+    let key = format!("idemgate:{{{id}}}");
+    let reply = redis
+        .command(&["MEMORY", "USAGE", &key, "SAMPLES", "0"])
+        .unwrap();
+    let used = reply.trim_start_matches(':').trim().parse().unwrap();
+    (body.len(), used)
+}
+
+fn rand_id(size: usize, keys: bool, compress: Option<usize>) -> [u8; 32] {
+    let mut id = [0u8; 32];
+    id[..8].copy_from_slice(&(size as u64).to_be_bytes());
+    id[8] = keys as u8;
+    id[9] = compress.is_some() as u8;
+    id
+}
+
+/// The storage cost of a record, printed for the README (`--nocapture`), and the target for
+/// a 1 KiB answer held: at most 1.3 times its size plus 120 bytes, compressed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_usage_per_record() {
+    let redis = RedisServer::start();
+    for size in [1024, 64 * 1024] {
+        for (keys, compress) in [
+            (false, None),
+            (false, Some(512)),
+            (true, None),
+            (true, Some(512)),
+        ] {
+            let (len, used) = memory_usage(&redis, size, keys, compress).await;
+            println!(
+                "answer {len} B, sealed {keys}, compress_min_bytes {compress:?}: MEMORY USAGE {used} B ({:.2}x)",
+                used as f64 / len as f64
+            );
+            if size == 1024 && compress.is_some() {
+                assert!(
+                    used as f64 <= 1.3 * len as f64 + 120.0,
+                    "{used} B for a {len} B answer (sealed {keys})"
+                );
+            }
+        }
+    }
+}

@@ -1,5 +1,5 @@
 //! Records at rest: a [`Store`] wrapper that seals each recorded answer (headers and body)
-//! with AES-256-GCM before any backend sees it, and compresses large bodies, so every
+//! with AES-256-GCM before any backend sees it, and compresses large bodies (zstd), so every
 //! backend stores only what it is given and none of them needs to know.
 //!
 //! A sealed answer is stored as a [`StoredResponse`] whose only header is [`MARKER`] (a name
@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! version (1) | flags (1) | [key id length (1) | key id | nonce (12)] | payload
-//! payload (after opening) = u32-BE headers length | headers | body (lz4 block if flagged)
+//! payload (after opening) = u32-BE headers length | headers | body (if flagged: u32-BE length, zstd frame)
 //! ```
 //!
 //! The additional data of the AEAD is the record id followed by the envelope's head
@@ -37,11 +37,16 @@ use crate::scope::ScopeSecret;
 
 /// The header name that marks a stored answer as an envelope. A colon cannot start an
 /// HTTP/1 header name, so no upstream header is ever mistaken for it.
-pub const MARKER: &str = ":idemgate-envelope";
+pub const MARKER: &str = ":e";
 
 const VERSION: u8 = 1;
 const FLAG_SEALED: u8 = 1;
-const FLAG_LZ4: u8 = 2;
+const FLAG_ZSTD: u8 = 2;
+/// zstd's default level: on a 1 KiB JSON answer about half the size, in microseconds.
+const ZSTD_LEVEL: i32 = 3;
+/// A decompressed body larger than this is refused as corrupt (the prefix is sealed along
+/// with it when keys are set, but a record in clear could be altered in the store).
+const MAX_BODY: usize = 1 << 30;
 const NONCE_LEN: usize = 12;
 
 /// The encryption keys: the first seals, every one opens (so a new first key can be rolled
@@ -132,13 +137,16 @@ impl Envelope {
         let mut flags = 0u8;
         let compressed = match self.compress_min_bytes {
             Some(min) if response.body.len() >= min => {
-                let c = lz4_flex::block::compress_prepend_size(&response.body);
-                (c.len() < response.body.len()).then_some(c)
+                let mut c = (response.body.len() as u32).to_be_bytes().to_vec();
+                // Compression of a buffer in memory fails only when out of memory.
+                let z = zstd::bulk::compress(&response.body, ZSTD_LEVEL).unwrap_or_default();
+                c.extend_from_slice(&z);
+                (!z.is_empty() && c.len() < response.body.len()).then_some(c)
             }
             _ => None,
         };
         if compressed.is_some() {
-            flags |= FLAG_LZ4;
+            flags |= FLAG_ZSTD;
         }
         let body: &[u8] = compressed.as_deref().unwrap_or(&response.body);
         let mut payload = Vec::with_capacity(4 + headers.len() + body.len());
@@ -243,11 +251,18 @@ impl Envelope {
             .and_then(StoredResponse::decode_headers)
             .ok_or_else(|| unreadable("corrupt headers"))?;
         let body = &payload[4 + hlen..];
-        let body = if flags & FLAG_LZ4 != 0 {
-            Bytes::from(
-                lz4_flex::block::decompress_size_prepended(body)
-                    .map_err(|_| unreadable("corrupt compressed body"))?,
-            )
+        let body = if flags & FLAG_ZSTD != 0 {
+            let corrupt = || unreadable("corrupt compressed body");
+            let (len, z) = body.split_first_chunk::<4>().ok_or_else(corrupt)?;
+            let len = u32::from_be_bytes(*len) as usize;
+            if len > MAX_BODY {
+                return Err(corrupt());
+            }
+            let out = zstd::bulk::decompress(z, len).map_err(|_| corrupt())?;
+            if out.len() != len {
+                return Err(corrupt());
+            }
+            Bytes::from(out)
         } else {
             Bytes::copy_from_slice(body)
         };
@@ -457,7 +472,7 @@ mod tests {
         ));
         let mut body = closed.body.to_vec();
         // Flip the compression flag: it is in the additional data.
-        body[1] ^= FLAG_LZ4;
+        body[1] ^= FLAG_ZSTD;
         let altered = StoredResponse {
             body: body.into(),
             ..closed
@@ -494,7 +509,7 @@ mod tests {
         let big = b"{\"amount\":100}".repeat(80);
         let closed = env.close(&id, &answer(&big));
         assert!(closed.body.len() < big.len() / 4, "{}", closed.body.len());
-        assert_eq!(closed.body[1], FLAG_LZ4);
+        assert_eq!(closed.body[1], FLAG_ZSTD);
         assert_eq!(env.open(&id, closed).unwrap(), answer(&big));
         let small = env.close(&id, &answer(b"tiny"));
         assert_eq!(small.body[1], 0);
