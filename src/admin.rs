@@ -1,7 +1,9 @@
 //! The admin listener: `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /records/{id}`
 //! and `DELETE /records/{id}`. Loopback by default; it can release records, so keep it
-//! private, and set `admin_token` when it is not on loopback: then every endpoint but
-//! `/healthz` wants `Authorization: Bearer <token>`.
+//! private, and set `admin_token` when it is not on loopback: then every endpoint but the
+//! probes (`/healthz`, `/readyz`) wants `Authorization: Bearer <token>`. The probes are open
+//! so that a plain `httpGet` probe can use them; they say up or not, nothing else (the
+//! store's error only to a caller with the token).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -83,7 +85,9 @@ impl Admin {
 
     /// Handles one admin request.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
-        if req.uri().path() != "/healthz" && !self.authorized(&req) {
+        let authorized = self.authorized(&req);
+        let probe = matches!(req.uri().path(), "/healthz" | "/readyz");
+        if !probe && !authorized {
             let mut res = text(StatusCode::UNAUTHORIZED, "admin token required\n");
             res.headers_mut()
                 .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -106,9 +110,16 @@ impl Admin {
             (&Method::GET, "/readyz") => {
                 match deadline(self.store_timeout, self.store.ping()).await {
                     Ok(()) => text(StatusCode::OK, "ready\n"),
-                    Err(e) => text(
+                    Err(e) if authorized => text(
                         StatusCode::SERVICE_UNAVAILABLE,
                         &format!("not ready: {} store: {e}\n", self.store.kind()),
+                    ),
+                    Err(_) => text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &format!(
+                            "not ready: the {} store does not answer\n",
+                            self.store.kind()
+                        ),
                     ),
                 }
             }

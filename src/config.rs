@@ -15,6 +15,7 @@ use hyper::{Method, Uri};
 use serde::{Deserialize, Serialize};
 
 use crate::fingerprint::JsonPointer;
+use crate::retry_after::TypicalTime;
 use crate::scope::jwt::JwtVerifier;
 use crate::scope::{path, PathError, PathRules, TenantSource};
 use crate::store::seal::{Envelope, Keyring};
@@ -64,13 +65,16 @@ pub enum PathMatch {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// Where clients connect.
+    /// Where clients connect (`host:port`; a host name is resolved at start).
+    #[serde(deserialize_with = "addr")]
     pub listen: SocketAddr,
     /// The upstream origin, `http://host:port`.
     pub upstream: String,
     /// The admin listener (`/healthz`, `/readyz`, `/metrics`, `/records/{id}`); absent: off.
+    #[serde(default, deserialize_with = "optional_addr")]
     pub admin_listen: Option<SocketAddr>,
-    /// When set, every admin endpoint but `/healthz` wants `Authorization: Bearer <token>`.
+    /// When set, every admin endpoint but the probes (`/healthz`, `/readyz`) wants
+    /// `Authorization: Bearer <token>`.
     pub admin_token: Option<Secret>,
     /// Redis URL; absent: the embedded in-memory store.
     pub redis_url: Option<String>,
@@ -118,10 +122,41 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Threads that serve requests (1: everything on one thread, the sidecar default).
     pub worker_threads: usize,
+    /// OpenTelemetry collector, OTLP over HTTP with protobuf (`http://host:4318`;
+    /// `/v1/traces` is added); absent: no tracing, unless the standard
+    /// `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT` names one.
+    pub otlp_endpoint: Option<String>,
     /// Applies to every request unless a route overrides it.
     pub defaults: Defaults,
     /// Per-path overrides; the longest matching prefix wins.
     pub routes: Vec<Route>,
+}
+
+/// `host:port` to a socket address: an IP address as it is, a host name (`localhost:8080`)
+/// resolved, its first address taken.
+pub fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    use std::net::ToSocketAddrs;
+    match s.to_socket_addrs() {
+        Ok(mut addrs) => addrs
+            .next()
+            .ok_or_else(|| format!("`{s}` resolves to no address")),
+        Err(e) => Err(format!("`{s}` is not host:port or does not resolve: {e}")),
+    }
+}
+
+fn addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let s = String::deserialize(d)?;
+    resolve_addr(&s).map_err(serde::de::Error::custom)
+}
+
+fn optional_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+    match Option::<String>::deserialize(d)? {
+        Some(s) => resolve_addr(&s).map(Some).map_err(serde::de::Error::custom),
+        None => Ok(None),
+    }
 }
 
 /// A configuration value that must never be printed: its `Debug` is redacted, so a
@@ -252,6 +287,7 @@ impl Default for Config {
             body_read_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
             worker_threads: 1,
+            otlp_endpoint: None,
             defaults: Defaults::default(),
             routes: Vec::new(),
         }
@@ -301,16 +337,16 @@ impl Config {
         if let Some(path) = file {
             f = f.merge(Toml::file_exact(path));
         }
+        // Variables that name no setting are left out (the binary names them in one
+        // warning, see `unknown_env`) instead of stopping start-up: Kubernetes injects
+        // `IDEMGATE_PORT`, `IDEMGATE_SERVICE_HOST`... into every pod of a namespace that has
+        // a Service called `idemgate`. A TOML file's unknown keys stay an error: a file is
+        // written for idemgate alone.
+        let known = KnownKeys::new();
         f = f.merge(
             Env::prefixed("IDEMGATE_")
-                .ignore(&[
-                    "CONFIG",
-                    "LOG_FORMAT",
-                    "ADMIN_TOKEN",
-                    "JWT_HS256_SECRET",
-                    "NAMESPACE",
-                    "ENCRYPTION_KEYS",
-                ])
+                .ignore(NOT_SETTINGS)
+                .filter(move |key| known.contains(key.as_str()))
                 .split("__"),
         );
         // Taken verbatim: the environment provider would read a value such as `1e5` or
@@ -340,11 +376,75 @@ impl Config {
     }
 }
 
+/// `IDEMGATE_` variables that are read elsewhere, not settings.
+/// (The secrets and the namespace are read verbatim, see [`Config::figment`].)
+const NOT_SETTINGS: &[&str] = &[
+    "CONFIG",
+    "LOG_FORMAT",
+    "ADMIN_TOKEN",
+    "JWT_HS256_SECRET",
+    "NAMESPACE",
+    "ENCRYPTION_KEYS",
+];
+
+/// The shape of the configuration, as the defaults serialize: which environment names
+/// (`listen`, `defaults__lease`) name a setting.
+#[derive(Clone)]
+struct KnownKeys(Arc<serde_json::Value>);
+
+impl KnownKeys {
+    fn new() -> KnownKeys {
+        KnownKeys(Arc::new(
+            serde_json::to_value(Config::default()).unwrap_or_default(),
+        ))
+    }
+
+    /// Whether an environment name without its prefix (`DEFAULTS__LEASE`, any case) names a
+    /// setting. Below a value that is not a table (an absent option, the route list) every
+    /// name is left to the deserializer, which reports what is wrong with it.
+    fn contains(&self, key: &str) -> bool {
+        let mut at = &*self.0;
+        for segment in key.split("__") {
+            match at {
+                serde_json::Value::Object(map) => match map.get(&segment.to_ascii_lowercase()) {
+                    Some(v) => at = v,
+                    None => return false,
+                },
+                _ => return true,
+            }
+        }
+        true
+    }
+}
+
+/// The `IDEMGATE_` variables of this process that name no setting, sorted: [`Config::figment`]
+/// leaves them out, and the binary names them in one warning.
+pub fn unknown_env() -> Vec<String> {
+    unknown_env_vars(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()))
+}
+
+/// The `IDEMGATE_` variables among `names` that name no setting, sorted.
+pub fn unknown_env_vars(names: impl Iterator<Item = String>) -> Vec<String> {
+    let known = KnownKeys::new();
+    let mut unknown: Vec<String> = names
+        .filter_map(|name| {
+            let key = name
+                .get(..9)
+                .filter(|p| p.eq_ignore_ascii_case("IDEMGATE_"))
+                .and_then(|_| name.get(9..))?;
+            let ignored = NOT_SETTINGS.iter().any(|k| k.eq_ignore_ascii_case(key));
+            (!ignored && !known.contains(key)).then_some(name)
+        })
+        .collect();
+    unknown.sort();
+    unknown
+}
+
 /// A configuration error: the key at fault and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The sources could not be read or did not match the schema (figment names the key).
-    #[error("{0}")]
+    #[error("{}", describe(.0))]
     Source(Box<figment::Error>),
     /// A value has the right type but cannot be used.
     #[error("invalid configuration value for `{key}`: {reason}")]
@@ -354,6 +454,26 @@ pub enum ConfigError {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// figment's message without its profile name (`default.`), which means nothing to
+/// someone who never chose a profile: `what is wrong for key `defaults.lease` in file`.
+fn describe(e: &figment::Error) -> String {
+    let mut out = Vec::new();
+    for e in e.clone() {
+        let mut line = e.kind.to_string();
+        if !e.path.is_empty() {
+            line.push_str(&format!(" for key `{}`", e.path.join(".")));
+        }
+        if let Some(md) = &e.metadata {
+            match &md.source {
+                Some(source) => line.push_str(&format!(" in {} {}", source, md.name)),
+                None => line.push_str(&format!(" in {}", md.name)),
+            }
+        }
+        out.push(line);
+    }
+    out.join("\n")
 }
 
 fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
@@ -398,6 +518,9 @@ pub struct Policy {
     pub key_headers: Vec<HeaderName>,
     /// Statuses whose answers are passed on and not recorded (the claim is released).
     pub release_on_status: Vec<u16>,
+    /// How long this route's upstream typically takes (measured while running), for the
+    /// `Retry-After` of a 409 in-progress.
+    pub upstream_time: Arc<TypicalTime>,
 }
 
 impl Policy {
@@ -479,6 +602,18 @@ impl Settings {
         }
         if config.worker_threads == 0 {
             return Err(invalid("worker_threads", "must be at least 1"));
+        }
+        if let Some(endpoint) = &config.otlp_endpoint {
+            let ok = endpoint
+                .parse::<Uri>()
+                .ok()
+                .is_some_and(|u| u.scheme_str() == Some("http") && u.authority().is_some());
+            if !ok {
+                return Err(invalid(
+                    "otlp_endpoint",
+                    "must be http://host:port (OTLP over HTTP, no TLS: run the collector beside idemgate)",
+                ));
+            }
         }
         if let Some(url) = &config.redis_url {
             redis::Client::open(url.as_str()).map_err(|e| invalid("redis_url", e.to_string()))?;
@@ -832,6 +967,7 @@ fn resolve(
         fingerprint_ignore,
         key_headers,
         release_on_status,
+        upstream_time: Arc::default(),
     };
     if p.lease < Duration::from_millis(100) {
         return Err(invalid(key_of("lease"), "must be at least 100ms"));
@@ -958,6 +1094,60 @@ mod tests {
         assert!(err.contains("defaults.retention"), "{err}");
         let err = settings("listen_addr = \"x\"").unwrap_err().to_string();
         assert!(err.contains("listen_addr"), "{err}");
+    }
+
+    #[test]
+    fn listen_addresses_may_name_a_host() {
+        let s = settings("listen = \"localhost:8088\"\nadmin_listen = \"localhost:9988\"").unwrap();
+        assert!(s.config.listen.ip().is_loopback());
+        assert_eq!(s.config.listen.port(), 8088);
+        assert_eq!(s.config.admin_listen.map(|a| a.port()), Some(9988));
+        let err = settings("listen = \"localhost\"").unwrap_err().to_string();
+        assert!(err.contains("listen"), "{err}");
+    }
+
+    #[test]
+    fn errors_do_not_name_the_profile() {
+        let err = settings("[defaults]\nretention = \"soon\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("for key `defaults.retention`"), "{err}");
+        assert!(!err.contains("default."), "{err}");
+    }
+
+    #[test]
+    fn environment_names_that_are_no_setting_are_told_apart() {
+        let names = [
+            // What a Service called `idemgate` injects into every pod.
+            "IDEMGATE_PORT",
+            "IDEMGATE_PORT_80_TCP_ADDR",
+            "IDEMGATE_SERVICE_HOST",
+            "IDEMGATE_DEFAULTS__LEASEE",
+            // Settings, in any case, top level and nested.
+            "IDEMGATE_LISTEN",
+            "idemgate_upstream",
+            "IDEMGATE_REDIS_URL",
+            "IDEMGATE_DEFAULTS__ON_AMBIGUOUS",
+            "IDEMGATE_DEFAULTS",
+            // Read elsewhere.
+            "IDEMGATE_CONFIG",
+            "IDEMGATE_LOG_FORMAT",
+            "IDEMGATE_ADMIN_TOKEN",
+            "IDEMGATE_NAMESPACE",
+            // Not ours.
+            "PATH",
+            "IDEMGATEWAY",
+        ];
+        let unknown = unknown_env_vars(names.iter().map(|s| s.to_string()));
+        assert_eq!(
+            unknown,
+            [
+                "IDEMGATE_DEFAULTS__LEASEE",
+                "IDEMGATE_PORT",
+                "IDEMGATE_PORT_80_TCP_ADDR",
+                "IDEMGATE_SERVICE_HOST"
+            ]
+        );
     }
 
     #[test]

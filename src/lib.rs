@@ -12,6 +12,9 @@
 //! - [`store`]: the [`store::Store`] trait, the embedded [`store::MemoryStore`] and
 //!   [`store::RedisStore`].
 //! - [`proxy`]: the hyper service and the claim → forward → record → replay flow.
+//! - [`request_id`]: `X-Request-Id`, kept or made up, passed on and logged.
+//! - [`retry_after`]: the `Retry-After` of a 409 in-progress, from the lease and the
+//!   route's typical upstream time.
 //! - [`upstream`]: the client to the upstream, header rewriting, failure classification.
 //! - [`problem`]: idemgate's own `application/problem+json` responses.
 //! - [`admin`]: health, readiness, `/metrics` and record inspection/release.
@@ -21,6 +24,7 @@
 //!   watcher.
 //! - [`probe`]: `idemgate probe URL`, the container health check.
 //! - [`server`]: start-up checks, accept loops and graceful shutdown.
+//! - [`telemetry`]: OpenTelemetry spans for protected requests (`otlp_endpoint`).
 //! - [`body`]: the body type shared by all of the above.
 //! - [`lab`]: beside the product, not in its request path: a deliberately non-idempotent
 //!   bank, a day of retrying traffic and an auditor (`idemgate bank`, `idemgate lab`).
@@ -36,9 +40,12 @@ pub mod operator;
 pub mod probe;
 pub mod problem;
 pub mod proxy;
+pub mod request_id;
+pub mod retry_after;
 pub mod scope;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 pub mod upstream;
 
 pub use config::Config;

@@ -31,8 +31,8 @@ struct Cli {
 enum Command {
     /// Run a deliberately non-idempotent legacy bank (every POST /transfers moves money).
     Bank {
-        /// Address to listen on.
-        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9000")]
+        /// Address to listen on (a host name is resolved).
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9000", value_parser = resolve_addr)]
         listen: SocketAddr,
     },
     /// Replay a day of retrying transfer traffic against a bank, directly and through
@@ -68,44 +68,63 @@ struct LabArgs {
     json: bool,
 }
 
-/// Flags that override the file and the environment.
+/// Flags that override the file and the environment. Their defaults are the
+/// configuration's (shown in `--help`); a flag that is not given leaves the file and the
+/// environment in charge.
 #[derive(clap::Args, Debug, Serialize)]
 struct Overrides {
-    /// Address to listen on for clients, e.g. 127.0.0.1:8080.
-    #[arg(long, value_name = "ADDR")]
+    /// Address to listen on for clients (a host name is resolved) [default: 127.0.0.1:8080]
+    #[arg(long, value_name = "ADDR", value_parser = resolve_addr)]
     #[serde(skip_serializing_if = "Option::is_none")]
     listen: Option<SocketAddr>,
-    /// Upstream origin, e.g. http://127.0.0.1:9000.
+    /// Upstream origin [default: http://127.0.0.1:9000]
     #[arg(long, value_name = "URL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     upstream: Option<String>,
-    /// Redis URL; without it records live in this process's memory.
+    /// Redis URL, e.g. redis://127.0.0.1:6379/0 [default: none, records live in this
+    /// process's memory]
     #[arg(long, value_name = "URL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     redis_url: Option<String>,
-    /// Whose records these are, when several services share one store (required with Redis).
+    /// Whose records these are, when several services share one store (required with Redis)
+    /// [default: none]
     #[arg(long, value_name = "NAME")]
     #[serde(skip_serializing_if = "Option::is_none")]
     namespace: Option<String>,
-    /// Address of the admin listener (/healthz, /readyz, /metrics, /records/{id}).
-    #[arg(long, value_name = "ADDR")]
+    /// Address of the admin listener (/healthz, /readyz, /metrics, /records/{id})
+    /// [default: 127.0.0.1:9901]
+    #[arg(long, value_name = "ADDR", value_parser = resolve_addr)]
     #[serde(skip_serializing_if = "Option::is_none")]
     admin_listen: Option<SocketAddr>,
 }
 
-fn init_tracing(default_filter: &str) {
+fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
+    idemgate::config::resolve_addr(s)
+}
+
+/// Logs to stderr, filtered by `RUST_LOG`; with a tracer, idemgate's spans also go to
+/// OpenTelemetry (each output has its own filter, so the log lines are the same either way).
+fn init_tracing(default_filter: &str, tracer: Option<opentelemetry_sdk::trace::SdkTracer>) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::prelude::*;
     use tracing_subscriber::EnvFilter;
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let json = std::env::var("IDEMGATE_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    // Colours only for a person at a terminal: a log file or collector gets plain text.
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
-    if json {
-        builder.json().flatten_event(true).init();
+    let fmt = if json {
+        fmt.json().flatten_event(true).boxed()
     } else {
-        builder.init();
-    }
+        fmt.boxed()
+    };
+    tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .with(tracer.map(idemgate::telemetry::layer))
+        .init();
 }
 
 async fn shutdown_signal() {
@@ -161,7 +180,7 @@ fn serving_runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime, Exi
 }
 
 fn bank(listen: SocketAddr) -> ExitCode {
-    init_tracing("info");
+    init_tracing("info", None);
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
@@ -188,7 +207,7 @@ fn bank(listen: SocketAddr) -> ExitCode {
 
 fn lab(args: LabArgs) -> ExitCode {
     // The lab's own output is the table; per-request logs would drown it.
-    init_tracing("error");
+    init_tracing("error", None);
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
@@ -245,7 +264,6 @@ fn main() -> ExitCode {
         Some(Command::Probe { url, timeout }) => return probe(&url, timeout),
         None => {}
     }
-    init_tracing("info");
     let figment = Config::figment(cli.config.as_deref()).merge(Serialized::globals(&cli.overrides));
     let settings = match Config::load(figment) {
         Ok(s) => s,
@@ -254,6 +272,37 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
+    let otlp_endpoint = settings.config.otlp_endpoint.as_deref();
+    let telemetry = if idemgate::telemetry::wanted(otlp_endpoint) {
+        match idemgate::telemetry::Telemetry::start(otlp_endpoint) {
+            Ok((telemetry, tracer)) => Some((telemetry, tracer)),
+            Err(e) => {
+                eprintln!("idemgate: configuration error: otlp_endpoint: {e}");
+                return ExitCode::from(64);
+            }
+        }
+    } else {
+        None
+    };
+    let (telemetry, tracer) = telemetry.unzip();
+    init_tracing("info", tracer);
+    let unknown = idemgate::config::unknown_env();
+    if !unknown.is_empty() {
+        tracing::warn!(
+            ignored = %unknown.join(", "),
+            "environment variables with the IDEMGATE_ prefix that name no setting are ignored"
+        );
+    }
+    let code = serve(settings);
+    // The spans still buffered go out before the process ends.
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
+    }
+    code
+}
+
+/// Runs the proxy until SIGTERM/SIGINT.
+fn serve(settings: idemgate::config::Settings) -> ExitCode {
     let runtime = match serving_runtime(settings.config.worker_threads) {
         Ok(rt) => rt,
         Err(code) => return code,
@@ -269,8 +318,12 @@ fn main() -> ExitCode {
         tracing::info!(
             listen = %settings.config.listen,
             upstream = %settings.config.upstream,
-            admin = ?settings.config.admin_listen,
+            admin = %settings
+                .config
+                .admin_listen
+                .map_or_else(|| "off".to_string(), |a| a.to_string()),
             store = if settings.config.redis_url.is_some() { "redis" } else { "memory" },
+            tracing = idemgate::telemetry::enabled(),
             version = env!("CARGO_PKG_VERSION"),
             "idemgate starting"
         );

@@ -22,6 +22,7 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, DATE, SET_COOKIE};
 use hyper::{Request, Response, StatusCode};
 use tokio_util::task::TaskTracker;
+use tracing::Span;
 
 use crate::body::{self, Body};
 use crate::config::{Anonymous, OnAmbiguous, OnStoreError, Policy, Settings};
@@ -29,8 +30,11 @@ use crate::fingerprint::{self, RequestParts, FINGERPRINT_VERSION};
 use crate::key::{self, RecordId};
 use crate::metrics::Metrics;
 use crate::problem::Problem;
+use crate::request_id::{self, X_REQUEST_ID};
+use crate::retry_after;
 use crate::scope::{path, tenant, PathRules, Scoper, Tenant, TenantSource};
 use crate::store::{deadline, Claim, ClaimRequest, OwnerToken, Store, StoreError, StoredResponse};
+use crate::telemetry::{self, Step};
 use crate::upstream::{self, Failure, UpstreamClient};
 
 /// Header added to every replayed response.
@@ -112,6 +116,8 @@ struct Claimed {
     owner: OwnerToken,
     policy: Arc<Policy>,
     request: Request<Body>,
+    // The request's span (none with tracing off): parent of the upstream and record spans.
+    span: Span,
 }
 
 impl Proxy {
@@ -139,8 +145,22 @@ impl Proxy {
         }
     }
 
-    /// Handles one request. Never fails: every error becomes a response here.
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    /// Handles one request. Never fails: every error becomes a response here. The
+    /// request's `X-Request-Id` (its own, or a fresh one) goes upstream with it and comes
+    /// back on every answer, replays and idemgate's own included.
+    pub async fn handle(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let request_id = request_id::ensure(req.headers_mut());
+        let mut res = self.respond(req, peer, request_id.clone()).await;
+        res.headers_mut().insert(X_REQUEST_ID, request_id);
+        res
+    }
+
+    async fn respond(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        request_id: HeaderValue,
+    ) -> Response<Body> {
         let started = Instant::now();
         let settings = &self.shared.settings;
         let metrics = &self.shared.metrics;
@@ -148,24 +168,22 @@ impl Proxy {
             Ok(routed) => routed,
             Err(e) => {
                 let (policy, method) = (&settings.default_policy, req.method().clone());
+                let line = Line {
+                    method: &method,
+                    policy,
+                    request_id: &request_id,
+                    span: &Span::none(),
+                    started,
+                };
                 if settings.protects_anywhere(&method) {
                     let res = Problem::InvalidPath.response(e.to_string(), None, None);
-                    log_request(
-                        metrics,
-                        &res,
-                        Outcome::Rejected,
-                        None,
-                        &method,
-                        policy,
-                        started,
-                    );
+                    log_request(metrics, &res, Outcome::Rejected, None, &line);
                     return res;
                 }
                 // No route protects this method: it would pass through wherever it led.
                 let timeout = policy.upstream_timeout;
                 let res = self.pass_through(req.map(body::boxed), peer, timeout).await;
-                let outcome = Outcome::Passthrough;
-                log_request(metrics, &res, outcome, None, &method, policy, started);
+                log_request(metrics, &res, Outcome::Passthrough, None, &line);
                 return res;
             }
         };
@@ -191,13 +209,33 @@ impl Proxy {
             } else {
                 Outcome::Passthrough
             };
-            log_request(metrics, &res, outcome, None, &method, policy, started);
+            let line = Line {
+                method: &method,
+                policy,
+                request_id: &request_id,
+                span: &Span::none(),
+                started,
+            };
+            log_request(metrics, &res, outcome, None, &line);
             return res;
         }
         let policy = policy.clone();
         let method = req.method().clone();
+        let span = telemetry::request_span(
+            req.headers(),
+            &method,
+            policy.route.as_deref(),
+            request_id::as_str(&request_id),
+        );
         let log = |res: &Response<Body>, outcome: Outcome, policy: &Policy| {
-            log_request(metrics, res, outcome, None, &method, policy, started);
+            let line = Line {
+                method: &method,
+                policy,
+                request_id: &request_id,
+                span: &span,
+                started,
+            };
+            log_request(metrics, res, outcome, None, &line);
         };
         let key = match key::parse_any(req.headers(), &policy.key_headers, policy.max_key_length) {
             Ok(Some(key)) => key,
@@ -296,9 +334,11 @@ impl Proxy {
             linger: claim.retention,
             armed: true,
         };
+        let claim_span = telemetry::child(&span, Step::Claim);
         let found = self
             .claim(&mut claim, &request, &scope_path, &body, &policy)
             .await;
+        drop(claim_span);
         pending.disarm();
         let protected = Protected {
             claim,
@@ -306,6 +346,8 @@ impl Proxy {
             policy,
             peer,
             method,
+            request_id,
+            span,
             started,
         };
         self.settle(found, protected).await
@@ -356,6 +398,8 @@ impl Proxy {
             policy,
             peer,
             method,
+            request_id,
+            span,
             started,
         } = protected;
         let id = claim.id;
@@ -364,6 +408,7 @@ impl Proxy {
             owner: claim.owner,
             policy: policy.clone(),
             request,
+            span: span.clone(),
         };
         let this = self.clone();
         // Boxed: the exchange → record state machine is several kilobytes, and tokio
@@ -371,7 +416,14 @@ impl Proxy {
         let task = self.shared.tasks.spawn(Box::pin(async move {
             let (res, outcome) = exchange(&this.shared, claimed, peer).await;
             let metrics = &this.shared.metrics;
-            log_request(metrics, &res, outcome, Some(id), &method, &policy, started);
+            let line = Line {
+                method: &method,
+                policy: &policy,
+                request_id: &request_id,
+                span: &span,
+                started,
+            };
+            log_request(metrics, &res, outcome, Some(id), &line);
             res
         }));
         match task.await {
@@ -407,14 +459,17 @@ impl Proxy {
             ),
             Ok(Claim::Claimed) => return self.forward_claimed(protected).await,
             Ok(Claim::Replay(stored)) => (replay(stored), Outcome::Replayed),
-            Ok(Claim::InFlight { .. }) => (
-                Problem::InProgress.response(
+            Ok(Claim::InFlight { lease_left }) => {
+                let policy = &protected.policy;
+                let typical = policy.upstream_time.get();
+                let wait = retry_after::in_progress(policy.lease, lease_left, typical);
+                let res = Problem::InProgress.response(
                     "a request with this key is being executed; retry after it finishes",
                     Some(&id),
-                    Some(1),
-                ),
-                Outcome::InProgress,
-            ),
+                    Some(wait),
+                );
+                (res, Outcome::InProgress)
+            }
             Ok(Claim::Mismatch) => (
                 Problem::FingerprintMismatch.response(
                     "this key was used with a different request (method, path, query, content type or body); use a new key for a new operation",
@@ -477,17 +532,14 @@ impl Proxy {
                 }
             }
         };
-        let metrics = &self.shared.metrics;
-        let (method, policy) = (&protected.method, &protected.policy);
-        log_request(
-            metrics,
-            &res,
-            outcome,
-            Some(id),
-            method,
-            policy,
-            protected.started,
-        );
+        let line = Line {
+            method: &protected.method,
+            policy: &protected.policy,
+            request_id: &protected.request_id,
+            span: &protected.span,
+            started: protected.started,
+        };
+        log_request(&self.shared.metrics, &res, outcome, Some(id), &line);
         res
     }
 
@@ -604,20 +656,39 @@ impl Proxy {
     }
 }
 
+/// What a request's log line says about the request itself.
+struct Line<'a> {
+    method: &'a hyper::Method,
+    policy: &'a Policy,
+    request_id: &'a HeaderValue,
+    span: &'a Span,
+    started: Instant,
+}
+
 /// Counts a finished request and writes its log line: `info` for protected requests,
 /// `debug` for pass-through ones (they are counted all the same). Never a body, a key's raw
-/// value or a header value: the record id names the request.
+/// value or a credential: the record id and the request id name the request.
 fn log_request(
     metrics: &Metrics,
     res: &Response<Body>,
     outcome: Outcome,
     id: Option<RecordId>,
-    method: &hyper::Method,
-    policy: &Policy,
-    started: Instant,
+    line: &Line<'_>,
 ) {
+    let Line {
+        method,
+        policy,
+        request_id,
+        span,
+        started,
+    } = *line;
     let elapsed = started.elapsed();
     metrics.request(outcome, elapsed);
+    if !span.is_none() {
+        let record = id.map(|r| r.to_string());
+        let status = res.status().as_u16();
+        telemetry::finish(span, outcome.as_str(), record.as_deref(), status);
+    }
     let level_enabled = if outcome == Outcome::Passthrough {
         tracing::enabled!(tracing::Level::DEBUG)
     } else {
@@ -629,18 +700,19 @@ fn log_request(
     let upstream_ms = res
         .extensions()
         .get::<UpstreamLatency>()
-        .map(|l| l.0.as_secs_f64() * 1000.0);
+        .map(|l| millis(l.0));
     let record = id.map(|r| r.to_string());
     macro_rules! line {
         ($level:ident) => {
             tracing::$level!(
                 outcome = outcome.as_str(),
                 record = record.as_deref().unwrap_or("-"),
+                request_id = request_id::as_str(request_id),
                 method = %method,
                 route = policy.route.as_deref().unwrap_or("-"),
                 status = res.status().as_u16(),
                 upstream_ms,
-                latency_ms = elapsed.as_secs_f64() * 1000.0,
+                latency_ms = millis(elapsed),
                 "request"
             )
         };
@@ -650,6 +722,12 @@ fn log_request(
     } else {
         line!(info);
     }
+}
+
+/// Milliseconds with microsecond precision (`3.824`): what a log line needs, without the
+/// binary fraction's noise (`3.8241400000000003`).
+fn millis(d: Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
 }
 
 /// Replaces a URI's path, keeping its query.
@@ -675,6 +753,8 @@ struct Protected {
     policy: Arc<Policy>,
     peer: SocketAddr,
     method: hyper::Method,
+    request_id: HeaderValue,
+    span: Span,
     started: Instant,
 }
 
@@ -774,8 +854,13 @@ async fn exchange(
         owner,
         policy,
         mut request,
+        span,
     } = claimed;
     upstream::prepare(&mut request, &shared.settings.upstream, peer);
+    let upstream_span = telemetry::child(&span, Step::Upstream);
+    // The upstream continues the trace under idemgate's span (with tracing off, the
+    // client's traceparent passes as it came).
+    telemetry::inject(&upstream_span, request.headers_mut());
     let call = async {
         let res = shared
             .client
@@ -797,6 +882,7 @@ async fn exchange(
     };
     let sent = Instant::now();
     let result = renewing_lease(shared, &id, &owner, policy.lease, timed).await;
+    drop(upstream_span);
     let latency = UpstreamLatency(sent.elapsed());
     shared.metrics.upstream(latency.0);
     let store_timeout = shared.settings.config.store_timeout;
@@ -819,18 +905,23 @@ async fn exchange(
             )
         }
         Ok((mut parts, bytes)) => {
+            policy.upstream_time.observe(latency.0);
             upstream::strip_hop_by_hop(&mut parts.headers);
             let stored = StoredResponse {
                 status: parts.status.as_u16(),
                 headers: parts
                     .headers
                     .iter()
-                    .filter(|(n, _)| ![DATE, SET_COOKIE, CONTENT_LENGTH].contains(n))
+                    // The request id names one request; a replay carries its own.
+                    .filter(|(n, _)| ![DATE, SET_COOKIE, CONTENT_LENGTH, X_REQUEST_ID].contains(n))
                     .map(|(n, v)| (n.as_str().to_string(), Bytes::copy_from_slice(v.as_bytes())))
                     .collect(),
                 body: bytes.clone(),
             };
-            match deadline(store_timeout, store.record(&id, &owner, &stored)).await {
+            let record_span = telemetry::child(&span, Step::Record);
+            let recorded = deadline(store_timeout, store.record(&id, &owner, &stored)).await;
+            drop(record_span);
+            match recorded {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::warn!(record = %id, "record no longer owned (released by an operator?); response not stored")

@@ -42,6 +42,15 @@ pub enum Error {
     /// The store could not be reached at start-up.
     #[error("cannot use the store: {0}")]
     Store(#[from] StoreError),
+    /// Redis could not be reached at start-up; `addr` is its host and port, never the URL's
+    /// credentials.
+    #[error("cannot use Redis at {addr}: {source}")]
+    RedisUnreachable {
+        /// `host:port` (or the socket path) from `redis_url`.
+        addr: String,
+        /// Why.
+        source: StoreError,
+    },
     /// Redis would evict records, which would silently turn retries into second executions.
     #[error("Redis maxmemory-policy is `{0}`: it may evict idempotency records and let retries execute twice. Set `maxmemory-policy noeviction` on the Redis that idemgate uses")]
     EvictingRedis(String),
@@ -53,7 +62,7 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Config(_) | Error::EvictingRedis(_) => 64,
-            Error::Store(_) => 69,
+            Error::Store(_) | Error::RedisUnreachable { .. } => 69,
             Error::Bind { .. } => 71,
         }
     }
@@ -87,8 +96,16 @@ async fn open_backend(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
         store.spawn_sweeper(Duration::from_secs(10));
         return Ok(Arc::new(store));
     };
-    let store = RedisStore::connect(url, c.redis_connect_timeout, c.store_timeout).await?;
-    let info = crate::store::deadline(c.store_timeout, store.server_info()).await?;
+    let at = |source| Error::RedisUnreachable {
+        addr: redis_addr(url),
+        source,
+    };
+    let store = RedisStore::connect(url, c.redis_connect_timeout, c.store_timeout)
+        .await
+        .map_err(at)?;
+    let info = crate::store::deadline(c.store_timeout, store.server_info())
+        .await
+        .map_err(at)?;
     if info.maxmemory_policy != "noeviction" {
         return Err(Error::EvictingRedis(info.maxmemory_policy));
     }
@@ -99,6 +116,15 @@ async fn open_backend(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
     }
     tracing::info!(redis_version = %info.version, "connected to Redis");
     Ok(Arc::new(store))
+}
+
+/// Where a Redis URL points, without its user name or password.
+fn redis_addr(url: &str) -> String {
+    use redis::IntoConnectionInfo;
+    match url.into_connection_info() {
+        Ok(info) => info.addr().to_string(),
+        Err(_) => "the configured redis_url".to_string(),
+    }
 }
 
 /// A running idemgate, started in-process (tests, the lab).
@@ -128,6 +154,15 @@ impl Running {
 /// Validates the configuration, binds its listeners, opens the store and serves in a
 /// background task until [`Running::shutdown`].
 pub async fn start(config: Config) -> Result<Running, Error> {
+    start_wrapped(config, |store| store).await
+}
+
+/// [`start`], with the opened store passed through `wrap` first (the lab keeps a list of
+/// the records it made, to delete them at the end).
+pub async fn start_wrapped(
+    config: Config,
+    wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+) -> Result<Running, Error> {
     let settings = Settings::new(config)?;
     let (listener, admin) = bind(&settings).await?;
     let addr = local_addr(&listener, settings.config.listen)?;
@@ -136,6 +171,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
         None => None,
     };
     let (store, scoper) = open_store(&settings).await?;
+    let store = wrap(store);
     let stop = CancellationToken::new();
     let token = stop.clone();
     let task = tokio::spawn(async move {

@@ -1,7 +1,10 @@
 //! The binary's contract with its operator: flags, configuration layering, exit codes.
 #![allow(clippy::unwrap_used)]
 
-use std::process::{Command, Output};
+mod common;
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 fn idemgate(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemgate"));
@@ -33,6 +36,13 @@ fn help_and_version() {
         "bank",
     ] {
         assert!(text.contains(flag), "--help lacks {flag}: {text}");
+    }
+    for default in [
+        "[default: 127.0.0.1:8080]",
+        "[default: http://127.0.0.1:9000]",
+        "[default: 127.0.0.1:9901]",
+    ] {
+        assert!(text.contains(default), "--help lacks {default}: {text}");
     }
     let version = idemgate(&["--version"], &[]);
     assert!(String::from_utf8_lossy(&version.stdout).contains(env!("CARGO_PKG_VERSION")));
@@ -115,7 +125,24 @@ fn unreachable_redis_at_start_exits_69() {
         ],
     );
     assert_eq!(o.status.code(), Some(69), "{}", stderr(&o));
-    assert!(stderr(&o).contains("store"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("Redis at 127.0.0.1:{port}")),
+        "{}",
+        stderr(&o)
+    );
+    // The address, never the URL's credentials.
+    let o = idemgate(
+        &["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"],
+        &[
+            (
+                "IDEMGATE_REDIS_URL",
+                &format!("redis://user:pw-8c1f@127.0.0.1:{port}/0"),
+            ),
+            ("IDEMGATE_NAMESPACE", "payments"),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(69), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("pw-8c1f"), "{}", stderr(&o));
 }
 
 /// The configuration shipped in `deploy/k8s/configmap.yaml` loads as it is: a key renamed
@@ -142,6 +169,96 @@ fn the_shipped_kubernetes_configuration_loads() {
     let settings = idemgate::Config::load(idemgate::Config::figment(Some(&file)))
         .unwrap_or_else(|e| panic!("{e}\n{toml}"));
     assert_eq!(settings.config.worker_threads, 1);
+}
+
+/// Runs the binary with `args` and `env` (nothing else from this environment), stderr to a
+/// file (not a terminal), until its admin listener at `admin` answers `/healthz` or 15 s
+/// pass; then kills it. Whether it got healthy, and its stderr.
+fn run_until_healthy(args: &[&str], env: &[(&str, &str)], admin: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("stderr.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .env_clear()
+        .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let admin = admin.parse().unwrap();
+    let until = Instant::now() + Duration::from_secs(15);
+    let mut healthy = false;
+    while Instant::now() < until && !healthy {
+        healthy =
+            common::http_get(admin, "/healthz").is_some_and(|r| r.starts_with("HTTP/1.1 200"));
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    (healthy, std::fs::read_to_string(&log).unwrap())
+}
+
+/// A Service called `idemgate` makes Kubernetes inject `IDEMGATE_PORT=tcp://...` and
+/// friends into every pod of its namespace: idemgate starts anyway and names them once.
+#[test]
+fn unknown_environment_variables_are_ignored_with_one_warning() {
+    let admin = format!("127.0.0.1:{}", common::free_port());
+    let (healthy, out) = run_until_healthy(
+        &[],
+        &[
+            ("IDEMGATE_LISTEN", "127.0.0.1:0"),
+            ("IDEMGATE_ADMIN_LISTEN", &admin),
+            ("IDEMGATE_PORT", "tcp://10.96.0.17:80"),
+            ("IDEMGATE_PORT_80_TCP_ADDR", "10.96.0.17"),
+            ("IDEMGATE_SERVICE_HOST", "10.96.0.17"),
+        ],
+        &admin,
+    );
+    assert!(healthy, "idemgate did not start:\n{out}");
+    let warnings: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("name no setting"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{out}");
+    for name in [
+        "IDEMGATE_PORT,",
+        "IDEMGATE_PORT_80_TCP_ADDR",
+        "IDEMGATE_SERVICE_HOST",
+    ] {
+        assert!(warnings[0].contains(name), "{name} not named: {out}");
+    }
+    assert!(!warnings[0].contains("IDEMGATE_LISTEN"), "{out}");
+}
+
+/// A first run: `--listen localhost:PORT` works, the start-up line names the admin address
+/// as an address, and a log that is not a terminal gets no colour codes.
+#[test]
+fn first_run_start_up_line_is_plain() {
+    let port = common::free_port();
+    let listen = format!("localhost:{port}");
+    let admin = format!("127.0.0.1:{}", common::free_port());
+    let (healthy, out) = run_until_healthy(
+        &["--listen", &listen, "--admin-listen", &admin],
+        &[],
+        &admin,
+    );
+    assert!(healthy, "idemgate did not start:\n{out}");
+    let line = out
+        .lines()
+        .find(|l| l.contains("idemgate starting"))
+        .unwrap_or_else(|| panic!("no start-up line:\n{out}"));
+    assert!(line.contains(&format!("admin={admin}")), "{line}");
+    assert!(!line.contains("Some("), "{line}");
+    assert!(line.contains(&format!(":{port} ")), "{line}");
+    assert!(
+        !out.contains('\u{1b}'),
+        "colour codes in a log file:\n{out}"
+    );
 }
 
 /// Two services on one Redis must not share records by accident: a Redis set-up without a

@@ -54,4 +54,30 @@ async fn through_idemgate_on_redis_nothing_moves_twice() {
     assert_eq!(report.idemgate.clients.corrections_executed, 0, "{table}");
     assert!(report.passed(), "{table}");
     assert!(report.idemgate.label.contains("redis"), "{table}");
+    // It went through Redis, and left nothing behind in it.
+    let info = redis.command(&["INFO", "stats"]).unwrap();
+    let written: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap();
+    assert!(written > 200, "{info}");
+    // No record stays. What may: the store's record-id secret (other services on this Redis
+    // share it), and the expiring marker of a claim taken back after its client hung up
+    // before the claim had landed (`:w`).
+    let reply = redis.command(&["KEYS", "*"]).unwrap();
+    let keys: Vec<&str> = reply
+        .split("\r\n")
+        .filter(|l| !l.is_empty() && !l.starts_with('*') && !l.starts_with('$'))
+        .collect();
+    assert!(
+        keys.contains(&idemgate::store::redis::SECRET_KEY),
+        "{keys:?}"
+    );
+    for key in keys {
+        assert!(
+            key == idemgate::store::redis::SECRET_KEY || key.ends_with(":w"),
+            "left behind: {key}"
+        );
+    }
 }

@@ -105,7 +105,11 @@ async fn traffic(b: &Binary) {
     let headers = [("authorization", auth.as_str())];
     // The upstream takes a known time over the first request, so its logged latency can be
     // checked against something.
-    let slow = [("authorization", auth.as_str()), (DELAY_MS, "60")];
+    let slow = [
+        ("authorization", auth.as_str()),
+        (DELAY_MS, "60"),
+        ("x-request-id", "rid-first"),
+    ];
     let first = post_url(&c, &url, Some(KEY), &body, &slow).await;
     assert_eq!(first.status, 201);
     let replay = post_url(&c, &url, Some(KEY), &body, &headers).await;
@@ -171,6 +175,18 @@ async fn json_lines_per_request_and_nothing_secret_at_info() {
     assert_eq!(fwd["route"], "-");
     assert_eq!(fwd["status"], 201);
     assert_eq!(fwd["record"].as_str().unwrap().len(), 64, "{fwd}");
+    assert_eq!(fwd["request_id"], "rid-first", "{fwd}");
+    assert_eq!(lines[1]["request_id"].as_str().unwrap().len(), 32);
+    // Rounded to the microsecond: no binary-fraction noise such as 3.8241400000000003.
+    for field in ["upstream_ms", "latency_ms"] {
+        let ms = fwd[field].as_f64().unwrap();
+        assert_eq!((ms * 1000.0).round() / 1000.0, ms, "{field}: {fwd}");
+        let text = fwd[field].to_string();
+        assert!(
+            text.split('.').nth(1).is_none_or(|f| f.len() <= 3),
+            "{field}: {text}"
+        );
+    }
     assert!(fwd["upstream_ms"].as_f64().unwrap() >= 60.0, "{fwd}");
     assert!(fwd["latency_ms"].as_f64().unwrap() >= fwd["upstream_ms"].as_f64().unwrap());
     assert_eq!(lines[1]["record"], fwd["record"]);
@@ -206,11 +222,13 @@ async fn probe_exits_zero_only_on_2xx() {
     let b = Binary::start(&up.url(), "warn");
     let healthz = format!("http://{}/healthz", b.admin);
     let readyz = format!("http://{}/readyz", b.admin);
+    let metrics = format!("http://{}/metrics", b.admin);
     assert!(probe(&healthz, None).status.success());
-    let denied = probe(&readyz, None);
+    assert!(probe(&readyz, None).status.success());
+    let denied = probe(&metrics, None);
     assert_eq!(denied.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&denied.stderr).contains("401"));
-    assert!(probe(&readyz, Some(ADMIN_TOKEN)).status.success());
+    assert!(probe(&metrics, Some(ADMIN_TOKEN)).status.success());
     let nobody = format!("http://127.0.0.1:{}/healthz", free_port());
     assert_eq!(probe(&nobody, None).status.code(), Some(1));
     assert_eq!(probe("https://x/healthz", None).status.code(), Some(1));

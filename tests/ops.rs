@@ -225,7 +225,7 @@ on_both_stores!(
 );
 
 #[tokio::test]
-async fn admin_token_guards_everything_but_healthz() {
+async fn admin_token_guards_everything_but_the_probes() {
     let up = Upstream::start().await;
     let mut cfg = config(&up, &Backend::memory());
     cfg.admin_token = Some(TOKEN.into());
@@ -239,8 +239,14 @@ async fn admin_token_guards_everything_but_healthz() {
         .await
         .unwrap();
     assert_eq!(health.status(), 200, "probes need no token");
+    let ready = c
+        .get(format!("http://{admin}/readyz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200, "probes need no token");
+    assert_eq!(ready.text().await.unwrap(), "ready\n");
     for (method, path) in [
-        ("GET", "/readyz".to_string()),
         ("GET", "/metrics".to_string()),
         ("GET", format!("/records/{id}")),
         ("DELETE", format!("/records/{id}")),
@@ -268,6 +274,30 @@ async fn admin_token_guards_everything_but_healthz() {
         let ok = c.request(m, &url).bearer_auth(TOKEN).send().await.unwrap();
         assert_ne!(ok.status(), 401, "{method} {path} with the token");
     }
+    app.shutdown().await;
+}
+
+/// `/readyz` is open, so it says "not ready" to anyone, and why only to the token holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_readyz_keeps_the_stores_error_for_the_token_holder() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let mut cfg = redis_config(&up, &redis);
+    cfg.admin_token = Some(TOKEN.into());
+    cfg.store_timeout = Duration::from_millis(300);
+    let app = spawn_app(cfg).await;
+    let url = format!("http://{}/readyz", app.admin_addr().unwrap());
+    let c = client();
+    redis.stop();
+    let open = c.get(&url).send().await.unwrap();
+    assert_eq!(open.status(), 503);
+    let open = open.text().await.unwrap();
+    assert_eq!(open, "not ready: the redis store does not answer\n");
+    let told = c.get(&url).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(told.status(), 503);
+    let told = told.text().await.unwrap();
+    assert!(told.starts_with("not ready: redis store: "), "{told}");
+    assert_ne!(told, open);
     app.shutdown().await;
 }
 

@@ -28,6 +28,8 @@ on_both_stores!(
     on_ambiguous_release_frees_the_key,
     lease_is_renewed_while_the_upstream_works,
     admin_inspects_and_releases_records,
+    request_id_is_passed_on_or_made_up,
+    retry_after_follows_the_routes_upstream_time,
 );
 
 async fn retry_replays_the_first_answer_byte_for_byte(backend: Backend) {
@@ -66,6 +68,72 @@ async fn retry_replays_the_first_answer_byte_for_byte(backend: Backend) {
         vec![app.addr().to_string()]
     );
     assert_eq!(seen.body, TRANSFER.as_bytes());
+    app.shutdown().await;
+}
+
+async fn retry_after_follows_the_routes_upstream_time(backend: Backend) {
+    let up = Upstream::start().await;
+    let app = spawn_app(config(&up, &backend)).await;
+    let c = client();
+    let slow = [(DELAY_MS, "2500")];
+    // One measurement: this route's upstream takes 2.5 s.
+    let first = post(&c, &app, "/v1/transfers", Some("k-ra-0"), TRANSFER, &slow).await;
+    assert_eq!(first.status, 201);
+    let running = {
+        let (c, addr) = (c.clone(), app.addr());
+        tokio::spawn(async move {
+            let url = format!("http://{addr}/v1/transfers");
+            post_url(&c, &url, Some("k-ra-1"), TRANSFER, &[(DELAY_MS, "2500")]).await
+        })
+    };
+    eventually(Duration::from_secs(5), "upstream reached", || {
+        up.hits() == 2
+    })
+    .await;
+    let dup = post(&c, &app, "/v1/transfers", Some("k-ra-1"), TRANSFER, &slow).await;
+    assert_eq!(dup.status, 409);
+    let wait: u64 = dup.header("retry-after").unwrap().parse().unwrap();
+    // 2.5 s typical, a fraction of it passed: 2 or 3 s, rounded up; not the 1 s of a
+    // route that answers at once.
+    assert!((2..=3).contains(&wait), "Retry-After: {wait}");
+    assert_eq!(running.await.unwrap().status, 201);
+    assert_eq!(up.hits(), 2);
+    app.shutdown().await;
+}
+
+async fn request_id_is_passed_on_or_made_up(backend: Backend) {
+    let up = Upstream::start().await;
+    let app = spawn_app(config(&up, &backend)).await;
+    let c = client();
+    let given = [("x-request-id", "gw-5d1e-0001")];
+    let first = post(&c, &app, "/v1/transfers", Some("k-rid"), TRANSFER, &given).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.header("x-request-id"), Some("gw-5d1e-0001"));
+    assert_eq!(up.seen()[0].headers["x-request-id"], vec!["gw-5d1e-0001"]);
+    // A retry without one gets an id of its own, on the replay too.
+    let retry = post(&c, &app, "/v1/transfers", Some("k-rid"), TRANSFER, &[]).await;
+    assert!(retry.replayed());
+    let made = retry.header("x-request-id").unwrap();
+    assert_eq!(made.len(), 32, "{made}");
+    assert!(made.bytes().all(|b| b.is_ascii_hexdigit()), "{made}");
+    // Forwarded without one: the upstream and the client see the same fresh id.
+    let other = post(&c, &app, "/v1/transfers", Some("k-rid-2"), TRANSFER, &[]).await;
+    let made2 = other.header("x-request-id").unwrap();
+    assert_ne!(made2, made);
+    assert_eq!(up.seen()[1].headers["x-request-id"], vec![made2]);
+    // Idemgate's own answers carry it, and so does a pass-through.
+    let bad = post(&c, &app, "/v1/transfers", Some(""), TRANSFER, &given).await;
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.header("x-request-id"), Some("gw-5d1e-0001"));
+    let get = c
+        .get(format!("http://{}/v1/accounts", app.addr()))
+        .header("x-request-id", "bad id with spaces")
+        .send()
+        .await
+        .unwrap();
+    let passed = get.headers()["x-request-id"].to_str().unwrap().to_string();
+    assert_eq!(passed.len(), 32, "a malformed id is replaced: {passed}");
+    assert_eq!(up.seen()[2].headers["x-request-id"], vec![passed]);
     app.shutdown().await;
 }
 

@@ -11,6 +11,7 @@
 //! - [`traffic`]: the seeded day of intents and the retrying clients.
 //! - [`auditor`]: ledger against intents: double transfers, money moved twice, balances.
 //! - [`report`]: figures per run, the table, the summary line, JSON.
+//! - [`tracked`]: the store wrapper that lets a lab on Redis delete the records it made.
 //!
 //! Crates: `tokio` to bind loopback listeners and run both servers in-process; `indicatif`
 //! for the progress bar (hidden unless stderr is a terminal); `thiserror` for [`LabError`];
@@ -19,10 +20,12 @@
 pub mod auditor;
 pub mod bank;
 pub mod report;
+pub mod tracked;
 pub mod traffic;
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -177,8 +180,20 @@ async fn run_day(
 
     // idemgate drains the upstream calls its clients walked away from; then the bank's own
     // abandoned requests finish, and only then is the ledger final.
-    if let Some(proxy) = proxy {
+    if let Some((proxy, records)) = proxy {
         proxy.shutdown().await;
+        // A lab on someone's Redis leaves nothing behind: every record it claimed goes.
+        if opts.redis_url.is_some() {
+            let made = records.claimed();
+            let failed = records.remove_all(Duration::from_secs(2)).await;
+            if failed > 0 {
+                tracing::warn!(
+                    made,
+                    failed,
+                    "lab: some of its records could not be deleted; they expire with their retention"
+                );
+            }
+        }
     }
     if !bank.quiesce(SETTLE_LIMIT).await {
         tracing::warn!(
@@ -202,11 +217,11 @@ async fn run_day(
 }
 
 /// Starts idemgate in-process in front of the bank, with `/transfers` requiring a key (as a
-/// payments team would configure it).
+/// payments team would configure it), on a store that remembers what the lab claimed.
 async fn start_idemgate(
     upstream: SocketAddr,
     redis_url: Option<String>,
-) -> Result<(SocketAddr, crate::Running), String> {
+) -> Result<(SocketAddr, (crate::Running, Arc<tracked::Tracked>)), String> {
     let mut config = crate::Config::for_upstream(&format!("http://{upstream}"));
     if redis_url.is_some() {
         config.namespace = Some("lab".into());
@@ -220,8 +235,17 @@ async fn start_idemgate(
         anonymous: Some(crate::config::Anonymous::Shared),
         ..Default::default()
     });
-    let running = crate::start(config).await.map_err(|e| e.to_string())?;
-    Ok((running.addr(), running))
+    let mut records = None;
+    let running = crate::server::start_wrapped(config, |store| {
+        let tracked = Arc::new(tracked::Tracked::new(store));
+        records = Some(tracked.clone());
+        let store: Arc<dyn crate::store::Store> = tracked;
+        store
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let records = records.ok_or("the store was not opened")?;
+    Ok((running.addr(), (running, records)))
 }
 
 /// A per-run key prefix: a Redis store outlives one lab, and a second lab with the same seed

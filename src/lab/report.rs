@@ -57,77 +57,58 @@ impl LabReport {
         )
     }
 
-    /// An aligned text table, one column per run.
-    pub fn table(&self) -> String {
+    /// The rows of the table: a name and, per run, the value in the table's unit (money
+    /// in major units, time in seconds). The table and the JSON both come from these, so
+    /// they cannot drift apart.
+    fn rows(&self) -> Vec<(&'static str, [Cell; 2])> {
         let runs = [&self.direct, &self.idemgate];
-        let rows: Vec<(&str, [String; 2])> = vec![
-            ("intents", runs.map(|r| r.intents.to_string())),
-            (
-                "requests sent",
-                runs.map(|r| r.clients.requests_sent.to_string()),
-            ),
-            ("retries", runs.map(|r| r.clients.retries.to_string())),
-            (
-                "client timeouts",
-                runs.map(|r| r.clients.timeouts.to_string()),
-            ),
-            ("hang-ups", runs.map(|r| r.clients.hang_ups.to_string())),
-            (
-                "replayed answers",
-                runs.map(|r| r.clients.replays.to_string()),
-            ),
-            ("executions", runs.map(|r| r.audit.executions.to_string())),
-            (
-                "expected executions",
-                runs.map(|r| r.audit.expected_executions.to_string()),
-            ),
-            (
-                "double transfers",
-                runs.map(|r| r.audit.double_transfers.to_string()),
-            ),
+        let n = |f: fn(&RunFigures) -> u64| runs.map(|r| Cell::Count(f(r)));
+        vec![
+            ("intents", n(|r| r.intents)),
+            ("requests sent", n(|r| r.clients.requests_sent)),
+            ("retries", n(|r| r.clients.retries)),
+            ("client timeouts", n(|r| r.clients.timeouts)),
+            ("hang-ups", n(|r| r.clients.hang_ups)),
+            ("replayed answers", n(|r| r.clients.replays)),
+            ("executions", n(|r| r.audit.executions)),
+            ("expected executions", n(|r| r.audit.expected_executions)),
+            ("double transfers", n(|r| r.audit.double_transfers)),
             (
                 "money moved twice",
-                runs.map(|r| money(r.audit.money_moved_twice)),
+                runs.map(|r| Cell::Money(r.audit.money_moved_twice)),
             ),
-            (
-                "balance mismatches",
-                runs.map(|r| r.audit.balance_mismatches.to_string()),
-            ),
+            ("balance mismatches", n(|r| r.audit.balance_mismatches)),
             (
                 "corrections executed",
-                runs.map(|r| r.clients.corrections_executed.to_string()),
+                n(|r| r.clients.corrections_executed),
             ),
-            (
-                "corrections replayed",
-                runs.map(|r| r.clients.silent_replays.to_string()),
-            ),
-            (
-                "409/422 from the bank",
-                runs.map(|r| r.clients.bank_409_422.to_string()),
-            ),
+            ("corrections replayed", n(|r| r.clients.silent_replays)),
+            ("409/422 from the bank", n(|r| r.clients.bank_409_422)),
             (
                 "409 in-progress (idemgate)",
-                runs.map(|r| r.clients.idemgate_409_in_progress.to_string()),
+                n(|r| r.clients.idemgate_409_in_progress),
             ),
             (
                 "422 mismatch (idemgate)",
-                runs.map(|r| r.clients.idemgate_422_mismatch.to_string()),
+                n(|r| r.clients.idemgate_422_mismatch),
             ),
             (
                 "other errors",
-                runs.map(|r| {
-                    (r.clients.idemgate_other_errors + r.clients.other_errors).to_string()
-                }),
+                n(|r| r.clients.idemgate_other_errors + r.clients.other_errors),
             ),
-            (
-                "unresolved intents",
-                runs.map(|r| r.clients.unresolved.to_string()),
-            ),
-            (
-                "wall time",
-                runs.map(|r| format!("{:.2} s", r.wall_time_secs)),
-            ),
-        ];
+            ("unresolved intents", n(|r| r.clients.unresolved)),
+            ("wall time", runs.map(|r| Cell::Seconds(r.wall_time_secs))),
+        ]
+    }
+
+    /// An aligned text table, one column per run.
+    pub fn table(&self) -> String {
+        let runs = [&self.direct, &self.idemgate];
+        let rows: Vec<(&str, [String; 2])> = self
+            .rows()
+            .into_iter()
+            .map(|(name, cells)| (name, cells.map(|c| c.text())))
+            .collect();
         let name_width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
         let col_width = rows
             .iter()
@@ -154,24 +135,70 @@ impl LabReport {
     }
 }
 
+/// One figure of the table, in the table's unit.
+#[derive(Clone, Copy)]
+enum Cell {
+    Count(u64),
+    /// Minor units (cents), shown in major units.
+    Money(i64),
+    Seconds(f64),
+}
+
+impl Cell {
+    fn text(self) -> String {
+        match self {
+            Cell::Count(n) => n.to_string(),
+            Cell::Money(minor) => money(minor),
+            Cell::Seconds(s) => format!("{s:.2} s"),
+        }
+    }
+
+    /// The JSON number: what the table shows, without the unit.
+    fn json(self) -> serde_json::Value {
+        match self {
+            Cell::Count(n) => n.into(),
+            Cell::Money(minor) => (minor as f64 / 100.0).into(),
+            Cell::Seconds(s) => ((s * 100.0).round() / 100.0).into(),
+        }
+    }
+}
+
 impl Serialize for LabReport {
+    /// `{"seed", "concurrency", "mix", "units", "direct": {"label", <row>: <number>...},
+    /// "idemgate": {...}, "passed", "summary"}`: each run under the table's row names.
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         #[derive(Serialize)]
         struct Wire<'a> {
             seed: u64,
             concurrency: usize,
             mix: std::collections::BTreeMap<&'a str, usize>,
-            direct: &'a RunFigures,
-            idemgate: &'a RunFigures,
+            units: serde_json::Value,
+            direct: serde_json::Map<String, serde_json::Value>,
+            idemgate: serde_json::Map<String, serde_json::Value>,
             passed: bool,
             summary: String,
         }
+        let mut runs = [&self.direct, &self.idemgate].map(|r| {
+            let mut m = serde_json::Map::new();
+            m.insert("label".into(), r.label.clone().into());
+            m
+        });
+        for (name, cells) in self.rows() {
+            for (run, cell) in runs.iter_mut().zip(cells) {
+                run.insert(name.into(), cell.json());
+            }
+        }
+        let [direct, idemgate] = runs;
         Wire {
             seed: self.seed,
             concurrency: self.concurrency,
             mix: self.mix.iter().map(|(k, v)| (k.as_str(), *v)).collect(),
-            direct: &self.direct,
-            idemgate: &self.idemgate,
+            units: serde_json::json!({
+                "money moved twice": "major currency units",
+                "wall time": "seconds",
+            }),
+            direct,
+            idemgate,
             passed: self.passed(),
             summary: self.summary_line(),
         }
@@ -248,9 +275,33 @@ mod tests {
     fn the_json_carries_the_figures_and_the_verdict() {
         let value: serde_json::Value =
             serde_json::from_str(&report(3, 0, 0).to_json()).expect("json");
-        assert_eq!(value["direct"]["audit"]["double_transfers"], 3);
-        assert_eq!(value["idemgate"]["audit"]["balance_mismatches"], 0);
+        assert_eq!(value["direct"]["double transfers"], 3);
+        assert_eq!(value["idemgate"]["balance mismatches"], 0);
         assert_eq!(value["passed"], true);
+        assert_eq!(value["direct"]["label"], "direct");
+    }
+
+    #[test]
+    fn the_json_uses_the_tables_names_and_units() {
+        let r = report(3, 0, 0);
+        let value: serde_json::Value = serde_json::from_str(&r.to_json()).expect("json");
+        let table = r.table();
+        let names: Vec<&str> = table
+            .lines()
+            .skip(1)
+            .map(|l| l.split("  ").next().unwrap_or_default().trim_end())
+            .collect();
+        let run = value["direct"].as_object().expect("object");
+        // Every row of the table, and nothing else but the label.
+        assert_eq!(run.len(), names.len() + 1, "{table}\n{value}");
+        for name in &names {
+            assert!(run.contains_key(*name), "{name} missing: {value}");
+        }
+        // The table's units: 12345 cents are 123.45, 1.5 s is 1.5.
+        assert_eq!(value["direct"]["money moved twice"], 123.45);
+        assert!(table.contains("123.45"));
+        assert_eq!(value["direct"]["wall time"], 1.5);
+        assert_eq!(value["units"]["wall time"], "seconds");
     }
 
     #[test]

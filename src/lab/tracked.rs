@@ -1,0 +1,157 @@
+//! The lab's store: the configured one, plus a list of every record the lab's idemgate
+//! claimed, so that a lab run on someone's Redis deletes what it wrote when it ends instead
+//! of leaving thousands of records behind for a day of retention.
+//!
+//! It wraps the [`Store`] trait rather than scanning Redis for a key pattern: the lab's
+//! records are found by their ids whatever the store makes of an id, and nothing that the
+//! lab did not claim itself is ever touched.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::key::RecordId;
+use crate::scope::ScopeSecret;
+use crate::store::{
+    deadline, BoxFuture, Claim, ClaimRequest, Deleted, OwnerToken, RecordView, ServerStats, Store,
+    StoreError, StoredResponse,
+};
+
+/// A store that remembers the ids of the records claimed through it.
+pub struct Tracked {
+    inner: Arc<dyn Store>,
+    // Every id a claim created; a retry's claim finds the record and adds nothing.
+    claimed: Mutex<HashSet<RecordId>>,
+}
+
+impl Tracked {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn Store>) -> Tracked {
+        Tracked {
+            inner,
+            claimed: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// How many records the lab has claimed so far.
+    pub fn claimed(&self) -> usize {
+        self.claimed.lock().map(|c| c.len()).unwrap_or(0)
+    }
+
+    /// Deletes every record claimed through this store, each within `timeout`. Returns how
+    /// many could not be deleted (the store did not answer).
+    pub async fn remove_all(&self, timeout: Duration) -> usize {
+        let ids: Vec<RecordId> = match self.claimed.lock() {
+            Ok(mut c) => c.drain().collect(),
+            Err(_) => return 0,
+        };
+        let mut failed = 0;
+        for id in ids {
+            // Forced: the lab's idemgate has stopped, so no owner is still working on them.
+            if deadline(timeout, self.inner.delete(&id, true))
+                .await
+                .is_err()
+            {
+                failed += 1;
+            }
+        }
+        failed
+    }
+}
+
+impl Store for Tracked {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move {
+            // Noted before the call: a claim whose answer is lost may still have landed.
+            if let Ok(mut c) = self.claimed.lock() {
+                c.insert(req.id);
+            }
+            self.inner.claim(req).await
+        })
+    }
+
+    fn record<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        response: &'a StoredResponse,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.record(id, owner, response)
+    }
+
+    fn renew<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.renew(id, owner, lease)
+    }
+
+    fn mark_unknown<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.mark_unknown(id, owner)
+    }
+
+    fn release<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        linger: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.release(id, owner, linger)
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        id: &'a RecordId,
+        with_body: bool,
+    ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>> {
+        self.inner.inspect(id, with_body)
+    }
+
+    fn delete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
+        self.inner.delete(id, force)
+    }
+
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        response: &'a StoredResponse,
+        force: bool,
+    ) -> BoxFuture<'a, Result<crate::store::Completed, StoreError>> {
+        self.inner.complete(id, response, force)
+    }
+
+    fn list<'a>(
+        &'a self,
+        state: Option<crate::store::RecordState>,
+        cursor: &'a str,
+        count: usize,
+    ) -> BoxFuture<'a, Result<crate::store::Page, StoreError>> {
+        self.inner.list(state, cursor, count)
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.ping()
+    }
+
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>> {
+        self.inner.scope_secret()
+    }
+
+    fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
+        self.inner.server_stats()
+    }
+}
