@@ -76,8 +76,52 @@ pub struct Config {
     /// When set, every admin endpoint but the probes (`/healthz`, `/readyz`) wants
     /// `Authorization: Bearer <token>`.
     pub admin_token: Option<Secret>,
-    /// Redis URL; absent: the embedded in-memory store.
+    /// Directory of the persistent embedded store (an SQLite database): records survive a
+    /// restart. Absent (and no `redis_url`): records live in this process's memory.
+    pub store_path: Option<PathBuf>,
+    /// PostgreSQL URL (`postgres://user:password@host/db`): records in one table that
+    /// several instances share. No TLS yet.
+    pub postgres_url: Option<Secret>,
+    /// Redis URL; absent (and no sentinels, cluster nodes, `store_path` or
+    /// `postgres_url`): the embedded in-memory store.
     pub redis_url: Option<String>,
+    /// Sentinels (`host:port`) that name the current primary of `redis_sentinel_master`.
+    #[serde(default)]
+    pub redis_sentinels: Vec<String>,
+    /// The master name the sentinels monitor.
+    #[serde(default)]
+    pub redis_sentinel_master: Option<String>,
+    /// Seed nodes (`host:port`) of a Redis Cluster.
+    #[serde(default)]
+    pub redis_cluster_nodes: Vec<String>,
+    /// TLS to sentinels and cluster nodes (a URL says it with `rediss://`).
+    #[serde(default)]
+    pub redis_tls: bool,
+    /// PEM file of the CA(s) that signed the Redis servers' certificates; absent: the
+    /// system's roots.
+    #[serde(default)]
+    pub redis_tls_ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate chain, for servers with `tls-auth-clients yes`.
+    #[serde(default)]
+    pub redis_tls_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of `redis_tls_cert_file`.
+    #[serde(default)]
+    pub redis_tls_key_file: Option<std::path::PathBuf>,
+    /// Accept any server certificate: encrypted but not authenticated. Never in production.
+    #[serde(default)]
+    pub redis_tls_insecure: bool,
+    /// ACL user for every Redis node and sentinel.
+    #[serde(default)]
+    pub redis_username: Option<String>,
+    /// Its password (better from `IDEMGATE_REDIS_PASSWORD` than from a file).
+    #[serde(default)]
+    pub redis_password: Option<Secret>,
+    /// Claims and records count as written only once this many replicas have them (`WAIT`).
+    #[serde(default)]
+    pub min_replicas_ack: u32,
+    /// How long `WAIT` may take (shorter than `store_timeout`).
+    #[serde(default = "default_replica_ack_timeout", with = "humantime_serde")]
+    pub replica_ack_timeout: Duration,
     /// Whose records these are, when several services share one store: records of
     /// different namespaces never meet. Required with a shared store (Redis).
     pub namespace: Option<String>,
@@ -111,9 +155,21 @@ pub struct Config {
     pub redis_info_interval: Duration,
     /// The embedded store answers 503 instead of holding more records than this.
     pub memory_max_records: usize,
-    /// How long a client may take to send the request headers.
+    /// ... or more bytes than this (records, their headers and bodies, and their upkeep);
+    /// an answer that would not fit is recorded without its body.
+    pub memory_max_bytes: usize,
+    /// How long a client may take to send a request head, counted from accept for its
+    /// first request (a connection that sends nothing is closed after it too).
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
+    /// How long a keep-alive connection may sit idle (no request, no bytes) before it is
+    /// closed.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Open client connections at most; beyond, new ones are closed as soon as accepted.
+    pub max_connections: usize,
+    /// Protected requests in flight at most (per instance); beyond, 503 `overloaded` at once.
+    pub max_in_flight: usize,
     /// How long a client may take to send a protected request's body (408 after).
     #[serde(with = "humantime_serde")]
     pub body_read_timeout: Duration,
@@ -203,6 +259,9 @@ pub struct Defaults {
     pub upstream_timeout: Duration,
     /// Largest protected body that is buffered (413 above).
     pub max_body_bytes: u64,
+    /// Largest upstream answer that is recorded; a larger one still reaches its client,
+    /// streamed, but is recorded without its body.
+    pub max_response_bytes: u64,
     /// Longest accepted key.
     pub max_key_length: usize,
     /// Headers whose values identify the tenant.
@@ -245,6 +304,7 @@ pub struct Route {
     #[serde(default, with = "humantime_serde")]
     pub upstream_timeout: Option<Duration>,
     pub max_body_bytes: Option<u64>,
+    pub max_response_bytes: Option<u64>,
     pub max_key_length: Option<usize>,
     pub tenant_headers: Option<Vec<String>>,
     pub tenant_jwt_claim: Option<String>,
@@ -272,6 +332,20 @@ impl Default for Config {
             admin_listen: Some(SocketAddr::from(([127, 0, 0, 1], 9901))),
             admin_token: None,
             redis_url: None,
+            store_path: None,
+            postgres_url: None,
+            redis_sentinels: Vec::new(),
+            redis_sentinel_master: None,
+            redis_cluster_nodes: Vec::new(),
+            redis_tls: false,
+            redis_tls_ca_file: None,
+            redis_tls_cert_file: None,
+            redis_tls_key_file: None,
+            redis_tls_insecure: false,
+            redis_username: None,
+            redis_password: None,
+            min_replicas_ack: 0,
+            replica_ack_timeout: default_replica_ack_timeout(),
             namespace: None,
             jwt_hs256_secret: None,
             jwks_file: None,
@@ -283,7 +357,14 @@ impl Default for Config {
             upstream_idle_timeout: UPSTREAM_IDLE_TIMEOUT,
             redis_connect_timeout: Duration::from_secs(1),
             memory_max_records: 1_000_000,
+            memory_max_bytes: 1024 * 1024 * 1024,
             header_read_timeout: Duration::from_secs(10),
+            // Longer than the usual load balancer's idle timeout (60 s), so that it is the
+            // balancer, not idemgate, that closes an idle connection: otherwise a request it
+            // sends just as idemgate closes is lost.
+            idle_timeout: Duration::from_secs(75),
+            max_connections: 4096,
+            max_in_flight: 1024,
             body_read_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
             worker_threads: 1,
@@ -292,6 +373,10 @@ impl Default for Config {
             routes: Vec::new(),
         }
     }
+}
+
+fn default_replica_ack_timeout() -> Duration {
+    Duration::from_millis(200)
 }
 
 impl Default for Defaults {
@@ -303,6 +388,7 @@ impl Default for Defaults {
             lease: Duration::from_secs(10),
             upstream_timeout: Duration::from_secs(30),
             max_body_bytes: 1024 * 1024,
+            max_response_bytes: 4 * 1024 * 1024,
             max_key_length: 255,
             tenant_headers: vec!["Authorization".into()],
             tenant_jwt_claim: None,
@@ -355,6 +441,7 @@ impl Config {
             ("IDEMGATE_ADMIN_TOKEN", "admin_token"),
             ("IDEMGATE_JWT_HS256_SECRET", "jwt_hs256_secret"),
             ("IDEMGATE_NAMESPACE", "namespace"),
+            ("IDEMGATE_REDIS_PASSWORD", "redis_password"),
         ] {
             if let Ok(value) = std::env::var(var) {
                 f = f.merge(Serialized::global(key, value));
@@ -385,6 +472,7 @@ const NOT_SETTINGS: &[&str] = &[
     "JWT_HS256_SECRET",
     "NAMESPACE",
     "ENCRYPTION_KEYS",
+    "REDIS_PASSWORD",
 ];
 
 /// The shape of the configuration, as the defaults serialize: which environment names
@@ -501,6 +589,8 @@ pub struct Policy {
     #[allow(missing_docs)]
     pub max_body_bytes: u64,
     #[allow(missing_docs)]
+    pub max_response_bytes: u64,
+    #[allow(missing_docs)]
     pub max_key_length: usize,
     /// Where the tenant comes from (`tenant_headers` or `tenant_jwt_claim`).
     pub tenant: TenantSource,
@@ -551,6 +641,8 @@ pub struct Settings {
     pub default_policy: Arc<Policy>,
     /// Routes, longest prefix first, each prefix in the normal form of its own rules.
     pub routes: Vec<(String, Arc<Policy>)>,
+    /// The Redis store, when one is configured.
+    pub redis: Option<crate::store::RedisSetup>,
     /// The namespace of every record id (`default` on the embedded store).
     pub namespace: String,
     /// Verifies bearer tokens for `tenant_jwt_claim`; present when keys are configured.
@@ -583,6 +675,7 @@ impl Settings {
             ("header_read_timeout", config.header_read_timeout),
             ("redis_info_interval", config.redis_info_interval),
             ("body_read_timeout", config.body_read_timeout),
+            ("idle_timeout", config.idle_timeout),
         ] {
             if d.is_zero() {
                 return Err(invalid(key, "must be greater than zero"));
@@ -597,11 +690,34 @@ impl Settings {
                 ));
             }
         }
-        if config.memory_max_records == 0 {
-            return Err(invalid("memory_max_records", "must be at least 1"));
+        for (key, n) in [
+            ("memory_max_records", config.memory_max_records),
+            ("memory_max_bytes", config.memory_max_bytes),
+            ("max_connections", config.max_connections),
+            ("max_in_flight", config.max_in_flight),
+        ] {
+            if n == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
         }
         if config.worker_threads == 0 {
             return Err(invalid("worker_threads", "must be at least 1"));
+        }
+        let stores = [
+            config.redis_url.is_some(),
+            config.store_path.is_some(),
+            config.postgres_url.is_some(),
+        ];
+        if stores.iter().filter(|s| **s).count() > 1 {
+            return Err(invalid(
+                "store_path",
+                "redis_url, store_path and postgres_url exclude each other: choose one store",
+            ));
+        }
+        if let Some(url) = &config.postgres_url {
+            url.expose()
+                .parse::<tokio_postgres::Config>()
+                .map_err(|e| invalid("postgres_url", e.to_string()))?;
         }
         if let Some(endpoint) = &config.otlp_endpoint {
             let ok = endpoint
@@ -615,10 +731,15 @@ impl Settings {
                 ));
             }
         }
-        if let Some(url) = &config.redis_url {
-            redis::Client::open(url.as_str()).map_err(|e| invalid("redis_url", e.to_string()))?;
+        let redis = crate::store::RedisSetup::from_config(&config)?;
+        if redis.is_some() && (config.store_path.is_some() || config.postgres_url.is_some()) {
+            return Err(invalid(
+                "store_path",
+                "Redis, store_path and postgres_url exclude each other: choose one store",
+            ));
         }
-        let namespace = match (&config.namespace, &config.redis_url) {
+        let shared = redis.is_some() || config.postgres_url.is_some();
+        let namespace = match (&config.namespace, shared) {
             (Some(ns), _) => {
                 let ok = (1..=64).contains(&ns.len())
                     && ns
@@ -632,13 +753,13 @@ impl Settings {
                 }
                 ns.clone()
             }
-            (None, Some(_)) => {
+            (None, true) => {
                 return Err(invalid(
                     "namespace",
-                    "is required with redis_url: name the service whose records these are (e.g. `payments`), so that two services sharing one Redis never see each other's records",
+                    "is required with Redis and PostgreSQL: name the service whose records these are (e.g. `payments`), so that two services sharing one store never see each other's records",
                 ))
             }
-            (None, None) => "default".to_string(),
+            (None, false) => "default".to_string(),
         };
         if let Some(secret) = &config.jwt_hs256_secret {
             if secret.expose().len() < 32 {
@@ -711,6 +832,7 @@ impl Settings {
             upstream,
             default_policy,
             routes,
+            redis,
             namespace,
             jwt,
             envelope,
@@ -958,6 +1080,7 @@ fn resolve(
         lease: r.lease.unwrap_or(d.lease),
         upstream_timeout: r.upstream_timeout.unwrap_or(d.upstream_timeout),
         max_body_bytes: r.max_body_bytes.unwrap_or(d.max_body_bytes),
+        max_response_bytes: r.max_response_bytes.unwrap_or(d.max_response_bytes),
         max_key_length: r.max_key_length.unwrap_or(d.max_key_length),
         tenant,
         anonymous: r.anonymous.unwrap_or(d.anonymous),
@@ -993,6 +1116,9 @@ fn resolve(
     if p.max_body_bytes == 0 {
         return Err(invalid(key_of("max_body_bytes"), "must be at least 1"));
     }
+    if p.max_response_bytes == 0 {
+        return Err(invalid(key_of("max_response_bytes"), "must be at least 1"));
+    }
     Ok(p)
 }
 
@@ -1009,6 +1135,7 @@ fn matches_override(r: &Route, name: &str) -> bool {
         "retention" => r.retention.is_some(),
         "max_key_length" => r.max_key_length.is_some(),
         "max_body_bytes" => r.max_body_bytes.is_some(),
+        "max_response_bytes" => r.max_response_bytes.is_some(),
         _ => false,
     }
 }
@@ -1032,6 +1159,7 @@ mod tests {
         assert_eq!(p.retention, Duration::from_secs(86400));
         assert_eq!(p.lease, Duration::from_secs(10));
         assert_eq!(p.max_body_bytes, 1048576);
+        assert_eq!(p.max_response_bytes, 4 * 1048576);
         assert_eq!(
             s.config.admin_listen,
             Some("127.0.0.1:9901".parse().unwrap())
@@ -1084,6 +1212,19 @@ mod tests {
                 "routes[0].fingerprint_ignore",
             ),
             ("redis_url = \"nope://\"", "redis_url"),
+            (
+                "redis_url = \"redis://127.0.0.1:6379/0\"\nnamespace = \"p\"\nstore_path = \"/tmp/x\"",
+                "store_path",
+            ),
+            ("postgres_url = \"postgres://x@127.0.0.1/db\"", "namespace"),
+            ("postgres_url = \"postgres://x@127.0.0.1/db?sslmode=nope\"\nnamespace = \"p\"", "postgres_url"),
+            ("max_in_flight = 0", "max_in_flight"),
+            ("max_connections = 0", "max_connections"),
+            ("idle_timeout = \"0s\"", "idle_timeout"),
+            (
+                "[[routes]]\npath = \"/a\"\nmax_response_bytes = 0",
+                "routes[0].max_response_bytes",
+            ),
         ] {
             let err = settings(toml).unwrap_err().to_string();
             assert!(err.contains(key), "{toml:?}: {err}");

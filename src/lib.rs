@@ -10,8 +10,12 @@
 //!   JWT claim), the namespace, and the keyed hash that makes them a record id.
 //! - [`fingerprint`]: what makes two requests "the same": canonical JSON, forms, raw bytes.
 //! - [`store`]: the [`store::Store`] trait, the embedded [`store::MemoryStore`] and
-//!   [`store::RedisStore`].
+//!   [`store::RedisStore`]; `store::redis_setup` validates how Redis is reached (one
+//!   server, Sentinel, Cluster, TLS, ACL user, replica acknowledgement) and
+//!   `store::redis_link` holds the connection for each topology.
 //! - [`proxy`]: the hyper service and the claim → forward → record → replay flow.
+//! - [`answer`]: reading an upstream's answer up to `max_response_bytes`, streaming the
+//!   rest.
 //! - [`request_id`]: `X-Request-Id`, kept or made up, passed on and logged.
 //! - [`retry_after`]: the `Retry-After` of a 409 in-progress, from the lease and the
 //!   route's typical upstream time.
@@ -23,6 +27,8 @@
 //! - [`metrics`]: the Prometheus registry, the timing store wrapper and the Redis `INFO`
 //!   watcher.
 //! - [`probe`]: `idemgate probe URL`, the container health check.
+//! - [`connection`]: what one client connection may hold: head and idle deadlines from
+//!   accept on, and the cap on open connections.
 //! - [`server`]: start-up checks, accept loops and graceful shutdown.
 //! - [`telemetry`]: OpenTelemetry spans for protected requests (`otlp_endpoint`).
 //! - [`body`]: the body type shared by all of the above.
@@ -30,8 +36,10 @@
 //!   bank, a day of retrying traffic and an auditor (`idemgate bank`, `idemgate lab`).
 
 pub mod admin;
+pub mod answer;
 pub mod body;
 pub mod config;
+pub mod connection;
 pub mod fingerprint;
 pub mod key;
 pub mod lab;

@@ -86,8 +86,12 @@ struct Overrides {
     #[arg(long, value_name = "URL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     redis_url: Option<String>,
-    /// Whose records these are, when several services share one store (required with Redis)
-    /// [default: none]
+    /// Directory of the persistent embedded store (records survive a restart).
+    #[arg(long, value_name = "DIR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store_path: Option<std::path::PathBuf>,
+    /// Whose records these are, when several services share one store (required with Redis
+    /// and PostgreSQL) [default: none]
     #[arg(long, value_name = "NAME")]
     #[serde(skip_serializing_if = "Option::is_none")]
     namespace: Option<String>,
@@ -322,7 +326,15 @@ fn serve(settings: idemgate::config::Settings) -> ExitCode {
                 .config
                 .admin_listen
                 .map_or_else(|| "off".to_string(), |a| a.to_string()),
-            store = if settings.config.redis_url.is_some() { "redis" } else { "memory" },
+            store = if settings.redis.is_some() {
+                "redis"
+            } else if settings.config.postgres_url.is_some() {
+                "postgres"
+            } else if settings.config.store_path.is_some() {
+                "sqlite"
+            } else {
+                "memory"
+            },
             tracing = idemgate::telemetry::enabled(),
             version = env!("CARGO_PKG_VERSION"),
             "idemgate starting"

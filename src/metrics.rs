@@ -29,7 +29,7 @@ use crate::store::{
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Every outcome, in declaration order (`Outcome as usize` indexes this).
-const OUTCOMES: [Outcome; 11] = [
+const OUTCOMES: [Outcome; 13] = [
     Outcome::Forwarded,
     Outcome::Replayed,
     Outcome::InProgress,
@@ -40,6 +40,8 @@ const OUTCOMES: [Outcome; 11] = [
     Outcome::StoreError,
     Outcome::UpstreamError,
     Outcome::Ambiguous,
+    Outcome::NotStored,
+    Outcome::Overloaded,
     Outcome::Released,
 ];
 
@@ -325,6 +327,16 @@ impl Store for Instrumented {
         self.timed(StoreOp::Record, self.store_timeout, call)
     }
 
+    fn record_not_kept<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        status: u16,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let call = self.inner.record_not_kept(id, owner, status);
+        self.timed(StoreOp::Record, self.store_timeout, call)
+    }
+
     fn renew<'a>(
         &'a self,
         id: &'a RecordId,
@@ -493,6 +505,8 @@ mod tests {
             | Outcome::StoreError
             | Outcome::UpstreamError
             | Outcome::Ambiguous
+            | Outcome::NotStored
+            | Outcome::Overloaded
             | Outcome::Released => (),
         };
     }

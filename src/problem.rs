@@ -48,6 +48,11 @@ pub enum Problem {
     UpstreamUnreachable,
     /// The request was sent and no complete answer came back.
     UpstreamTimeout,
+    /// The request was executed, but its answer was too large to keep, so it cannot be
+    /// replayed.
+    ResponseNotStored,
+    /// Too many protected requests are in flight (`max_in_flight`); nothing was claimed.
+    Overloaded,
     /// Admin API: a release refused because the record's owner may still be working on it.
     OwnerBusy,
     /// A recorded answer exists and cannot be opened (its encryption key was removed).
@@ -72,6 +77,8 @@ impl Problem {
             Problem::StoreUnavailable => "store-unavailable",
             Problem::UpstreamUnreachable => "upstream-unreachable",
             Problem::UpstreamTimeout => "upstream-timeout",
+            Problem::ResponseNotStored => "response-not-stored",
+            Problem::Overloaded => "overloaded",
             Problem::OwnerBusy => "owner-busy",
             Problem::RecordUnreadable => "record-unreadable",
         }
@@ -88,11 +95,12 @@ impl Problem {
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Problem::BodyUnreadable => StatusCode::BAD_REQUEST,
-            Problem::InProgress | Problem::OutcomeUnknown | Problem::OwnerBusy => {
-                StatusCode::CONFLICT
-            }
+            Problem::InProgress
+            | Problem::OutcomeUnknown
+            | Problem::ResponseNotStored
+            | Problem::OwnerBusy => StatusCode::CONFLICT,
             Problem::FingerprintMismatch => StatusCode::UNPROCESSABLE_ENTITY,
-            Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::StoreUnavailable | Problem::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Problem::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
             Problem::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Problem::RecordUnreadable => StatusCode::INTERNAL_SERVER_ERROR,
@@ -119,6 +127,10 @@ impl Problem {
             Problem::StoreUnavailable => "The idempotency store is unavailable",
             Problem::UpstreamUnreachable => "The upstream could not be reached",
             Problem::UpstreamTimeout => "The upstream did not answer completely in time",
+            Problem::ResponseNotStored => {
+                "The request with this Idempotency-Key was executed, but its answer was not kept"
+            }
+            Problem::Overloaded => "Too many requests are in progress",
             Problem::OwnerBusy => "The record's owner may still be working on it",
             Problem::RecordUnreadable => {
                 "The recorded answer for this Idempotency-Key cannot be read"

@@ -21,9 +21,11 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, DATE, SET_COOKIE};
 use hyper::{Request, Response, StatusCode};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::TaskTracker;
 use tracing::Span;
 
+use crate::answer::{self, Answer};
 use crate::body::{self, Body};
 use crate::config::{Anonymous, OnAmbiguous, OnStoreError, Policy, Settings};
 use crate::fingerprint::{self, RequestParts, FINGERPRINT_VERSION};
@@ -63,6 +65,10 @@ pub enum Outcome {
     UpstreamError,
     /// Sent, outcome unknown (504), or a retry of such a request (409 outcome-unknown).
     Ambiguous,
+    /// A retry of a request whose answer was too large to keep (409 response-not-stored).
+    NotStored,
+    /// Refused at once, nothing claimed: `max_in_flight` protected requests were running.
+    Overloaded,
     /// Sent; the upstream's answer has a `release_on_status` status: passed on, not
     /// recorded, the claim released.
     Released,
@@ -82,6 +88,8 @@ impl Outcome {
             Outcome::StoreError => "store_error",
             Outcome::UpstreamError => "upstream_error",
             Outcome::Ambiguous => "ambiguous",
+            Outcome::NotStored => "not_stored",
+            Outcome::Overloaded => "overloaded",
             Outcome::Released => "released",
         }
     }
@@ -103,6 +111,9 @@ struct Shared {
     tasks: TaskTracker,
     // Outcomes and latencies; shared with the admin listener's /metrics.
     metrics: Arc<Metrics>,
+    // One permit per protected request from its key to the end of its exchange (a detached
+    // exchange included): `max_in_flight` bounds the bodies and answers held at once.
+    in_flight: Arc<Semaphore>,
 }
 
 /// How long the upstream took, carried on a response from where it is measured to the
@@ -116,6 +127,8 @@ struct Claimed {
     owner: OwnerToken,
     policy: Arc<Policy>,
     request: Request<Body>,
+    // Held until the exchange and its record are done.
+    _permit: OwnedSemaphorePermit,
     // The request's span (none with tracing off): parent of the upstream and record spans.
     span: Span,
 }
@@ -133,8 +146,10 @@ impl Proxy {
             upstream::CONNECT_TIMEOUT,
             settings.config.upstream_idle_timeout,
         );
+        let in_flight = Arc::new(Semaphore::new(settings.config.max_in_flight));
         Proxy {
             shared: Arc::new(Shared {
+                in_flight,
                 settings,
                 store,
                 scoper,
@@ -286,6 +301,17 @@ impl Proxy {
         if let Some(p) = forward_path {
             set_path(&mut parts.uri, &p);
         }
+        // Taken before the body is read: beyond the cap nothing is buffered or claimed, and
+        // the answer comes at once, so the client's retry finds the key free.
+        let Ok(permit) = self.shared.in_flight.clone().try_acquire_owned() else {
+            let res = Problem::Overloaded.response(
+                "too many requests are in progress; nothing was done, retry later",
+                None,
+                Some(1),
+            );
+            log(&res, Outcome::Overloaded, &policy);
+            return res;
+        };
         let body = match self
             .read_body(&parts.headers, incoming, policy.max_body_bytes)
             .await
@@ -349,6 +375,7 @@ impl Proxy {
             request_id,
             span,
             started,
+            permit,
         };
         self.settle(found, protected).await
     }
@@ -401,6 +428,7 @@ impl Proxy {
             request_id,
             span,
             started,
+            permit,
         } = protected;
         let id = claim.id;
         let claimed = Claimed {
@@ -408,6 +436,7 @@ impl Proxy {
             owner: claim.owner,
             policy: policy.clone(),
             request,
+            _permit: permit,
             span: span.clone(),
         };
         let this = self.clone();
@@ -459,6 +488,14 @@ impl Proxy {
             ),
             Ok(Claim::Claimed) => return self.forward_claimed(protected).await,
             Ok(Claim::Replay(stored)) => (replay(stored), Outcome::Replayed),
+            Ok(Claim::NotKept { status }) => (
+                Problem::ResponseNotStored.response(
+                    format!("this request was executed once and answered with status {status}, but the answer was larger than max_response_bytes (or did not fit in the store) and was not kept, so it cannot be replayed; it will not be sent again"),
+                    Some(&id),
+                    None,
+                ),
+                Outcome::NotStored,
+            ),
             Ok(Claim::InFlight { lease_left }) => {
                 let policy = &protected.policy;
                 let typical = policy.upstream_time.get();
@@ -756,6 +793,7 @@ struct Protected {
     request_id: HeaderValue,
     span: Span,
     started: Instant,
+    permit: OwnedSemaphorePermit,
 }
 
 /// A claim on its way to the store. Dropped armed (its request's future was dropped: the
@@ -854,6 +892,7 @@ async fn exchange(
         owner,
         policy,
         mut request,
+        _permit,
         span,
     } = claimed;
     upstream::prepare(&mut request, &shared.settings.upstream, peer);
@@ -868,12 +907,10 @@ async fn exchange(
             .await
             .map_err(ExchangeError::Request)?;
         let (parts, body) = res.into_parts();
-        let bytes = body
-            .collect()
+        let answer = answer::read(&parts.headers, body, policy.max_response_bytes)
             .await
-            .map_err(ExchangeError::Body)?
-            .to_bytes();
-        Ok::<_, ExchangeError>((parts, bytes))
+            .map_err(ExchangeError::Body)?;
+        Ok::<_, ExchangeError>((parts, answer))
     };
     let timed = async {
         tokio::time::timeout(policy.upstream_timeout, call)
@@ -890,7 +927,7 @@ async fn exchange(
     let (mut res, outcome) = match result {
         // An answer that says the upstream did nothing (`release_on_status`): passed on, and
         // the claim released so that the retry executes.
-        Ok((mut parts, bytes)) if policy.release_on_status.contains(&parts.status.as_u16()) => {
+        Ok((mut parts, answer)) if policy.release_on_status.contains(&parts.status.as_u16()) => {
             upstream::strip_hop_by_hop(&mut parts.headers);
             let status = parts.status.as_u16();
             tracing::info!(record = %id, status, "answer not recorded (release_on_status); releasing the claim");
@@ -900,11 +937,28 @@ async fn exchange(
                 release_in_background(shared, id, owner, linger);
             }
             (
-                Response::from_parts(parts, body::full(bytes)),
+                Response::from_parts(
+                    parts,
+                    match answer {
+                        Answer::Whole(bytes) => body::full(bytes),
+                        Answer::TooLarge { read, rest } => body::prefixed(read, rest),
+                    },
+                ),
                 Outcome::Released,
             )
         }
-        Ok((mut parts, bytes)) => {
+        Ok((mut parts, Answer::TooLarge { read, rest })) => {
+            policy.upstream_time.observe(latency.0);
+            upstream::strip_hop_by_hop(&mut parts.headers);
+            let status = parts.status.as_u16();
+            tracing::info!(record = %id, status, max_response_bytes = policy.max_response_bytes, "answer larger than max_response_bytes: streamed to the client, recorded without its body");
+            record_not_kept(shared, &id, &owner, status).await;
+            (
+                Response::from_parts(parts, body::prefixed(read, rest)),
+                Outcome::Forwarded,
+            )
+        }
+        Ok((mut parts, Answer::Whole(bytes))) => {
             policy.upstream_time.observe(latency.0);
             upstream::strip_hop_by_hop(&mut parts.headers);
             let stored = StoredResponse {
@@ -923,6 +977,12 @@ async fn exchange(
             drop(record_span);
             match recorded {
                 Ok(true) => {}
+                // No room for this answer (the embedded store's byte cap, Redis out of
+                // memory): the status alone still keeps retries from executing again.
+                Err(StoreError::Full(e)) => {
+                    tracing::warn!(record = %id, error = %e, "no room in the store for the answer; recording it without its body");
+                    record_not_kept(shared, &id, &owner, stored.status).await;
+                }
                 Ok(false) => {
                     tracing::warn!(record = %id, "record no longer owned (released by an operator?); response not stored")
                 }
@@ -983,6 +1043,22 @@ async fn exchange(
     };
     res.extensions_mut().insert(latency);
     (res, outcome)
+}
+
+/// Completes a record without its body, logging what went wrong.
+async fn record_not_kept(shared: &Shared, id: &RecordId, owner: &OwnerToken, status: u16) {
+    let store_timeout = shared.settings.config.store_timeout;
+    let call = shared.store.record_not_kept(id, owner, status);
+    match deadline(store_timeout, call).await {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(record = %id, "record no longer owned (released by an operator?); outcome not stored")
+        }
+        // As for a full answer: the lease runs out and retries see `unknown`.
+        Err(e) => {
+            tracing::error!(record = %id, error = %e, "could not record the upstream's answer")
+        }
+    }
 }
 
 /// Awaits `work` while renewing the lease every third of its length. The fast path (an

@@ -12,18 +12,21 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admin::Admin;
 use crate::config::{Config, ConfigError, Settings};
+use crate::connection::{Deadlines, Watch, Watched};
 use crate::metrics::{self, Instrumented, Metrics};
 use crate::operator::Resolver;
 use crate::proxy::Proxy;
 use crate::scope::Scoper;
 use crate::store::seal::Enveloped;
-use crate::store::{MemoryStore, RedisStore, Store, StoreError};
+use crate::store::{MemoryStore, PostgresStore, RedisStore, SqliteStore, Store, StoreError};
 
 /// Why idemgate could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +71,8 @@ impl Error {
     }
 }
 
-/// Opens the configured store (Redis when `redis_url` is set, else the embedded one) and
+/// Opens the configured store (Redis when `redis_url`, `redis_sentinels` or
+/// `redis_cluster_nodes` is set, else the embedded one) and
 /// reads the secret that its record ids are keyed with.
 pub async fn open_store(settings: &Settings) -> Result<(Arc<dyn Store>, Scoper), Error> {
     let mut store = open_backend(settings).await?;
@@ -88,19 +92,35 @@ pub async fn open_store(settings: &Settings) -> Result<(Arc<dyn Store>, Scoper),
 
 async fn open_backend(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
     let c = &settings.config;
-    let Some(url) = &c.redis_url else {
+    if let Some(url) = &c.postgres_url {
+        let store =
+            PostgresStore::connect(url.expose(), c.redis_connect_timeout, c.store_timeout).await?;
+        store.spawn_sweeper(Duration::from_secs(10));
+        tracing::info!("connected to PostgreSQL");
+        return Ok(Arc::new(store));
+    }
+    if let (None, Some(dir)) = (&settings.redis, &c.store_path) {
+        let dir = dir.clone();
+        let store = tokio::task::spawn_blocking(move || SqliteStore::open(&dir))
+            .await
+            .map_err(|e| StoreError::Backend(format!("opening the store: {e}")))??;
+        store.spawn_sweeper(Duration::from_secs(10));
+        tracing::info!(path = %store.path().display(), "using the persistent embedded store");
+        return Ok(Arc::new(store));
+    }
+    let Some(setup) = &settings.redis else {
         tracing::warn!(
-            "using the embedded in-memory store: records do not survive a restart and are not shared between instances; set redis_url for production"
+            "using the embedded in-memory store: records do not survive a restart and are not shared between instances; set store_path or redis_url for production"
         );
-        let store = MemoryStore::new(c.memory_max_records);
+        let store = MemoryStore::with_limits(c.memory_max_records, c.memory_max_bytes);
         store.spawn_sweeper(Duration::from_secs(10));
         return Ok(Arc::new(store));
     };
     let at = |source| Error::RedisUnreachable {
-        addr: redis_addr(url),
+        addr: setup.addresses(),
         source,
     };
-    let store = RedisStore::connect(url, c.redis_connect_timeout, c.store_timeout)
+    let store = RedisStore::open(setup, c.redis_connect_timeout, c.store_timeout)
         .await
         .map_err(at)?;
     let info = crate::store::deadline(c.store_timeout, store.server_info())
@@ -116,15 +136,6 @@ async fn open_backend(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
     }
     tracing::info!(redis_version = %info.version, "connected to Redis");
     Ok(Arc::new(store))
-}
-
-/// Where a Redis URL points, without its user name or password.
-fn redis_addr(url: &str) -> String {
-    use redis::IntoConnectionInfo;
-    match url.into_connection_info() {
-        Ok(info) => info.addr().to_string(),
-        Err(_) => "the configured redis_url".to_string(),
-    }
 }
 
 /// A running idemgate, started in-process (tests, the lab).
@@ -248,9 +259,16 @@ pub async fn serve(
 ) {
     let tasks = TaskTracker::new();
     let stop = CancellationToken::new();
-    let grace = settings.config.shutdown_grace;
-    let header_timeout = settings.config.header_read_timeout;
-    let store_timeout = settings.config.store_timeout;
+    let c = &settings.config;
+    let grace = c.shutdown_grace;
+    let store_timeout = c.store_timeout;
+    let limits = ConnLimits {
+        deadlines: Deadlines {
+            header: c.header_read_timeout,
+            idle: c.idle_timeout,
+        },
+        max_connections: c.max_connections,
+    };
     let metrics = Arc::new(Metrics::new());
     let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, metrics.clone(), store_timeout));
     let watcher = tokio::spawn(metrics::watch_store(
@@ -258,16 +276,24 @@ pub async fn serve(
         metrics.clone(),
         settings.config.redis_info_interval,
     ));
+    // Shutdown ends at one deadline, set when it starts; every drain below shares it.
+    let (end_tx, end_rx) = tokio::sync::watch::channel(None::<Instant>);
     let admin_task = admin.map(|l| {
         let token = settings.config.admin_token.clone();
         let resolver = Resolver::new(Arc::new(settings.clone()), scoper.clone());
         let admin = Admin::new(store.clone(), store_timeout, metrics.clone(), token)
             .with_resolver(resolver);
+        // The admin listener has connections of its own, so a flood of client connections
+        // never keeps an operator out.
+        let limits = ConnLimits {
+            max_connections: ADMIN_MAX_CONNECTIONS,
+            ..limits
+        };
         tokio::spawn(accept_loop(
             l,
             stop.clone(),
-            grace,
-            header_timeout,
+            end_rx.clone(),
+            limits,
             move |req, _peer| {
                 let admin = admin.clone();
                 async move { admin.handle(req).await }
@@ -278,8 +304,8 @@ pub async fn serve(
     let proxy_task = tokio::spawn(accept_loop(
         listener,
         stop.clone(),
-        grace,
-        header_timeout,
+        end_rx,
+        limits,
         move |req, peer| {
             let proxy = proxy.clone();
             async move { proxy.handle(req, peer).await }
@@ -287,13 +313,18 @@ pub async fn serve(
     ));
     shutdown.await;
     tracing::info!("shutting down: no new connections, draining in-flight requests");
+    let end = Instant::now() + grace;
+    let _ = end_tx.send(Some(end));
     stop.cancel();
-    let _ = proxy_task.await;
-    // Exchanges whose clients already left still run; they are recorded before we exit.
+    // Connections and the exchanges whose clients already left drain together, within one
+    // grace period in all: what finishes is recorded before we exit.
     tasks.close();
-    if tokio::time::timeout(grace, tasks.wait()).await.is_err() {
-        tracing::warn!("upstream exchanges still running after the shutdown grace period; their records will read as unknown");
-    }
+    let exchanges = async {
+        if tokio::time::timeout_at(end, tasks.wait()).await.is_err() {
+            tracing::warn!("upstream exchanges still running after the shutdown grace period; their records will read as unknown");
+        }
+    };
+    let _ = tokio::join!(proxy_task, exchanges);
     if let Some(t) = admin_task {
         let _ = t.await;
     }
@@ -301,11 +332,22 @@ pub async fn serve(
     tracing::info!("stopped");
 }
 
+/// Connections the admin listener holds open at most: enough for probes, scrapes and an
+/// operator, and separate from `max_connections`.
+const ADMIN_MAX_CONNECTIONS: usize = 64;
+
+/// What a listener's connections may hold.
+#[derive(Clone, Copy)]
+struct ConnLimits {
+    deadlines: Deadlines,
+    max_connections: usize,
+}
+
 async fn accept_loop<F, Fut>(
     listener: TcpListener,
     stop: CancellationToken,
-    grace: Duration,
-    header_timeout: Duration,
+    mut end: tokio::sync::watch::Receiver<Option<Instant>>,
+    limits: ConnLimits,
     handler: F,
 ) where
     F: Fn(hyper::Request<hyper::body::Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
@@ -315,7 +357,10 @@ async fn accept_loop<F, Fut>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout)
+        // Head and idle deadlines are kept by `connection::Watch`, from accept on; hyper's
+        // own timer would start late (after protocol detection) and would count keep-alive
+        // idleness as head time.
+        .header_read_timeout(None)
         // A client that sends a whole request and hangs up (a load balancer cutting the
         // connection, a phone in a tunnel) is the client this product exists for: its
         // request must still be claimed, forwarded and recorded so that its retry gets
@@ -323,6 +368,8 @@ async fn accept_loop<F, Fut>(
         // the EOF, sometimes before the claim.
         .half_close(true);
     let graceful = GracefulShutdown::new();
+    let open = Arc::new(Semaphore::new(limits.max_connections));
+    let mut refused_since_log = 0u64;
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -336,24 +383,64 @@ async fn accept_loop<F, Fut>(
             },
             _ = stop.cancelled() => break,
         };
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            // Closed at once: its file descriptor is back before the next accept.
+            drop(stream);
+            refused_since_log += 1;
+            if refused_since_log.is_power_of_two() {
+                tracing::warn!(
+                    max_connections = limits.max_connections,
+                    refused = refused_since_log,
+                    "connection limit reached; closing new connections as they arrive"
+                );
+            }
+            continue;
+        };
+        refused_since_log = 0;
         let _ = stream.set_nodelay(true);
+        let watch = Watch::accepted();
         let handler = handler.clone();
+        let on_request = watch.clone();
         let svc = service_fn(move |req| {
             let handler = handler.clone();
-            async move { Ok::<_, Infallible>(handler(req, peer).await) }
-        });
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), svc)
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, peer = %peer, "connection ended with an error");
+            let serving = on_request.serving();
+            async move {
+                let res = handler(req, peer).await;
+                drop(serving);
+                Ok::<_, Infallible>(res)
             }
+        });
+        let io = TokioIo::new(Watched::new(stream, watch.clone()));
+        let conn = builder.serve_connection(io, svc).into_owned();
+        // Boxed with its output type spelled out: without it, the compiler cannot prove the
+        // spawned future `Send` for every lifetime of hyper's boxed error.
+        let conn: std::pin::Pin<
+            Box<dyn Future<Output = Result<(), crate::body::BoxError>> + Send>,
+        > = Box::pin(graceful.watch(conn));
+        tokio::spawn(async move {
+            match watch.supervise(limits.deadlines, conn).await {
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, peer = %peer, "connection ended with an error")
+                }
+                Some(Ok(())) => {}
+                None => {
+                    tracing::debug!(peer = %peer, "connection closed: no request head in time, or idle")
+                }
+            }
+            drop(permit);
         });
     }
     drop(listener);
-    if tokio::time::timeout(grace, graceful.shutdown())
+    // Set before `stop` is cancelled, so it is there already.
+    let current = *end.borrow_and_update();
+    let end = match current {
+        Some(end) => end,
+        None => match end.changed().await {
+            Ok(()) => end.borrow().unwrap_or_else(Instant::now),
+            Err(_) => Instant::now(),
+        },
+    };
+    if tokio::time::timeout_at(end, graceful.shutdown())
         .await
         .is_err()
     {

@@ -164,6 +164,15 @@ fn the_shipped_kubernetes_configuration_loads() {
         .collect();
     assert!(toml.contains("upstream = "), "{toml}");
     let dir = tempfile::tempdir().unwrap();
+    // The Redis CA and password come from Secrets in the pod; here stand-ins do.
+    let ca = dir.path().join("ca.crt");
+    std::fs::write(
+        &ca,
+        "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let toml = toml.replace("/etc/idemgate-redis-tls/ca.crt", &ca.display().to_string());
+    let toml = format!("redis_password = \"stand-in\"\n{toml}");
     let file = dir.path().join("idemgate.toml");
     std::fs::write(&file, &toml).unwrap();
     let settings = idemgate::Config::load(idemgate::Config::figment(Some(&file)))

@@ -1,5 +1,6 @@
-//! One contract, two stores: every test here runs against the embedded store and against a
-//! real redis-server, through the `Store` trait only.
+//! One contract, four stores: every test here runs against the in-memory store, the
+//! persistent embedded store (SQLite in a temporary directory), a real redis-server and a
+//! real PostgreSQL server, through the `Store` trait only.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -8,24 +9,57 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::postgres::PgServer;
 use common::RedisServer;
 use idemgate::fingerprint::Fingerprint;
 use idemgate::key::{IdempotencyKey, RecordId};
 use idemgate::scope::{ScopeSecret, Scoper, Tenant};
 use idemgate::store::{
-    Claim, ClaimRequest, Deleted, MemoryStore, OwnerToken, RecordState, RedisStore, Store,
-    StoreError, StoredResponse,
+    Claim, ClaimRequest, Completed, Deleted, MemoryStore, OwnerToken, PostgresStore, RecordState,
+    RedisStore, SqliteStore, Store, StoreError, StoredResponse,
 };
 
 struct Fixture {
     store: Arc<dyn Store>,
     _redis: Option<RedisServer>,
+    _dir: Option<tempfile::TempDir>,
+    _pg: Option<PgServer>,
 }
 
 async fn memory() -> Fixture {
     Fixture {
         store: Arc::new(MemoryStore::new(1000)),
         _redis: None,
+        _dir: None,
+        _pg: None,
+    }
+}
+
+async fn sqlite() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
+    Fixture {
+        store: Arc::new(store),
+        _redis: None,
+        _dir: Some(dir),
+        _pg: None,
+    }
+}
+
+async fn postgres() -> Fixture {
+    let server = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
+    let store = PostgresStore::connect(
+        &server.url("postgres"),
+        Duration::from_secs(5),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    Fixture {
+        store: Arc::new(store),
+        _redis: None,
+        _dir: None,
+        _pg: Some(server),
     }
 }
 
@@ -41,6 +75,8 @@ async fn redis() -> Fixture {
     Fixture {
         store: Arc::new(store),
         _redis: Some(server),
+        _dir: None,
+        _pg: None,
     }
 }
 
@@ -91,6 +127,12 @@ macro_rules! contract {
         mod on_memory {
             $( #[tokio::test] async fn $name() { super::$name(super::memory().await).await } )*
         }
+        mod on_sqlite {
+            $( #[tokio::test] async fn $name() { super::$name(super::sqlite().await).await } )*
+        }
+        mod on_postgres {
+            $( #[tokio::test] async fn $name() { super::$name(super::postgres().await).await } )*
+        }
         mod on_redis {
             $( #[tokio::test] async fn $name() { super::$name(super::redis().await).await } )*
         }
@@ -108,8 +150,12 @@ contract!(
     retention_expires_records,
     concurrent_claims_have_one_winner,
     inspect_shows_state_without_body_unless_asked,
+    an_answer_not_kept_completes_the_record_with_its_status_alone,
+    a_multi_mib_answer_replays_exactly_and_goes_with_its_record,
     a_claim_that_arrives_after_its_release_creates_nothing,
     operator_delete_refuses_while_the_owner_may_be_working,
+    operator_complete_resolves_an_unsettled_record_once,
+    list_walks_every_record_in_bounded_pages,
 );
 
 /// How long a release remembers a withdrawn claim, in tests that do not wait for it.
@@ -460,6 +506,131 @@ async fn inspect_shows_state_without_body_unless_asked(f: Fixture) {
     assert!(v.body.unwrap().contains("seen"));
 }
 
+async fn an_answer_not_kept_completes_the_record_with_its_status_alone(f: Fixture) {
+    let a = claim("k", 1, 10_000);
+    f.store.claim(&a).await.unwrap();
+    // Only the owner completes it.
+    let stranger = OwnerToken::random();
+    assert!(!f
+        .store
+        .record_not_kept(&a.id, &stranger, 201)
+        .await
+        .unwrap());
+    assert!(f.store.record_not_kept(&a.id, &a.owner, 201).await.unwrap());
+    let b = claim("k", 1, 10_000);
+    assert_eq!(
+        f.store.claim(&b).await.unwrap(),
+        Claim::NotKept { status: 201 }
+    );
+    // Completed: it cannot be marked unknown, and another request is still a mismatch.
+    assert!(!f.store.mark_unknown(&a.id, &a.owner).await.unwrap());
+    assert_eq!(
+        f.store.claim(&claim("k", 2, 10_000)).await.unwrap(),
+        Claim::Mismatch
+    );
+    let v = f.store.inspect(&a.id, true).await.unwrap().unwrap();
+    assert_eq!(v.state, RecordState::Completed);
+    assert_eq!(v.status, Some(201));
+    assert_eq!(v.body_kept, Some(false));
+    assert!(v.body.is_none());
+    // An answer recorded in full and then (a retried call) not kept is not kept.
+    let c = claim("j", 1, 10_000);
+    f.store.claim(&c).await.unwrap();
+    assert!(f
+        .store
+        .record(&c.id, &c.owner, &response("x"))
+        .await
+        .unwrap());
+    assert!(f.store.record_not_kept(&c.id, &c.owner, 201).await.unwrap());
+    assert_eq!(
+        f.store.claim(&c).await.unwrap(),
+        Claim::NotKept { status: 201 }
+    );
+    assert_eq!(f.store.delete(&c.id, true).await.unwrap(), Deleted::Deleted);
+}
+
+async fn a_multi_mib_answer_replays_exactly_and_goes_with_its_record(f: Fixture) {
+    let a = claim("big", 1, 10_000);
+    f.store.claim(&a).await.unwrap();
+    let mut r = response("big");
+    // Not a multiple of any chunk size, and every byte value.
+    r.body = Bytes::from(
+        (0..3_000_001u32)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<u8>>(),
+    );
+    // Only the owner writes it.
+    assert!(!f
+        .store
+        .record(&a.id, &OwnerToken::random(), &r)
+        .await
+        .unwrap());
+    assert!(f.store.record(&a.id, &a.owner, &r).await.unwrap());
+    let b = claim("big", 1, 10_000);
+    assert_eq!(f.store.claim(&b).await.unwrap(), Claim::Replay(r.clone()));
+    let v = f.store.inspect(&a.id, true).await.unwrap().unwrap();
+    assert_eq!(
+        v.body.map(|b| b.len()),
+        Some(String::from_utf8_lossy(&r.body).len())
+    );
+    // Deleted with its record: a new claim and a smaller answer replay that answer.
+    assert_eq!(f.store.delete(&a.id, true).await.unwrap(), Deleted::Deleted);
+    let c = claim("big", 1, 10_000);
+    assert_eq!(f.store.claim(&c).await.unwrap(), Claim::Claimed);
+    let small = response("small");
+    assert!(f.store.record(&c.id, &c.owner, &small).await.unwrap());
+    assert_eq!(f.store.claim(&b).await.unwrap(), Claim::Replay(small));
+}
+
+#[tokio::test]
+async fn embedded_store_byte_cap_answers_full_and_counts_down_to_zero() {
+    let store = MemoryStore::with_limits(1000, 8 * 1024);
+    let a = claim("a", 1, 10_000);
+    store.claim(&a).await.unwrap();
+    let upkeep = store.bytes();
+    assert!(upkeep > 0);
+    let big = StoredResponse {
+        status: 201,
+        headers: Vec::new(),
+        body: Bytes::from(vec![b'x'; 6 * 1024]),
+    };
+    assert!(store.record(&a.id, &a.owner, &big).await.unwrap());
+    assert_eq!(store.bytes(), upkeep + 6 * 1024);
+    // A second answer that does not fit: refused, and its record is left as it was.
+    let b = claim("b", 1, 10_000);
+    store.claim(&b).await.unwrap();
+    assert!(matches!(
+        store.record(&b.id, &b.owner, &big).await,
+        Err(StoreError::Full(_))
+    ));
+    assert!(matches!(
+        store.claim(&claim("b", 1, 10_000)).await.unwrap(),
+        Claim::InFlight { .. }
+    ));
+    assert!(store.record_not_kept(&b.id, &b.owner, 201).await.unwrap());
+    // Claims until the bytes run out, then 503.
+    let mut n = 0;
+    let full = loop {
+        match store.claim(&claim(&format!("c{n}"), 1, 10_000)).await {
+            Ok(Claim::Claimed) => n += 1,
+            other => break other,
+        }
+    };
+    assert!(matches!(full, Err(StoreError::Full(ref m)) if m.contains("memory_max_bytes")));
+    assert!(store.bytes() <= 8 * 1024);
+    assert!(n > 0);
+    // Everything removed, nothing counted.
+    assert!(store.release(&b.id, &b.owner, LINGER).await.unwrap());
+    assert_eq!(store.delete(&a.id, true).await.unwrap(), Deleted::Deleted);
+    for i in 0..n {
+        assert_eq!(
+            store.delete(&id(&format!("c{i}")), true).await.unwrap(),
+            Deleted::Deleted
+        );
+    }
+    assert_eq!((store.len(), store.bytes()), (0, 0));
+}
+
 #[tokio::test]
 async fn embedded_store_cap_answers_full_and_sweeps_expired() {
     let store = MemoryStore::new(2);
@@ -478,4 +649,277 @@ async fn embedded_store_cap_answers_full_and_sweeps_expired() {
         Claim::Claimed
     );
     assert_eq!(store.len(), 2);
+}
+
+#[tokio::test]
+async fn persistent_store_keeps_records_and_secret_across_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
+    let secret = store.scope_secret().await.unwrap();
+    let done = claim("done", 1, 60_000);
+    let busy = claim("busy", 1, 60_000);
+    assert_eq!(store.claim(&done).await.unwrap(), Claim::Claimed);
+    assert!(store
+        .record(&done.id, &done.owner, &response("kept"))
+        .await
+        .unwrap());
+    assert_eq!(store.claim(&busy).await.unwrap(), Claim::Claimed);
+    drop(store);
+
+    let store = SqliteStore::open(dir.path()).unwrap();
+    assert_eq!(
+        store.scope_secret().await.unwrap().to_hex(),
+        secret.to_hex()
+    );
+    let mut again = claim("done", 1, 60_000);
+    assert_eq!(
+        store.claim(&again).await.unwrap(),
+        Claim::Replay(response("kept"))
+    );
+    again.id = busy.id;
+    assert!(matches!(
+        store.claim(&again).await.unwrap(),
+        Claim::InFlight { .. }
+    ));
+    // The owner of the claim made before the reopen still owns it.
+    assert!(store
+        .record(&busy.id, &busy.owner, &response("late"))
+        .await
+        .unwrap());
+}
+
+#[tokio::test]
+async fn persistent_store_sweeps_expired_records_in_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
+    let expiring = idemgate::store::sqlite::EXPIRE_BATCH * 2 + 5;
+    for n in 0..expiring {
+        let mut c = claim(&format!("short-{n}"), 1, 60_000);
+        c.retention = Duration::from_millis(50);
+        assert_eq!(store.claim(&c).await.unwrap(), Claim::Claimed);
+    }
+    let live = claim("long", 1, 60_000);
+    assert_eq!(store.claim(&live).await.unwrap(), Claim::Claimed);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(store.sweep().await.unwrap(), 1);
+    assert!(store.inspect(&live.id, false).await.unwrap().is_some());
+    assert!(store
+        .inspect(&id("short-0"), false)
+        .await
+        .unwrap()
+        .is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn persistent_store_opened_twice_on_one_directory_has_one_winner() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two connections to one file, as two processes on one volume would have.
+    let stores: Vec<Arc<dyn Store>> = (0..2)
+        .map(|_| Arc::new(SqliteStore::open(dir.path()).unwrap()) as Arc<dyn Store>)
+        .collect();
+    assert_eq!(
+        stores[0].scope_secret().await.unwrap().to_hex(),
+        stores[1].scope_secret().await.unwrap().to_hex()
+    );
+    for round in 0..20 {
+        let key = format!("race-{round}");
+        let tasks: Vec<_> = (0..8)
+            .map(|n| {
+                let store = stores[n % 2].clone();
+                let req = claim(&key, 1, 60_000);
+                tokio::spawn(async move { store.claim(&req).await.unwrap() })
+            })
+            .collect();
+        let mut claimed = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Claim::Claimed => claimed += 1,
+                Claim::InFlight { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(claimed, 1, "round {round}");
+    }
+}
+
+async fn operator_complete_resolves_an_unsettled_record_once(f: Fixture) {
+    let answer = response("operator");
+    assert_eq!(
+        f.store.complete(&id("none"), &answer, false).await.unwrap(),
+        Completed::NotFound
+    );
+    // Its owner may still be working: refused unless forced.
+    let a = claim("a", 1, 10_000);
+    assert_eq!(f.store.claim(&a).await.unwrap(), Claim::Claimed);
+    assert_eq!(
+        f.store.complete(&a.id, &answer, false).await.unwrap(),
+        Completed::OwnerBusy
+    );
+    assert!(matches!(
+        f.store.claim(&claim("a", 1, 10_000)).await.unwrap(),
+        Claim::InFlight { .. }
+    ));
+    assert_eq!(
+        f.store.complete(&a.id, &answer, true).await.unwrap(),
+        Completed::Completed
+    );
+    // The former owner can no longer record over it, renew it or mark it.
+    assert!(!f
+        .store
+        .record(&a.id, &a.owner, &response("late"))
+        .await
+        .unwrap());
+    assert!(!f.store.record_not_kept(&a.id, &a.owner, 500).await.unwrap());
+    assert!(!f
+        .store
+        .renew(&a.id, &a.owner, Duration::from_secs(10))
+        .await
+        .unwrap());
+    assert!(!f.store.mark_unknown(&a.id, &a.owner).await.unwrap());
+    assert_eq!(
+        f.store.claim(&claim("a", 1, 10_000)).await.unwrap(),
+        Claim::Replay(answer.clone())
+    );
+    assert_eq!(
+        f.store.claim(&claim("a", 2, 10_000)).await.unwrap(),
+        Claim::Mismatch
+    );
+    assert_eq!(
+        f.store
+            .complete(&a.id, &response("again"), true)
+            .await
+            .unwrap(),
+        Completed::AlreadyCompleted
+    );
+
+    // Sent, outcome unknown: resolved without force, then replayed.
+    let b = claim("b", 1, 10_000);
+    f.store.claim(&b).await.unwrap();
+    assert!(f.store.mark_unknown(&b.id, &b.owner).await.unwrap());
+    assert_eq!(
+        f.store.complete(&b.id, &answer, false).await.unwrap(),
+        Completed::Completed
+    );
+    assert_eq!(
+        f.store.claim(&claim("b", 1, 10_000)).await.unwrap(),
+        Claim::Replay(answer.clone())
+    );
+    let v = f.store.inspect(&b.id, true).await.unwrap().unwrap();
+    assert_eq!(v.state, RecordState::Completed);
+    assert_eq!(v.status, Some(201));
+    assert_eq!(v.body_kept, Some(true));
+    assert!(v.body.unwrap().contains("operator"));
+
+    // Completed by its owner, kept or not: never overwritten, even forced.
+    let c = claim("c", 1, 10_000);
+    f.store.claim(&c).await.unwrap();
+    assert!(f
+        .store
+        .record(&c.id, &c.owner, &response("upstream"))
+        .await
+        .unwrap());
+    assert_eq!(
+        f.store.complete(&c.id, &answer, true).await.unwrap(),
+        Completed::AlreadyCompleted
+    );
+    assert_eq!(
+        f.store.claim(&claim("c", 1, 10_000)).await.unwrap(),
+        Claim::Replay(response("upstream"))
+    );
+    let d = claim("d", 1, 10_000);
+    f.store.claim(&d).await.unwrap();
+    assert!(f.store.record_not_kept(&d.id, &d.owner, 202).await.unwrap());
+    assert_eq!(
+        f.store.complete(&d.id, &answer, true).await.unwrap(),
+        Completed::AlreadyCompleted
+    );
+    assert_eq!(
+        f.store.claim(&claim("d", 1, 10_000)).await.unwrap(),
+        Claim::NotKept { status: 202 }
+    );
+}
+
+/// Every page of a walk with `count`, and how many calls it took.
+async fn walk(
+    store: &dyn Store,
+    state: Option<RecordState>,
+    count: usize,
+) -> (Vec<idemgate::store::RecordView>, usize) {
+    let (mut seen, mut cursor, mut calls) = (Vec::new(), String::new(), 0);
+    loop {
+        calls += 1;
+        assert!(calls < 500, "the walk does not end");
+        let page = store.list(state, &cursor, count).await.unwrap();
+        seen.extend(page.records);
+        match page.cursor {
+            Some(next) => cursor = next,
+            None => return (seen, calls),
+        }
+    }
+}
+
+async fn list_walks_every_record_in_bounded_pages(f: Fixture) {
+    use std::collections::HashSet;
+    let (mut completed, mut unknown, mut in_progress) =
+        (HashSet::new(), HashSet::new(), HashSet::new());
+    for i in 0..25 {
+        let c = claim(&format!("walk-{i}"), 1, 60_000);
+        assert_eq!(f.store.claim(&c).await.unwrap(), Claim::Claimed);
+        let set = match i % 3 {
+            0 => {
+                assert!(f
+                    .store
+                    .record(&c.id, &c.owner, &response("w"))
+                    .await
+                    .unwrap());
+                &mut completed
+            }
+            1 => {
+                assert!(f.store.mark_unknown(&c.id, &c.owner).await.unwrap());
+                &mut unknown
+            }
+            _ => &mut in_progress,
+        };
+        set.insert(c.id.to_string());
+    }
+    let all: HashSet<String> = completed
+        .iter()
+        .chain(&unknown)
+        .chain(&in_progress)
+        .cloned()
+        .collect();
+    assert_eq!(all.len(), 25);
+
+    let (seen, calls) = walk(&*f.store, None, 7).await;
+    let ids: HashSet<String> = seen.iter().map(|v| v.id.clone()).collect();
+    assert_eq!(ids, all);
+    assert!(
+        calls > 1,
+        "25 records in pages of about 7 took {calls} call"
+    );
+    for (state, want) in [
+        (RecordState::Completed, &completed),
+        (RecordState::Unknown, &unknown),
+        (RecordState::InProgress, &in_progress),
+    ] {
+        let (seen, _) = walk(&*f.store, Some(state), 7).await;
+        assert!(seen.iter().all(|v| v.state == state), "{seen:?}");
+        let ids: HashSet<String> = seen.iter().map(|v| v.id.clone()).collect();
+        assert_eq!(&ids, want, "{state:?}");
+        assert!(seen.iter().all(|v| v.body.is_none()));
+    }
+    // A record that is gone is not shown.
+    let gone = completed.iter().next().unwrap().clone();
+    assert_eq!(
+        f.store
+            .delete(&RecordId::from_hex(&gone).unwrap(), true)
+            .await
+            .unwrap(),
+        Deleted::Deleted
+    );
+    let (seen, _) = walk(&*f.store, None, 100).await;
+    let ids: HashSet<String> = seen.iter().map(|v| v.id.clone()).collect();
+    assert_eq!(ids.len(), 24);
+    assert!(!ids.contains(&gone));
+    assert!(f.store.list(None, "not-a-cursor", 7).await.is_err());
 }

@@ -79,6 +79,15 @@ impl Store for Tracked {
         self.inner.record(id, owner, response)
     }
 
+    fn record_not_kept<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        status: u16,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.record_not_kept(id, owner, status)
+    }
+
     fn renew<'a>(
         &'a self,
         id: &'a RecordId,

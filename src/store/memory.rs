@@ -37,9 +37,31 @@ struct Inner {
     max_records: usize,
     // This store's record-id key: random, and gone with the records it keys.
     secret: ScopeSecret,
+    /// Bytes held by all records ([`Entry::size`]), kept like `held`: raised (checked against
+    /// `max_bytes` in the same atomic step) before a record or an answer goes in, lowered
+    /// after one comes out.
+    bytes: AtomicUsize,
+    // The other cap: records are not all the same size, and a few large answers would hold
+    // more memory than a million small ones.
+    max_bytes: usize,
     // What an operator's walk ([`Store::list`]) measures expiry instants from, so that its
     // cursor can name a place in a shard's expiry index.
     epoch: Instant,
+}
+
+/// What a record costs beyond its answer's headers and body, as an estimate of what it
+/// holds: the boxed entry, its owner token, its slot in a map (with the room a map keeps
+/// free) and its item in the expiry index (with a B-tree node's slack).
+const RECORD_UPKEEP: usize = std::mem::size_of::<Entry>()
+    + 64
+    + 2 * (std::mem::size_of::<RecordId>() + std::mem::size_of::<usize>() + 1)
+    + 2 * std::mem::size_of::<(Instant, RecordId)>();
+
+/// Which cap a new record or answer would pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cap {
+    Records,
+    Bytes,
 }
 
 /// How many shards the records are split over, each with its own lock, map and expiry index.
@@ -125,13 +147,15 @@ impl Records {
             .any(|(t, i, o)| *t > now && i == id && o == owner)
     }
 
-    fn insert(&mut self, id: RecordId, entry: Box<Entry>) {
+    fn insert(&mut self, id: RecordId, entry: Box<Entry>) -> Option<Box<Entry>> {
         let expires = entry.expires;
         // The old item goes before the new one is added: both may carry the same instant.
-        if let Some(old) = self.map.insert(id, entry) {
+        let old = self.map.insert(id, entry);
+        if let Some(old) = &old {
             self.by_expiry.remove(&(old.expires, id));
         }
         self.by_expiry.insert((expires, id));
+        old
     }
 
     fn remove(&mut self, id: &RecordId) -> Option<Box<Entry>> {
@@ -141,9 +165,11 @@ impl Records {
     }
 
     /// Removes up to `limit` records expired at `now`, soonest first; returns how many index
-    /// items it took. Fewer than `limit` means none expired at `now` are left.
-    fn remove_expired(&mut self, now: Instant, limit: usize) -> usize {
+    /// items it took (fewer than `limit` means none expired at `now` are left) and the bytes
+    /// the removed records held.
+    fn remove_expired(&mut self, now: Instant, limit: usize) -> (usize, usize) {
         let mut taken = 0;
+        let mut freed = 0;
         while taken < limit {
             let Some(&(expires, id)) = self.by_expiry.first() else {
                 break;
@@ -157,10 +183,10 @@ impl Records {
             // its own expiry anyway means an item that somehow outlived its entry can never
             // take a live record with it.
             if self.map.get(&id).is_some_and(|e| e.expires <= now) {
-                self.map.remove(&id);
+                freed += self.map.remove(&id).map_or(0, |e| e.size());
             }
         }
-        taken
+        (taken, freed)
     }
 
     fn len(&self) -> usize {
@@ -174,7 +200,7 @@ impl Records {
 /// or remove one.
 struct Shard<'a> {
     records: MutexGuard<'a, Records>,
-    held: &'a AtomicUsize,
+    inner: &'a Inner,
 }
 
 impl Deref for Shard<'_> {
@@ -190,42 +216,82 @@ impl Shard<'_> {
         self.records.map.get_mut(id).map(|e| &mut **e)
     }
 
-    /// Takes a slot for a record about to be inserted, if fewer than `max` are held.
-    /// Relaxed is enough: the count orders nothing else (the maps have their locks), and the
-    /// read-modify-writes of one atomic are totally ordered whatever the ordering, so two
-    /// claims can never both take the last slot.
-    fn reserve(&self, max: usize) -> bool {
-        self.held
+    /// Takes a slot and [`RECORD_UPKEEP`] bytes for a record about to be inserted, if both
+    /// caps leave room. Relaxed is enough: the counts order nothing else (the maps have
+    /// their locks), and the read-modify-writes of one atomic are totally ordered whatever
+    /// the ordering, so two claims can never both take the last slot or the last bytes.
+    fn reserve(&self) -> Result<(), Cap> {
+        let max = self.inner.max_records;
+        let taken = self
+            .inner
+            .held
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 (n < max).then_some(n + 1)
-            })
-            .is_ok()
+            });
+        if taken.is_err() {
+            return Err(Cap::Records);
+        }
+        if !self.inner.reserve_bytes(RECORD_UPKEEP) {
+            self.inner.held.fetch_sub(1, Ordering::Relaxed);
+            return Err(Cap::Bytes);
+        }
+        Ok(())
     }
 
-    /// Inserts a record whose slot [`reserve`](Self::reserve) took.
+    /// Inserts a record whose slot and bytes [`reserve`](Self::reserve) took.
     fn insert_reserved(&mut self, id: RecordId, entry: Box<Entry>) {
-        let before = self.records.len();
-        self.records.insert(id, entry);
         // It replaced a record (callers remove an expired one first, but an insert must not
-        // leak a slot either way): the slot was not needed.
-        if self.records.len() == before {
-            self.held.fetch_sub(1, Ordering::Relaxed);
+        // leak a slot either way): the slot was not needed, and the old record's bytes are
+        // freed.
+        if let Some(old) = self.records.insert(id, entry) {
+            self.inner.held.fetch_sub(1, Ordering::Relaxed);
+            self.inner.bytes.fetch_sub(old.size(), Ordering::Relaxed);
         }
     }
 
     fn remove(&mut self, id: &RecordId) -> Option<Box<Entry>> {
         let e = self.records.remove(id)?;
-        self.held.fetch_sub(1, Ordering::Relaxed);
+        self.inner.held.fetch_sub(1, Ordering::Relaxed);
+        self.inner.bytes.fetch_sub(e.size(), Ordering::Relaxed);
         Some(e)
     }
 
-    /// As [`Records::remove_expired`].
+    /// As [`Records::remove_expired`]; returns how many index items it took.
     fn remove_expired(&mut self, now: Instant, limit: usize) -> usize {
         let before = self.records.len();
-        let taken = self.records.remove_expired(now, limit);
-        self.held
+        let (taken, freed) = self.records.remove_expired(now, limit);
+        self.inner
+            .held
             .fetch_sub(before - self.records.len(), Ordering::Relaxed);
+        self.inner.bytes.fetch_sub(freed, Ordering::Relaxed);
         taken
+    }
+
+    /// Puts a new state on the record, if `owner` owns it and it is live, keeping the byte
+    /// count: `Err` (and the record unchanged) if the new state would pass the byte cap.
+    fn set_owned_state(
+        &mut self,
+        id: &RecordId,
+        owner: &OwnerToken,
+        now: Instant,
+        state: State,
+    ) -> Result<bool, Cap> {
+        let inner = self.inner;
+        let Some(e) = self.entry_mut(id) else {
+            return Ok(false);
+        };
+        if e.expires <= now || e.owner != *owner {
+            return Ok(false);
+        }
+        let (old, new) = (e.state.size(), state.size());
+        if new > old && !inner.reserve_bytes(new - old) {
+            return Err(Cap::Bytes);
+        }
+        e.state = state;
+        if old > new {
+            inner.bytes.fetch_sub(old - new, Ordering::Relaxed);
+        }
+        Ok(true)
     }
 
     /// What a claim finds in this shard's record for `req.id`: `None` if there is no live
@@ -251,6 +317,7 @@ impl Shard<'_> {
         }
         Some(match &e.state {
             State::Completed(r) => Claim::Replay(r.clone()),
+            State::NotKept { status } => Claim::NotKept { status: *status },
             State::InProgress { lease_until } if *lease_until > now => Claim::InFlight {
                 lease_left: *lease_until - now,
             },
@@ -274,23 +341,77 @@ struct Entry {
 }
 
 enum State {
-    InProgress { lease_until: Instant },
+    InProgress {
+        lease_until: Instant,
+    },
     Completed(StoredResponse),
+    /// Completed; the answer was too large to keep.
+    NotKept {
+        status: u16,
+    },
     Unknown,
 }
 
+impl State {
+    /// Bytes the state holds beyond the entry itself: a kept answer's headers and body.
+    fn size(&self) -> usize {
+        match self {
+            State::Completed(r) => {
+                r.body.len()
+                    + r.headers
+                        .iter()
+                        .map(|(n, v)| std::mem::size_of::<(String, Bytes)>() + n.len() + v.len())
+                        .sum::<usize>()
+            }
+            State::InProgress { .. } | State::NotKept { .. } | State::Unknown => 0,
+        }
+    }
+}
+
+impl Entry {
+    /// What the record counts against `memory_max_bytes`.
+    fn size(&self) -> usize {
+        RECORD_UPKEEP + self.state.size()
+    }
+}
+
+impl Inner {
+    /// Takes `n` bytes if the byte cap leaves room.
+    fn reserve_bytes(&self, n: usize) -> bool {
+        let max = self.max_bytes;
+        self.bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                b.checked_add(n).filter(|t| *t <= max)
+            })
+            .is_ok()
+    }
+}
+
 impl MemoryStore {
-    /// An empty store that holds at most `max_records` live records.
+    /// An empty store that holds at most `max_records` live records, of any size.
     pub fn new(max_records: usize) -> MemoryStore {
+        MemoryStore::with_limits(max_records, usize::MAX)
+    }
+
+    /// An empty store that holds at most `max_records` records and `max_bytes` bytes of
+    /// records (answers and upkeep; see `memory_max_bytes`).
+    pub fn with_limits(max_records: usize, max_bytes: usize) -> MemoryStore {
         MemoryStore {
             inner: Arc::new(Inner {
                 shards: std::array::from_fn(|_| Mutex::new(Records::new())),
                 held: AtomicUsize::new(0),
                 max_records,
+                bytes: AtomicUsize::new(0),
+                max_bytes,
                 secret: ScopeSecret::random(),
                 epoch: Instant::now(),
             }),
         }
+    }
+
+    /// Bytes held by the records, as counted against the byte cap.
+    pub fn bytes(&self) -> usize {
+        self.inner.bytes.load(Ordering::Relaxed)
     }
 
     /// Drops expired records; returns how many are left. Called periodically by the server.
@@ -364,7 +485,7 @@ impl MemoryStore {
             .unwrap_or_else(|p| p.into_inner());
         Shard {
             records,
-            held: &self.inner.held,
+            inner: &self.inner,
         }
     }
 
@@ -391,13 +512,12 @@ impl MemoryStore {
         if let Some(found) = records.look_up(req, now) {
             return Ok(found);
         }
-        let max = self.inner.max_records;
-        if !records.reserve(max) {
+        if records.reserve().is_err() {
             // Soonest expiry first: if any record in this shard has expired, this frees at
             // least one slot. Bounded, so a flood at the cap costs each claim at most one
             // batch here.
             records.remove_expired(now, EXPIRE_BATCH);
-            if !records.reserve(max) {
+            if records.reserve().is_err() {
                 // The expired records may all be in other shards. Their locks are taken only
                 // with this one let go: two claims doing this from two shards would
                 // otherwise each hold the lock the other waits for.
@@ -408,10 +528,8 @@ impl MemoryStore {
                 if let Some(found) = records.look_up(req, now) {
                     return Ok(found);
                 }
-                if !records.reserve(max) {
-                    return Err(StoreError::Full(format!(
-                        "the embedded store holds its maximum of {max} records (memory_max_records)"
-                    )));
+                if let Err(cap) = records.reserve() {
+                    return Err(self.full(cap));
                 }
             }
         }
@@ -432,6 +550,19 @@ impl MemoryStore {
         Ok(Claim::Claimed)
     }
 
+    fn full(&self, cap: Cap) -> StoreError {
+        StoreError::Full(match cap {
+            Cap::Records => format!(
+                "the embedded store holds its maximum of {} records (memory_max_records)",
+                self.inner.max_records
+            ),
+            Cap::Bytes => format!(
+                "the embedded store holds its maximum of {} bytes (memory_max_bytes)",
+                self.inner.max_bytes
+            ),
+        })
+    }
+
     /// For a claim at the cap with nothing expired in its own shard (`skip`): removes
     /// records expired at `now` from the other shards, one lock at a time, until a slot is
     /// free, at most [`EXPIRE_BATCH`] in all. A shard with none expired costs one short lock
@@ -440,7 +571,9 @@ impl MemoryStore {
     fn remove_expired_elsewhere(&self, skip: usize, now: Instant) {
         let mut budget = EXPIRE_BATCH;
         for shard in (1..SHARDS).map(|k| (skip + k) % SHARDS) {
-            if budget == 0 || self.len() < self.inner.max_records {
+            let room = self.len() < self.inner.max_records
+                && self.bytes() + RECORD_UPKEEP <= self.inner.max_bytes;
+            if budget == 0 || room {
                 return;
             }
             budget -= self.lock(shard).remove_expired(now, budget);
@@ -569,10 +702,24 @@ impl Store for MemoryStore {
                 .collect(),
             body: Bytes::copy_from_slice(&response.body),
         };
-        ready(Ok(self.with_owned(id, owner, move |e, _| {
-            e.state = State::Completed(stored);
-            true
-        })))
+        let now = Instant::now();
+        let set = self
+            .lock_for(id)
+            .set_owned_state(id, owner, now, State::Completed(stored));
+        ready(set.map_err(|cap| self.full(cap)))
+    }
+
+    fn record_not_kept<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        status: u16,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let now = Instant::now();
+        let set = self
+            .lock_for(id)
+            .set_owned_state(id, owner, now, State::NotKept { status });
+        ready(set.map_err(|cap| self.full(cap)))
     }
 
     fn renew<'a>(
@@ -598,7 +745,7 @@ impl Store for MemoryStore {
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         ready(Ok(self.with_owned(id, owner, |e, _| match e.state {
-            State::Completed(_) => false,
+            State::Completed(_) | State::NotKept { .. } => false,
             _ => {
                 e.state = State::Unknown;
                 true
@@ -647,24 +794,33 @@ impl Store for MemoryStore {
         force: bool,
     ) -> BoxFuture<'a, Result<Completed, StoreError>> {
         let now = Instant::now();
+        let inner = &*self.inner;
         let mut records = self.lock_for(id);
         let Some(e) = records.entry_mut(id).filter(|e| e.expires > now) else {
             return ready(Ok(Completed::NotFound));
         };
         let done = match e.state {
-            State::Completed(_) => Completed::AlreadyCompleted,
+            State::Completed(_) | State::NotKept { .. } => Completed::AlreadyCompleted,
             State::InProgress { lease_until }
                 if !force && (lease_until > now || e.busy_until > now) =>
             {
                 Completed::OwnerBusy
             }
             _ => {
-                let stored = StoredResponse {
+                let state = State::Completed(StoredResponse {
                     status: response.status,
                     headers: response.headers.clone(),
                     body: Bytes::copy_from_slice(&response.body),
-                };
-                e.state = State::Completed(stored);
+                });
+                // Counted against `memory_max_bytes` like the upstream's answer.
+                let (old, new) = (e.state.size(), state.size());
+                if new > old && !inner.reserve_bytes(new - old) {
+                    return ready(Err(self.full(Cap::Bytes)));
+                }
+                e.state = state;
+                if old > new {
+                    inner.bytes.fetch_sub(old - new, Ordering::Relaxed);
+                }
                 // The former owner's late record must not overwrite the operator's answer.
                 e.owner = OwnerToken::random();
                 Completed::Completed
@@ -728,21 +884,30 @@ fn view_of(id: &RecordId, e: &Entry, now: Instant, with_body: bool) -> RecordVie
                 }
                 _ => None,
             };
-            let (state, lease_left, status, body) = match &e.state {
+            let (state, lease_left, status, body, body_kept) = match &e.state {
                 State::InProgress { lease_until } if *lease_until > now => (
                     RecordState::InProgress,
                     Some((*lease_until - now).as_millis() as u64),
                     None,
                     None,
+                    None,
                 ),
                 State::InProgress { .. } | State::Unknown => {
-                    (RecordState::Unknown, None, None, None)
+                    (RecordState::Unknown, None, None, None, None)
                 }
                 State::Completed(r) => (
                     RecordState::Completed,
                     None,
                     Some(r.status),
                     with_body.then(|| String::from_utf8_lossy(&r.body).into_owned()),
+                    Some(true),
+                ),
+                State::NotKept { status } => (
+                    RecordState::Completed,
+                    None,
+                    Some(*status),
+                    None,
+                    Some(false),
                 ),
             };
             RecordView {
@@ -759,6 +924,7 @@ fn view_of(id: &RecordId, e: &Entry, now: Instant, with_body: bool) -> RecordVie
                 fingerprint: e.fingerprint.to_hex(),
                 fingerprint_version: e.fingerprint_version,
                 status,
+                body_kept,
                 body,
             }
         }

@@ -1,8 +1,9 @@
-//! Where records live: one [`Store`] trait, an embedded in-memory backend and a Redis
-//! backend, held to the same contract by one test suite (`tests/store_contract.rs`).
+//! Where records live: one [`Store`] trait, an embedded in-memory backend, a persistent
+//! embedded backend (SQLite on local disk) and a Redis backend, held to the same contract by one test suite (`tests/store_contract.rs`).
 //!
 //! A record goes `in_progress` (claimed, with an owner token and a lease) → `completed`
-//! (status, headers, body recorded by its owner), or → `unknown` (sent, no complete answer;
+//! (status, headers, body recorded by its owner; or, for an answer too large to keep, the
+//! status alone: "completed, not kept"), or → `unknown` (sent, no complete answer;
 //! or the lease ran out with nobody renewing it), or is released (deleted by its owner when
 //! the request provably never reached the upstream, or by an operator).
 //!
@@ -24,11 +25,18 @@ use crate::key::RecordId;
 use crate::scope::ScopeSecret;
 
 pub mod memory;
+pub mod postgres;
 pub mod redis;
+pub mod redis_link;
+pub mod redis_setup;
 pub mod seal;
+pub mod sqlite;
 
 pub use self::memory::MemoryStore;
+pub use self::postgres::PostgresStore;
 pub use self::redis::RedisStore;
+pub use self::redis_setup::RedisSetup;
+pub use self::sqlite::SqliteStore;
 
 /// A boxed future, so the trait can be used as `dyn Store`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -124,6 +132,12 @@ pub enum Claim {
     Claimed,
     /// A completed record with the same fingerprint: replay it.
     Replay(StoredResponse),
+    /// A completed record with the same fingerprint whose answer was too large to keep:
+    /// the request was executed and answered with `status`, and cannot be replayed.
+    NotKept {
+        /// The status the upstream answered.
+        status: u16,
+    },
     /// Another request with the same fingerprint holds a live lease.
     InFlight {
         /// Time left on that lease.
@@ -178,6 +192,10 @@ pub struct RecordView {
     pub fingerprint_version: u16,
     /// Recorded status, once completed.
     pub status: Option<u16>,
+    /// Whether the answer's headers and body were kept (once completed; an answer larger
+    /// than `max_response_bytes`, or one that did not fit in the store, was not).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_kept: Option<bool>,
     /// Recorded body, only when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
@@ -229,7 +247,8 @@ pub enum StoreError {
     /// The store answered something it should not have (corrupt or foreign record).
     #[error("store returned an unexpected reply: {0}")]
     Corrupt(String),
-    /// The store refuses new records (embedded cap reached, Redis out of memory).
+    /// The store refuses new records, or an answer's body (embedded caps reached, Redis
+    /// out of memory).
     #[error("store is full: {0}")]
     Full(String),
     /// A recorded answer exists and cannot be opened (sealed under a key no longer
@@ -249,6 +268,14 @@ pub trait Store: Send + Sync + 'static {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         response: &'a StoredResponse,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    /// Completes the record without its headers and body (the answer was too large to
+    /// keep) if `owner` still owns it. `Ok(false)`: it does not.
+    fn record_not_kept<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        status: u16,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
     /// Extends the lease if `owner` still owns an `in_progress` record.
     fn renew<'a>(
@@ -312,7 +339,7 @@ pub trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Page, StoreError>>;
     /// Checks the store answers.
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
-    /// A short name for logs: `memory` or `redis`.
+    /// A short name for logs: `memory`, `sqlite` or `redis`.
     fn kind(&self) -> &'static str;
     /// The secret that record ids are keyed with: the same for every instance that shares
     /// this store, created by the first one and kept by the store. An embedded store has

@@ -4,15 +4,19 @@
 //! trip, atomic, and safe to run twice. Times come from Redis's own clock (`TIME`), so
 //! several idemgate instances agree on leases whatever their clocks say.
 //!
-//! All calls go through one shared multiplexed [`ConnectionManager`], which reconnects by
-//! itself, with explicit connect and response timeouts; callers add an outer deadline.
+//! All calls go through one shared multiplexed connection ([`Link`]: one server, the
+//! primary that Sentinel names, or a Cluster), with explicit connect timeouts; callers add
+//! an outer deadline. With `min_replicas_ack` each claim and record is followed by `WAIT`
+//! in the same round trip (a pipeline, routed to the record's primary in a cluster), and
+//! counts as written only when enough replicas acknowledged it.
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, Value};
+use redis::{Cmd, Script, Value};
 
+use super::redis_link::Link;
+use super::redis_setup::{RedisSetup, ReplicaAck, Topology};
 use super::{
     BoxFuture, Claim, ClaimRequest, Completed, Deleted, OwnerToken, Page, RecordState, RecordView,
     ServerStats, Store, StoreError, StoredResponse,
@@ -20,10 +24,19 @@ use super::{
 use crate::key::RecordId;
 use crate::scope::ScopeSecret;
 
-// Fields of a record hash: st = state (p in progress, c completed, u unknown), fp =
+// Fields of a record hash: st = state (p in progress, c completed, n completed but the
+// answer not kept, u unknown), fp =
 // fingerprint hex, fv = fingerprint version, ow = owner token, lu = lease until (ms, Redis
 // clock), wu = the owner may be working until (ms, Redis clock), cr = created (ms), sc =
-// status, hd = headers (StoredResponse::encode_headers), bd = body.
+// status, hd = headers (StoredResponse::encode_headers), bd = body (up to INLINE_MAX
+// bytes), bl = length of a larger body, kept in the string `idemgate:{<id>}:body` beside the
+// hash (same hash tag, same cluster slot).
+//
+// A large body stays off the claim path: one Redis reply is read whole before the next one
+// on the shared connection, so a multi-MiB body inline in a claim or record held up every
+// other key's call behind it. It is written and read in CHUNK-sized pieces instead, each
+// its own round trip, so other keys' calls interleave with them; answers up to INLINE_MAX
+// (nearly all of them) keep their one round trip.
 //
 // Beside each record, `idemgate:{<record id>}:w` (same hash slot) is the set of owners that
 // withdrew a claim they were not sure had landed (see `RELEASE`); it expires by itself.
@@ -34,7 +47,7 @@ const NOW: &str = "local now = now_ms()\n";
 // made or a lease compared: a replay, the most frequent claim, runs one command instead of
 // three (TIME, HMGET, HMGET).
 const CLAIM: &str = r#"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'sc', 'hd', 'bd')
+local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'sc', 'hd', 'bd', 'bl')
 if not r[1] then
   if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 1 then return {'withdrawn'} end
   local now = now_ms()
@@ -45,7 +58,9 @@ if not r[1] then
 end
 if r[3] ~= ARGV[2] then return {'version', r[3]} end
 if r[2] ~= ARGV[1] then return {'mismatch'} end
-if r[1] == 'c' then return {'completed', r[5], r[6], r[7]} end
+if r[1] == 'c' and r[7] then return {'completed', r[5], r[6], r[7]} end
+if r[1] == 'c' then return {'completed_large', r[5], r[6], r[8]} end
+if r[1] == 'n' then return {'not_kept', r[5]} end
 local now = now_ms()
 if r[1] == 'p' and tonumber(r[4]) > now then return {'in_progress', tostring(tonumber(r[4]) - now)} end
 return {'unknown'}
@@ -59,6 +74,37 @@ redis.call('HDEL', KEYS[1], 'lu')
 return 1
 "#;
 
+// As RECORD, for an answer too large to keep: the status alone.
+const RECORD_NOT_KEPT: &str = r#"
+if redis.call('HGET', KEYS[1], 'ow') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'st', 'n', 'sc', ARGV[2])
+redis.call('HDEL', KEYS[1], 'lu', 'hd', 'bd', 'bl')
+redis.call('DEL', KEYS[2])
+return 1
+"#;
+
+// One piece of a large body, at ARGV[2], by the owner of a record in progress. Its time to
+// live follows the record's, with a minute to spare so that it never goes before it.
+// Running it twice writes the same bytes twice. Bytes beyond `bl` (a longer body that a
+// released claim left) are never read.
+const WRITE_CHUNK: &str = r#"
+local r = redis.call('HMGET', KEYS[1], 'ow', 'st')
+if r[1] ~= ARGV[1] or r[2] ~= 'p' then return 0 end
+redis.call('SETRANGE', KEYS[2], tonumber(ARGV[2]), ARGV[3])
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl + 60000) end
+return 1
+"#;
+
+// As RECORD, once every piece of a large body is written: its length instead of the body.
+const RECORD_LARGE: &str = r#"
+if redis.call('HGET', KEYS[1], 'ow') ~= ARGV[1] then return 0 end
+if redis.call('STRLEN', KEYS[2]) < tonumber(ARGV[4]) then return -1 end
+redis.call('HSET', KEYS[1], 'st', 'c', 'sc', ARGV[2], 'hd', ARGV[3], 'bl', ARGV[4])
+redis.call('HDEL', KEYS[1], 'lu', 'bd')
+return 1
+"#;
+
 const RENEW: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'ow', 'st')
 if r[1] ~= ARGV[1] or r[2] ~= 'p' then return 0 end
@@ -68,7 +114,7 @@ return 1
 
 const MARK_UNKNOWN: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'ow', 'st')
-if r[1] ~= ARGV[1] or r[2] == 'c' then return 0 end
+if r[1] ~= ARGV[1] or r[2] == 'c' or r[2] == 'n' then return 0 end
 redis.call('HSET', KEYS[1], 'st', 'u')
 redis.call('HDEL', KEYS[1], 'lu')
 return 1
@@ -89,7 +135,8 @@ return 0
 "#;
 
 // An operator's release: unless forced (ARGV[1] = '1'), a record whose owner may still be
-// working (lease live, or within its `wu`) is left alone. 1 deleted, 0 none, 2 busy.
+// working (lease live, or within its `wu`) is left alone. 1 deleted, 0 none, 2 busy. A
+// large body (KEYS[2]) goes with its record.
 const DELETE: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'st', 'lu', 'wu')
 if not r[1] then return 0 end
@@ -97,24 +144,28 @@ if ARGV[1] ~= '1' and r[1] == 'p' then
   local now = now_ms()
   if tonumber(r[2] or '0') > now or tonumber(r[3] or '0') > now then return 2 end
 end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[2])
 return 1
 "#;
 
 // An operator's resolution of a record that never got its answer recorded: unless forced
 // (ARGV[1] = '1'), a record whose owner may still be working is left alone, and a completed
-// one always is. The owner is cleared, so the former owner's late RECORD is refused.
-// 1 completed, 0 none, 2 busy, 3 already completed.
+// one always is (`c`, or `n`: completed, the answer not kept). The owner is cleared, so the
+// former owner's late RECORD and WRITE_CHUNK are refused. The answer goes inline whatever
+// its size (at most the admin API's 16 MiB request: a rare reconciliation, so its replays
+// may hold up the shared connection a moment), and any piece of a large body that
+// the former owner wrote (KEYS[2]) goes. 1 completed, 0 none, 2 busy, 3 already completed.
 const COMPLETE: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'st', 'lu', 'wu')
 if not r[1] then return 0 end
-if r[1] == 'c' then return 3 end
+if r[1] == 'c' or r[1] == 'n' then return 3 end
 if ARGV[1] ~= '1' and r[1] == 'p' then
   local now = now_ms()
   if tonumber(r[2] or '0') > now or tonumber(r[3] or '0') > now then return 2 end
 end
 redis.call('HSET', KEYS[1], 'st', 'c', 'ow', '', 'sc', ARGV[2], 'hd', ARGV[3], 'bd', ARGV[4])
-redis.call('HDEL', KEYS[1], 'lu')
+redis.call('HDEL', KEYS[1], 'lu', 'bl')
+redis.call('DEL', KEYS[2])
 return 1
 "#;
 
@@ -122,7 +173,11 @@ const INSPECT: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'cr', 'sc', 'wu')
 if not r[1] then return false end
 local body = false
-if ARGV[1] == '1' then body = redis.call('HGET', KEYS[1], 'bd') end
+if ARGV[1] == '1' then
+  local b = redis.call('HMGET', KEYS[1], 'bd', 'bl')
+  body = b[1]
+  if not body and b[2] then body = redis.call('GETRANGE', KEYS[2], 0, tonumber(b[2]) - 1) end
+end
 return {r[1], r[2], r[3], r[4] or '', r[5], r[6] or '', tostring(now), tostring(redis.call('PTTL', KEYS[1])), body, r[7] or ''}
 "#;
 
@@ -134,13 +189,18 @@ pub const SECRET_KEY: &str = "idemgate:scope-secret";
 /// The Redis store.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Link,
     scripts: std::sync::Arc<Scripts>,
+    /// `WAIT` after claims and records, when configured.
+    replica_ack: Option<ReplicaAck>,
 }
 
 struct Scripts {
     claim: Script,
     record: Script,
+    record_not_kept: Script,
+    write_chunk: Script,
+    record_large: Script,
     renew: Script,
     mark_unknown: Script,
     release: Script,
@@ -175,23 +235,50 @@ impl RedisStore {
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> Result<RedisStore, StoreError> {
-        let client = redis::Client::open(url).map_err(backend)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(None)
-            // Reconnection happens in the background; a request that finds the connection
-            // down fails at once (503) rather than waiting through a retry ladder.
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_secs(1));
-        let conn = super::deadline(connect_timeout + response_timeout, async {
-            ConnectionManager::new_with_config(client, config)
-                .await
-                .map_err(backend)
-        })
-        .await?;
+        let setup = RedisSetup {
+            topology: Topology::Single(url.to_string()),
+            tls: None,
+            username: None,
+            password: None,
+            replica_ack: None,
+        };
+        Self::open(&setup, connect_timeout, response_timeout).await
+    }
+
+    /// Connects to the topology of `setup` (see [`connect`](Self::connect)). A failure
+    /// names the address, and says TLS when the TLS layer refused.
+    pub async fn open(
+        setup: &RedisSetup,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Result<RedisStore, StoreError> {
+        let at = |e: redis::RedisError| StoreError::Backend(describe_failure(setup, &e));
+        // A sentinel, then the primary; or the seed nodes, then every node of the cluster.
+        let budget = match setup.topology {
+            Topology::Single(_) => connect_timeout,
+            _ => connect_timeout * 3,
+        };
+        let conn = match tokio::time::timeout(
+            budget + response_timeout,
+            Link::open(setup, connect_timeout),
+        )
+        .await
+        {
+            Ok(conn) => conn.map_err(at)?,
+            Err(_) => {
+                return Err(StoreError::Backend(format!(
+                    "Redis at {}: timed out: no connection within {:?}",
+                    setup.addresses(),
+                    budget + response_timeout
+                )))
+            }
+        };
         let scripts = Scripts {
             claim: Script::new(&format!("{NOW_MS}{CLAIM}")),
             record: Script::new(RECORD),
+            record_not_kept: Script::new(RECORD_NOT_KEPT),
+            write_chunk: Script::new(WRITE_CHUNK),
+            record_large: Script::new(RECORD_LARGE),
             renew: Script::new(&format!("{NOW_MS}{NOW}{RENEW}")),
             mark_unknown: Script::new(MARK_UNKNOWN),
             release: Script::new(RELEASE),
@@ -202,6 +289,7 @@ impl RedisStore {
         let store = RedisStore {
             conn,
             scripts: std::sync::Arc::new(scripts),
+            replica_ack: setup.replica_ack,
         };
         // Loading now keeps the first requests at one round trip (EVALSHA hits). After a
         // Redis restart the scripts are gone; redis-rs then falls back to EVAL once.
@@ -209,6 +297,9 @@ impl RedisStore {
         for s in [
             &store.scripts.claim,
             &store.scripts.record,
+            &store.scripts.record_not_kept,
+            &store.scripts.write_chunk,
+            &store.scripts.record_large,
             &store.scripts.renew,
             &store.scripts.mark_unknown,
             &store.scripts.release,
@@ -216,7 +307,7 @@ impl RedisStore {
             &store.scripts.inspect,
             &store.scripts.complete,
         ] {
-            let load = async { s.prepare_invoke().load_async(&mut c).await.map_err(backend) };
+            let load = async { s.prepare_invoke().load_async(&mut c).await.map_err(at) };
             let _: String = super::deadline(response_timeout, load).await?;
         }
         Ok(store)
@@ -224,41 +315,144 @@ impl RedisStore {
 
     /// Reads `INFO` for the start-up checks.
     pub async fn server_info(&self) -> Result<ServerInfo, StoreError> {
-        let info = self.info("all").await?;
-        let field = |name: &str| info_field(&info, name);
+        // Every primary of a cluster must keep its records: the worst one is reported.
+        let infos = self.info_all("all").await?;
+        let policies: Vec<String> = infos
+            .iter()
+            .map(|i| info_field(i, "maxmemory_policy").unwrap_or_default())
+            .collect();
         Ok(ServerInfo {
-            maxmemory_policy: field("maxmemory_policy").unwrap_or_default(),
-            aof_enabled: field("aof_enabled").as_deref() == Some("1"),
-            version: field("redis_version").unwrap_or_default(),
+            maxmemory_policy: policies
+                .iter()
+                .find(|p| *p != "noeviction")
+                .or(policies.first())
+                .cloned()
+                .unwrap_or_default(),
+            aof_enabled: infos
+                .iter()
+                .all(|i| info_field(i, "aof_enabled").as_deref() == Some("1")),
+            version: info_field(&infos[0], "redis_version").unwrap_or_default(),
         })
     }
 
-    async fn info(&self, section: &str) -> Result<String, StoreError> {
+    /// `INFO` of every primary: one text, or one per primary of a cluster.
+    async fn info_all(&self, section: &str) -> Result<Vec<String>, StoreError> {
         let mut c = self.conn.clone();
-        redis::cmd("INFO")
+        let v: Value = redis::cmd("INFO")
             .arg(section)
             .query_async(&mut c)
             .await
-            .map_err(backend)
+            .map_err(backend)?;
+        let texts: Vec<String> = match v {
+            // A cluster answers one INFO per primary, by node address.
+            Value::Map(nodes) => nodes.iter().filter_map(|(_, v)| text_of(v)).collect(),
+            other => text_of(&other).into_iter().collect(),
+        };
+        if texts.is_empty() {
+            return Err(corrupt("INFO reply"));
+        }
+        Ok(texts)
     }
 
-    /// Runs one of the owner-checked scripts: KEYS[1] = the record, ARGV[1] = the owner,
+    /// Runs `script` as prepared in `cmd` (from [`evalsha`]) and, when `wait` and replica
+    /// acknowledgement is on, `WAIT` in the same round trip. Returns the script's reply and
+    /// how many replicas acknowledged (`None` without `WAIT`). A script missing on the
+    /// server (restart, failover to a node that never saw it) is loaded and run once more.
+    async fn eval(
+        &self,
+        script: &Script,
+        cmd: Cmd,
+        wait: bool,
+    ) -> Result<(Value, Option<i64>), StoreError> {
+        let mut c = self.conn.clone();
+        let pipe = self.replica_ack.filter(|_| wait).map(|ack| {
+            let mut pipe = redis::pipe();
+            // Errors come back as values, so that a missing script is told from the rest.
+            pipe.ignore_errors()
+                .add_command(cmd.clone())
+                .cmd("WAIT")
+                .arg(ack.replicas)
+                .arg(ack.timeout.as_millis() as u64);
+            pipe
+        });
+        let mut loaded = false;
+        loop {
+            let result = match &pipe {
+                None => cmd.query_async::<Value>(&mut c).await.map(|v| (v, None)),
+                Some(pipe) => {
+                    pipe.query_async::<Vec<Value>>(&mut c)
+                        .await
+                        .and_then(|mut replies| {
+                            let acked = match replies.pop() {
+                                Some(Value::Int(n)) => n,
+                                Some(Value::ServerError(e)) => return Err(e.into()),
+                                _ => 0,
+                            };
+                            match replies.pop() {
+                                Some(Value::ServerError(e)) => Err(e.into()),
+                                Some(v) => Ok((v, Some(acked))),
+                                None => Err(redis::RedisError::from((
+                                    redis::ErrorKind::Parse,
+                                    "pipeline without the script's reply",
+                                ))),
+                            }
+                        })
+                }
+            };
+            match result {
+                Err(e) if !loaded && e.code() == Some("NOSCRIPT") => {
+                    loaded = true;
+                    script
+                        .prepare_invoke()
+                        .load_async(&mut c)
+                        .await
+                        .map_err(backend)?;
+                }
+                other => return other.map_err(backend),
+            }
+        }
+    }
+
+    /// Whether `WAIT`'s count meets `min_replicas_ack`; the error says what was missing.
+    fn acknowledged(&self, what: &str, acked: Option<i64>) -> Result<(), StoreError> {
+        match (self.replica_ack, acked) {
+            (Some(ack), Some(n)) if n < i64::from(ack.replicas) => {
+                Err(StoreError::Backend(format!(
+                    "{what} acknowledged by {n} of {} replicas within {:?}",
+                    ack.replicas, ack.timeout
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Runs one of the owner-checked scripts: KEYS[1] = the record, KEYS[2] = its large
+    /// body, ARGV[1] = the owner,
     /// then `args`. It answers 1 when it applied, 0 when the record is not (or no longer)
-    /// the owner's.
+    /// the owner's. `acknowledged`: what to call the write when it must wait for replicas.
     async fn owner_checked(
         &self,
         script: &Script,
         id: &RecordId,
         owner: &OwnerToken,
         args: &[&[u8]],
+        acknowledged: Option<&str>,
     ) -> Result<bool, StoreError> {
-        let mut invocation = script.key(&Self::key(id)[..]);
-        invocation.arg(owner.as_str());
+        let mut cmd = evalsha(script, &[&Self::key(id)[..], &Self::body_key(id)[..]]);
+        cmd.arg(owner.as_str());
         for arg in args {
-            invocation.arg(*arg);
+            cmd.arg(*arg);
         }
-        let mut c = self.conn.clone();
-        let n: i64 = invocation.invoke_async(&mut c).await.map_err(backend)?;
+        // Only a record waits for replicas: renewals, releases and marks that are lost in
+        // a failover leave a claim whose lease runs out, which reads as `unknown`.
+        let (v, acked) = self.eval(script, cmd, acknowledged.is_some()).await?;
+        let n = match v {
+            Value::Int(n) => n,
+            _ => return Err(corrupt("owner-checked script reply")),
+        };
+        if let (1, Some(what)) = (n, acknowledged) {
+            self.acknowledged(what, acked)?;
+        }
         Ok(n == 1)
     }
 
@@ -280,7 +474,83 @@ impl RedisStore {
         key[KEY_LEN - 1] = b'}';
         key
     }
+
+    /// `idemgate:{<id>}:body`: a large body, in the record's cluster slot.
+    fn body_key(id: &RecordId) -> [u8; KEY_LEN + BODY_SUFFIX.len()] {
+        let mut key = [0u8; KEY_LEN + BODY_SUFFIX.len()];
+        key[..KEY_LEN].copy_from_slice(&Self::key(id));
+        key[KEY_LEN..].copy_from_slice(BODY_SUFFIX);
+        key
+    }
+
+    /// Reads a large body of `len` bytes, a chunk per round trip.
+    async fn read_large(&self, id: &RecordId, len: usize) -> Result<Bytes, StoreError> {
+        let key = Self::body_key(id);
+        let mut body = bytes::BytesMut::with_capacity(len);
+        let mut c = self.conn.clone();
+        while body.len() < len {
+            let end = (body.len() + CHUNK).min(len);
+            let chunk: Vec<u8> = redis::cmd("GETRANGE")
+                .arg(&key[..])
+                .arg(body.len())
+                .arg(end - 1)
+                .query_async(&mut c)
+                .await
+                .map_err(backend)?;
+            if chunk.len() != end - body.len() {
+                return Err(corrupt("a large body is shorter than its record says"));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body.freeze())
+    }
+
+    /// Records a response whose body is larger than [`INLINE_MAX`]: the body a chunk per
+    /// round trip, then the record.
+    async fn record_large(
+        &self,
+        id: &RecordId,
+        owner: &OwnerToken,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        for (i, chunk) in response.body.chunks(CHUNK).enumerate() {
+            let offset = (i * CHUNK).to_string();
+            let args: [&[u8]; 2] = [offset.as_bytes(), chunk];
+            if !self
+                .owner_checked(&self.scripts.write_chunk, id, owner, &args, None)
+                .await?
+            {
+                return Ok(false);
+            }
+        }
+        let status = response.status.to_string();
+        let headers = response.encode_headers();
+        let len = response.body.len().to_string();
+        let args: [&[u8]; 3] = [status.as_bytes(), &headers, len.as_bytes()];
+        let script = &self.scripts.record_large;
+        let mut cmd = evalsha(script, &[&Self::key(id)[..], &Self::body_key(id)[..]]);
+        cmd.arg(owner.as_str());
+        for arg in args {
+            cmd.arg(arg);
+        }
+        // The record counts as written only once the replicas have it, like any record.
+        let (v, acked) = self.eval(script, cmd, true).await?;
+        match v {
+            Value::Int(1) => {
+                self.acknowledged("record", acked)?;
+                Ok(true)
+            }
+            Value::Int(0) => Ok(false),
+            _ => Err(corrupt("a large body was not all written")),
+        }
+    }
 }
+
+/// Bodies up to this size are kept inline in the record, and come back with the claim.
+const INLINE_MAX: usize = 256 * 1024;
+/// Larger ones are written and read in pieces of this size, one round trip each.
+const CHUNK: usize = 256 * 1024;
+const BODY_SUFFIX: &[u8] = b":body";
 
 /// Lowercase hex of 32 bytes (a record id, a fingerprint), without allocating.
 fn hex64(bytes: &[u8; 32]) -> [u8; 64] {
@@ -288,6 +558,53 @@ fn hex64(bytes: &[u8; 32]) -> [u8; 64] {
     // The buffer is exactly twice the input's length, the only way encoding can fail.
     let _ = hex::encode_to_slice(bytes, &mut out);
     out
+}
+
+/// `EVALSHA <script> <n> <keys...>`, ready for the script's arguments.
+fn evalsha(script: &Script, keys: &[&[u8]]) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys.len());
+    for key in keys {
+        cmd.arg(*key);
+    }
+    cmd
+}
+
+/// What start-up says when Redis cannot be used: the address, and TLS when the TLS layer
+/// refused (a certificate, a name, a client certificate), so that an operator looks at the
+/// right thing first.
+fn describe_failure(setup: &RedisSetup, e: &redis::RedisError) -> String {
+    let text = e.to_string();
+    let mut tls = false;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.downcast_ref::<rustls::Error>().is_some() {
+            tls = true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+            {
+                tls = true;
+            }
+        }
+        source = err.source();
+    }
+    let lower = text.to_ascii_lowercase();
+    if setup.tls.is_some()
+        && ["certificate", "tls", "handshake", "alert"]
+            .iter()
+            .any(|w| lower.contains(w))
+    {
+        tls = true;
+    }
+    let at = setup.addresses();
+    if tls {
+        format!("Redis at {at}: TLS failed: {text}")
+    } else {
+        format!("Redis at {at}: {text}")
+    }
 }
 
 const KEY_PREFIX: &[u8] = b"idemgate:{";
@@ -324,14 +641,56 @@ fn text_of(v: &Value) -> Option<String> {
     bytes_of(v).and_then(|b| String::from_utf8(b.to_vec()).ok())
 }
 
-fn parse_claim(v: Value) -> Result<Claim, StoreError> {
+/// A claim's reply: what it found, or a completed record whose large body is still to read.
+enum Parsed {
+    Claim(Claim),
+    Large {
+        status: u16,
+        headers: Vec<(String, Bytes)>,
+        len: usize,
+    },
+}
+
+fn parse_claim(v: Value) -> Result<Parsed, StoreError> {
     let Value::Array(items) = v else {
         return Err(corrupt("claim reply is not an array"));
     };
     let tag = items.first().and_then(text_of).unwrap_or_default();
-    match tag.as_str() {
+    if tag == "completed_large" {
+        let status: u16 = items
+            .get(1)
+            .and_then(text_of)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| corrupt("status"))?;
+        let headers = items
+            .get(2)
+            .and_then(bytes_of)
+            .and_then(|b| StoredResponse::decode_headers(&b))
+            .ok_or_else(|| corrupt("headers"))?;
+        let len = items
+            .get(3)
+            .and_then(text_of)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| corrupt("body length"))?;
+        return Ok(Parsed::Large {
+            status,
+            headers,
+            len,
+        });
+    }
+    parse_claim_tag(&tag, items).map(Parsed::Claim)
+}
+
+fn parse_claim_tag(tag: &str, items: Vec<Value>) -> Result<Claim, StoreError> {
+    match tag {
         "claimed" => Ok(Claim::Claimed),
         "mismatch" => Ok(Claim::Mismatch),
+        "not_kept" => items
+            .get(1)
+            .and_then(text_of)
+            .and_then(|s| s.parse().ok())
+            .map(|status| Claim::NotKept { status })
+            .ok_or_else(|| corrupt("status")),
         "unknown" => Ok(Claim::Unknown),
         "withdrawn" => Ok(Claim::Withdrawn),
         "version" => items
@@ -378,22 +737,42 @@ fn parse_claim(v: Value) -> Result<Claim, StoreError> {
 impl Store for RedisStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
         Box::pin(async move {
-            let mut c = self.conn.clone();
-            let v: Value = self
-                .scripts
-                .claim
-                .key(&Self::key(&req.id)[..])
-                .key(&Self::withdrawn_key(&req.id)[..])
-                .arg(&hex64(&req.fingerprint.0)[..])
+            let mut cmd = evalsha(
+                &self.scripts.claim,
+                &[&Self::key(&req.id)[..], &Self::withdrawn_key(&req.id)[..]],
+            );
+            cmd.arg(&hex64(&req.fingerprint.0)[..])
                 .arg(req.fingerprint_version)
                 .arg(req.owner.as_str())
                 .arg(req.lease.as_millis() as u64)
                 .arg(req.retention.as_millis() as u64)
-                .arg(req.busy_for.as_millis() as u64)
-                .invoke_async(&mut c)
-                .await
-                .map_err(backend)?;
-            parse_claim(v)
+                .arg(req.busy_for.as_millis() as u64);
+            let (v, acked) = self.eval(&self.scripts.claim, cmd, true).await?;
+            let claim = match parse_claim(v)? {
+                Parsed::Claim(c) => c,
+                Parsed::Large {
+                    status,
+                    headers,
+                    len,
+                } => {
+                    let body = self.read_large(&req.id, len).await?;
+                    Claim::Replay(StoredResponse {
+                        status,
+                        headers,
+                        body,
+                    })
+                }
+            };
+            if claim == Claim::Claimed {
+                if let Err(e) = self.acknowledged("claim", acked) {
+                    // Not forwarded, so not kept: a retry must be able to execute. Should
+                    // this release be lost too, the claim reads as unknown once its lease
+                    // runs out (409, never a second execution).
+                    let _ = self.release(&req.id, &req.owner, req.lease).await;
+                    return Err(e);
+                }
+            }
+            Ok(claim)
         })
     }
 
@@ -404,11 +783,34 @@ impl Store for RedisStore {
         response: &'a StoredResponse,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
+            if response.body.len() > INLINE_MAX {
+                return self.record_large(id, owner, response).await;
+            }
             let status = response.status.to_string();
             let headers = response.encode_headers();
             let args: [&[u8]; 3] = [status.as_bytes(), &headers, &response.body];
-            self.owner_checked(&self.scripts.record, id, owner, &args)
+            self.owner_checked(&self.scripts.record, id, owner, &args, Some("record"))
                 .await
+        })
+    }
+
+    fn record_not_kept<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        status: u16,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let status = status.to_string();
+            let args: [&[u8]; 1] = [status.as_bytes()];
+            self.owner_checked(
+                &self.scripts.record_not_kept,
+                id,
+                owner,
+                &args,
+                Some("record"),
+            )
+            .await
         })
     }
 
@@ -420,7 +822,7 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let lease_ms = lease.as_millis().to_string();
-            self.owner_checked(&self.scripts.renew, id, owner, &[lease_ms.as_bytes()])
+            self.owner_checked(&self.scripts.renew, id, owner, &[lease_ms.as_bytes()], None)
                 .await
         })
     }
@@ -430,7 +832,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.owner_checked(&self.scripts.mark_unknown, id, owner, &[]))
+        Box::pin(self.owner_checked(&self.scripts.mark_unknown, id, owner, &[], None))
     }
 
     fn release<'a>(
@@ -467,6 +869,7 @@ impl Store for RedisStore {
                 .scripts
                 .inspect
                 .key(&Self::key(id)[..])
+                .key(&Self::body_key(id)[..])
                 .arg(if with_body { "1" } else { "0" })
                 .invoke_async(&mut c)
                 .await
@@ -481,8 +884,9 @@ impl Store for RedisStore {
             let now = num(6).unwrap_or(0);
             let lease_until = num(3);
             let busy_until = num(9);
-            let state = match text(0).as_str() {
-                "c" => RecordState::Completed,
+            let st = text(0);
+            let state = match st.as_str() {
+                "c" | "n" => RecordState::Completed,
                 "p" if lease_until.is_some_and(|l| l > now) => RecordState::InProgress,
                 _ => RecordState::Unknown,
             };
@@ -502,6 +906,7 @@ impl Store for RedisStore {
                 fingerprint: text(1),
                 fingerprint_version: text(2).parse().unwrap_or(0),
                 status: text(5).parse().ok(),
+                body_kept: (state == RecordState::Completed).then_some(st == "c"),
                 body: if with_body {
                     items
                         .get(8)
@@ -525,6 +930,7 @@ impl Store for RedisStore {
                 .scripts
                 .delete
                 .key(&Self::key(id)[..])
+                .key(&Self::body_key(id)[..])
                 .arg(if force { "1" } else { "0" })
                 .invoke_async(&mut c)
                 .await
@@ -545,18 +951,22 @@ impl Store for RedisStore {
         force: bool,
     ) -> BoxFuture<'a, Result<Completed, StoreError>> {
         Box::pin(async move {
-            let mut c = self.conn.clone();
-            let n: i64 = self
-                .scripts
-                .complete
-                .key(&Self::key(id)[..])
-                .arg(if force { "1" } else { "0" })
+            let script = &self.scripts.complete;
+            let mut cmd = evalsha(script, &[&Self::key(id)[..], &Self::body_key(id)[..]]);
+            cmd.arg(if force { "1" } else { "0" })
                 .arg(response.status.to_string())
                 .arg(response.encode_headers())
-                .arg(&response.body[..])
-                .invoke_async(&mut c)
-                .await
-                .map_err(backend)?;
+                .arg(&response.body[..]);
+            // Waits for replicas like a record: a completion lost in a failover would leave
+            // the record `unknown` again.
+            let (v, acked) = self.eval(script, cmd, true).await?;
+            let n = match v {
+                Value::Int(n) => n,
+                _ => return Err(corrupt("complete reply")),
+            };
+            if n == 1 {
+                self.acknowledged("completion", acked)?;
+            }
             match n {
                 1 => Ok(Completed::Completed),
                 0 => Ok(Completed::NotFound),
@@ -576,6 +986,15 @@ impl Store for RedisStore {
         Box::pin(async move {
             // SCAN, never KEYS: each call costs Redis about `count` keys' work, and a
             // record that exists for the whole walk is returned at least once.
+            // A cluster's keys are spread over its primaries, each with its own SCAN
+            // cursor; a walk over one of them would look complete and miss the others.
+            if self.conn.is_cluster() {
+                return Err(StoreError::Backend(
+                    "listing records is not available on Redis Cluster: look records up one \
+                     by one (POST /records/lookup, GET /records/{id})"
+                        .into(),
+                ));
+            }
             let start = if cursor.is_empty() { "0" } else { cursor };
             if !start.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(corrupt("not a cursor of this store"));
@@ -650,28 +1069,56 @@ impl Store for RedisStore {
                 .query_async(&mut c)
                 .await
                 .map_err(backend)?;
-            stored
+            let secret = stored
                 .as_deref()
                 .and_then(ScopeSecret::from_hex)
-                .ok_or_else(|| corrupt(&format!("{SECRET_KEY} is not a 64-digit hex secret")))
+                .ok_or_else(|| corrupt(&format!("{SECRET_KEY} is not a 64-digit hex secret")))?;
+            // Every record id hangs on the secret: one lost in a failover would orphan every
+            // record. With replica acknowledgement on, it must be on the replicas too.
+            if let Some(ack) = self.replica_ack {
+                let acked: i64 = redis::cmd("WAIT")
+                    .arg(ack.replicas)
+                    .arg(ack.timeout.as_millis() as u64)
+                    .query_async(&mut c)
+                    .await
+                    .map_err(backend)?;
+                self.acknowledged("the scope secret", Some(acked))?;
+            }
+            Ok(secret)
         })
     }
 
     fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
         Box::pin(async move {
             // The default sections hold all four fields; `all` would add per-command ones.
-            let info = self.info("default").await?;
+            // A cluster's primaries are read as one server: a restart of any changes the
+            // run id, evictions add up, the youngest uptime and any evicting policy show.
+            let infos = self.info_all("default").await?;
             let number = |info: &str, name: &str| {
                 info_field(info, name)
                     .and_then(|v| v.parse::<u64>().ok())
                     .ok_or_else(|| corrupt(&format!("INFO without {name}")))
             };
+            let mut run_ids = Vec::new();
+            let (mut uptime, mut evicted) = (u64::MAX, 0u64);
+            let mut policy = String::new();
+            for info in &infos {
+                run_ids.push(
+                    info_field(info, "run_id").ok_or_else(|| corrupt("INFO without run_id"))?,
+                );
+                uptime = uptime.min(number(info, "uptime_in_seconds")?);
+                evicted += number(info, "evicted_keys")?;
+                let p = info_field(info, "maxmemory_policy").unwrap_or_default();
+                if policy.is_empty() || p != "noeviction" {
+                    policy = p;
+                }
+            }
+            run_ids.sort();
             Ok(Some(ServerStats {
-                run_id: info_field(&info, "run_id")
-                    .ok_or_else(|| corrupt("INFO without run_id"))?,
-                uptime_secs: number(&info, "uptime_in_seconds")?,
-                evicted_keys: number(&info, "evicted_keys")?,
-                maxmemory_policy: info_field(&info, "maxmemory_policy").unwrap_or_default(),
+                run_id: run_ids.join(","),
+                uptime_secs: uptime,
+                evicted_keys: evicted,
+                maxmemory_policy: policy,
             }))
         })
     }

@@ -319,6 +319,16 @@ impl Store for Enveloped {
         })
     }
 
+    fn record_not_kept<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        status: u16,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        // Nothing of the answer is kept, so nothing to seal.
+        self.inner.record_not_kept(id, owner, status)
+    }
+
     fn renew<'a>(
         &'a self,
         id: &'a RecordId,

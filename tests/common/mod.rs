@@ -2,6 +2,9 @@
 //! counter and a settable delay, and idemgate in-process on port 0.
 #![allow(dead_code)]
 
+pub mod postgres;
+pub mod topology;
+
 /// Runs each named `async fn(Backend)` of the test file twice: on the embedded store and on
 /// a redis-server of its own.
 #[allow(unused_macros)]
@@ -31,6 +34,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -207,6 +211,15 @@ pub const DELAY_MS: &str = "x-test-delay-ms";
 /// Per-request header: the fake upstream answers with this status instead of 201.
 pub const STATUS: &str = "x-test-status";
 
+/// Per-request header: the fake upstream answers this many bytes ([`big_answer_byte`]),
+/// generated as they are sent, in 16 KiB frames without a `Content-Length` (chunked).
+pub const ANSWER_BYTES: &str = "x-test-answer-bytes";
+
+/// Byte `i` of a big answer: a pattern that shows any byte lost, repeated or reordered.
+pub fn big_answer_byte(i: u64) -> u8 {
+    (i % 251) as u8
+}
+
 /// What the upstream saw of one request.
 #[derive(Clone, Debug)]
 pub struct Seen {
@@ -293,6 +306,7 @@ impl Upstream {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| self.delay_ms.load(Ordering::SeqCst));
         let status = one(STATUS).and_then(|v| v.parse().ok()).unwrap_or(201u16);
+        let answer_bytes = one(ANSWER_BYTES).and_then(|v| v.parse::<u64>().ok());
         let mode = match one(FAULT).as_deref() {
             Some("hang") => Mode::Hang,
             Some("reset") => Mode::Reset,
@@ -310,6 +324,16 @@ impl Upstream {
         }
         if mode == Mode::Hang {
             std::future::pending::<()>().await;
+        }
+        if let Some(size) = answer_bytes {
+            return Response::builder()
+                .status(status)
+                .header("x-execution", n.to_string())
+                .body(BodyExt::boxed(BigBody {
+                    sent: 0,
+                    total: size,
+                }))
+                .expect("response");
         }
         let out = Bytes::from(execution_body(n, parts.method.as_str(), body.len()));
         let builder = Response::builder()
@@ -361,6 +385,29 @@ pub fn execution_body(n: usize, method: &str, body_len: usize) -> String {
 }
 
 type UpBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+/// A body of `total` pattern bytes, made as it is sent.
+struct BigBody {
+    sent: u64,
+    total: u64,
+}
+
+impl hyper::body::Body for BigBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
+        let n = (self.total - self.sent).min(16 * 1024);
+        if n == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        let chunk: Vec<u8> = (self.sent..self.sent + n).map(big_answer_byte).collect();
+        self.sent += n;
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from(chunk)))))
+    }
+}
 
 /// A body that yields one chunk and, a moment later (so that the chunk is on the wire),
 /// fails.
@@ -524,10 +571,29 @@ pub struct Gate {
 }
 
 impl Gate {
-    /// Starts the binary in front of `upstream` on `redis_url` with extra `IDEMGATE_*`
-    /// variables, and waits until `/healthz` answers.
+    /// Starts the binary in front of `upstream` on `redis_url` (empty: the embedded store)
+    /// with extra `IDEMGATE_*` variables, and waits until `/healthz` answers.
     pub fn start(upstream: &str, redis_url: &str, env: &[(&str, &str)]) -> Gate {
-        let (mut cmd, addr, admin, dir) = Self::command(upstream, redis_url, env);
+        let (cmd, addr, admin, dir) = Self::command(upstream, redis_url, env);
+        Self::launch(cmd, addr, admin, dir)
+    }
+
+    /// As [`start`](Self::start), on the persistent embedded store in `store_path` instead
+    /// of Redis.
+    pub fn start_on_disk(upstream: &str, store_path: &Path, env: &[(&str, &str)]) -> Gate {
+        let (mut cmd, addr, admin, dir) = Self::command(upstream, "", env);
+        cmd.env_remove("IDEMGATE_REDIS_URL")
+            .env("IDEMGATE_STORE_PATH", store_path);
+        Self::launch(cmd, addr, admin, dir)
+    }
+
+    /// Spawns `cmd` and waits until `/healthz` answers.
+    fn launch(
+        mut cmd: Command,
+        addr: SocketAddr,
+        admin: SocketAddr,
+        dir: tempfile::TempDir,
+    ) -> Gate {
         let child = cmd.spawn().expect("idemgate binary");
         let mut gate = Gate {
             addr,
@@ -569,12 +635,15 @@ impl Gate {
             .env("IDEMGATE_LISTEN", addr.to_string())
             .env("IDEMGATE_ADMIN_LISTEN", admin.to_string())
             .env("IDEMGATE_UPSTREAM", upstream)
-            .env("IDEMGATE_REDIS_URL", redis_url)
             .env("IDEMGATE_NAMESPACE", NAMESPACE)
             .env("IDEMGATE_DEFAULTS__ANONYMOUS", "shared")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
+        // Empty: the embedded store.
+        if !redis_url.is_empty() {
+            cmd.env("IDEMGATE_REDIS_URL", redis_url);
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }

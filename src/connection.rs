@@ -1,0 +1,277 @@
+//! What one client connection may hold: a deadline for its request heads counted from the
+//! moment it was accepted (a connection that never sends a byte included), a deadline for
+//! keep-alive idleness, and a cap on how many are open at once.
+//!
+//! hyper's own `header_read_timeout` starts only once hyper reads a head, and hyper-util's
+//! `auto` builder first reads the protocol preface without any timer: a connection that
+//! sends nothing was held forever, and enough of them exhausted the file descriptors. Here
+//! the connection's bytes and its requests are watched from the outside instead:
+//!
+//! - awaiting a head (from accept, or from the first byte after an idle spell): closed after
+//!   `header_read_timeout`;
+//! - idle (no request being served, no bytes either way): closed after `idle_timeout`;
+//! - serving a request: no deadline here (the body read and upstream timeouts bound it).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// The deadlines a connection lives under.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadlines {
+    /// From accept, or from the first byte of a later request, to a complete head.
+    pub header: Duration,
+    /// With no request being served and no bytes moving.
+    pub idle: Duration,
+}
+
+/// One connection's state, shared by its socket wrapper, its service and its supervisor.
+#[derive(Clone)]
+pub struct Watch {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    // Woken when a head starts after an idle spell: its deadline may be sooner than the
+    // one the supervisor sleeps towards.
+    head_started: Notify,
+}
+
+#[derive(Clone, Copy)]
+struct State {
+    // Requests handed to the service and not yet answered.
+    serving: usize,
+    phase: Phase,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for a complete request head since this instant.
+    AwaitingHead(Instant),
+    /// Nothing to do since this instant.
+    Idle(Instant),
+}
+
+impl Watch {
+    /// A connection accepted now: it owes a request head within the header deadline.
+    pub fn accepted() -> Watch {
+        Watch {
+            inner: Arc::new(Shared {
+                state: Mutex::new(State {
+                    serving: 0,
+                    phase: Phase::AwaitingHead(Instant::now()),
+                }),
+                head_started: Notify::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update is a plain assignment: a poisoned lock is still consistent.
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A complete head arrived and its request goes to the service; the returned guard marks
+    /// its answer as given when dropped.
+    pub fn serving(&self) -> Serving {
+        self.lock().serving += 1;
+        Serving {
+            watch: self.clone(),
+        }
+    }
+
+    fn read(&self) {
+        let mut s = self.lock();
+        if s.serving == 0 && matches!(s.phase, Phase::Idle(_)) {
+            s.phase = Phase::AwaitingHead(Instant::now());
+            drop(s);
+            self.inner.head_started.notify_one();
+        }
+    }
+
+    fn wrote(&self) {
+        let mut s = self.lock();
+        // An answer still streaming out keeps its connection from counting as idle.
+        if s.serving == 0 && matches!(s.phase, Phase::Idle(_)) {
+            s.phase = Phase::Idle(Instant::now());
+        }
+    }
+
+    /// When the connection is due to be closed, if nothing happens before: `None` while a
+    /// request is being served.
+    fn due(&self, d: Deadlines) -> Option<Instant> {
+        let s = *self.lock();
+        if s.serving > 0 {
+            return None;
+        }
+        Some(match s.phase {
+            Phase::AwaitingHead(since) => since + d.header,
+            Phase::Idle(since) => since + d.idle,
+        })
+    }
+
+    /// Drives `conn` until it ends, or until it overstays a deadline: then it is dropped,
+    /// which closes the socket. Returns `None` in that case.
+    pub async fn supervise<F: Future>(self, d: Deadlines, conn: F) -> Option<F::Output> {
+        tokio::pin!(conn);
+        loop {
+            // While a request is served there is no deadline; look again after a while.
+            let due = self.due(d);
+            let wake = due.unwrap_or_else(|| Instant::now() + d.idle.min(d.header));
+            tokio::select! {
+                out = &mut conn => return Some(out),
+                _ = tokio::time::sleep_until(wake) => {
+                    if due.is_some() && self.due(d).is_some_and(|t| t <= Instant::now()) {
+                        return None;
+                    }
+                }
+                _ = self.inner.head_started.notified() => {}
+            }
+        }
+    }
+}
+
+/// A request being served on a watched connection.
+pub struct Serving {
+    watch: Watch,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let mut s = self.watch.lock();
+        s.serving = s.serving.saturating_sub(1);
+        if s.serving == 0 {
+            s.phase = Phase::Idle(Instant::now());
+        }
+    }
+}
+
+/// A socket that reports its reads and writes to its connection's [`Watch`].
+pub struct Watched<S> {
+    io: S,
+    watch: Watch,
+}
+
+impl<S> Watched<S> {
+    /// Wraps `io`.
+    pub fn new(io: S, watch: Watch) -> Watched<S> {
+        Watched { io, watch }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.watch.read();
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.watch.wrote();
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.watch.wrote();
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const D: Deadlines = Deadlines {
+        header: Duration::from_secs(10),
+        idle: Duration::from_secs(60),
+    };
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_connection_is_due_a_header_timeout_after_accept() {
+        let w = Watch::accepted();
+        let accepted = Instant::now();
+        assert_eq!(w.due(D), Some(accepted + D.header));
+        let out = w.supervise(D, std::future::pending::<()>()).await;
+        assert!(out.is_none());
+        assert_eq!(Instant::now() - accepted, D.header);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_after_an_answer_then_a_head_deadline_from_the_next_byte() {
+        let w = Watch::accepted();
+        let serving = w.serving();
+        assert_eq!(w.due(D), None, "no deadline while serving");
+        tokio::time::advance(Duration::from_secs(100)).await;
+        drop(serving);
+        let done = Instant::now();
+        assert_eq!(w.due(D), Some(done + D.idle));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        w.wrote();
+        assert_eq!(w.due(D), Some(done + Duration::from_secs(5) + D.idle));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        w.read();
+        assert_eq!(w.due(D), Some(Instant::now() + D.header));
+        // More bytes of the same head do not move its deadline.
+        let head = Instant::now();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        w.read();
+        assert_eq!(w.due(D), Some(head + D.header));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_after_idle_wakes_the_supervisor_for_its_sooner_deadline() {
+        let w = Watch::accepted();
+        drop(w.serving());
+        let watch = w.clone();
+        let started = Instant::now();
+        let task =
+            tokio::spawn(async move { watch.supervise(D, std::future::pending::<()>()).await });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        w.read();
+        assert!(task.await.expect("task").is_none());
+        assert_eq!(Instant::now() - started, Duration::from_secs(1) + D.header);
+    }
+}

@@ -1,0 +1,814 @@
+//! The PostgreSQL store: records in one table of a database that several idemgate
+//! instances share, with the same at-most-once guarantee as Redis.
+//!
+//! The claim is one statement: an `INSERT ... ON CONFLICT` whose unique key is itself the
+//! verdict (never "look up, then insert"), with the existing row read back in the same round
+//! trip. Record, renew, mark unknown and release are single owner-checked statements. Every
+//! time is the database's clock (`clock_timestamp()`), so instances with skewed clocks agree
+//! on leases. Expired rows are deleted by a periodic statement of bounded size.
+//!
+//! One connection, shared: `tokio-postgres` pipelines the queries of concurrent requests on
+//! it. When it breaks, the next call opens a new one (under the caller's deadline). Every
+//! statement also runs under the server's `statement_timeout`, set to the store deadline,
+//! so a statement abandoned by a timed-out caller does not keep running.
+//!
+//! TLS is not supported yet: use it on a trusted network or a local socket.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::Mutex;
+use tokio_postgres::{Client, NoTls, Row, Statement};
+
+use super::{
+    BoxFuture, Claim, ClaimRequest, Completed, Deleted, OwnerToken, Page, RecordState, RecordView,
+    Store, StoreError, StoredResponse,
+};
+use crate::fingerprint::Fingerprint;
+use crate::key::RecordId;
+use crate::scope::ScopeSecret;
+
+/// The schema this build writes, kept in `idemgate_meta`. A database with a higher version
+/// was migrated by a newer idemgate and is refused rather than misread.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// How many expired rows one sweep statement deletes at most.
+pub const EXPIRE_BATCH: i64 = 1000;
+
+/// Serialises migrations of instances starting at once (`pg_advisory_xact_lock` key).
+const MIGRATION_LOCK: i64 = 0x6964_656d_6761_7465;
+
+const MIGRATE: &str = "
+CREATE TABLE IF NOT EXISTS idemgate_meta (
+  name text PRIMARY KEY,
+  value text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS idemgate_records (
+  id bytea PRIMARY KEY,
+  state smallint NOT NULL,         -- 0 in progress, 1 completed, 2 unknown
+  fingerprint bytea NOT NULL,
+  fingerprint_version integer NOT NULL,
+  owner text NOT NULL,
+  lease_until timestamptz NOT NULL,
+  busy_until timestamptz NOT NULL,
+  created timestamptz NOT NULL,
+  expires timestamptz NOT NULL,
+  status integer,
+  headers bytea,
+  body bytea
+);
+CREATE INDEX IF NOT EXISTS idemgate_records_expires ON idemgate_records (expires);
+CREATE TABLE IF NOT EXISTS idemgate_withdrawn (
+  id bytea NOT NULL,
+  owner text NOT NULL,
+  until timestamptz NOT NULL,
+  PRIMARY KEY (id, owner)
+);
+";
+
+/// One statement: claims the id (a fresh row, or in place of an expired one) unless this
+/// owner withdrew it, and reads back what is there otherwise. The outer `SELECT` sees the
+/// statement's snapshot: a row committed by a concurrent claim after it was taken makes
+/// the `INSERT` find a conflict yet stays invisible to the `SELECT`; the caller then runs
+/// the statement again (a second round trip only in that race).
+const CLAIM: &str = "
+WITH w AS (
+  SELECT EXISTS (SELECT 1 FROM idemgate_withdrawn
+                 WHERE id = $1 AND owner = $4 AND until > clock_timestamp()) AS withdrawn
+), ins AS (
+  INSERT INTO idemgate_records AS r (id, state, fingerprint, fingerprint_version, owner,
+      lease_until, busy_until, created, expires)
+  SELECT $1::bytea, 0, $2::bytea, $3::integer, $4::text,
+      clock_timestamp() + $5::bigint * interval '1 millisecond',
+      clock_timestamp() + $6::bigint * interval '1 millisecond',
+      clock_timestamp(),
+      clock_timestamp() + $7::bigint * interval '1 millisecond'
+  FROM w WHERE NOT w.withdrawn
+  ON CONFLICT (id) DO UPDATE SET state = 0, fingerprint = excluded.fingerprint,
+      fingerprint_version = excluded.fingerprint_version, owner = excluded.owner,
+      lease_until = excluded.lease_until, busy_until = excluded.busy_until,
+      created = excluded.created, expires = excluded.expires,
+      status = NULL, headers = NULL, body = NULL
+    WHERE r.expires <= clock_timestamp()
+  RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM ins) AS claimed, (SELECT withdrawn FROM w) AS withdrawn,
+  r.state, r.fingerprint, r.fingerprint_version,
+  (extract(epoch FROM (r.lease_until - clock_timestamp())) * 1000)::bigint AS lease_left,
+  r.status, r.headers, r.body
+FROM (SELECT 1) AS one
+LEFT JOIN idemgate_records r ON r.id = $1 AND r.expires > clock_timestamp()
+";
+
+const RECORD: &str = "
+UPDATE idemgate_records SET state = 1, status = $3, headers = $4, body = $5
+WHERE id = $1 AND owner = $2 AND expires > clock_timestamp()
+";
+
+const RENEW: &str = "
+UPDATE idemgate_records SET lease_until = clock_timestamp() + $3::bigint * interval '1 millisecond'
+WHERE id = $1 AND owner = $2 AND state = 0 AND expires > clock_timestamp()
+";
+
+const MARK_UNKNOWN: &str = "
+UPDATE idemgate_records SET state = 2
+WHERE id = $1 AND owner = $2 AND state <> 1 AND expires > clock_timestamp()
+";
+
+/// Deletes the owner's record, or (none) remembers the withdrawal: one statement.
+const RELEASE: &str = "
+WITH d AS (
+  DELETE FROM idemgate_records
+  WHERE id = $1 AND owner = $2 AND expires > clock_timestamp()
+  RETURNING 1
+), w AS (
+  INSERT INTO idemgate_withdrawn AS x (id, owner, until)
+  SELECT $1::bytea, $2::text, clock_timestamp() + $3::bigint * interval '1 millisecond'
+  WHERE NOT EXISTS (SELECT 1 FROM d)
+  ON CONFLICT (id, owner) DO UPDATE SET until = greatest(x.until, excluded.until)
+  RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM d)
+";
+
+/// 0 not found, 1 deleted, 2 owner busy: one statement.
+const DELETE: &str = "
+WITH cur AS (
+  SELECT state, lease_until, busy_until FROM idemgate_records
+  WHERE id = $1 AND expires > clock_timestamp() FOR UPDATE
+), d AS (
+  DELETE FROM idemgate_records
+  WHERE id = $1 AND EXISTS (SELECT 1 FROM cur) AND ($2 OR NOT EXISTS (
+    SELECT 1 FROM cur WHERE state = 0
+      AND (lease_until > clock_timestamp() OR busy_until > clock_timestamp())))
+  RETURNING 1
+)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM d) THEN 1
+            WHEN EXISTS (SELECT 1 FROM cur) THEN 2 ELSE 0 END
+";
+
+// An operator's resolution: 1 completed, 0 no record, 2 its owner may still be working
+// (not forced), 3 already completed (kept or not). The owner is cleared, so the former
+// owner's late RECORD is refused.
+const COMPLETE: &str = "
+WITH cur AS (
+  SELECT state, lease_until, busy_until FROM idemgate_records
+  WHERE id = $1 AND expires > clock_timestamp() FOR UPDATE
+), u AS (
+  UPDATE idemgate_records SET state = 1, owner = '', status = $3, headers = $4, body = $5
+  WHERE id = $1 AND EXISTS (SELECT 1 FROM cur WHERE state <> 1) AND ($2 OR NOT EXISTS (
+    SELECT 1 FROM cur WHERE state = 0
+      AND (lease_until > clock_timestamp() OR busy_until > clock_timestamp())))
+  RETURNING 1
+)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM u) THEN 1
+            WHEN NOT EXISTS (SELECT 1 FROM cur) THEN 0
+            WHEN EXISTS (SELECT 1 FROM cur WHERE state = 1) THEN 3 ELSE 2 END
+";
+
+// The columns of a record view (see `view_of`), `$2`: with its body.
+const INSPECT: &str = "
+SELECT state, fingerprint, fingerprint_version,
+  (extract(epoch FROM (lease_until - clock_timestamp())) * 1000)::bigint,
+  (extract(epoch FROM (busy_until - clock_timestamp())) * 1000)::bigint,
+  (extract(epoch FROM created) * 1000)::bigint,
+  (extract(epoch FROM (expires - clock_timestamp())) * 1000)::bigint,
+  status, CASE WHEN $2 THEN body END, headers IS NOT NULL
+FROM idemgate_records WHERE id = $1 AND expires > clock_timestamp()
+";
+
+// One page of an operator's walk: the next `$2` live records after the id `$1`, in
+// primary-key order (an index range scan: about `$2` rows read per page), with the
+// columns of INSPECT and the id last.
+const LIST: &str = "
+SELECT state, fingerprint, fingerprint_version,
+  (extract(epoch FROM (lease_until - clock_timestamp())) * 1000)::bigint,
+  (extract(epoch FROM (busy_until - clock_timestamp())) * 1000)::bigint,
+  (extract(epoch FROM created) * 1000)::bigint,
+  (extract(epoch FROM (expires - clock_timestamp())) * 1000)::bigint,
+  status, NULL::bytea, headers IS NOT NULL, id
+FROM idemgate_records WHERE id > $1 AND expires > clock_timestamp()
+ORDER BY id LIMIT $2
+";
+
+const SWEEP: &str = "
+WITH d AS (
+  DELETE FROM idemgate_records WHERE id IN (
+    SELECT id FROM idemgate_records WHERE expires <= clock_timestamp()
+    ORDER BY expires LIMIT $1 FOR UPDATE SKIP LOCKED)
+  RETURNING 1
+), w AS (
+  DELETE FROM idemgate_withdrawn WHERE ctid IN (
+    SELECT ctid FROM idemgate_withdrawn WHERE until <= clock_timestamp() LIMIT $1)
+)
+SELECT count(*) FROM d
+";
+
+/// The PostgreSQL store. Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    url: String,
+    connect_timeout: Duration,
+    statement_timeout: Duration,
+    conn: Mutex<Option<Arc<Conn>>>,
+}
+
+/// A connection and its prepared statements: each call is then one round trip (bind and
+/// execute), never a parse first.
+struct Conn {
+    client: Client,
+    claim: Statement,
+    record: Statement,
+    renew: Statement,
+    mark_unknown: Statement,
+    release: Statement,
+    delete: Statement,
+    inspect: Statement,
+    complete: Statement,
+    list: Statement,
+    sweep: Statement,
+}
+
+fn backend(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(format!("postgres: {e}"))
+}
+
+fn pg(e: tokio_postgres::Error) -> StoreError {
+    // The server's own message (a statement timeout, a constraint) says more than the
+    // error's summary.
+    match e.as_db_error() {
+        Some(db) => {
+            StoreError::Backend(format!("postgres: {}: {}", db.code().code(), db.message()))
+        }
+        None => backend(e),
+    }
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::Corrupt(format!("postgres record: {what}"))
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
+}
+
+impl PostgresStore {
+    /// Connects, and creates or migrates the schema.
+    pub async fn connect(
+        url: &str,
+        connect_timeout: Duration,
+        statement_timeout: Duration,
+    ) -> Result<PostgresStore, StoreError> {
+        let store = PostgresStore {
+            inner: Arc::new(Inner {
+                url: url.to_string(),
+                connect_timeout,
+                statement_timeout,
+                conn: Mutex::new(None),
+            }),
+        };
+        super::deadline(connect_timeout + statement_timeout * 4, store.migrate()).await?;
+        Ok(store)
+    }
+
+    async fn open(&self) -> Result<Client, StoreError> {
+        let mut config: tokio_postgres::Config = self.inner.url.parse().map_err(backend)?;
+        config.connect_timeout(self.inner.connect_timeout);
+        config.application_name("idemgate");
+        config.options(format!(
+            "-c statement_timeout={}",
+            self.inner.statement_timeout.as_millis().max(1)
+        ));
+        let (client, connection) = super::deadline(self.inner.connect_timeout, async {
+            config.connect(NoTls).await.map_err(pg)
+        })
+        .await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::warn!(error = %e, "connection to PostgreSQL lost");
+            }
+        });
+        Ok(client)
+    }
+
+    /// The shared connection, opened anew (statements prepared) if the last one broke.
+    async fn conn(&self) -> Result<Arc<Conn>, StoreError> {
+        let mut slot = self.inner.conn.lock().await;
+        if let Some(c) = slot.as_ref().filter(|c| !c.client.is_closed()) {
+            return Ok(c.clone());
+        }
+        *slot = None;
+        let client = self.open().await?;
+        let p = |sql: &'static str| {
+            let client = &client;
+            async move { client.prepare(sql).await.map_err(pg) }
+        };
+        let conn = Arc::new(Conn {
+            claim: p(CLAIM).await?,
+            record: p(RECORD).await?,
+            renew: p(RENEW).await?,
+            mark_unknown: p(MARK_UNKNOWN).await?,
+            release: p(RELEASE).await?,
+            delete: p(DELETE).await?,
+            inspect: p(INSPECT).await?,
+            complete: p(COMPLETE).await?,
+            list: p(LIST).await?,
+            sweep: p(SWEEP).await?,
+            client,
+        });
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let mut slot = self.inner.conn.lock().await;
+        let c = self.open().await?;
+        c.batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({MIGRATION_LOCK}); {MIGRATE} COMMIT;"
+        ))
+        .await
+        .map_err(pg)?;
+        let found: Option<String> = c
+            .query_opt(
+                "SELECT value FROM idemgate_meta WHERE name = 'schema_version'",
+                &[],
+            )
+            .await
+            .map_err(pg)?
+            .map(|r| col(&r, 0))
+            .transpose()?;
+        let found: i64 = match found {
+            None => 0,
+            Some(v) => v
+                .parse()
+                .map_err(|_| corrupt("schema_version is not a number"))?,
+        };
+        if found > SCHEMA_VERSION {
+            return Err(StoreError::Corrupt(format!(
+                "the database has idemgate schema version {found}, newer than this idemgate's {SCHEMA_VERSION}"
+            )));
+        }
+        c.execute(
+            "INSERT INTO idemgate_meta (name, value) VALUES ('schema_version', $1)
+             ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            &[&SCHEMA_VERSION.to_string()],
+        )
+        .await
+        .map_err(pg)?;
+        // The statements are prepared on the next connection, against the tables just made.
+        *slot = None;
+        Ok(())
+    }
+
+    /// Deletes expired rows, at most [`EXPIRE_BATCH`] per statement, until none are left;
+    /// returns how many it deleted.
+    pub async fn sweep(&self) -> Result<u64, StoreError> {
+        let mut total = 0u64;
+        loop {
+            let c = self.conn().await?;
+            let n: i64 = c
+                .client
+                .query_one(&c.sweep, &[&EXPIRE_BATCH])
+                .await
+                .map_err(pg)
+                .and_then(|r| col(&r, 0))?;
+            total += n as u64;
+            if n < EXPIRE_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Sweeps expired rows every `period` in a background task, which ends when the last
+    /// clone of the store is dropped.
+    pub fn spawn_sweeper(&self, period: Duration) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                let store = PostgresStore { inner };
+                if let Err(e) = store.sweep().await {
+                    tracing::warn!(error = %e, "sweeping expired records failed");
+                }
+            }
+        })
+    }
+
+    async fn execute(
+        &self,
+        which: fn(&Conn) -> &Statement,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        let c = self.conn().await?;
+        c.client.execute(which(&c), params).await.map_err(pg)
+    }
+}
+
+/// Column `i` of `row`: a column of another type (a table changed by hand) is an error,
+/// not a panic.
+fn col<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, i: usize) -> Result<T, StoreError> {
+    row.try_get(i)
+        .map_err(|e| corrupt(&format!("column {i}: {e}")))
+}
+
+fn lease_left(ms: i64) -> Duration {
+    Duration::from_millis(ms.max(1) as u64)
+}
+
+fn found(row: &Row, req: &ClaimRequest) -> Result<Option<Claim>, StoreError> {
+    if col::<bool>(row, 0)? {
+        return Ok(Some(Claim::Claimed));
+    }
+    let Some(state) = col::<Option<i16>>(row, 2)? else {
+        // No live row visible: withdrawn, or made by a claim that committed after this
+        // statement's snapshot (run it again).
+        return Ok(col::<bool>(row, 1)?.then_some(Claim::Withdrawn));
+    };
+    let fp: Vec<u8> = col(row, 3)?;
+    let fv: i32 = col(row, 4)?;
+    let fv = u16::try_from(fv).map_err(|_| corrupt("fingerprint version out of range"))?;
+    Ok(Some(if fv != req.fingerprint_version {
+        Claim::OtherVersion(fv)
+    } else if fp.as_slice() != req.fingerprint.0.as_slice() {
+        Claim::Mismatch
+    } else if state == 1 {
+        let status: Option<i32> = col(row, 6)?;
+        let status = status
+            .and_then(|s| u16::try_from(s).ok())
+            .ok_or_else(|| corrupt("completed without a status"))?;
+        let headers: Option<Vec<u8>> = col(row, 7)?;
+        let body: Option<Vec<u8>> = col(row, 8)?;
+        match headers {
+            // Completed without headers: the answer was too large to keep.
+            None => Claim::NotKept { status },
+            Some(headers) => Claim::Replay(StoredResponse {
+                status,
+                headers: StoredResponse::decode_headers(&headers)
+                    .ok_or_else(|| corrupt("undecodable headers"))?,
+                body: Bytes::from(body.unwrap_or_default()),
+            }),
+        }
+    } else {
+        let left: i64 = col(row, 5)?;
+        if state == 0 && left > 0 {
+            Claim::InFlight {
+                lease_left: lease_left(left),
+            }
+        } else {
+            Claim::Unknown
+        }
+    }))
+}
+
+impl Store for PostgresStore {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move {
+            let id = req.id.as_bytes().as_slice();
+            let fv = i32::from(req.fingerprint_version);
+            let (lease, busy, retention) = (ms(req.lease), ms(req.busy_for), ms(req.retention));
+            // The race that needs a second run ends once the concurrent claim has
+            // committed, which it has by the time the conflict is seen.
+            for _ in 0..3 {
+                let c = self.conn().await?;
+                let row = c
+                    .client
+                    .query_one(
+                        &c.claim,
+                        &[
+                            &id,
+                            &req.fingerprint.0.as_slice(),
+                            &fv,
+                            &req.owner.as_str(),
+                            &lease,
+                            &busy,
+                            &retention,
+                        ],
+                    )
+                    .await
+                    .map_err(pg)?;
+                if let Some(claim) = found(&row, req)? {
+                    return Ok(claim);
+                }
+            }
+            Err(backend("the claim kept finding a row it could not read"))
+        })
+    }
+
+    fn record<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        response: &'a StoredResponse,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let status = i32::from(response.status);
+            let headers = response.encode_headers();
+            let n = self
+                .execute(
+                    |c| &c.record,
+                    &[
+                        &id.as_bytes().as_slice(),
+                        &owner.as_str(),
+                        &status,
+                        &headers,
+                        &&response.body[..],
+                    ],
+                )
+                .await?;
+            Ok(n == 1)
+        })
+    }
+
+    fn record_not_kept<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        status: u16,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            // Completed with no headers and no body: what a claim reads as "not kept" (a
+            // kept answer always has headers, if only an empty list).
+            let status = i32::from(status);
+            let none: Option<Vec<u8>> = None;
+            let n = self
+                .execute(
+                    |c| &c.record,
+                    &[
+                        &id.as_bytes().as_slice(),
+                        &owner.as_str(),
+                        &status,
+                        &none,
+                        &none,
+                    ],
+                )
+                .await?;
+            Ok(n == 1)
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let n = self
+                .execute(
+                    |c| &c.renew,
+                    &[&id.as_bytes().as_slice(), &owner.as_str(), &ms(lease)],
+                )
+                .await?;
+            Ok(n == 1)
+        })
+    }
+
+    fn mark_unknown<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let n = self
+                .execute(
+                    |c| &c.mark_unknown,
+                    &[&id.as_bytes().as_slice(), &owner.as_str()],
+                )
+                .await?;
+            Ok(n == 1)
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        linger: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let c = self.conn().await?;
+            let row = c
+                .client
+                .query_one(
+                    &c.release,
+                    &[&id.as_bytes().as_slice(), &owner.as_str(), &ms(linger)],
+                )
+                .await
+                .map_err(pg)?;
+            col::<bool>(&row, 0)
+        })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        id: &'a RecordId,
+        with_body: bool,
+    ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>> {
+        Box::pin(async move {
+            let c = self.conn().await?;
+            let Some(r) = c
+                .client
+                .query_opt(&c.inspect, &[&id.as_bytes().as_slice(), &with_body])
+                .await
+                .map_err(pg)?
+            else {
+                return Ok(None);
+            };
+            view_of(id, &r).map(Some)
+        })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
+        Box::pin(async move {
+            let c = self.conn().await?;
+            let n: i32 = c
+                .client
+                .query_one(&c.delete, &[&id.as_bytes().as_slice(), &force])
+                .await
+                .map_err(pg)
+                .and_then(|r| col(&r, 0))?;
+            Ok(match n {
+                1 => Deleted::Deleted,
+                2 => Deleted::OwnerBusy,
+                _ => Deleted::NotFound,
+            })
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        response: &'a StoredResponse,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Completed, StoreError>> {
+        Box::pin(async move {
+            let c = self.conn().await?;
+            let status = i32::from(response.status);
+            let headers = response.encode_headers();
+            let n: i32 = c
+                .client
+                .query_one(
+                    &c.complete,
+                    &[
+                        &id.as_bytes().as_slice(),
+                        &force,
+                        &status,
+                        &headers.as_slice(),
+                        &&response.body[..],
+                    ],
+                )
+                .await
+                .map_err(pg)
+                .and_then(|r| col(&r, 0))?;
+            match n {
+                1 => Ok(Completed::Completed),
+                0 => Ok(Completed::NotFound),
+                2 => Ok(Completed::OwnerBusy),
+                3 => Ok(Completed::AlreadyCompleted),
+                _ => Err(corrupt("complete reply")),
+            }
+        })
+    }
+
+    fn list<'a>(
+        &'a self,
+        state: Option<RecordState>,
+        cursor: &'a str,
+        count: usize,
+    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+        Box::pin(async move {
+            // The cursor is the last id examined (hex).
+            let after = if cursor.is_empty() {
+                Vec::new()
+            } else {
+                RecordId::from_hex(cursor)
+                    .ok_or_else(|| corrupt("not a cursor of this store"))?
+                    .as_bytes()
+                    .to_vec()
+            };
+            let count = count.max(1);
+            let c = self.conn().await?;
+            let rows = c
+                .client
+                .query(&c.list, &[&after.as_slice(), &(count as i64)])
+                .await
+                .map_err(pg)?;
+            let mut records = Vec::new();
+            let mut last = None;
+            for r in &rows {
+                let raw: Vec<u8> = col(r, 10)?;
+                let bytes: [u8; 32] = raw
+                    .try_into()
+                    .map_err(|_| corrupt("record id is not 32 bytes"))?;
+                let id = RecordId::from_bytes(bytes);
+                let view = view_of(&id, r)?;
+                last = Some(id);
+                if state.is_none_or(|s| s == view.state) {
+                    records.push(view);
+                }
+            }
+            Ok(Page {
+                records,
+                cursor: if rows.len() == count {
+                    last.map(|id| id.to_string())
+                } else {
+                    None
+                },
+            })
+        })
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let c = self.conn().await?;
+            c.client.simple_query("SELECT 1").await.map_err(pg)?;
+            Ok(())
+        })
+    }
+
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>> {
+        Box::pin(async move {
+            let c = self.conn().await?;
+            let c = &c.client;
+            // Insert if absent, then read back in the same statement's aftermath: whichever
+            // instance came first, every instance reads the one secret that won.
+            c.execute(
+                "INSERT INTO idemgate_meta (name, value) VALUES ('scope_secret', $1)
+                 ON CONFLICT (name) DO NOTHING",
+                &[&ScopeSecret::random().to_hex()],
+            )
+            .await
+            .map_err(pg)?;
+            let hex: String = c
+                .query_one(
+                    "SELECT value FROM idemgate_meta WHERE name = 'scope_secret'",
+                    &[],
+                )
+                .await
+                .map_err(pg)
+                .and_then(|r| col(&r, 0))?;
+            ScopeSecret::from_hex(&hex).ok_or_else(|| corrupt("scope secret is not 64 hex digits"))
+        })
+    }
+}
+
+/// A record as operators see it, from a row with INSPECT's columns.
+fn view_of(id: &RecordId, r: &Row) -> Result<RecordView, StoreError> {
+    let state: i16 = col(r, 0)?;
+    let fp: Vec<u8> = col(r, 1)?;
+    let fp: [u8; 32] = fp
+        .try_into()
+        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
+    let fv: i32 = col(r, 2)?;
+    let (lease_left, busy_left): (i64, i64) = (col(r, 3)?, col(r, 4)?);
+    let (created, ttl): (i64, i64) = (col(r, 5)?, col(r, 6)?);
+    let status: Option<i32> = col(r, 7)?;
+    let body: Option<Vec<u8>> = col(r, 8)?;
+    let kept: bool = col(r, 9)?;
+    let live = state == 0 && lease_left > 0;
+    let completed = state == 1;
+    Ok(RecordView {
+        id: id.to_string(),
+        state: if completed {
+            RecordState::Completed
+        } else if live {
+            RecordState::InProgress
+        } else {
+            RecordState::Unknown
+        },
+        created_ms: created.max(0) as u64,
+        lease_left_ms: live.then_some(lease_left as u64),
+        ttl_ms: Some(ttl.max(0) as u64),
+        owner_busy_ms: (state == 0 && busy_left > 0).then_some(busy_left as u64),
+        fingerprint: Fingerprint(fp).to_hex(),
+        fingerprint_version: u16::try_from(fv)
+            .map_err(|_| corrupt("fingerprint version out of range"))?,
+        status: if completed {
+            status.and_then(|s| u16::try_from(s).ok())
+        } else {
+            None
+        },
+        body: if completed {
+            body.map(|b| String::from_utf8_lossy(&b).into_owned())
+        } else {
+            None
+        },
+        body_kept: completed.then_some(kept),
+    })
+}

@@ -1,0 +1,450 @@
+//! How idemgate reaches Redis, validated from the configuration: one server by URL, a
+//! primary found through Sentinel, or a Cluster; the TLS files and credentials that apply
+//! to every node of each; and the replica acknowledgement asked of claims and records.
+//!
+//! Everything that can be checked without the network is checked here, at start, with the
+//! key at fault named (exit 64). Files are read here too, so a missing or unreadable
+//! certificate is a configuration error rather than a connection failure.
+
+use std::time::Duration;
+
+use crate::config::{Config, ConfigError, Secret};
+
+/// Where the Redis nodes are.
+#[derive(Debug, Clone)]
+pub enum Topology {
+    /// One server (`redis_url`), `redis://` or `rediss://`.
+    Single(String),
+    /// Sentinels that name the current primary of `master`.
+    Sentinel {
+        /// `host:port` of each sentinel.
+        sentinels: Vec<(String, u16)>,
+        /// The monitored master's name.
+        master: String,
+    },
+    /// Any reachable subset of a cluster's nodes; the rest is discovered.
+    Cluster {
+        /// `host:port` of each seed node.
+        nodes: Vec<(String, u16)>,
+    },
+}
+
+/// PEM bytes, never printed.
+#[derive(Clone)]
+pub struct Pem(pub Vec<u8>);
+
+impl std::fmt::Debug for Pem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pem({} bytes)", self.0.len())
+    }
+}
+
+/// TLS to every node (data nodes and sentinels alike).
+#[derive(Debug, Clone)]
+pub struct Tls {
+    /// Trusted roots (`redis_tls_ca_file`); `None`: the system's.
+    pub ca: Option<Pem>,
+    /// Client certificate chain and key, for servers with `tls-auth-clients yes`.
+    pub client: Option<(Pem, Pem)>,
+    /// No verification of the server's certificate at all (`redis_tls_insecure`).
+    pub insecure: bool,
+}
+
+/// `WAIT` after every claim and record.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplicaAck {
+    /// How many replicas must have the write.
+    pub replicas: u32,
+    /// How long `WAIT` may wait for them.
+    pub timeout: Duration,
+}
+
+/// The validated Redis part of the configuration.
+#[derive(Debug, Clone)]
+pub struct RedisSetup {
+    /// Where the nodes are.
+    pub topology: Topology,
+    /// TLS, when on (a `rediss://` URL or `redis_tls = true`).
+    pub tls: Option<Tls>,
+    /// ACL user (`redis_username`); `None`: `default`, or the URL's.
+    pub username: Option<String>,
+    /// Its password (`redis_password`, `IDEMGATE_REDIS_PASSWORD`).
+    pub password: Option<Secret>,
+    /// Replica acknowledgement (`min_replicas_ack` > 0).
+    pub replica_ack: Option<ReplicaAck>,
+}
+
+impl RedisSetup {
+    /// Validates the Redis keys of `c`; `Ok(None)` when no Redis is configured.
+    pub fn from_config(c: &Config) -> Result<Option<RedisSetup>, ConfigError> {
+        let chosen = [
+            ("redis_url", c.redis_url.is_some()),
+            ("redis_sentinels", !c.redis_sentinels.is_empty()),
+            ("redis_cluster_nodes", !c.redis_cluster_nodes.is_empty()),
+        ];
+        let set: Vec<&str> = chosen
+            .iter()
+            .filter(|(_, on)| *on)
+            .map(|(k, _)| *k)
+            .collect();
+        if set.len() > 1 {
+            return Err(invalid(
+                set[1],
+                format!("set only one of redis_url, redis_sentinels and redis_cluster_nodes (also set: {})", set[0]),
+            ));
+        }
+        let Some(which) = set.first() else {
+            return no_redis(c).map(|()| None);
+        };
+        let (topology, url_tls) = match *which {
+            "redis_url" => {
+                let url = c.redis_url.clone().unwrap_or_default();
+                redis::Client::open(url.as_str())
+                    .map_err(|e| invalid("redis_url", e.to_string()))?;
+                let tls = url.starts_with("rediss://");
+                if c.redis_tls && !tls {
+                    return Err(invalid(
+                        "redis_tls",
+                        "redis_url says redis:// (plain TCP): write rediss:// for TLS",
+                    ));
+                }
+                (Topology::Single(url), tls)
+            }
+            "redis_sentinels" => {
+                let master = c.redis_sentinel_master.clone().unwrap_or_default();
+                if master.is_empty() {
+                    return Err(invalid(
+                        "redis_sentinel_master",
+                        "required with redis_sentinels: the name the sentinels monitor",
+                    ));
+                }
+                let sentinels = host_ports("redis_sentinels", &c.redis_sentinels)?;
+                (Topology::Sentinel { sentinels, master }, c.redis_tls)
+            }
+            _ => {
+                let nodes = host_ports("redis_cluster_nodes", &c.redis_cluster_nodes)?;
+                (Topology::Cluster { nodes }, c.redis_tls)
+            }
+        };
+        if c.redis_sentinel_master.is_some() && !matches!(topology, Topology::Sentinel { .. }) {
+            return Err(invalid(
+                "redis_sentinel_master",
+                "only used with redis_sentinels",
+            ));
+        }
+        let tls = if url_tls {
+            Some(tls_files(c)?)
+        } else {
+            for (key, set) in tls_keys(c) {
+                if set {
+                    return Err(invalid(
+                        key,
+                        "TLS is off: use a rediss:// URL, or redis_tls = true with redis_sentinels or redis_cluster_nodes",
+                    ));
+                }
+            }
+            None
+        };
+        if c.redis_username.as_deref() == Some("") {
+            return Err(invalid("redis_username", "must not be empty"));
+        }
+        if c.redis_username.is_some() && c.redis_password.is_none() {
+            return Err(invalid(
+                "redis_password",
+                "required with redis_username (or IDEMGATE_REDIS_PASSWORD)",
+            ));
+        }
+        let replica_ack = replica_ack(c)?;
+        Ok(Some(RedisSetup {
+            topology,
+            tls,
+            username: c.redis_username.clone(),
+            password: c.redis_password.clone(),
+            replica_ack,
+        }))
+    }
+
+    /// The addresses that error messages name.
+    pub fn addresses(&self) -> String {
+        match &self.topology {
+            Topology::Single(url) => redis::IntoConnectionInfo::into_connection_info(url.as_str())
+                .map(|i| i.addr().to_string())
+                .unwrap_or_else(|_| "redis_url".into()),
+            Topology::Sentinel { sentinels, master } => {
+                format!("sentinels {} (master {master})", join(sentinels))
+            }
+            Topology::Cluster { nodes } => format!("cluster nodes {}", join(nodes)),
+        }
+    }
+}
+
+fn join(addrs: &[(String, u16)]) -> String {
+    addrs
+        .iter()
+        .map(|(h, p)| format!("{h}:{p}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+fn tls_keys(c: &Config) -> [(&'static str, bool); 4] {
+    [
+        ("redis_tls_ca_file", c.redis_tls_ca_file.is_some()),
+        ("redis_tls_cert_file", c.redis_tls_cert_file.is_some()),
+        ("redis_tls_key_file", c.redis_tls_key_file.is_some()),
+        ("redis_tls_insecure", c.redis_tls_insecure),
+    ]
+}
+
+/// Without any Redis, a Redis-only key is a mistake worth stopping for: the operator
+/// believes records are replicated or encrypted when they are in memory.
+fn no_redis(c: &Config) -> Result<(), ConfigError> {
+    let mut keys = tls_keys(c).to_vec();
+    keys.extend([
+        ("redis_tls", c.redis_tls),
+        ("redis_username", c.redis_username.is_some()),
+        ("redis_password", c.redis_password.is_some()),
+        ("redis_sentinel_master", c.redis_sentinel_master.is_some()),
+        ("min_replicas_ack", c.min_replicas_ack > 0),
+    ]);
+    match keys.into_iter().find(|(_, set)| *set) {
+        Some((key, _)) => Err(invalid(
+            key,
+            "no Redis is configured (redis_url, redis_sentinels or redis_cluster_nodes)",
+        )),
+        None => Ok(()),
+    }
+}
+
+fn host_ports(key: &str, list: &[String]) -> Result<Vec<(String, u16)>, ConfigError> {
+    list.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let bad = || invalid(format!("{key}[{i}]"), format!("`{s}` is not host:port"));
+            let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let port: u16 = port.parse().map_err(|_| bad())?;
+            if host.is_empty() || port == 0 {
+                return Err(bad());
+            }
+            Ok((host.to_string(), port))
+        })
+        .collect()
+}
+
+fn read(key: &str, path: &std::path::Path) -> Result<Pem, ConfigError> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| invalid(key, format!("cannot read {}: {e}", path.display())))?;
+    if !bytes.windows(11).any(|w| w == b"-----BEGIN ") {
+        return Err(invalid(
+            key,
+            format!("{} holds no PEM block", path.display()),
+        ));
+    }
+    Ok(Pem(bytes))
+}
+
+fn tls_files(c: &Config) -> Result<Tls, ConfigError> {
+    let ca = match &c.redis_tls_ca_file {
+        Some(p) => Some(read("redis_tls_ca_file", p)?),
+        None => None,
+    };
+    let client = match (&c.redis_tls_cert_file, &c.redis_tls_key_file) {
+        (Some(cert), Some(key)) => Some((
+            read("redis_tls_cert_file", cert)?,
+            read("redis_tls_key_file", key)?,
+        )),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(invalid(
+                "redis_tls_key_file",
+                "required with redis_tls_cert_file",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                "redis_tls_cert_file",
+                "required with redis_tls_key_file",
+            ))
+        }
+    };
+    Ok(Tls {
+        ca,
+        client,
+        insecure: c.redis_tls_insecure,
+    })
+}
+
+fn replica_ack(c: &Config) -> Result<Option<ReplicaAck>, ConfigError> {
+    if c.min_replicas_ack == 0 {
+        return Ok(None);
+    }
+    if c.min_replicas_ack > 64 {
+        return Err(invalid("min_replicas_ack", "must be at most 64"));
+    }
+    let t = c.replica_ack_timeout;
+    if t.is_zero() {
+        return Err(invalid("replica_ack_timeout", "must be greater than zero"));
+    }
+    // WAIT runs inside the claim's round trip, which store_timeout bounds: a WAIT that may
+    // outlast it would turn every slow acknowledgement into a timeout with an unknown
+    // outcome instead of a clear refusal.
+    if t.as_millis() >= c.store_timeout.as_millis() {
+        return Err(invalid(
+            "replica_ack_timeout",
+            format!(
+                "must be shorter than store_timeout ({:?}), which bounds the claim and its WAIT",
+                c.store_timeout
+            ),
+        ));
+    }
+    Ok(Some(ReplicaAck {
+        replicas: c.min_replicas_ack,
+        timeout: t,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Settings;
+
+    fn error_of(c: Config) -> String {
+        match Settings::new(c) {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn with(f: impl FnOnce(&mut Config)) -> Config {
+        let mut c = Config::default();
+        f(&mut c);
+        c
+    }
+
+    #[test]
+    fn bad_redis_settings_name_their_key() {
+        let pem = std::env::temp_dir().join(format!("idemgate-setup-{}.pem", std::process::id()));
+        std::fs::write(
+            &pem,
+            "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n",
+        )
+        .expect("temp file");
+        let cases: Vec<(Config, &str)> = vec![
+            (
+                with(|c| {
+                    c.redis_url = Some("redis://a:1".into());
+                    c.redis_cluster_nodes = vec!["a:1".into()];
+                }),
+                "redis_cluster_nodes",
+            ),
+            (
+                with(|c| c.redis_sentinels = vec!["a:1".into()]),
+                "redis_sentinel_master",
+            ),
+            (
+                with(|c| {
+                    c.redis_sentinels = vec!["a".into()];
+                    c.redis_sentinel_master = Some("m".into());
+                }),
+                "redis_sentinels[0]",
+            ),
+            (
+                with(|c| c.redis_cluster_nodes = vec!["a:0".into()]),
+                "redis_cluster_nodes[0]",
+            ),
+            (
+                with(|c| {
+                    c.redis_url = Some("redis://a:1".into());
+                    c.redis_tls = true;
+                }),
+                "redis_tls",
+            ),
+            (
+                with(|c| {
+                    c.redis_url = Some("redis://a:1".into());
+                    c.redis_tls_ca_file = Some(pem.clone());
+                }),
+                "redis_tls_ca_file",
+            ),
+            (
+                with(|c| {
+                    c.redis_url = Some("rediss://a:1".into());
+                    c.redis_tls_ca_file = Some("/nonexistent/ca.pem".into());
+                }),
+                "redis_tls_ca_file",
+            ),
+            (
+                with(|c| {
+                    c.redis_url = Some("rediss://a:1".into());
+                    c.redis_tls_cert_file = Some(pem.clone());
+                }),
+                "redis_tls_key_file",
+            ),
+            (
+                with(|c| {
+                    c.redis_url = Some("rediss://a:1".into());
+                    c.redis_tls_ca_file = Some(std::env::temp_dir());
+                }),
+                "redis_tls_ca_file",
+            ),
+            (
+                with(|c| {
+                    c.redis_url = Some("redis://a:1".into());
+                    c.redis_username = Some("u".into());
+                }),
+                "redis_password",
+            ),
+            (
+                with(|c| {
+                    c.redis_url = Some("redis://a:1".into());
+                    c.min_replicas_ack = 1;
+                    c.replica_ack_timeout = c.store_timeout;
+                }),
+                "replica_ack_timeout",
+            ),
+            (with(|c| c.min_replicas_ack = 1), "min_replicas_ack"),
+            (
+                with(|c| c.redis_password = Some("p".into())),
+                "redis_password",
+            ),
+            (with(|c| c.redis_url = Some("nope://".into())), "redis_url"),
+        ];
+        for (c, key) in cases {
+            let err = error_of(c);
+            assert!(err.contains(&format!("`{key}`")), "{key}: {err}");
+        }
+        let _ = std::fs::remove_file(&pem);
+    }
+
+    #[test]
+    fn every_topology_with_tls_and_credentials_is_accepted() {
+        let s = Settings::new(with(|c| {
+            c.redis_cluster_nodes = vec!["10.0.0.1:7000".into(), "[::1]:7001".into()];
+            c.redis_tls = true;
+            c.namespace = Some("payments".into());
+            c.redis_username = Some("idemgate".into());
+            c.redis_password = Some("secret".into());
+            c.min_replicas_ack = 1;
+        }))
+        .expect("valid");
+        let r = s.redis.expect("redis");
+        assert!(r.tls.is_some());
+        assert!(
+            matches!(&r.topology, Topology::Cluster { nodes } if nodes[1] == ("::1".to_string(), 7001))
+        );
+        assert!(r.replica_ack.is_some_and(|a| a.replicas == 1));
+        // The password never prints.
+        assert!(!format!("{r:?}").contains("secret"));
+        assert!(Settings::new(Config::default())
+            .expect("valid")
+            .redis
+            .is_none());
+    }
+}

@@ -1,0 +1,753 @@
+//! The persistent embedded store: the same semantics as the others, in an SQLite database
+//! on local disk (`store_path`), so that records survive a restart of idemgate.
+//!
+//! # Durability
+//!
+//! The database runs in write-ahead-log mode with `synchronous = FULL`: every call that
+//! changes a record (claim, record, renew, mark unknown, release, delete) commits before it
+//! answers, and a commit returns only after the log has been fsynced. So:
+//! - a crash of idemgate (SIGKILL, OOM kill, panic) loses nothing that was answered;
+//! - a crash of the machine (power loss, kernel panic) loses nothing that was answered
+//!   either, provided the disk honours fsync (a volume whose cache lies about it can lose
+//!   the last commits, and then a claim can be forgotten and a retry pay twice);
+//! - a call interrupted by the crash before it answered may or may not have landed, as with
+//!   any store: idemgate treats its outcome as unknown.
+//!
+//! Records are timed by the wall clock (milliseconds since the Unix epoch), since they
+//! outlive the process; a clock that jumps moves leases and retention with it.
+//!
+//! # Concurrency
+//!
+//! One connection behind a lock; every call runs on tokio's blocking pool, never on an
+//! async worker. A claim is one `BEGIN IMMEDIATE` transaction (the database's write lock
+//! is taken first, then the record looked up and inserted), so two claims, in this process
+//! or in another one opening the same file, cannot both create the record. The file is for
+//! one machine: SQLite's locks do not hold on network file systems.
+//!
+//! # Expiry
+//!
+//! A periodic sweep deletes expired records in batches of [`EXPIRE_BATCH`], one short
+//! transaction each, letting go of the lock between batches; a claim for an id whose
+//! record has expired replaces it in its own transaction.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use super::{
+    BoxFuture, Claim, ClaimRequest, Completed, Deleted, OwnerToken, Page, RecordState, RecordView,
+    Store, StoreError, StoredResponse,
+};
+use crate::fingerprint::Fingerprint;
+use crate::key::RecordId;
+use crate::scope::ScopeSecret;
+
+/// The database file inside `store_path`.
+pub const FILE_NAME: &str = "idemgate.sqlite3";
+
+/// The schema this build writes (`PRAGMA user_version`). A database with a higher version
+/// was made by a newer idemgate and is refused rather than misread.
+const SCHEMA_VERSION: i64 = 1;
+
+/// How many expired records one sweep transaction deletes at most.
+pub const EXPIRE_BATCH: usize = 1000;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta (
+  name TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS records (
+  id BLOB PRIMARY KEY,
+  state INTEGER NOT NULL,          -- 0 in progress, 1 completed, 2 unknown
+  fingerprint BLOB NOT NULL,
+  fingerprint_version INTEGER NOT NULL,
+  owner TEXT NOT NULL,
+  lease_until INTEGER NOT NULL,    -- ms since the epoch; meaningful while in progress
+  busy_until INTEGER NOT NULL,
+  created INTEGER NOT NULL,
+  expires INTEGER NOT NULL,
+  status INTEGER,
+  headers BLOB,
+  body BLOB
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS records_expires ON records (expires);
+CREATE TABLE IF NOT EXISTS withdrawn (
+  id BLOB NOT NULL,
+  owner TEXT NOT NULL,
+  until INTEGER NOT NULL,
+  PRIMARY KEY (id, owner)
+) WITHOUT ROWID;
+";
+
+const IN_PROGRESS: i64 = 0;
+const COMPLETED: i64 = 1;
+const UNKNOWN: i64 = 2;
+
+/// The SQLite store. Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+    path: Arc<PathBuf>,
+}
+
+fn backend(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(format!("sqlite: {e}"))
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database in directory `dir`, and migrates its schema.
+    /// Blocking: call it from start-up code or a blocking task.
+    pub fn open(dir: &Path) -> Result<SqliteStore, StoreError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| backend(format!("cannot create {}: {e}", dir.display())))?;
+        let path = dir.join(FILE_NAME);
+        let conn = Connection::open(&path).map_err(backend)?;
+        // Another process holding the write lock makes a call wait, not fail, for this long;
+        // every call also runs under the store deadline of its caller.
+        conn.busy_timeout(Duration::from_secs(5)).map_err(backend)?;
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .map_err(backend)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(backend(format!(
+                "{} cannot use the write-ahead log (journal mode {mode})",
+                path.display()
+            )));
+        }
+        conn.execute_batch("PRAGMA synchronous = FULL;")
+            .map_err(backend)?;
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(backend)?;
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::Corrupt(format!(
+                "{} has schema version {version}, newer than this idemgate's {SCHEMA_VERSION}",
+                path.display()
+            )));
+        }
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+        ))
+        .map_err(backend)?;
+        Ok(SqliteStore {
+            conn: Arc::new(Mutex::new(conn)),
+            path: Arc::new(path),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` on the connection on the blocking pool.
+    fn run<'a, T: Send + 'static>(
+        &'a self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> BoxFuture<'a, Result<T, StoreError>> {
+        let conn = self.conn.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                // A panic while holding the lock leaves no half-written record: every change
+                // is a transaction, rolled back when it is dropped unfinished.
+                let mut c = conn.lock().unwrap_or_else(|p| p.into_inner());
+                f(&mut c)
+            })
+            .await
+            .map_err(backend)?
+        })
+    }
+
+    /// Deletes up to [`EXPIRE_BATCH`] expired records (and forgotten withdrawals) in one
+    /// transaction; returns how many records it deleted.
+    pub fn sweep_batch(conn: &mut Connection) -> Result<usize, StoreError> {
+        let now = now_ms();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(backend)?;
+        let n = tx
+            .execute(
+                "DELETE FROM records WHERE id IN
+                   (SELECT id FROM records WHERE expires <= ?1 ORDER BY expires LIMIT ?2)",
+                params![now, EXPIRE_BATCH as i64],
+            )
+            .map_err(backend)?;
+        tx.execute("DELETE FROM withdrawn WHERE until <= ?1", params![now])
+            .map_err(backend)?;
+        tx.commit().map_err(backend)?;
+        Ok(n)
+    }
+
+    /// Deletes every expired record, batch after batch; returns how many records are left.
+    pub async fn sweep(&self) -> Result<usize, StoreError> {
+        loop {
+            let n = self.run(Self::sweep_batch).await?;
+            if n < EXPIRE_BATCH {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        self.run(|c| {
+            c.query_row("SELECT count(*) FROM records", [], |r| r.get::<_, i64>(0))
+                .map(|n| n as usize)
+                .map_err(backend)
+        })
+        .await
+    }
+
+    /// Sweeps expired records every `period` in a background task, which ends when the last
+    /// clone of the store is dropped.
+    pub fn spawn_sweeper(&self, period: Duration) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(&self.conn);
+        let path = self.path.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(conn) = weak.upgrade() else { return };
+                let store = SqliteStore {
+                    conn,
+                    path: path.clone(),
+                };
+                if let Err(e) = store.sweep().await {
+                    tracing::warn!(error = %e, "sweeping expired records failed");
+                }
+            }
+        })
+    }
+}
+
+fn claim_now(c: &mut Connection, req: &ClaimRequest) -> Result<Claim, StoreError> {
+    let now = now_ms();
+    let id = req.id.as_bytes().as_slice();
+    let tx = c
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(backend)?;
+    // An expired record is as good as absent: the claim replaces it.
+    tx.execute(
+        "DELETE FROM records WHERE id = ?1 AND expires <= ?2",
+        params![id, now],
+    )
+    .map_err(backend)?;
+    let withdrawn = tx
+        .query_row(
+            "SELECT 1 FROM withdrawn WHERE id = ?1 AND owner = ?2 AND until > ?3",
+            params![id, req.owner.as_str(), now],
+            |_| Ok(()),
+        )
+        .optional()
+        .map_err(backend)?
+        .is_some();
+    let inserted = if withdrawn {
+        0
+    } else {
+        tx.prepare_cached(
+            "INSERT INTO records (id, state, fingerprint, fingerprint_version, owner,
+               lease_until, busy_until, created, expires)
+             VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .and_then(|mut s| {
+            s.execute(params![
+                id,
+                req.fingerprint.0.as_slice(),
+                req.fingerprint_version,
+                req.owner.as_str(),
+                now + ms(req.lease),
+                now + ms(req.busy_for),
+                now,
+                now + ms(req.retention),
+            ])
+        })
+        .map_err(backend)?
+    };
+    let found = if inserted == 1 {
+        Claim::Claimed
+    } else {
+        let row = tx
+            .prepare_cached(
+                "SELECT state, fingerprint, fingerprint_version, lease_until, status, headers,
+                   body FROM records WHERE id = ?1",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![id], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, Vec<u8>>(1)?,
+                        r.get::<_, u16>(2)?,
+                        r.get::<_, i64>(3)?,
+                        r.get::<_, Option<u16>>(4)?,
+                        r.get::<_, Option<Vec<u8>>>(5)?,
+                        r.get::<_, Option<Vec<u8>>>(6)?,
+                    ))
+                })
+                .optional()
+            })
+            .map_err(backend)?;
+        match row {
+            // Only a withdrawal keeps a claim from inserting into an empty place.
+            None => Claim::Withdrawn,
+            Some((state, fp, fv, lease_until, status, headers, body)) => {
+                if fv != req.fingerprint_version {
+                    Claim::OtherVersion(fv)
+                } else if fp.as_slice() != req.fingerprint.0.as_slice() {
+                    Claim::Mismatch
+                } else if state == COMPLETED {
+                    let status = status.ok_or_else(|| corrupt("completed without a status"))?;
+                    match headers {
+                        // Completed without headers: the answer was too large to keep.
+                        None => Claim::NotKept { status },
+                        Some(headers) => Claim::Replay(StoredResponse {
+                            status,
+                            headers: StoredResponse::decode_headers(&headers)
+                                .ok_or_else(|| corrupt("undecodable headers"))?,
+                            body: Bytes::from(body.unwrap_or_default()),
+                        }),
+                    }
+                } else if state == IN_PROGRESS && lease_until > now {
+                    Claim::InFlight {
+                        lease_left: Duration::from_millis((lease_until - now) as u64),
+                    }
+                } else {
+                    Claim::Unknown
+                }
+            }
+        }
+    };
+    tx.commit().map_err(backend)?;
+    Ok(found)
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::Corrupt(format!("sqlite record: {what}"))
+}
+
+impl Store for SqliteStore {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        let req = req.clone();
+        self.run(move |c| claim_now(c, &req))
+    }
+
+    fn record<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        response: &'a StoredResponse,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let (id, owner) = (*id, owner.clone());
+        let status = response.status;
+        let headers = response.encode_headers();
+        let body = response.body.clone();
+        self.run(move |c| {
+            let n = c
+                .prepare_cached(
+                    "UPDATE records SET state = 1, status = ?3, headers = ?4, body = ?5
+                     WHERE id = ?1 AND owner = ?2 AND expires > ?6",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![
+                        id.as_bytes().as_slice(),
+                        owner.as_str(),
+                        status,
+                        headers,
+                        &body[..],
+                        now_ms()
+                    ])
+                })
+                .map_err(backend)?;
+            Ok(n == 1)
+        })
+    }
+
+    fn record_not_kept<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        status: u16,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let (id, owner) = (*id, owner.clone());
+        self.run(move |c| {
+            // Completed with no headers and no body: what a claim reads as "not kept" (a
+            // kept answer always has headers, if only an empty list).
+            let n = c
+                .prepare_cached(
+                    "UPDATE records SET state = 1, status = ?3, headers = NULL, body = NULL
+                     WHERE id = ?1 AND owner = ?2 AND expires > ?4",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![
+                        id.as_bytes().as_slice(),
+                        owner.as_str(),
+                        status,
+                        now_ms()
+                    ])
+                })
+                .map_err(backend)?;
+            Ok(n == 1)
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let (id, owner) = (*id, owner.clone());
+        self.run(move |c| {
+            let now = now_ms();
+            let n = c
+                .execute(
+                    "UPDATE records SET lease_until = ?3
+                     WHERE id = ?1 AND owner = ?2 AND state = 0 AND expires > ?4",
+                    params![
+                        id.as_bytes().as_slice(),
+                        owner.as_str(),
+                        now + ms(lease),
+                        now
+                    ],
+                )
+                .map_err(backend)?;
+            Ok(n == 1)
+        })
+    }
+
+    fn mark_unknown<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let (id, owner) = (*id, owner.clone());
+        self.run(move |c| {
+            let n = c
+                .execute(
+                    "UPDATE records SET state = ?4
+                     WHERE id = ?1 AND owner = ?2 AND state <> ?5 AND expires > ?3",
+                    params![
+                        id.as_bytes().as_slice(),
+                        owner.as_str(),
+                        now_ms(),
+                        UNKNOWN,
+                        COMPLETED
+                    ],
+                )
+                .map_err(backend)?;
+            Ok(n == 1)
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        linger: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let (id, owner) = (*id, owner.clone());
+        self.run(move |c| {
+            let now = now_ms();
+            let id = id.as_bytes().as_slice();
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            let n = tx
+                .execute(
+                    "DELETE FROM records WHERE id = ?1 AND owner = ?2 AND expires > ?3",
+                    params![id, owner.as_str(), now],
+                )
+                .map_err(backend)?;
+            if n == 0 {
+                tx.execute(
+                    "INSERT INTO withdrawn (id, owner, until) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (id, owner) DO UPDATE SET until = max(until, excluded.until)",
+                    params![id, owner.as_str(), now + ms(linger)],
+                )
+                .map_err(backend)?;
+            }
+            tx.commit().map_err(backend)?;
+            Ok(n == 1)
+        })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        id: &'a RecordId,
+        with_body: bool,
+    ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>> {
+        let id = *id;
+        self.run(move |c| inspect_in(c, id, with_body))
+    }
+
+    fn delete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
+        let id = *id;
+        self.run(move |c| {
+            let now = now_ms();
+            let id = id.as_bytes().as_slice();
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            let row = tx
+                .query_row(
+                    "SELECT state, lease_until, busy_until FROM records
+                     WHERE id = ?1 AND expires > ?2",
+                    params![id, now],
+                    |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, i64>(2)?,
+                        ))
+                    },
+                )
+                .optional()
+                .map_err(backend)?;
+            let out = match row {
+                None => Deleted::NotFound,
+                Some((state, lease_until, busy_until))
+                    if !force
+                        && state == IN_PROGRESS
+                        && (lease_until > now || busy_until > now) =>
+                {
+                    Deleted::OwnerBusy
+                }
+                Some(_) => {
+                    tx.execute("DELETE FROM records WHERE id = ?1", params![id])
+                        .map_err(backend)?;
+                    Deleted::Deleted
+                }
+            };
+            tx.commit().map_err(backend)?;
+            Ok(out)
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        response: &'a StoredResponse,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Completed, StoreError>> {
+        let id = *id;
+        let status = response.status;
+        let headers = response.encode_headers();
+        let body = response.body.to_vec();
+        self.run(move |c| {
+            let now = now_ms();
+            let id = id.as_bytes().as_slice();
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            let row = tx
+                .query_row(
+                    "SELECT state, lease_until, busy_until FROM records
+                     WHERE id = ?1 AND expires > ?2",
+                    params![id, now],
+                    |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, i64>(2)?,
+                        ))
+                    },
+                )
+                .optional()
+                .map_err(backend)?;
+            let out = match row {
+                None => Completed::NotFound,
+                // Kept or not kept, it holds the upstream's (or an operator's) answer.
+                Some((COMPLETED, _, _)) => Completed::AlreadyCompleted,
+                Some((state, lease_until, busy_until))
+                    if !force
+                        && state == IN_PROGRESS
+                        && (lease_until > now || busy_until > now) =>
+                {
+                    Completed::OwnerBusy
+                }
+                Some(_) => {
+                    // The owner is cleared, so the former owner's late record is refused.
+                    tx.execute(
+                        "UPDATE records SET state = ?2, owner = '', status = ?3, headers = ?4,
+                           body = ?5
+                         WHERE id = ?1",
+                        params![id, COMPLETED, status, headers, body],
+                    )
+                    .map_err(backend)?;
+                    Completed::Completed
+                }
+            };
+            tx.commit().map_err(backend)?;
+            Ok(out)
+        })
+    }
+
+    fn list<'a>(
+        &'a self,
+        state: Option<RecordState>,
+        cursor: &'a str,
+        count: usize,
+    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+        // The cursor is the last id examined (hex): a page is the next `count` live ids in
+        // primary-key order, so each call reads about `count` rows however many there are.
+        let after = if cursor.is_empty() {
+            None
+        } else {
+            match RecordId::from_hex(cursor) {
+                Some(id) => Some(id),
+                None => return Box::pin(async { Err(corrupt("not a cursor of this store")) }),
+            }
+        };
+        let count = count.max(1);
+        self.run(move |c| {
+            let now = now_ms();
+            let after: &[u8] = after.as_ref().map_or(&[], |id| id.as_bytes().as_slice());
+            let ids: Vec<Vec<u8>> = c
+                .prepare_cached(
+                    "SELECT id FROM records WHERE id > ?1 AND expires > ?2 ORDER BY id LIMIT ?3",
+                )
+                .and_then(|mut s| {
+                    s.query_map(params![after, now, count as i64], |r| r.get(0))?
+                        .collect()
+                })
+                .map_err(backend)?;
+            let mut records = Vec::new();
+            let mut last = None;
+            for raw in &ids {
+                let bytes: [u8; 32] = raw
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| corrupt("record id is not 32 bytes"))?;
+                let id = RecordId::from_bytes(bytes);
+                last = Some(id);
+                // Gone since (expired between the two reads): nothing to show.
+                let Some(view) = inspect_in(c, id, false)? else {
+                    continue;
+                };
+                if state.is_none_or(|s| s == view.state) {
+                    records.push(view);
+                }
+            }
+            Ok(Page {
+                records,
+                cursor: if ids.len() == count {
+                    last.map(|id| id.to_string())
+                } else {
+                    None
+                },
+            })
+        })
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.run(|c| c.query_row("SELECT 1", [], |_| Ok(())).map_err(backend))
+    }
+
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>> {
+        self.run(|c| {
+            // Insert if absent, then read: the first start of the database makes the
+            // secret, every later one (and every process opening the file) reads it back.
+            c.execute(
+                "INSERT INTO meta (name, value) VALUES ('scope_secret', ?1)
+                 ON CONFLICT (name) DO NOTHING",
+                params![ScopeSecret::random().to_hex()],
+            )
+            .map_err(backend)?;
+            let hex: String = c
+                .query_row(
+                    "SELECT value FROM meta WHERE name = 'scope_secret'",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(backend)?;
+            ScopeSecret::from_hex(&hex).ok_or_else(|| corrupt("scope secret is not 64 hex digits"))
+        })
+    }
+}
+
+/// A record as operators see it, read on `c`; `None` if there is none live.
+fn inspect_in(
+    c: &Connection,
+    id: RecordId,
+    with_body: bool,
+) -> Result<Option<RecordView>, StoreError> {
+    let now = now_ms();
+    let row = c
+        .query_row(
+            "SELECT state, fingerprint, fingerprint_version, lease_until, busy_until,
+                   created, expires, status, body, headers IS NOT NULL FROM records
+                 WHERE id = ?1 AND expires > ?2",
+            params![id.as_bytes().as_slice(), now],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, Vec<u8>>(1)?,
+                    r.get::<_, u16>(2)?,
+                    r.get::<_, i64>(3)?,
+                    r.get::<_, i64>(4)?,
+                    r.get::<_, i64>(5)?,
+                    r.get::<_, i64>(6)?,
+                    r.get::<_, Option<u16>>(7)?,
+                    if with_body {
+                        r.get::<_, Option<Vec<u8>>>(8)?
+                    } else {
+                        None
+                    },
+                    r.get::<_, bool>(9)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(backend)?;
+    let Some((state, fp, fv, lease_until, busy_until, created, expires, status, body, kept)) = row
+    else {
+        return Ok(None);
+    };
+    let fp: [u8; 32] = fp
+        .try_into()
+        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
+    let live = state == IN_PROGRESS && lease_until > now;
+    Ok(Some(RecordView {
+        id: id.to_string(),
+        state: match state {
+            COMPLETED => RecordState::Completed,
+            _ if live => RecordState::InProgress,
+            _ => RecordState::Unknown,
+        },
+        created_ms: created.max(0) as u64,
+        lease_left_ms: live.then(|| (lease_until - now) as u64),
+        ttl_ms: Some((expires - now) as u64),
+        owner_busy_ms: (state == IN_PROGRESS && busy_until > now)
+            .then(|| (busy_until - now) as u64),
+        fingerprint: Fingerprint(fp).to_hex(),
+        fingerprint_version: fv,
+        status: if state == COMPLETED { status } else { None },
+        body: if state == COMPLETED {
+            body.map(|b| String::from_utf8_lossy(&b).into_owned())
+        } else {
+            None
+        },
+        body_kept: (state == COMPLETED).then_some(kept),
+    }))
+}

@@ -1,0 +1,649 @@
+//! Everything a client, an upstream or a burst can make idemgate hold is bounded: silent and
+//! idle connections, open connections, answers too large to keep, the embedded store's
+//! bytes, protected requests in flight, and the time shutdown takes.
+
+#![allow(clippy::unwrap_used)]
+
+#[macro_use]
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use common::*;
+use idemgate::Config;
+
+on_both_stores!(
+    a_large_answer_reaches_its_client_and_its_retry_never_executes,
+    a_burst_beyond_max_in_flight_is_refused_at_once_and_claims_nothing,
+);
+
+/// The tests that load the machine most (hundreds of connections, hundreds of megabytes,
+/// multi-MiB Redis traffic) run one at a time: each one's margins assume it has the
+/// machine's cores to itself, not that it shares them with another of these.
+static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    HEAVY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Reads from `s` until the peer closes; `Err` if it is still open after `limit`.
+fn closed_within(s: &mut TcpStream, limit: Duration) -> Result<Vec<u8>, String> {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut out = Vec::new();
+    match s.read_to_end(&mut out) {
+        Ok(_) => Ok(out),
+        // A close with unread data pending is a reset: closed all the same.
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(out),
+        Err(e) => Err(format!("still open after {limit:?} ({e})")),
+    }
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_send_no_complete_head_are_closed_counting_from_accept() {
+    let up = Upstream::start().await;
+    let mut c = config(&up, &Backend::memory());
+    c.header_read_timeout = Duration::from_millis(500);
+    let app = spawn_app(c).await;
+    let addr = app.addr();
+    tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        // Not a byte: hyper-util's protocol detection alone had no timer for this one.
+        let mut silent = connect(addr);
+        // Half a request line, then nothing.
+        let mut partial = connect(addr);
+        partial.write_all(b"POST /v1/transfers HT").unwrap();
+        // Half a head, then nothing.
+        let mut half = connect(addr);
+        half.write_all(b"POST /v1/transfers HTTP/1.1\r\nhost: x\r\n")
+            .unwrap();
+        for s in [&mut silent, &mut partial, &mut half] {
+            closed_within(s, Duration::from_secs(5)).unwrap();
+        }
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(450),
+            "closed before the header timeout: {took:?}"
+        );
+    })
+    .await
+    .unwrap();
+    assert_eq!(up.hits(), 0);
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_is_closed_after_idle_timeout_and_not_before() {
+    let up = Upstream::start().await;
+    let mut c = config(&up, &Backend::memory());
+    c.header_read_timeout = Duration::from_secs(30);
+    c.idle_timeout = Duration::from_millis(1500);
+    let app = spawn_app(c).await;
+    let addr = app.addr();
+    tokio::task::spawn_blocking(move || {
+        let mut s = connect(addr);
+        let get = b"GET /status HTTP/1.1\r\nhost: x\r\n\r\n";
+        let answer = |s: &mut TcpStream| {
+            s.write_all(get).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut buf = [0u8; 4096];
+            let n = s.read(&mut buf).unwrap();
+            assert!(buf[..n].starts_with(b"HTTP/1.1 201"), "{:?}", &buf[..n]);
+        };
+        answer(&mut s);
+        // Requests a little apart keep it open: each one restarts the idle clock.
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(700));
+            answer(&mut s);
+        }
+        let idle_from = Instant::now();
+        closed_within(&mut s, Duration::from_secs(10)).unwrap();
+        let idle = idle_from.elapsed();
+        assert!(
+            idle >= Duration::from_millis(1400),
+            "closed early: {idle:?}"
+        );
+    })
+    .await
+    .unwrap();
+    assert_eq!(up.hits(), 4);
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_max_connections_new_ones_are_closed_at_once_and_admin_still_answers() {
+    let up = Upstream::start().await;
+    let mut c = config(&up, &Backend::memory());
+    c.header_read_timeout = Duration::from_secs(60);
+    c.max_connections = 20;
+    let app = spawn_app(c).await;
+    let (addr, admin) = (app.addr(), app.admin_addr().unwrap());
+    let held = tokio::task::spawn_blocking(move || {
+        let mut held: Vec<TcpStream> = (0..20).map(|_| connect(addr)).collect();
+        // The cap is checked on accept: let idemgate take all twenty before the next.
+        std::thread::sleep(Duration::from_millis(300));
+        for _ in 0..10 {
+            let mut extra = connect(addr);
+            closed_within(&mut extra, Duration::from_secs(2)).unwrap();
+        }
+        let health = http_get(admin, "/healthz").unwrap_or_default();
+        assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+        // One of the twenty closes: a new connection gets in.
+        held.pop();
+        held
+    })
+    .await
+    .unwrap();
+    let client = client();
+    let mut ok = false;
+    for _ in 0..100 {
+        let r = client
+            .post(format!("http://{addr}/v1/transfers"))
+            .body("{}")
+            .send()
+            .await;
+        if r.is_ok_and(|r| r.status().as_u16() == 201) {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ok, "a connection freed below the cap was never used again");
+    drop(held);
+    app.shutdown().await;
+}
+
+/// The real binary under `ulimit -n 256`: hundreds of silent connections come and go while
+/// a client on its keep-alive connection never sees a failure, the admin listener keeps
+/// answering, and once the silent ones are closed new connections are served again.
+#[test]
+fn hundreds_of_silent_connections_under_a_low_fd_limit_leave_normal_traffic_alone() {
+    let _heavy = heavy();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let up = rt.block_on(Upstream::start());
+    let redis = RedisServer::start();
+    let env = [
+        ("IDEMGATE_HEADER_READ_TIMEOUT", "1s"),
+        ("IDEMGATE_MAX_CONNECTIONS", "150"),
+    ];
+    let gate = Gate::start(&up.url(), &redis.url(), &env);
+    let status = std::process::Command::new("prlimit")
+        .arg(format!("--pid={}", gate.pid()))
+        .arg("--nofile=256:256")
+        .status()
+        .expect("prlimit");
+    assert!(status.success());
+    let (addr, admin) = (gate.addr, gate.admin);
+    let url = gate.url("/v1/transfers");
+    // Normal traffic: one keep-alive connection, opened (by a first request that has been
+    // answered) before the flood starts.
+    let client = reqwest::Client::new();
+    let first = rt.block_on(
+        client
+            .post(&url)
+            .header("idempotency-key", "normal-0")
+            .body("{}")
+            .send(),
+    );
+    assert_eq!(first.map(|r| r.status().as_u16()).ok(), Some(201));
+    let traffic = rt.spawn(async move {
+        let mut answers = Vec::new();
+        let until = Instant::now() + Duration::from_secs(6);
+        let mut i = 0;
+        while Instant::now() < until {
+            i += 1;
+            let r = client
+                .post(&url)
+                .header("idempotency-key", format!("normal-{i}"))
+                .body("{}")
+                .send()
+                .await;
+            answers.push(r.map(|r| r.status().as_u16()).map_err(|e| e.to_string()));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        answers
+    });
+    let flood = std::thread::spawn(move || {
+        let mut silent = Vec::new();
+        for wave in 0..3 {
+            for _ in 0..200 {
+                if let Ok(s) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                    silent.push(s);
+                }
+            }
+            let health = http_get(admin, "/healthz").unwrap_or_default();
+            assert!(
+                health.starts_with("HTTP/1.1 200"),
+                "admin during wave {wave}: {health:?}"
+            );
+            std::thread::sleep(Duration::from_millis(700));
+        }
+        // Every one of them is closed by now or within the header timeout.
+        for s in &mut silent {
+            closed_within(s, Duration::from_secs(5)).unwrap();
+        }
+        silent.len()
+    });
+    let opened = flood.join().expect("flood");
+    assert_eq!(opened, 600, "the listener stopped accepting");
+    let answers = rt.block_on(traffic).unwrap();
+    assert!(answers.len() > 20, "{}", answers.len());
+    let failed: Vec<_> = answers.iter().filter(|a| **a != Ok(201)).collect();
+    assert!(failed.is_empty(), "normal traffic failed: {failed:?}");
+    // New connections are served again.
+    let fresh = http_get(addr, "/status").unwrap_or_default();
+    assert!(fresh.starts_with("HTTP/1.1 201"), "{fresh}");
+    assert!(
+        !gate.log().contains("Too many open files"),
+        "{}",
+        gate.log()
+    );
+}
+
+async fn a_large_answer_reaches_its_client_and_its_retry_never_executes(backend: Backend) {
+    let up = Upstream::start().await;
+    let mut c = config(&up, &backend);
+    c.defaults.max_response_bytes = 64 * 1024;
+    let app = spawn_app(c).await;
+    let client = client();
+    let size = 1_000_000u64;
+    let big = size.to_string();
+    let first = post(
+        &client,
+        &app,
+        "/v1/reports",
+        Some("big-1"),
+        "{}",
+        &[(ANSWER_BYTES, &big)],
+    )
+    .await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.body.len() as u64, size, "the client got all of it");
+    assert!(first
+        .body
+        .iter()
+        .enumerate()
+        .all(|(i, b)| *b == big_answer_byte(i as u64)));
+    let retry = post(
+        &client,
+        &app,
+        "/v1/reports",
+        Some("big-1"),
+        "{}",
+        &[(ANSWER_BYTES, &big)],
+    )
+    .await;
+    assert_eq!(retry.status, 409);
+    assert_eq!(
+        retry.problem_type(),
+        "https://idemgate.dev/problems/response-not-stored"
+    );
+    let id = retry.json()["record_id"].as_str().unwrap().to_string();
+    assert!(retry.json()["detail"].as_str().unwrap().contains("201"));
+    assert_eq!(up.hits(), 1, "the retry was executed again");
+    let record = inspect(&client, app.admin_addr().unwrap(), &id)
+        .await
+        .unwrap();
+    assert_eq!(record["state"], "completed");
+    assert_eq!(record["status"], 201);
+    assert_eq!(record["body_kept"], false);
+    // An answer within the limit is still kept and replayed.
+    let small = "1000";
+    let a = post(
+        &client,
+        &app,
+        "/v1/reports",
+        Some("small-1"),
+        "{}",
+        &[(ANSWER_BYTES, small)],
+    )
+    .await;
+    let b = post(
+        &client,
+        &app,
+        "/v1/reports",
+        Some("small-1"),
+        "{}",
+        &[(ANSWER_BYTES, small)],
+    )
+    .await;
+    assert_eq!((a.status, b.status), (201, 201));
+    assert!(b.replayed());
+    assert_eq!(a.body, b.body);
+    assert_eq!(up.hits(), 2);
+    app.shutdown().await;
+}
+
+async fn a_burst_beyond_max_in_flight_is_refused_at_once_and_claims_nothing(backend: Backend) {
+    let up = Upstream::start().await;
+    let mut c = config(&up, &backend);
+    c.max_in_flight = 2;
+    let app = spawn_app(c).await;
+    let client = client();
+    let slow = |key: &'static str| {
+        let (client, url) = (
+            client.clone(),
+            format!("http://{}/v1/transfers", app.addr()),
+        );
+        tokio::spawn(async move {
+            post_url(&client, &url, Some(key), "{}", &[(DELAY_MS, "1500")]).await
+        })
+    };
+    let (a, b) = (slow("slow-a"), slow("slow-b"));
+    eventually(
+        Duration::from_secs(5),
+        "two requests at the upstream",
+        || up.hits() == 2,
+    )
+    .await;
+    let started = Instant::now();
+    let third = post(&client, &app, "/v1/transfers", Some("third"), "{}", &[]).await;
+    assert_eq!(third.status, 503);
+    assert_eq!(
+        third.problem_type(),
+        "https://idemgate.dev/problems/overloaded"
+    );
+    assert_eq!(third.header("retry-after"), Some("1"));
+    assert!(
+        started.elapsed() < Duration::from_millis(1000),
+        "not at once: {:?}",
+        started.elapsed()
+    );
+    // Requests without a key are not protected, and not counted.
+    let unprotected = post(&client, &app, "/v1/transfers", None, "{}", &[]).await;
+    assert_eq!(unprotected.status, 201);
+    assert_eq!(up.hits(), 3);
+    assert_eq!(a.await.unwrap().status, 201);
+    assert_eq!(b.await.unwrap().status, 201);
+    // Nothing was claimed: the retry executes normally.
+    let retry = post(&client, &app, "/v1/transfers", Some("third"), "{}", &[]).await;
+    assert_eq!(retry.status, 201);
+    assert!(!retry.replayed());
+    assert_eq!(up.hits(), 4);
+    let metrics = client
+        .get(format!("http://{}/metrics", app.admin_addr().unwrap()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("idemgate_requests_total{outcome=\"overloaded\"} 1"),
+        "{metrics}"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_store_is_bounded_in_bytes() {
+    let up = Upstream::start().await;
+    let mut c = config(&up, &Backend::memory());
+    c.memory_max_bytes = 100 * 1024;
+    let app = spawn_app(c).await;
+    let client = client();
+    let size = "30000";
+    let mut statuses = Vec::new();
+    for i in 0..200 {
+        let key = format!("k-{i}");
+        let r = post(
+            &client,
+            &app,
+            "/v1/reports",
+            Some(&key),
+            "{}",
+            &[(ANSWER_BYTES, size)],
+        )
+        .await;
+        statuses.push(r.status);
+        if r.status == 503 {
+            assert_eq!(
+                r.problem_type(),
+                "https://idemgate.dev/problems/store-unavailable"
+            );
+            break;
+        }
+    }
+    assert_eq!(statuses.last(), Some(&503), "never full: {statuses:?}");
+    let executed = up.hits();
+    // The first three answers fit and replay; the fourth did not fit and was kept
+    // without its body; none of them executes again.
+    for i in 0..executed {
+        let key = format!("k-{i}");
+        let r = post(
+            &client,
+            &app,
+            "/v1/reports",
+            Some(&key),
+            "{}",
+            &[(ANSWER_BYTES, size)],
+        )
+        .await;
+        if i < 3 {
+            assert!(r.replayed(), "k-{i}: {}", r.status);
+            assert_eq!(r.body.len(), 30000);
+        } else {
+            assert_eq!(r.status, 409, "k-{i}");
+            assert_eq!(
+                r.problem_type(),
+                "https://idemgate.dev/problems/response-not-stored"
+            );
+        }
+    }
+    assert_eq!(up.hits(), executed);
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_takes_one_grace_period_in_all() {
+    let up = Upstream::start().await;
+    let mut c = config(&up, &Backend::memory());
+    c.shutdown_grace = Duration::from_secs(2);
+    c.defaults.upstream_timeout = Duration::from_secs(60);
+    c.defaults.retention = Duration::from_secs(120);
+    let app = spawn_app(c).await;
+    // One exchange whose client is still connected, one whose client has left: both hang.
+    let url = format!("http://{}/v1/transfers", app.addr());
+    let waiting = {
+        let (client, url) = (client(), url.clone());
+        tokio::spawn(async move {
+            let _ = client
+                .post(&url)
+                .header("idempotency-key", "stays")
+                .header(FAULT, "hang")
+                .body("{}")
+                .send()
+                .await;
+        })
+    };
+    let left = {
+        let (client, url) = (client(), url.clone());
+        tokio::spawn(async move {
+            let _ = client
+                .post(&url)
+                .header("idempotency-key", "leaves")
+                .header(FAULT, "hang")
+                .body("{}")
+                .send()
+                .await;
+        })
+    };
+    eventually(Duration::from_secs(5), "both at the upstream", || {
+        up.hits() == 2
+    })
+    .await;
+    left.abort();
+    let started = Instant::now();
+    app.shutdown().await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(3200),
+        "shutdown took {took:?} for a 2 s grace"
+    );
+    assert!(
+        took >= Duration::from_millis(1900),
+        "did not drain: {took:?}"
+    );
+    waiting.abort();
+}
+
+/// Peak resident memory (VmHWM) of a process, in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// The real binary on the embedded store: three concurrent 100 MB answers reach their
+/// clients in full while idemgate's peak memory stays within a few times
+/// `max_body_bytes + max_response_bytes` (it held every answer, and a copy, before).
+#[test]
+fn concurrent_huge_answers_cost_bounded_memory() {
+    let _heavy = heavy();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let up = rt.block_on(Upstream::start());
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[("IDEMGATE_DEFAULTS__MAX_RESPONSE_BYTES", "4194304")],
+    );
+    let before = peak_rss(gate.pid());
+    let size: u64 = 100_000_000;
+    let url = gate.url("/v1/exports");
+    let received = rt.block_on(async move {
+        let client = reqwest::Client::new();
+        let downloads = (0..3).map(|i| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let mut res = client
+                    .post(&url)
+                    .header("idempotency-key", format!("export-{i}"))
+                    .header(ANSWER_BYTES, size.to_string())
+                    .body("{}")
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(res.status().as_u16(), 201);
+                let mut n = 0u64;
+                while let Some(chunk) = res.chunk().await.unwrap() {
+                    assert_eq!(chunk[0], big_answer_byte(n), "at byte {n}");
+                    n += chunk.len() as u64;
+                }
+                n
+            })
+        });
+        let mut total = Vec::new();
+        for d in downloads.collect::<Vec<_>>() {
+            total.push(d.await.unwrap());
+        }
+        total
+    });
+    assert_eq!(received, vec![size; 3]);
+    let peak = peak_rss(gate.pid());
+    eprintln!(
+        "idemgate peak RSS: {:.1} MiB at start, {:.1} MiB after 3 concurrent 100 MB answers",
+        before as f64 / 1048576.0,
+        peak as f64 / 1048576.0
+    );
+    // 3 x (1 MiB body + 4 MiB answer) is 15 MiB; before the limit it was over 300 MiB.
+    assert!(
+        peak < before + 64 * 1024 * 1024,
+        "peak RSS {peak} bytes (started at {before})"
+    );
+    assert_eq!(up.hits(), 3);
+}
+
+/// On Redis, one shared connection carries every key: multi-MiB answers being recorded and
+/// replayed back to back must not hold other keys' claims beyond `store_timeout`. Prints
+/// the unrelated keys' claim latencies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard only keeps the other heavy tests out; nothing else waits for it.
+#[allow(clippy::await_holding_lock)]
+async fn large_answers_on_redis_do_not_hold_up_other_keys() {
+    let _heavy = heavy();
+    use idemgate::fingerprint::Fingerprint;
+    use idemgate::key::RecordId;
+    use idemgate::store::{Claim, ClaimRequest, OwnerToken, RedisStore, Store, StoredResponse};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let redis = RedisServer::start();
+    let store_timeout = Config::default().store_timeout;
+    let store = Arc::new(
+        RedisStore::connect(&redis.url(), Duration::from_secs(1), store_timeout)
+            .await
+            .unwrap(),
+    );
+    let claim = |n: u64| ClaimRequest {
+        id: RecordId::from_hex(&format!("{n:064x}")).unwrap(),
+        fingerprint: Fingerprint([1; 32]),
+        fingerprint_version: 1,
+        owner: OwnerToken::random(),
+        lease: Duration::from_secs(10),
+        retention: Duration::from_secs(60),
+        busy_for: Duration::from_secs(10),
+    };
+    let big = StoredResponse {
+        status: 201,
+        headers: vec![(
+            "content-type".into(),
+            bytes::Bytes::from_static(b"application/octet-stream"),
+        )],
+        body: bytes::Bytes::from(vec![7u8; 4 * 1024 * 1024]),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    // Six loops: each records a new 4 MiB answer, then replays it twice.
+    let heavy: Vec<_> = (0..6u64)
+        .map(|i| {
+            let (store, stop, big) = (store.clone(), stop.clone(), big.clone());
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let c = claim(1_000_000 * (i + 1) + n);
+                    assert_eq!(store.claim(&c).await.unwrap(), Claim::Claimed);
+                    assert!(store.record(&c.id, &c.owner, &big).await.unwrap());
+                    for _ in 0..2 {
+                        let Claim::Replay(r) = store.claim(&c).await.unwrap() else {
+                            panic!("not a replay");
+                        };
+                        assert_eq!(r.body.len(), big.body.len());
+                    }
+                }
+                n
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut latencies = Vec::new();
+    for n in 0..300 {
+        let c = claim(n);
+        let started = Instant::now();
+        let found = idemgate::store::deadline(store_timeout, store.claim(&c)).await;
+        latencies.push(started.elapsed());
+        assert_eq!(found.unwrap(), Claim::Claimed, "claim {n}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut big_ones = 0;
+    for h in heavy {
+        big_ones += h.await.unwrap();
+    }
+    latencies.sort();
+    let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p) as usize];
+    eprintln!(
+        "unrelated claims while {big_ones} 4 MiB answers were recorded and replayed twice: p50 {:?} p99 {:?} max {:?}",
+        pct(0.5),
+        pct(0.99),
+        latencies.last().unwrap()
+    );
+}

@@ -1,0 +1,100 @@
+//! The persistent embedded store (`store_path`) with the real `idemgate` binary: records
+//! survive a SIGKILL of the process and a restart on the same directory.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const TRANSFER: &str = r#"{"from":"acc-1","to":"acc-2","amount":1250,"currency":"EUR"}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_survive_sigkill_and_restart() {
+    let store = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let env = [("IDEMGATE_DEFAULTS__LEASE", "600ms")];
+    let c = client();
+
+    let mut first_gate = Gate::start_on_disk(&up.url(), store.path(), &env);
+    let url = first_gate.url("/v1/transfers");
+    // A completed request...
+    let done = post_url(&c, &url, Some("k-done"), TRANSFER, &[]).await;
+    assert_eq!(done.status, 201);
+    assert!(!done.replayed());
+    // ...and one that the upstream accepted, whose answer the process never records.
+    let inflight = {
+        let (c, url) = (c.clone(), url.clone());
+        tokio::spawn(async move {
+            c.post(url)
+                .header("content-type", "application/json")
+                .header("idempotency-key", "k-killed")
+                .header(DELAY_MS, "60000")
+                .body(TRANSFER)
+                .send()
+                .await
+        })
+    };
+    eventually(Duration::from_secs(5), "upstream reached", || {
+        up.hits() == 2
+    })
+    .await;
+    first_gate.kill();
+    assert!(
+        inflight.await.unwrap().is_err(),
+        "the client lost its answer"
+    );
+
+    let gate = Gate::start_on_disk(&up.url(), store.path(), &env);
+    let url = gate.url("/v1/transfers");
+    // The completed answer replays byte for byte from disk.
+    let replay = post_url(&c, &url, Some("k-done"), TRANSFER, &[]).await;
+    assert_eq!(replay.status, 201);
+    assert!(replay.replayed());
+    assert_eq!(replay.body, done.body);
+    // The request in flight at the kill is never executed again: in progress until the dead
+    // process's lease runs out, then unknown.
+    let until = Instant::now() + Duration::from_secs(10);
+    let r = loop {
+        let r = post_url(&c, &url, Some("k-killed"), TRANSFER, &[]).await;
+        if !(r.status == 409 && r.problem_type().ends_with("/in-progress")) {
+            break r;
+        }
+        assert!(Instant::now() < until, "still in progress after 10 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(r.status, 409, "{:?}", r.body);
+    assert!(
+        r.problem_type().ends_with("/outcome-unknown"),
+        "{:?}",
+        r.body
+    );
+    assert_eq!(up.hits(), 2);
+    // A key never seen before still executes once.
+    let fresh = post_url(&c, &url, Some("k-fresh"), TRANSFER, &[]).await;
+    assert_eq!(fresh.status, 201);
+    assert!(!fresh.replayed());
+    assert_eq!(up.hits(), 3);
+    assert!(gate.log().contains("persistent embedded store"));
+}
+
+/// A fresh directory starts empty: the replay above comes from the directory reopened, not
+/// from anything else remembering the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_store_directory_starts_empty() {
+    let up = Upstream::start().await;
+    let c = client();
+    let a = tempfile::tempdir().unwrap();
+    let mut gate = Gate::start_on_disk(&up.url(), a.path(), &[]);
+    let first = post_url(&c, &gate.url("/v1/t"), Some("k"), TRANSFER, &[]).await;
+    assert_eq!(first.status, 201);
+    gate.kill();
+    let b = tempfile::tempdir().unwrap();
+    let gate = Gate::start_on_disk(&up.url(), b.path(), &[]);
+    let again = post_url(&c, &gate.url("/v1/t"), Some("k"), TRANSFER, &[]).await;
+    assert_eq!(again.status, 201);
+    assert!(!again.replayed());
+    assert_eq!(up.hits(), 2);
+}

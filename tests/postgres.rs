@@ -1,0 +1,156 @@
+//! idemgate on PostgreSQL, end to end with a real server of the test's own: the round trips
+//! per request (counted by the server's pg_stat_statements), two instances sharing one
+//! database, and the database restarted under it.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::postgres::PgServer;
+use common::*;
+use idemgate::config::Config;
+
+const TRANSFER: &str = r#"{"from":"acc-1","to":"acc-2","amount":1250,"currency":"EUR"}"#;
+const N: usize = 30;
+
+fn pg_config(up: &Upstream, url: &str) -> Config {
+    let mut c = Config::for_upstream(&up.url());
+    c.postgres_url = Some(url.into());
+    c.namespace = Some(NAMESPACE.into());
+    c.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    c.defaults.anonymous = idemgate::config::Anonymous::Shared;
+    c
+}
+
+async fn start_pg() -> PgServer {
+    tokio::task::spawn_blocking(PgServer::start).await.unwrap()
+}
+
+/// Statements that idemgate's connections executed since the last reset: each is one round
+/// trip (prepared once per connection, then bind and execute).
+async fn statements(url: &str) -> u64 {
+    PgServer::query(
+        url,
+        "SELECT coalesce(sum(s.calls), 0)::text FROM pg_stat_statements s
+         WHERE s.query NOT ILIKE '%pg_stat_statements%'",
+    )
+    .await[0]
+        .parse()
+        .unwrap()
+}
+
+async fn reset(url: &str) {
+    PgServer::query(url, "SELECT pg_stat_statements_reset()::text").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_round_trips_per_new_key_and_one_per_replay() {
+    let pg = start_pg().await;
+    let url = pg.url("postgres");
+    PgServer::query(&url, "CREATE EXTENSION pg_stat_statements").await;
+    let up = Upstream::start().await;
+    let app = spawn_app(pg_config(&up, &url)).await;
+    let c = client();
+    reset(&url).await;
+    for i in 0..N {
+        let a = post(
+            &c,
+            &app,
+            "/v1/transfers",
+            Some(&format!("k-{i}")),
+            TRANSFER,
+            &[],
+        )
+        .await;
+        assert_eq!(a.status, 201);
+        assert!(!a.replayed());
+    }
+    assert_eq!(up.hits(), N);
+    assert_eq!(statements(&url).await, 2 * N as u64, "2 per new key");
+    reset(&url).await;
+    for i in 0..N {
+        let a = post(
+            &c,
+            &app,
+            "/v1/transfers",
+            Some(&format!("k-{i}")),
+            TRANSFER,
+            &[],
+        )
+        .await;
+        assert_eq!(a.status, 201);
+        assert!(a.replayed());
+    }
+    assert_eq!(up.hits(), N);
+    assert_eq!(statements(&url).await, N as u64, "1 per replay");
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_database_execute_each_key_once() {
+    let pg = start_pg().await;
+    let url = pg.url("postgres");
+    let up = Upstream::start().await;
+    let a = spawn_app(pg_config(&up, &url)).await;
+    let b = spawn_app(pg_config(&up, &url)).await;
+    let c = client();
+    for round in 0..5 {
+        let key = format!("race-{round}");
+        let mut tasks = Vec::new();
+        for n in 0..6 {
+            let addr = if n % 2 == 0 { a.addr() } else { b.addr() };
+            let app_url = format!("http://{addr}/v1/transfers");
+            let (c, key) = (c.clone(), key.clone());
+            tasks.push(tokio::spawn(async move {
+                post_url(&c, &app_url, Some(&key), TRANSFER, &[(DELAY_MS, "200")]).await
+            }));
+        }
+        let mut statuses = Vec::new();
+        for t in tasks {
+            statuses.push(t.await.unwrap().status);
+        }
+        assert!(statuses.contains(&201), "{statuses:?}");
+        assert!(
+            statuses.iter().all(|s| *s == 201 || *s == 409),
+            "{statuses:?}"
+        );
+        assert_eq!(up.hits(), round + 1, "{statuses:?}");
+    }
+    // Every instance replays what the other recorded.
+    let r = post(&c, &b, "/v1/transfers", Some("race-0"), TRANSFER, &[]).await;
+    assert!(r.replayed());
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_restarted_records_kept_and_service_resumes() {
+    let pg = start_pg().await;
+    let url = pg.url("postgres");
+    let up = Upstream::start().await;
+    let app = spawn_app(pg_config(&up, &url)).await;
+    let c = client();
+    let first = post(&c, &app, "/v1/transfers", Some("k-kept"), TRANSFER, &[]).await;
+    assert_eq!(first.status, 201);
+    pg.restart();
+    // The connection broke: calls fail (503, upstream not called) until a new one is made,
+    // then the recorded answer replays and nothing ran twice.
+    let until = Instant::now() + Duration::from_secs(15);
+    let r = loop {
+        let r = post(&c, &app, "/v1/transfers", Some("k-kept"), TRANSFER, &[]).await;
+        if r.status != 503 {
+            break r;
+        }
+        assert!(Instant::now() < until, "still 503 after the restart");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    assert!(r.replayed());
+    assert_eq!(r.body, first.body);
+    let fresh = post(&c, &app, "/v1/transfers", Some("k-new"), TRANSFER, &[]).await;
+    assert_eq!(fresh.status, 201);
+    assert_eq!(up.hits(), 2);
+    app.shutdown().await;
+}

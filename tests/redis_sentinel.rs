@@ -1,0 +1,215 @@
+//! idemgate on a primary watched by three sentinels: it follows a promoted replica without
+//! a restart, and with `min_replicas_ack` a claim that the replicas did not acknowledge is
+//! never forwarded.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::topology::{redis_base, Node, Sentinels, MASTER};
+use common::*;
+use idemgate::Config;
+
+fn sentinel_config(up: &Upstream, s: &Sentinels) -> Config {
+    let mut c = redis_base(up);
+    c.redis_sentinels = s.addrs();
+    c.redis_sentinel_master = Some(MASTER.into());
+    c.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    c
+}
+
+/// The primary is killed; while the sentinels elect a replica, requests get 503
+/// `store-unavailable`; afterwards idemgate works on the new primary, and a record that
+/// was acknowledged by both replicas before the crash replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_a_promoted_replica_without_restart() {
+    let mut s = Sentinels::start(2);
+    let up = Upstream::start().await;
+    let mut cfg = sentinel_config(&up, &s);
+    cfg.min_replicas_ack = 2;
+    cfg.replica_ack_timeout = Duration::from_millis(300);
+    cfg.store_timeout = Duration::from_millis(1000);
+    let app = spawn_app(cfg).await;
+    let client = client();
+    let first = post(&client, &app, "/pay", Some("before"), "{}", &[]).await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    let old = s.primary_port().unwrap();
+
+    let killed = s.fail_over();
+    assert_ne!(s.primary_port(), Some(old));
+    // One replica is left: min_replicas_ack = 2 cannot be met, and nothing is forwarded.
+    let hits = up.hits();
+    let refused = post(&client, &app, "/pay", Some("during"), "{}", &[]).await;
+    assert_eq!(refused.status, 503, "{:?}", refused.body);
+    assert!(refused.problem_type().ends_with("store-unavailable"));
+    assert_eq!(
+        up.hits(),
+        hits,
+        "a claim without acknowledgement was forwarded"
+    );
+    // The old primary comes back and the sentinels make it a replica of the new one.
+    s.data[killed].restart();
+    s.wait_replicas_online(2);
+
+    let mut after = None;
+    for _ in 0..100 {
+        let a = post(&client, &app, "/pay", Some("after"), "{}", &[]).await;
+        if a.status == 201 {
+            after = Some(a);
+            break;
+        }
+        assert_eq!(a.status, 503, "{:?}", a.body);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(after.is_some(), "no 201 from the new primary");
+    let again = post(&client, &app, "/pay", Some("before"), "{}", &[]).await;
+    assert!(again.replayed(), "{} {:?}", again.status, again.body);
+    assert_eq!(again.body, first.body);
+    // `during` was refused and released: it executes now, once.
+    let during = post(&client, &app, "/pay", Some("during"), "{}", &[]).await;
+    assert_eq!(during.status, 201, "{:?}", during.body);
+    assert_eq!(up.hits(), 3);
+    app.shutdown().await;
+}
+
+/// The same user and password on sentinels and data nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn password_applies_to_sentinels_and_data_nodes() {
+    let password = "pw-for-this-test";
+    let s = Sentinels::start_with(1, Some(password));
+    let up = Upstream::start().await;
+    let mut cfg = sentinel_config(&up, &s);
+    cfg.redis_password = Some(password.into());
+    let app = spawn_app(cfg.clone()).await;
+    let a = post(&client(), &app, "/pay", Some("k"), "{}", &[]).await;
+    assert_eq!(a.status, 201, "{:?}", a.body);
+    app.shutdown().await;
+    cfg.redis_password = None;
+    let e = idemgate::start(cfg)
+        .await
+        .err()
+        .expect("refused without the password");
+    assert_eq!(e.exit_code(), 69, "{e}");
+    assert!(e.to_string().contains("sentinels"), "{e}");
+}
+
+/// `min_replicas_ack` on one primary with one replica: while the replica is frozen, a new
+/// key gets 503 and its claim is released (a later retry executes); a claim never reaches
+/// the upstream unacknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unacknowledged_claim_is_not_forwarded() {
+    let primary = RedisServer::start();
+    let of = format!("127.0.0.1 {}", primary.port);
+    let replica = Node::start(&["--replicaof", &of, "--save", "", "--appendonly", "no"]);
+    eventually_online(&primary).await;
+    let up = Upstream::start().await;
+    let mut cfg = redis_base(&up);
+    cfg.redis_url = Some(primary.url());
+    cfg.min_replicas_ack = 1;
+    cfg.replica_ack_timeout = Duration::from_millis(200);
+    let app = spawn_app(cfg).await;
+    let client = client();
+    let ok = post(&client, &app, "/pay", Some("acked"), "{}", &[]).await;
+    assert_eq!(ok.status, 201);
+
+    let pid = replica_pid(&replica);
+    signal(pid, "STOP");
+    let refused = post(&client, &app, "/pay", Some("frozen"), "{}", &[]).await;
+    signal(pid, "CONT");
+    assert_eq!(refused.status, 503, "{:?}", refused.body);
+    assert!(refused.problem_type().ends_with("store-unavailable"));
+    assert_eq!(up.hits(), 1, "forwarded without acknowledgement");
+    // Released, not left in progress: the retry executes once the replica answers.
+    let retried = post(&client, &app, "/pay", Some("frozen"), "{}", &[]).await;
+    assert_eq!(retried.status, 201, "{:?}", retried.body);
+    assert_eq!(up.hits(), 2);
+    app.shutdown().await;
+}
+
+async fn eventually_online(primary: &RedisServer) {
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while !primary
+        .command(&["INFO", "replication"])
+        .is_some_and(|r| r.contains("state=online"))
+    {
+        assert!(std::time::Instant::now() < until, "replica never online");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn replica_pid(n: &Node) -> u32 {
+    n.info_field("server", "process_id")
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// What `min_replicas_ack` costs, read from Redis itself (`INFO commandstats` and
+/// `INFO cpu` of the primary) over new keys sent one at a time; printed, not asserted.
+/// `cargo test --release --test redis_sentinel replica_ack_cost -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement"]
+async fn replica_ack_cost() {
+    const N: usize = 2000;
+    let primary = RedisServer::start();
+    let of = format!("127.0.0.1 {}", primary.port);
+    let _replica = Node::start(&["--replicaof", &of, "--save", "", "--appendonly", "no"]);
+    eventually_online(&primary).await;
+    let field = |info: &str, name: &str| -> f64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let stat = |info: &str, cmd: &str, what: &str| -> f64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:")))
+            .and_then(|l| {
+                l.split(',')
+                    .find_map(|kv| kv.strip_prefix(&format!("{what}=")))
+            })
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    for ack in [0u32, 1] {
+        let up = Upstream::start().await;
+        let mut cfg = redis_base(&up);
+        cfg.redis_url = Some(primary.url());
+        cfg.min_replicas_ack = ack;
+        let app = spawn_app(cfg).await;
+        let client = client();
+        primary.command(&["CONFIG", "RESETSTAT"]).unwrap();
+        let cpu = |i: &str| field(i, "used_cpu_sys") + field(i, "used_cpu_user");
+        let before = primary.command(&["INFO", "cpu"]).unwrap();
+        let start = std::time::Instant::now();
+        for i in 0..N {
+            let a = post(
+                &client,
+                &app,
+                "/pay",
+                Some(&format!("cost-{ack}-{i}")),
+                "{}",
+                &[],
+            )
+            .await;
+            assert_eq!(a.status, 201);
+        }
+        let elapsed = start.elapsed();
+        let after = primary.command(&["INFO", "cpu"]).unwrap();
+        let stats = primary.command(&["INFO", "commandstats"]).unwrap();
+        let per = |cmd: &str, what: &str| stat(&stats, cmd, what) / N as f64;
+        eprintln!(
+            "min_replicas_ack={ack}: per new key: evalsha {:.2} calls ({:.1} us), wait {:.2} calls ({:.1} us), \
+             primary CPU {:.1} us (idle time included), client latency {:.0} us",
+            per("evalsha", "calls"),
+            per("evalsha", "usec"),
+            per("wait", "calls"),
+            per("wait", "usec"),
+            (cpu(&after) - cpu(&before)) * 1e6 / N as f64,
+            elapsed.as_micros() as f64 / N as f64,
+        );
+        app.shutdown().await;
+    }
+}

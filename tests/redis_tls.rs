@@ -1,0 +1,259 @@
+//! Redis over TLS with a private CA and client certificates, and an ACL user limited to
+//! idemgate's keys and commands: what works, and what stops start-up with a message that
+//! names the address and says TLS.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::topology::{redis_base, tls_node, Node, Pki};
+use common::*;
+use idemgate::Config;
+
+fn tls_config(up: &Upstream, node: &Node, host: &str, pki: &Pki) -> Config {
+    let mut c = redis_base(up);
+    c.redis_url = Some(format!("rediss://{host}:{}/0", node.port));
+    c.redis_tls_ca_file = Some(pki.path("ca.crt"));
+    c.redis_tls_cert_file = Some(pki.path("client.crt"));
+    c.redis_tls_key_file = Some(pki.path("client.key"));
+    c
+}
+
+async fn one_key_executes_once(app: &idemgate::Running, up: &Upstream) {
+    let client = client();
+    let first = post(&client, app, "/pay", Some("tls-1"), "{\"a\":1}", &[]).await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    let again = post(&client, app, "/pay", Some("tls-1"), "{\"a\":1}", &[]).await;
+    assert_eq!(again.status, 201);
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert_eq!(up.hits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_ca_and_client_certificate() {
+    let pki = Pki::new();
+    let node = tls_node(&pki, true, &[]);
+    let up = Upstream::start().await;
+    let app = spawn_app(tls_config(&up, &node, "localhost", &pki)).await;
+    one_key_executes_once(&app, &up).await;
+    // The record is on the TLS server: the plain port is closed (port 0).
+    let keys = node.cli(&["--scan", "--pattern", "idemgate:{*"]).unwrap();
+    assert_eq!(keys.lines().count(), 1, "{keys}");
+    app.shutdown().await;
+}
+
+async fn start_error(c: Config) -> (i32, String) {
+    match idemgate::start(c).await {
+        Ok(_) => panic!("idemgate started against a Redis it should not trust"),
+        Err(e) => (e.exit_code(), e.to_string()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_ca_stops_start_up_naming_the_address_and_tls() {
+    let pki = Pki::new();
+    let node = tls_node(&pki, false, &[]);
+    let up = Upstream::start().await;
+    let mut c = tls_config(&up, &node, "localhost", &pki);
+    c.redis_tls_ca_file = Some(pki.path("other-ca.crt"));
+    let (code, msg) = start_error(c).await;
+    assert_eq!(code, 69, "{msg}");
+    assert!(msg.contains(&format!("localhost:{}", node.port)), "{msg}");
+    assert!(msg.contains("TLS"), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_name_stops_start_up_unless_verification_is_turned_off() {
+    let pki = Pki::new();
+    let node = tls_node(&pki, false, &[]);
+    let up = Upstream::start().await;
+    // The certificate is for `localhost` only.
+    let c = tls_config(&up, &node, "127.0.0.1", &pki);
+    let (code, msg) = start_error(c.clone()).await;
+    assert_eq!(code, 69, "{msg}");
+    assert!(msg.contains(&format!("127.0.0.1:{}", node.port)), "{msg}");
+    assert!(msg.contains("TLS"), "{msg}");
+    let mut insecure = c;
+    insecure.redis_tls_insecure = true;
+    let app = spawn_app(insecure).await;
+    one_key_executes_once(&app, &up).await;
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_client_certificate_stops_start_up() {
+    let pki = Pki::new();
+    let node = tls_node(&pki, true, &[]);
+    let up = Upstream::start().await;
+    let mut c = tls_config(&up, &node, "localhost", &pki);
+    c.redis_tls_cert_file = None;
+    c.redis_tls_key_file = None;
+    let (code, msg) = start_error(c).await;
+    assert_eq!(code, 69, "{msg}");
+    assert!(msg.contains(&format!("localhost:{}", node.port)), "{msg}");
+    assert!(msg.contains("TLS"), "{msg}");
+}
+
+/// The binary itself: exit code 69 and the message on stderr.
+#[test]
+fn the_binary_exits_69_on_an_untrusted_redis() {
+    let pki = Pki::new();
+    let node = tls_node(&pki, false, &[]);
+    let url = format!("rediss://localhost:{}/0", node.port);
+    let ca = pki.path("other-ca.crt").display().to_string();
+    let (mut cmd, _, _, dir) = Gate::command(
+        "http://127.0.0.1:9",
+        &url,
+        &[("IDEMGATE_REDIS_TLS_CA_FILE", ca.as_str())],
+    );
+    let status = cmd.status().unwrap();
+    let log = std::fs::read_to_string(dir.path().join("idemgate.log")).unwrap();
+    assert_eq!(status.code(), Some(69), "{log}");
+    assert!(
+        log.contains("TLS") && log.contains(&format!("localhost:{}", node.port)),
+        "{log}"
+    );
+}
+
+/// The `ACL SETUSER` line that the README gives, read from the README itself.
+fn readme_acl_line(password: &str) -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let line = readme
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("ACL SETUSER idemgate "))
+        .expect("README gives an ACL SETUSER line");
+    line.split_whitespace()
+        .map(|w| w.replace("<password>", password))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_acl_user_is_enough_and_no_more() {
+    let redis = RedisServer::start();
+    let password = "s3cret-for-the-test-only";
+    let line = readme_acl_line(password);
+    let args: Vec<&str> = line.iter().map(String::as_str).collect();
+    let ok = redis.command(&args).unwrap();
+    assert!(ok.starts_with("+OK"), "{ok}");
+    // Nobody else gets in without a password.
+    let off = redis
+        .command(&["ACL", "SETUSER", "default", "off"])
+        .unwrap();
+    assert!(off.starts_with("+OK"), "{off}");
+
+    let up = Upstream::start().await;
+    let mut c = redis_base(&up);
+    c.redis_url = Some(redis.url());
+    c.redis_username = Some("idemgate".into());
+    c.redis_password = Some(password.into());
+    c.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    let app = spawn_app(c.clone()).await;
+    one_key_executes_once(&app, &up).await;
+    // Every other path of a record: in flight, released by an operator, inspected.
+    let client = client();
+    let admin = app.admin_addr().unwrap();
+    let slow = post(
+        &client,
+        &app,
+        "/pay",
+        Some("acl-2"),
+        "{}",
+        &[(DELAY_MS, "300")],
+    );
+    let busy = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        post(&client, &app, "/pay", Some("acl-2"), "{}", &[]).await
+    };
+    let (done, busy) = tokio::join!(slow, busy);
+    assert_eq!(done.status, 201);
+    assert_eq!(busy.status, 409, "{:?}", busy.body);
+    let id = busy.json()["record_id"].as_str().unwrap().to_string();
+    assert!(inspect(&client, admin, &id).await.is_some());
+    // An operator's walk over the records (SCAN).
+    let listed = client
+        .get(format!("http://{admin}/records?state=completed&count=1000"))
+        .send()
+        .await
+        .expect("admin request");
+    assert_eq!(listed.status().as_u16(), 200);
+    let listed: serde_json::Value = listed.json().await.expect("page json");
+    assert!(
+        listed["records"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|v| v["id"] == id.as_str())),
+        "{listed}"
+    );
+    assert!(release(&client, admin, &id).await);
+    assert!(inspect(&client, admin, &id).await.is_none());
+    let ready = http_get(admin, "/readyz").unwrap();
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    app.shutdown().await;
+
+    // The user reaches nothing but idemgate's keys.
+    let denied = redis_cli_as(redis.port, password, &["GET", "other:key"]);
+    assert!(denied.contains("NOPERM"), "{denied}");
+    let denied = redis_cli_as(redis.port, password, &["FLUSHALL"]);
+    assert!(denied.contains("NOPERM"), "{denied}");
+
+    // A wrong password stops start-up (exit 69), naming the address.
+    c.redis_password = Some("wrong-password".into());
+    let e = idemgate::start(c).await.err().expect("refused");
+    assert_eq!(e.exit_code(), 69, "{e}");
+    assert!(
+        e.to_string().contains(&format!("127.0.0.1:{}", redis.port)),
+        "{e}"
+    );
+}
+
+fn redis_cli_as(port: u16, password: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .args([
+            "-p",
+            &port.to_string(),
+            "--user",
+            "idemgate",
+            "--pass",
+            password,
+            "--no-auth-warning",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The binary with the password in `IDEMGATE_REDIS_PASSWORD`, taken verbatim even where it
+/// looks like a number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_password_comes_from_the_environment_verbatim() {
+    let redis = RedisServer::start();
+    let password = "1e5";
+    let line = readme_acl_line(password);
+    let args: Vec<&str> = line.iter().map(String::as_str).collect();
+    assert!(redis.command(&args).unwrap().starts_with("+OK"));
+    assert!(redis
+        .command(&["ACL", "SETUSER", "default", "off"])
+        .unwrap()
+        .starts_with("+OK"));
+    let up = Upstream::start().await;
+    let gate = Gate::start(
+        &up.url(),
+        &redis.url(),
+        &[
+            ("IDEMGATE_REDIS_USERNAME", "idemgate"),
+            ("IDEMGATE_REDIS_PASSWORD", password),
+        ],
+    );
+    let a = post_url(&client(), &gate.url("/pay"), Some("env-1"), "{}", &[]).await;
+    assert_eq!(a.status, 201, "{:?}", a.body);
+    assert!(!gate.log().contains(password), "{}", gate.log());
+}
