@@ -18,8 +18,18 @@ use crate::body::{self, Body};
 use crate::config::Secret;
 use crate::key::RecordId;
 use crate::metrics::{self, Metrics};
+use crate::operator::{self, Lookup, Resolver};
 use crate::problem::Problem;
-use crate::store::{deadline, Deleted, RecordState, RecordView, Store};
+use crate::store::{deadline, Completed, Deleted, RecordState, RecordView, Store};
+
+/// Largest request body the admin listener reads (an operator's recorded answer).
+const MAX_BODY: usize = 16 * 1024 * 1024;
+/// How long the admin listener waits for a request body.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Records examined per page of `GET /records`, unless `count` says otherwise (at most
+/// [`MAX_COUNT`]).
+const DEFAULT_COUNT: usize = 100;
+const MAX_COUNT: usize = 1000;
 
 /// The admin service.
 #[derive(Clone)]
@@ -30,6 +40,8 @@ pub struct Admin {
     // SHA-256 of the token: comparing digests takes the same time whatever the length or
     // content of what a caller sends.
     token: Option<[u8; 32]>,
+    // Record ids from a request's parts, as the proxy computes them.
+    resolver: Option<Resolver>,
 }
 
 impl Admin {
@@ -45,7 +57,14 @@ impl Admin {
             store_timeout,
             metrics,
             token: token.map(|t| Sha256::digest(t.expose().as_bytes()).into()),
+            resolver: None,
         }
+    }
+
+    /// Enables `POST /records/lookup`.
+    pub fn with_resolver(mut self, resolver: Resolver) -> Admin {
+        self.resolver = Some(resolver);
+        self
     }
 
     /// Whether the request carries the admin token (always, when none is configured).
@@ -79,6 +98,15 @@ impl Admin {
         let force = has_param(&req, "force=true");
         match (req.method(), path.as_str()) {
             (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+            (&Method::GET, "/records") => self.list(&req).await,
+            (&Method::POST, "/records/lookup") => self.lookup(req).await,
+            (&Method::POST, p) if p.starts_with("/records/") && p.ends_with("/complete") => {
+                let hex = &p["/records/".len()..p.len() - "/complete".len()];
+                match RecordId::from_hex(hex) {
+                    Some(id) => self.complete(id, force, req).await,
+                    None => bad_request("a record id is 64 hex characters"),
+                }
+            }
             (&Method::GET, "/readyz") => {
                 match deadline(self.store_timeout, self.store.ping()).await {
                     Ok(()) => text(StatusCode::OK, "ready\n"),
@@ -149,6 +177,127 @@ impl Admin {
             _ => text(StatusCode::NOT_FOUND, "not found\n"),
         }
     }
+}
+
+impl Admin {
+    /// `GET /records?state=unknown&cursor=...&count=...`: one page of a walk.
+    async fn list(&self, req: &Request<Incoming>) -> Response<Body> {
+        let state = match param(req, "state") {
+            None => None,
+            Some(s) => match operator::parse_state(&s) {
+                Some(state) => Some(state),
+                None => return bad_request("state is unknown, in_progress or completed"),
+            },
+        };
+        let cursor = param(req, "cursor").unwrap_or_default();
+        let count = match param(req, "count").map(|c| c.parse::<usize>()) {
+            None => DEFAULT_COUNT,
+            Some(Ok(n)) if (1..=MAX_COUNT).contains(&n) => n,
+            Some(_) => return bad_request("count is between 1 and 1000"),
+        };
+        match deadline(
+            self.store_timeout * 4,
+            self.store.list(state, &cursor, count),
+        )
+        .await
+        {
+            Ok(page) => json(StatusCode::OK, &page),
+            Err(crate::store::StoreError::Corrupt(e)) => bad_request(&e),
+            Err(e) => store_error(e),
+        }
+    }
+
+    /// `POST /records/lookup`: the id and state of a request's record.
+    async fn lookup(&self, req: Request<Incoming>) -> Response<Body> {
+        let Some(resolver) = &self.resolver else {
+            return text(StatusCode::NOT_FOUND, "not found\n");
+        };
+        let lookup: Lookup = match read_json(req).await {
+            Ok(l) => l,
+            Err(res) => return res,
+        };
+        let id = match resolver.record_id(&lookup) {
+            Ok(id) => id,
+            Err(e) => return bad_request(&e),
+        };
+        match deadline(self.store_timeout, self.store.inspect(&id, false)).await {
+            Ok(view) => json(
+                StatusCode::OK,
+                &serde_json::json!({
+                    "id": id.to_string(),
+                    "state": view.as_ref().map(|v| v.state),
+                    "record": view,
+                }),
+            ),
+            Err(e) => store_error(e),
+        }
+    }
+
+    /// `POST /records/{id}/complete[?force=true]`: resolves an `unknown` record as executed.
+    async fn complete(&self, id: RecordId, force: bool, req: Request<Incoming>) -> Response<Body> {
+        let outcome: operator::Outcome = match read_json(req).await {
+            Ok(o) => o,
+            Err(res) => return res,
+        };
+        let response = match outcome.response() {
+            Ok(r) => r,
+            Err(e) => return bad_request(&e),
+        };
+        let before = deadline(self.store_timeout, self.store.inspect(&id, false))
+            .await
+            .ok()
+            .flatten();
+        let done = deadline(
+            self.store_timeout,
+            self.store.complete(&id, &response, force),
+        )
+        .await;
+        match done {
+            Ok(Completed::Completed) => {
+                tracing::info!(record = %id, status = response.status, forced = force, "record completed by an operator");
+                json(
+                    StatusCode::OK,
+                    &serde_json::json!({"completed": id.to_string(), "was": before}),
+                )
+            }
+            Ok(Completed::NotFound) => json(
+                StatusCode::NOT_FOUND,
+                &serde_json::json!({"error": "no such record", "id": id.to_string()}),
+            ),
+            Ok(Completed::OwnerBusy) => owner_busy(&id, before.as_ref()),
+            Ok(Completed::AlreadyCompleted) => json(
+                StatusCode::CONFLICT,
+                &serde_json::json!({"error": "the record already holds an answer; it replays that one", "id": id.to_string()}),
+            ),
+            Err(e) => store_error(e),
+        }
+    }
+}
+
+/// A query parameter's decoded value.
+fn param(req: &Request<Incoming>, name: &str) -> Option<String> {
+    let q = req.uri().query()?;
+    form_urlencoded::parse(q.as_bytes())
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
+}
+
+/// Reads a JSON request body (bounded in size and time).
+async fn read_json<T: serde::de::DeserializeOwned>(
+    req: Request<Incoming>,
+) -> Result<T, Response<Body>> {
+    use http_body_util::{BodyExt, Limited};
+    let read = Limited::new(req.into_body(), MAX_BODY).collect();
+    let bytes = match tokio::time::timeout(BODY_TIMEOUT, read).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(_)) => return Err(bad_request("the body is unreadable or larger than 16 MiB")),
+        Err(_) => return Err(bad_request("the body did not arrive in time")),
+    };
+    serde_json::from_slice(&bytes).map_err(|e| bad_request(&format!("body: {e}")))
+}
+
+fn bad_request(why: &str) -> Response<Body> {
+    json(StatusCode::BAD_REQUEST, &serde_json::json!({"error": why}))
 }
 
 /// Whether the query string holds `param` (`name=value`) as one of its parts.

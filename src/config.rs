@@ -18,6 +18,7 @@ use crate::fingerprint::JsonPointer;
 use crate::retry_after::TypicalTime;
 use crate::scope::jwt::JwtVerifier;
 use crate::scope::{path, PathError, PathRules, TenantSource};
+use crate::store::seal::{Envelope, Keyring};
 
 /// What to do when the store cannot be reached at claim time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,6 +129,15 @@ pub struct Config {
     pub jwt_hs256_secret: Option<Secret>,
     /// JWKS file with the RS256/ES256 public keys that bearer tokens are verified with.
     pub jwks_file: Option<PathBuf>,
+    /// Keys that recorded answers are sealed with at rest, `<id>:<base64 of 32 bytes>`: the
+    /// first seals, every one opens. Empty: answers are stored in clear.
+    pub encryption_keys: Vec<Secret>,
+    /// A file of `encryption_keys` entries, one a line (`#` comments): kept out of the
+    /// configuration file. Its keys come after those of `encryption_keys`.
+    pub encryption_keys_file: Option<PathBuf>,
+    /// Recorded bodies of at least this many bytes are stored compressed (lz4) when that
+    /// makes them smaller. Absent: never.
+    pub compress_min_bytes: Option<usize>,
     /// Outer deadline of every store call (claim, record, release...).
     #[serde(with = "humantime_serde")]
     pub store_timeout: Duration,
@@ -270,6 +280,12 @@ pub struct Defaults {
     pub on_ambiguous: OnAmbiguous,
     /// JSON pointers left out of the fingerprint.
     pub fingerprint_ignore: Vec<String>,
+    /// Headers that carry the key, in order of preference (aliases such as
+    /// `PayPal-Request-Id`): the first present is the key.
+    pub key_headers: Vec<String>,
+    /// Answers with these statuses reach the client and release the claim instead of being
+    /// recorded, so a retry executes: for upstreams that answer them without doing any work.
+    pub release_on_status: Vec<u16>,
 }
 
 /// One `[[routes]]` entry: a path prefix and the settings it overrides.
@@ -298,6 +314,8 @@ pub struct Route {
     pub on_store_error: Option<OnStoreError>,
     pub on_ambiguous: Option<OnAmbiguous>,
     pub fingerprint_ignore: Option<Vec<String>>,
+    pub key_headers: Option<Vec<String>>,
+    pub release_on_status: Option<Vec<u16>>,
 }
 
 /// The default of [`Config::upstream_idle_timeout`]: half of the shortest keep-alive
@@ -331,6 +349,9 @@ impl Default for Config {
             namespace: None,
             jwt_hs256_secret: None,
             jwks_file: None,
+            encryption_keys: Vec::new(),
+            encryption_keys_file: None,
+            compress_min_bytes: None,
             redis_info_interval: Duration::from_secs(15),
             store_timeout: Duration::from_millis(500),
             upstream_idle_timeout: UPSTREAM_IDLE_TIMEOUT,
@@ -377,6 +398,8 @@ impl Default for Defaults {
             on_store_error: OnStoreError::Reject,
             on_ambiguous: OnAmbiguous::Hold,
             fingerprint_ignore: Vec::new(),
+            key_headers: vec![crate::key::HEADER.into()],
+            release_on_status: Vec::new(),
         }
     }
 }
@@ -424,6 +447,10 @@ impl Config {
                 f = f.merge(Serialized::global(key, value));
             }
         }
+        if let Ok(value) = std::env::var("IDEMGATE_ENCRYPTION_KEYS") {
+            let keys: Vec<&str> = value.split(',').filter(|k| !k.trim().is_empty()).collect();
+            f = f.merge(Serialized::global("encryption_keys", keys));
+        }
         f
     }
 
@@ -444,6 +471,7 @@ const NOT_SETTINGS: &[&str] = &[
     "ADMIN_TOKEN",
     "JWT_HS256_SECRET",
     "NAMESPACE",
+    "ENCRYPTION_KEYS",
     "REDIS_PASSWORD",
 ];
 
@@ -576,6 +604,10 @@ pub struct Policy {
     pub on_ambiguous: OnAmbiguous,
     #[allow(missing_docs)]
     pub fingerprint_ignore: Vec<JsonPointer>,
+    /// Headers that carry the key, the preferred first.
+    pub key_headers: Vec<HeaderName>,
+    /// Statuses whose answers are passed on and not recorded (the claim is released).
+    pub release_on_status: Vec<u16>,
     /// How long this route's upstream typically takes (measured while running), for the
     /// `Retry-After` of a 409 in-progress.
     pub upstream_time: Arc<TypicalTime>,
@@ -615,6 +647,8 @@ pub struct Settings {
     pub namespace: String,
     /// Verifies bearer tokens for `tenant_jwt_claim`; present when keys are configured.
     pub jwt: Option<Arc<JwtVerifier>>,
+    /// How recorded answers are kept at rest (sealed, compressed).
+    pub envelope: Envelope,
     // Whether any policy protects a method: decides between 400 and pass-through for a
     // path that cannot be normalized (and so matched to a route).
     protected_methods: Vec<Method>,
@@ -753,6 +787,7 @@ impl Settings {
         } else {
             None
         };
+        let envelope = envelope(&config)?;
         let d = &config.defaults;
         let default_policy = Arc::new(resolve(
             "defaults",
@@ -800,6 +835,7 @@ impl Settings {
             redis,
             namespace,
             jwt,
+            envelope,
             protected_methods,
         })
     }
@@ -874,6 +910,41 @@ fn prefix_matches(prefix: &str, path: &str) -> bool {
         Some(rest) => rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'),
         None => false,
     }
+}
+
+/// The keys and the compression threshold of recorded answers.
+fn envelope(config: &Config) -> Result<Envelope, ConfigError> {
+    let mut entries: Vec<String> = config
+        .encryption_keys
+        .iter()
+        .map(|k| k.expose().to_string())
+        .collect();
+    if let Some(p) = &config.encryption_keys_file {
+        let text = std::fs::read_to_string(p).map_err(|e| {
+            invalid(
+                "encryption_keys_file",
+                format!("cannot read {}: {e}", p.display()),
+            )
+        })?;
+        entries.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(String::from),
+        );
+    }
+    let keys = if entries.is_empty() {
+        None
+    } else {
+        Some(Keyring::parse(&entries).map_err(|e| invalid("encryption_keys", e))?)
+    };
+    if config.compress_min_bytes == Some(0) {
+        return Err(invalid("compress_min_bytes", "must be at least 1"));
+    }
+    Ok(Envelope {
+        keys,
+        compress_min_bytes: config.compress_min_bytes,
+    })
 }
 
 fn parse_upstream(s: &str) -> Result<Upstream, ConfigError> {
@@ -973,6 +1044,34 @@ fn resolve(
                 .map_err(|e| invalid(key_of("fingerprint_ignore"), format!("`{p}`: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let mut key_headers: Vec<HeaderName> = Vec::new();
+    for h in r.key_headers.as_ref().unwrap_or(&d.key_headers) {
+        let name = HeaderName::from_bytes(h.as_bytes())
+            .map_err(|_| invalid(key_of("key_headers"), format!("`{h}` is not a header name")))?;
+        if key_headers.contains(&name) {
+            return Err(invalid(
+                key_of("key_headers"),
+                format!("`{h}` is listed twice"),
+            ));
+        }
+        key_headers.push(name);
+    }
+    if key_headers.is_empty() {
+        return Err(invalid(
+            key_of("key_headers"),
+            "must name at least one header",
+        ));
+    }
+    let release_on_status = r
+        .release_on_status
+        .clone()
+        .unwrap_or_else(|| d.release_on_status.clone());
+    if let Some(bad) = release_on_status.iter().find(|s| !(400..=599).contains(*s)) {
+        return Err(invalid(
+            key_of("release_on_status"),
+            format!("{bad}: only 4xx and 5xx answers can say that nothing was done"),
+        ));
+    }
     let p = Policy {
         route,
         methods,
@@ -989,6 +1088,8 @@ fn resolve(
         on_store_error: r.on_store_error.unwrap_or(d.on_store_error),
         on_ambiguous: r.on_ambiguous.unwrap_or(d.on_ambiguous),
         fingerprint_ignore,
+        key_headers,
+        release_on_status,
         upstream_time: Arc::default(),
     };
     if p.lease < Duration::from_millis(100) {
@@ -1027,6 +1128,8 @@ fn matches_override(r: &Route, name: &str) -> bool {
         "tenant_headers" => r.tenant_headers.is_some(),
         "tenant_jwt_claim" => r.tenant_jwt_claim.is_some(),
         "fingerprint_ignore" => r.fingerprint_ignore.is_some(),
+        "key_headers" => r.key_headers.is_some(),
+        "release_on_status" => r.release_on_status.is_some(),
         "lease" => r.lease.is_some(),
         "upstream_timeout" => r.upstream_timeout.is_some(),
         "retention" => r.retention.is_some(),

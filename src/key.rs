@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use hyper::header::HeaderMap;
+use hyper::header::{HeaderMap, HeaderName};
 
 /// The request header that carries the key.
 pub const HEADER: &str = "idempotency-key";
@@ -47,6 +47,37 @@ pub enum KeyError {
     /// A character outside visible ASCII, or a malformed sf-string.
     #[error("the Idempotency-Key must be visible ASCII, as a bare token or a quoted string")]
     Invalid,
+    /// Two of the route's key headers (aliases) carry different keys.
+    #[error("the headers {0} and {1} carry different keys; send one key per request")]
+    Conflicting(String, String),
+}
+
+/// Reads the key from the first of `names` that the request carries (a route's
+/// `key_headers`, aliases such as `PayPal-Request-Id`): `Ok(None)` when none is there. Every
+/// one present must be a valid key, and the same one: two different keys are an error, not
+/// a choice. Each value is read as [`parse`] reads `Idempotency-Key`.
+pub fn parse_any(
+    headers: &HeaderMap,
+    names: &[HeaderName],
+    max_len: usize,
+) -> Result<Option<IdempotencyKey>, KeyError> {
+    let mut found: Option<(IdempotencyKey, &HeaderName)> = None;
+    for name in names {
+        let Some(key) = parse_header(headers, name, max_len)? else {
+            continue;
+        };
+        match &found {
+            None => found = Some((key, name)),
+            Some((first, first_name)) if *first != key => {
+                return Err(KeyError::Conflicting(
+                    first_name.to_string(),
+                    name.to_string(),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(found.map(|(k, _)| k))
 }
 
 /// Reads the key from the request headers: `Ok(None)` when there is none.
@@ -54,7 +85,15 @@ pub enum KeyError {
 /// Accepts an RFC 8941 sf-string (`"abc"`, with `\"` and `\\` escapes) or a bare value of
 /// visible ASCII without commas (a comma means a list, i.e. several keys).
 pub fn parse(headers: &HeaderMap, max_len: usize) -> Result<Option<IdempotencyKey>, KeyError> {
-    let mut values = headers.get_all(HEADER).iter();
+    parse_header(headers, &HeaderName::from_static(HEADER), max_len)
+}
+
+fn parse_header(
+    headers: &HeaderMap,
+    name: &HeaderName,
+    max_len: usize,
+) -> Result<Option<IdempotencyKey>, KeyError> {
+    let mut values = headers.get_all(name).iter();
     let Some(value) = values.next() else {
         return Ok(None);
     };
@@ -188,6 +227,37 @@ mod tests {
 
     fn key(values: &[&[u8]]) -> Result<Option<IdempotencyKey>, KeyError> {
         parse(&headers(values), 255)
+    }
+
+    #[test]
+    fn aliases_take_the_first_present_and_refuse_two_different_keys() {
+        let names = [
+            HeaderName::from_static(HEADER),
+            HeaderName::from_static("paypal-request-id"),
+        ];
+        let with = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (n, v) in pairs {
+                h.append(*n, HeaderValue::from_static(v));
+            }
+            parse_any(&h, &names, 255)
+        };
+        let key = |r: Result<Option<IdempotencyKey>, KeyError>| r.unwrap().unwrap().0;
+        assert_eq!(key(with(&[("paypal-request-id", "pp-1")])), "pp-1");
+        assert_eq!(key(with(&[("idempotency-key", "ik-1")])), "ik-1");
+        // The same key in both (one quoted) is one key.
+        let both = with(&[("paypal-request-id", "\"k\""), ("idempotency-key", "k")]);
+        assert_eq!(key(both), "k");
+        assert!(matches!(
+            with(&[("paypal-request-id", "a"), ("idempotency-key", "b")]),
+            Err(KeyError::Conflicting(..))
+        ));
+        // An invalid alias is an error even when the preferred header is fine.
+        assert_eq!(
+            with(&[("idempotency-key", "k"), ("paypal-request-id", "")]),
+            Err(KeyError::Empty)
+        );
+        assert_eq!(with(&[("x-other", "k")]).unwrap(), None);
     }
 
     #[test]

@@ -22,6 +22,8 @@
 //! - [`upstream`]: the client to the upstream, header rewriting, failure classification.
 //! - [`problem`]: idemgate's own `application/problem+json` responses.
 //! - [`admin`]: health, readiness, `/metrics` and record inspection/release.
+//! - [`operator`]: the admin listener's record resolution: listing by state, finding a
+//!   request's record, completing an `unknown` one with the outcome an operator found.
 //! - [`metrics`]: the Prometheus registry, the timing store wrapper and the Redis `INFO`
 //!   watcher.
 //! - [`probe`]: `idemgate probe URL`, the container health check.
@@ -42,6 +44,7 @@ pub mod fingerprint;
 pub mod key;
 pub mod lab;
 pub mod metrics;
+pub mod operator;
 pub mod probe;
 pub mod problem;
 pub mod proxy;

@@ -29,7 +29,7 @@ use crate::store::{
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Every outcome, in declaration order (`Outcome as usize` indexes this).
-const OUTCOMES: [Outcome; 12] = [
+const OUTCOMES: [Outcome; 13] = [
     Outcome::Forwarded,
     Outcome::Replayed,
     Outcome::InProgress,
@@ -42,6 +42,7 @@ const OUTCOMES: [Outcome; 12] = [
     Outcome::Ambiguous,
     Outcome::NotStored,
     Outcome::Overloaded,
+    Outcome::Released,
 ];
 
 /// A store operation, the `op` label of the store metrics.
@@ -393,6 +394,24 @@ impl Store for Instrumented {
         self.timed(StoreOp::Delete, self.store_timeout, call)
     }
 
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        response: &'a StoredResponse,
+        force: bool,
+    ) -> BoxFuture<'a, Result<crate::store::Completed, StoreError>> {
+        self.inner.complete(id, response, force)
+    }
+
+    fn list<'a>(
+        &'a self,
+        state: Option<crate::store::RecordState>,
+        cursor: &'a str,
+        count: usize,
+    ) -> BoxFuture<'a, Result<crate::store::Page, StoreError>> {
+        self.inner.list(state, cursor, count)
+    }
+
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         self.timed(StoreOp::Ping, self.store_timeout, self.inner.ping())
     }
@@ -487,7 +506,8 @@ mod tests {
             | Outcome::UpstreamError
             | Outcome::Ambiguous
             | Outcome::NotStored
-            | Outcome::Overloaded => (),
+            | Outcome::Overloaded
+            | Outcome::Released => (),
         };
     }
 

@@ -55,6 +55,8 @@ pub enum Problem {
     Overloaded,
     /// Admin API: a release refused because the record's owner may still be working on it.
     OwnerBusy,
+    /// A recorded answer exists and cannot be opened (its encryption key was removed).
+    RecordUnreadable,
 }
 
 impl Problem {
@@ -78,6 +80,7 @@ impl Problem {
             Problem::ResponseNotStored => "response-not-stored",
             Problem::Overloaded => "overloaded",
             Problem::OwnerBusy => "owner-busy",
+            Problem::RecordUnreadable => "record-unreadable",
         }
     }
 
@@ -100,6 +103,7 @@ impl Problem {
             Problem::StoreUnavailable | Problem::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Problem::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
             Problem::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Problem::RecordUnreadable => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -128,6 +132,9 @@ impl Problem {
             }
             Problem::Overloaded => "Too many requests are in progress",
             Problem::OwnerBusy => "The record's owner may still be working on it",
+            Problem::RecordUnreadable => {
+                "The recorded answer for this Idempotency-Key cannot be read"
+            }
         }
     }
 

@@ -69,6 +69,9 @@ pub enum Outcome {
     NotStored,
     /// Refused at once, nothing claimed: `max_in_flight` protected requests were running.
     Overloaded,
+    /// Sent; the upstream's answer has a `release_on_status` status: passed on, not
+    /// recorded, the claim released.
+    Released,
 }
 
 impl Outcome {
@@ -87,6 +90,7 @@ impl Outcome {
             Outcome::Ambiguous => "ambiguous",
             Outcome::NotStored => "not_stored",
             Outcome::Overloaded => "overloaded",
+            Outcome::Released => "released",
         }
     }
 }
@@ -203,7 +207,10 @@ impl Proxy {
             let (timeout, method) = (policy.upstream_timeout, req.method().clone());
             // A key on a method that is not protected is a client that expects protection
             // and does not get it (`post` is not `POST`: methods are case-sensitive).
-            let keyed = req.headers().contains_key(key::HEADER);
+            let keyed = policy
+                .key_headers
+                .iter()
+                .any(|h| req.headers().contains_key(h));
             if keyed {
                 tracing::warn!(
                     method = %method,
@@ -245,7 +252,7 @@ impl Proxy {
             };
             log_request(metrics, res, outcome, None, &line);
         };
-        let key = match key::parse(req.headers(), policy.max_key_length) {
+        let key = match key::parse_any(req.headers(), &policy.key_headers, policy.max_key_length) {
             Ok(Some(key)) => key,
             Ok(None) if policy.require_key => {
                 let detail = "send an Idempotency-Key header with a unique value per operation";
@@ -526,6 +533,18 @@ impl Proxy {
                 ),
                 Outcome::Ambiguous,
             ),
+            // The request was executed once and its answer was kept, sealed under a key
+            // that is gone: a second execution is the one thing this must not become, so
+            // not even `on_store_error = "forward"` forwards it.
+            Err(StoreError::Unreadable(why)) => {
+                tracing::error!(record = %id, error = %why, "recorded answer cannot be read");
+                let res = Problem::RecordUnreadable.response(
+                    "this request was executed once and its recorded answer cannot be read (its encryption key is no longer configured); it will not be executed again",
+                    Some(&id),
+                    None,
+                );
+                (res, Outcome::StoreError)
+            }
             Err(e) => {
                 tracing::warn!(record = %id, error = %e, "claim failed");
                 // The claim may have landed even though its answer did not, or may still
@@ -906,6 +925,28 @@ async fn exchange(
     let store_timeout = shared.settings.config.store_timeout;
     let store = &shared.store;
     let (mut res, outcome) = match result {
+        // An answer that says the upstream did nothing (`release_on_status`): passed on, and
+        // the claim released so that the retry executes.
+        Ok((mut parts, answer)) if policy.release_on_status.contains(&parts.status.as_u16()) => {
+            upstream::strip_hop_by_hop(&mut parts.headers);
+            let status = parts.status.as_u16();
+            tracing::info!(record = %id, status, "answer not recorded (release_on_status); releasing the claim");
+            let linger = policy.retention;
+            if let Err(e) = deadline(store_timeout, store.release(&id, &owner, linger)).await {
+                tracing::warn!(record = %id, error = %e, "could not release the claim; trying again in the background");
+                release_in_background(shared, id, owner, linger);
+            }
+            (
+                Response::from_parts(
+                    parts,
+                    match answer {
+                        Answer::Whole(bytes) => body::full(bytes),
+                        Answer::TooLarge { read, rest } => body::prefixed(read, rest),
+                    },
+                ),
+                Outcome::Released,
+            )
+        }
         Ok((mut parts, Answer::TooLarge { read, rest })) => {
             policy.upstream_time.observe(latency.0);
             upstream::strip_hop_by_hop(&mut parts.headers);

@@ -22,8 +22,10 @@ use crate::admin::Admin;
 use crate::config::{Config, ConfigError, Settings};
 use crate::connection::{Deadlines, Watch, Watched};
 use crate::metrics::{self, Instrumented, Metrics};
+use crate::operator::Resolver;
 use crate::proxy::Proxy;
 use crate::scope::Scoper;
+use crate::store::seal::Enveloped;
 use crate::store::{MemoryStore, PostgresStore, RedisStore, SqliteStore, Store, StoreError};
 
 /// Why idemgate could not start or stopped with an error.
@@ -73,7 +75,16 @@ impl Error {
 /// `redis_cluster_nodes` is set, else the embedded one) and
 /// reads the secret that its record ids are keyed with.
 pub async fn open_store(settings: &Settings) -> Result<(Arc<dyn Store>, Scoper), Error> {
-    let store = open_backend(settings).await?;
+    let mut store = open_backend(settings).await?;
+    if let Some(keys) = &settings.envelope.keys {
+        tracing::info!(
+            sealing_key = keys.sealing_id(),
+            "recorded answers are sealed at rest"
+        );
+    }
+    // Always: an instance without keys must still know a sealed record when it meets one
+    // (and refuse it), never replay its envelope as if it were the answer.
+    store = Arc::new(Enveloped::new(store, settings.envelope.clone()));
     let timeout = settings.config.store_timeout;
     let secret = crate::store::deadline(timeout, store.scope_secret()).await?;
     Ok((store, Scoper::new(&secret, &settings.namespace)))
@@ -269,7 +280,9 @@ pub async fn serve(
     let (end_tx, end_rx) = tokio::sync::watch::channel(None::<Instant>);
     let admin_task = admin.map(|l| {
         let token = settings.config.admin_token.clone();
-        let admin = Admin::new(store.clone(), store_timeout, metrics.clone(), token);
+        let resolver = Resolver::new(Arc::new(settings.clone()), scoper.clone());
+        let admin = Admin::new(store.clone(), store_timeout, metrics.clone(), token)
+            .with_resolver(resolver);
         // The admin listener has connections of its own, so a flood of client connections
         // never keeps an operator out.
         let limits = ConnLimits {

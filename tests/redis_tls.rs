@@ -174,6 +174,20 @@ async fn the_readme_acl_user_is_enough_and_no_more() {
     assert_eq!(busy.status, 409, "{:?}", busy.body);
     let id = busy.json()["record_id"].as_str().unwrap().to_string();
     assert!(inspect(&client, admin, &id).await.is_some());
+    // An operator's walk over the records (SCAN).
+    let listed = client
+        .get(format!("http://{admin}/records?state=completed&count=1000"))
+        .send()
+        .await
+        .expect("admin request");
+    assert_eq!(listed.status().as_u16(), 200);
+    let listed: serde_json::Value = listed.json().await.expect("page json");
+    assert!(
+        listed["records"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|v| v["id"] == id.as_str())),
+        "{listed}"
+    );
     assert!(release(&client, admin, &id).await);
     assert!(inspect(&client, admin, &id).await.is_none());
     let ready = http_get(admin, "/readyz").unwrap();

@@ -15,8 +15,8 @@ use idemgate::fingerprint::Fingerprint;
 use idemgate::key::{IdempotencyKey, RecordId};
 use idemgate::scope::{ScopeSecret, Scoper, Tenant};
 use idemgate::store::{
-    Claim, ClaimRequest, Deleted, MemoryStore, OwnerToken, PostgresStore, RecordState, RedisStore,
-    SqliteStore, Store, StoreError, StoredResponse,
+    Claim, ClaimRequest, Completed, Deleted, MemoryStore, OwnerToken, PostgresStore, RecordState,
+    RedisStore, SqliteStore, Store, StoreError, StoredResponse,
 };
 
 struct Fixture {
@@ -155,6 +155,8 @@ contract!(
     a_multi_mib_answer_replays_exactly_and_goes_with_its_record,
     a_claim_that_arrives_after_its_release_creates_nothing,
     operator_delete_refuses_while_the_owner_may_be_working,
+    operator_complete_resolves_an_unsettled_record_once,
+    list_walks_every_record_in_bounded_pages,
 );
 
 /// How long a release remembers a withdrawn claim, in tests that do not wait for it.
@@ -739,4 +741,186 @@ async fn persistent_store_opened_twice_on_one_directory_has_one_winner() {
         }
         assert_eq!(claimed, 1, "round {round}");
     }
+}
+
+async fn operator_complete_resolves_an_unsettled_record_once(f: Fixture) {
+    let answer = response("operator");
+    assert_eq!(
+        f.store.complete(&id("none"), &answer, false).await.unwrap(),
+        Completed::NotFound
+    );
+    // Its owner may still be working: refused unless forced.
+    let a = claim("a", 1, 10_000);
+    assert_eq!(f.store.claim(&a).await.unwrap(), Claim::Claimed);
+    assert_eq!(
+        f.store.complete(&a.id, &answer, false).await.unwrap(),
+        Completed::OwnerBusy
+    );
+    assert!(matches!(
+        f.store.claim(&claim("a", 1, 10_000)).await.unwrap(),
+        Claim::InFlight { .. }
+    ));
+    assert_eq!(
+        f.store.complete(&a.id, &answer, true).await.unwrap(),
+        Completed::Completed
+    );
+    // The former owner can no longer record over it, renew it or mark it.
+    assert!(!f
+        .store
+        .record(&a.id, &a.owner, &response("late"))
+        .await
+        .unwrap());
+    assert!(!f.store.record_not_kept(&a.id, &a.owner, 500).await.unwrap());
+    assert!(!f
+        .store
+        .renew(&a.id, &a.owner, Duration::from_secs(10))
+        .await
+        .unwrap());
+    assert!(!f.store.mark_unknown(&a.id, &a.owner).await.unwrap());
+    assert_eq!(
+        f.store.claim(&claim("a", 1, 10_000)).await.unwrap(),
+        Claim::Replay(answer.clone())
+    );
+    assert_eq!(
+        f.store.claim(&claim("a", 2, 10_000)).await.unwrap(),
+        Claim::Mismatch
+    );
+    assert_eq!(
+        f.store
+            .complete(&a.id, &response("again"), true)
+            .await
+            .unwrap(),
+        Completed::AlreadyCompleted
+    );
+
+    // Sent, outcome unknown: resolved without force, then replayed.
+    let b = claim("b", 1, 10_000);
+    f.store.claim(&b).await.unwrap();
+    assert!(f.store.mark_unknown(&b.id, &b.owner).await.unwrap());
+    assert_eq!(
+        f.store.complete(&b.id, &answer, false).await.unwrap(),
+        Completed::Completed
+    );
+    assert_eq!(
+        f.store.claim(&claim("b", 1, 10_000)).await.unwrap(),
+        Claim::Replay(answer.clone())
+    );
+    let v = f.store.inspect(&b.id, true).await.unwrap().unwrap();
+    assert_eq!(v.state, RecordState::Completed);
+    assert_eq!(v.status, Some(201));
+    assert_eq!(v.body_kept, Some(true));
+    assert!(v.body.unwrap().contains("operator"));
+
+    // Completed by its owner, kept or not: never overwritten, even forced.
+    let c = claim("c", 1, 10_000);
+    f.store.claim(&c).await.unwrap();
+    assert!(f
+        .store
+        .record(&c.id, &c.owner, &response("upstream"))
+        .await
+        .unwrap());
+    assert_eq!(
+        f.store.complete(&c.id, &answer, true).await.unwrap(),
+        Completed::AlreadyCompleted
+    );
+    assert_eq!(
+        f.store.claim(&claim("c", 1, 10_000)).await.unwrap(),
+        Claim::Replay(response("upstream"))
+    );
+    let d = claim("d", 1, 10_000);
+    f.store.claim(&d).await.unwrap();
+    assert!(f.store.record_not_kept(&d.id, &d.owner, 202).await.unwrap());
+    assert_eq!(
+        f.store.complete(&d.id, &answer, true).await.unwrap(),
+        Completed::AlreadyCompleted
+    );
+    assert_eq!(
+        f.store.claim(&claim("d", 1, 10_000)).await.unwrap(),
+        Claim::NotKept { status: 202 }
+    );
+}
+
+/// Every page of a walk with `count`, and how many calls it took.
+async fn walk(
+    store: &dyn Store,
+    state: Option<RecordState>,
+    count: usize,
+) -> (Vec<idemgate::store::RecordView>, usize) {
+    let (mut seen, mut cursor, mut calls) = (Vec::new(), String::new(), 0);
+    loop {
+        calls += 1;
+        assert!(calls < 500, "the walk does not end");
+        let page = store.list(state, &cursor, count).await.unwrap();
+        seen.extend(page.records);
+        match page.cursor {
+            Some(next) => cursor = next,
+            None => return (seen, calls),
+        }
+    }
+}
+
+async fn list_walks_every_record_in_bounded_pages(f: Fixture) {
+    use std::collections::HashSet;
+    let (mut completed, mut unknown, mut in_progress) =
+        (HashSet::new(), HashSet::new(), HashSet::new());
+    for i in 0..25 {
+        let c = claim(&format!("walk-{i}"), 1, 60_000);
+        assert_eq!(f.store.claim(&c).await.unwrap(), Claim::Claimed);
+        let set = match i % 3 {
+            0 => {
+                assert!(f
+                    .store
+                    .record(&c.id, &c.owner, &response("w"))
+                    .await
+                    .unwrap());
+                &mut completed
+            }
+            1 => {
+                assert!(f.store.mark_unknown(&c.id, &c.owner).await.unwrap());
+                &mut unknown
+            }
+            _ => &mut in_progress,
+        };
+        set.insert(c.id.to_string());
+    }
+    let all: HashSet<String> = completed
+        .iter()
+        .chain(&unknown)
+        .chain(&in_progress)
+        .cloned()
+        .collect();
+    assert_eq!(all.len(), 25);
+
+    let (seen, calls) = walk(&*f.store, None, 7).await;
+    let ids: HashSet<String> = seen.iter().map(|v| v.id.clone()).collect();
+    assert_eq!(ids, all);
+    assert!(
+        calls > 1,
+        "25 records in pages of about 7 took {calls} call"
+    );
+    for (state, want) in [
+        (RecordState::Completed, &completed),
+        (RecordState::Unknown, &unknown),
+        (RecordState::InProgress, &in_progress),
+    ] {
+        let (seen, _) = walk(&*f.store, Some(state), 7).await;
+        assert!(seen.iter().all(|v| v.state == state), "{seen:?}");
+        let ids: HashSet<String> = seen.iter().map(|v| v.id.clone()).collect();
+        assert_eq!(&ids, want, "{state:?}");
+        assert!(seen.iter().all(|v| v.body.is_none()));
+    }
+    // A record that is gone is not shown.
+    let gone = completed.iter().next().unwrap().clone();
+    assert_eq!(
+        f.store
+            .delete(&RecordId::from_hex(&gone).unwrap(), true)
+            .await
+            .unwrap(),
+        Deleted::Deleted
+    );
+    let (seen, _) = walk(&*f.store, None, 100).await;
+    let ids: HashSet<String> = seen.iter().map(|v| v.id.clone()).collect();
+    assert_eq!(ids.len(), 24);
+    assert!(!ids.contains(&gone));
+    assert!(f.store.list(None, "not-a-cursor", 7).await.is_err());
 }

@@ -130,6 +130,24 @@ impl Store for Tracked {
         self.inner.delete(id, force)
     }
 
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        response: &'a StoredResponse,
+        force: bool,
+    ) -> BoxFuture<'a, Result<crate::store::Completed, StoreError>> {
+        self.inner.complete(id, response, force)
+    }
+
+    fn list<'a>(
+        &'a self,
+        state: Option<crate::store::RecordState>,
+        cursor: &'a str,
+        count: usize,
+    ) -> BoxFuture<'a, Result<crate::store::Page, StoreError>> {
+        self.inner.list(state, cursor, count)
+    }
+
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         self.inner.ping()
     }

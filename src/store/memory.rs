@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, Deleted, OwnerToken, RecordState, RecordView, Store,
-    StoreError, StoredResponse,
+    BoxFuture, Claim, ClaimRequest, Completed, Deleted, OwnerToken, Page, RecordState, RecordView,
+    Store, StoreError, StoredResponse,
 };
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
@@ -44,6 +44,9 @@ struct Inner {
     // The other cap: records are not all the same size, and a few large answers would hold
     // more memory than a million small ones.
     max_bytes: usize,
+    // What an operator's walk ([`Store::list`]) measures expiry instants from, so that its
+    // cursor can name a place in a shard's expiry index.
+    epoch: Instant,
 }
 
 /// What a record costs beyond its answer's headers and body, as an estimate of what it
@@ -401,6 +404,7 @@ impl MemoryStore {
                 bytes: AtomicUsize::new(0),
                 max_bytes,
                 secret: ScopeSecret::random(),
+                epoch: Instant::now(),
             }),
         }
     }
@@ -590,6 +594,85 @@ impl MemoryStore {
             _ => false,
         }
     }
+
+    fn list_now(
+        &self,
+        state: Option<RecordState>,
+        cursor: &str,
+        count: usize,
+    ) -> Result<Page, StoreError> {
+        // The cursor names a place in one shard's expiry index, `<shard>` or
+        // `<shard>-<expiry ns since epoch>-<id>`: entries never change their expiry, so a
+        // walk resumes exactly where it stopped, and each call looks at `count` entries.
+        let bad = || StoreError::Corrupt("not a cursor of this store".into());
+        let mut parts = cursor.splitn(3, '-');
+        let shard: usize = match parts.next() {
+            Some("") | None => 0,
+            Some(s) => s.parse().map_err(|_| bad())?,
+        };
+        let after = match (parts.next(), parts.next()) {
+            (Some(ns), Some(id)) => {
+                let ns: u64 = ns.parse().map_err(|_| bad())?;
+                let id = RecordId::from_hex(id).ok_or_else(bad)?;
+                Some((self.inner.epoch + Duration::from_nanos(ns), id))
+            }
+            _ => None,
+        };
+        if shard >= SHARDS {
+            return Err(bad());
+        }
+        let now = Instant::now();
+        let count = count.max(1);
+        let mut records_out = Vec::new();
+        let mut shard = shard;
+        let mut after = after;
+        let mut examined = 0;
+        while shard < SHARDS && examined < count {
+            let records = self.lock(shard);
+            let range = match after {
+                Some(a) => records
+                    .by_expiry
+                    .range((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded)),
+                None => records.by_expiry.range(..),
+            };
+            let mut last = None;
+            for (expires, id) in range.take(count - examined) {
+                examined += 1;
+                last = Some((*expires, *id));
+                let Some(e) = records.map.get(id).filter(|e| e.expires > now) else {
+                    continue;
+                };
+                let view = view_of(id, e, now, false);
+                if state.is_none_or(|s| s == view.state) {
+                    records_out.push(view);
+                }
+            }
+            if examined < count || last.is_none() {
+                // This shard is done.
+                shard += 1;
+                after = None;
+            } else {
+                after = last;
+            }
+        }
+        let cursor = if shard >= SHARDS {
+            None
+        } else {
+            Some(match after {
+                None => shard.to_string(),
+                Some((expires, id)) => format!(
+                    "{shard}-{}-{id}",
+                    expires
+                        .saturating_duration_since(self.inner.epoch)
+                        .as_nanos()
+                ),
+            })
+        };
+        Ok(Page {
+            records: records_out,
+            cursor,
+        })
+    }
 }
 
 fn ready<'a, T: Send + 'a>(v: T) -> BoxFuture<'a, T> {
@@ -696,7 +779,105 @@ impl Store for MemoryStore {
     ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>> {
         let now = Instant::now();
         let records = self.lock_for(id);
-        let view = records.map.get(id).filter(|e| e.expires > now).map(|e| {
+        let view = records
+            .map
+            .get(id)
+            .filter(|e| e.expires > now)
+            .map(|e| view_of(id, e, now, with_body));
+        ready(Ok(view))
+    }
+
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        response: &'a StoredResponse,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Completed, StoreError>> {
+        let now = Instant::now();
+        let inner = &*self.inner;
+        let mut records = self.lock_for(id);
+        let Some(e) = records.entry_mut(id).filter(|e| e.expires > now) else {
+            return ready(Ok(Completed::NotFound));
+        };
+        let done = match e.state {
+            State::Completed(_) | State::NotKept { .. } => Completed::AlreadyCompleted,
+            State::InProgress { lease_until }
+                if !force && (lease_until > now || e.busy_until > now) =>
+            {
+                Completed::OwnerBusy
+            }
+            _ => {
+                let state = State::Completed(StoredResponse {
+                    status: response.status,
+                    headers: response.headers.clone(),
+                    body: Bytes::copy_from_slice(&response.body),
+                });
+                // Counted against `memory_max_bytes` like the upstream's answer.
+                let (old, new) = (e.state.size(), state.size());
+                if new > old && !inner.reserve_bytes(new - old) {
+                    return ready(Err(self.full(Cap::Bytes)));
+                }
+                e.state = state;
+                if old > new {
+                    inner.bytes.fetch_sub(old - new, Ordering::Relaxed);
+                }
+                // The former owner's late record must not overwrite the operator's answer.
+                e.owner = OwnerToken::random();
+                Completed::Completed
+            }
+        };
+        ready(Ok(done))
+    }
+
+    fn list<'a>(
+        &'a self,
+        state: Option<RecordState>,
+        cursor: &'a str,
+        count: usize,
+    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+        ready(self.list_now(state, cursor, count))
+    }
+
+    fn delete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
+        let now = Instant::now();
+        let mut records = self.lock_for(id);
+        let busy = records.map.get(id).is_some_and(|e| {
+            e.expires > now
+                && matches!(e.state, State::InProgress { lease_until } if lease_until > now || e.busy_until > now)
+        });
+        if busy && !force {
+            return ready(Ok(Deleted::OwnerBusy));
+        }
+        let removed = records.remove(id).is_some_and(|e| e.expires > now);
+        ready(Ok(if removed {
+            Deleted::Deleted
+        } else {
+            Deleted::NotFound
+        }))
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        ready(Ok(()))
+    }
+
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>> {
+        let secret = self.inner.secret.clone();
+        Box::pin(async move { Ok(secret) })
+    }
+}
+
+/// The admin view of one live entry.
+fn view_of(id: &RecordId, e: &Entry, now: Instant, with_body: bool) -> RecordView {
+    {
+        {
             let owner_busy_ms = match e.state {
                 State::InProgress { .. } if e.busy_until > now => {
                     Some((e.busy_until - now).as_millis() as u64)
@@ -746,43 +927,7 @@ impl Store for MemoryStore {
                 body_kept,
                 body,
             }
-        });
-        ready(Ok(view))
-    }
-
-    fn delete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        force: bool,
-    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
-        let now = Instant::now();
-        let mut records = self.lock_for(id);
-        let busy = records.map.get(id).is_some_and(|e| {
-            e.expires > now
-                && matches!(e.state, State::InProgress { lease_until } if lease_until > now || e.busy_until > now)
-        });
-        if busy && !force {
-            return ready(Ok(Deleted::OwnerBusy));
         }
-        let removed = records.remove(id).is_some_and(|e| e.expires > now);
-        ready(Ok(if removed {
-            Deleted::Deleted
-        } else {
-            Deleted::NotFound
-        }))
-    }
-
-    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        ready(Ok(()))
-    }
-
-    fn kind(&self) -> &'static str {
-        "memory"
-    }
-
-    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>> {
-        let secret = self.inner.secret.clone();
-        Box::pin(async move { Ok(secret) })
     }
 }
 

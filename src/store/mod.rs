@@ -29,6 +29,7 @@ pub mod postgres;
 pub mod redis;
 pub mod redis_link;
 pub mod redis_setup;
+pub mod seal;
 pub mod sqlite;
 
 pub use self::memory::MemoryStore;
@@ -211,6 +212,28 @@ pub enum Deleted {
     OwnerBusy,
 }
 
+/// What an operator's [`Store::complete`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completed {
+    /// The record now holds the operator's answer; retries get it replayed.
+    Completed,
+    /// There was no record.
+    NotFound,
+    /// Left alone: its owner may still be working on it (not forced).
+    OwnerBusy,
+    /// Left alone: it already holds an answer (the upstream's, or an operator's).
+    AlreadyCompleted,
+}
+
+/// One page of an operator's walk over the records ([`Store::list`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct Page {
+    /// The records of this page that matched.
+    pub records: Vec<RecordView>,
+    /// Where the next page starts; `None` when the walk is done. Opaque.
+    pub cursor: Option<String>,
+}
+
 /// Why a store call failed. Every failure is treated as "the store may or may not have
 /// applied it", so callers stay on the safe side.
 #[derive(Debug, thiserror::Error)]
@@ -228,6 +251,10 @@ pub enum StoreError {
     /// out of memory).
     #[error("store is full: {0}")]
     Full(String),
+    /// A recorded answer exists and cannot be opened (sealed under a key no longer
+    /// configured, or altered). The request must not be executed again: it was once.
+    #[error("recorded answer cannot be read: {0}")]
+    Unreadable(String),
 }
 
 /// The operations idemgate needs from a record store. Every mutating call is atomic and
@@ -289,6 +316,27 @@ pub trait Store: Send + Sync + 'static {
         id: &'a RecordId,
         force: bool,
     ) -> BoxFuture<'a, Result<Deleted, StoreError>>;
+    /// Resolves a record as executed with the answer an operator found (a reconciliation of
+    /// an `unknown` record): it becomes `completed`, its retries get `response` replayed,
+    /// and its former owner can no longer record over it. Unless `force`, a record whose
+    /// owner may still be working is left alone, as for [`Store::delete`]; a completed one
+    /// always is. Checked and written in one atomic step.
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        response: &'a StoredResponse,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Completed, StoreError>>;
+    /// One page of a walk over every record, for operators: those in `state` (all if
+    /// `None`) among the next `count` or so examined, starting at `cursor` (`""`: the
+    /// beginning). The work per call is bounded by `count`, whatever the store holds; a
+    /// record that exists for the whole walk is seen at least once.
+    fn list<'a>(
+        &'a self,
+        state: Option<RecordState>,
+        cursor: &'a str,
+        count: usize,
+    ) -> BoxFuture<'a, Result<Page, StoreError>>;
     /// Checks the store answers.
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
     /// A short name for logs: `memory`, `sqlite` or `redis`.

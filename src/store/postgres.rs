@@ -22,8 +22,8 @@ use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls, Row, Statement};
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, Deleted, OwnerToken, RecordState, RecordView, Store,
-    StoreError, StoredResponse,
+    BoxFuture, Claim, ClaimRequest, Completed, Deleted, OwnerToken, Page, RecordState, RecordView,
+    Store, StoreError, StoredResponse,
 };
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
@@ -148,6 +148,26 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM d) THEN 1
             WHEN EXISTS (SELECT 1 FROM cur) THEN 2 ELSE 0 END
 ";
 
+// An operator's resolution: 1 completed, 0 no record, 2 its owner may still be working
+// (not forced), 3 already completed (kept or not). The owner is cleared, so the former
+// owner's late RECORD is refused.
+const COMPLETE: &str = "
+WITH cur AS (
+  SELECT state, lease_until, busy_until FROM idemgate_records
+  WHERE id = $1 AND expires > clock_timestamp() FOR UPDATE
+), u AS (
+  UPDATE idemgate_records SET state = 1, owner = '', status = $3, headers = $4, body = $5
+  WHERE id = $1 AND EXISTS (SELECT 1 FROM cur WHERE state <> 1) AND ($2 OR NOT EXISTS (
+    SELECT 1 FROM cur WHERE state = 0
+      AND (lease_until > clock_timestamp() OR busy_until > clock_timestamp())))
+  RETURNING 1
+)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM u) THEN 1
+            WHEN NOT EXISTS (SELECT 1 FROM cur) THEN 0
+            WHEN EXISTS (SELECT 1 FROM cur WHERE state = 1) THEN 3 ELSE 2 END
+";
+
+// The columns of a record view (see `view_of`), `$2`: with its body.
 const INSPECT: &str = "
 SELECT state, fingerprint, fingerprint_version,
   (extract(epoch FROM (lease_until - clock_timestamp())) * 1000)::bigint,
@@ -156,6 +176,20 @@ SELECT state, fingerprint, fingerprint_version,
   (extract(epoch FROM (expires - clock_timestamp())) * 1000)::bigint,
   status, CASE WHEN $2 THEN body END, headers IS NOT NULL
 FROM idemgate_records WHERE id = $1 AND expires > clock_timestamp()
+";
+
+// One page of an operator's walk: the next `$2` live records after the id `$1`, in
+// primary-key order (an index range scan: about `$2` rows read per page), with the
+// columns of INSPECT and the id last.
+const LIST: &str = "
+SELECT state, fingerprint, fingerprint_version,
+  (extract(epoch FROM (lease_until - clock_timestamp())) * 1000)::bigint,
+  (extract(epoch FROM (busy_until - clock_timestamp())) * 1000)::bigint,
+  (extract(epoch FROM created) * 1000)::bigint,
+  (extract(epoch FROM (expires - clock_timestamp())) * 1000)::bigint,
+  status, NULL::bytea, headers IS NOT NULL, id
+FROM idemgate_records WHERE id > $1 AND expires > clock_timestamp()
+ORDER BY id LIMIT $2
 ";
 
 const SWEEP: &str = "
@@ -195,6 +229,8 @@ struct Conn {
     release: Statement,
     delete: Statement,
     inspect: Statement,
+    complete: Statement,
+    list: Statement,
     sweep: Statement,
 }
 
@@ -280,6 +316,8 @@ impl PostgresStore {
             release: p(RELEASE).await?,
             delete: p(DELETE).await?,
             inspect: p(INSPECT).await?,
+            complete: p(COMPLETE).await?,
+            list: p(LIST).await?,
             sweep: p(SWEEP).await?,
             client,
         });
@@ -584,47 +622,7 @@ impl Store for PostgresStore {
             else {
                 return Ok(None);
             };
-            let state: i16 = col(&r, 0)?;
-            let fp: Vec<u8> = col(&r, 1)?;
-            let fp: [u8; 32] = fp
-                .try_into()
-                .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
-            let fv: i32 = col(&r, 2)?;
-            let (lease_left, busy_left): (i64, i64) = (col(&r, 3)?, col(&r, 4)?);
-            let (created, ttl): (i64, i64) = (col(&r, 5)?, col(&r, 6)?);
-            let status: Option<i32> = col(&r, 7)?;
-            let body: Option<Vec<u8>> = col(&r, 8)?;
-            let kept: bool = col(&r, 9)?;
-            let live = state == 0 && lease_left > 0;
-            let completed = state == 1;
-            Ok(Some(RecordView {
-                id: id.to_string(),
-                state: if completed {
-                    RecordState::Completed
-                } else if live {
-                    RecordState::InProgress
-                } else {
-                    RecordState::Unknown
-                },
-                created_ms: created.max(0) as u64,
-                lease_left_ms: live.then_some(lease_left as u64),
-                ttl_ms: Some(ttl.max(0) as u64),
-                owner_busy_ms: (state == 0 && busy_left > 0).then_some(busy_left as u64),
-                fingerprint: Fingerprint(fp).to_hex(),
-                fingerprint_version: u16::try_from(fv)
-                    .map_err(|_| corrupt("fingerprint version out of range"))?,
-                status: if completed {
-                    status.and_then(|s| u16::try_from(s).ok())
-                } else {
-                    None
-                },
-                body: if completed {
-                    body.map(|b| String::from_utf8_lossy(&b).into_owned())
-                } else {
-                    None
-                },
-                body_kept: completed.then_some(kept),
-            }))
+            view_of(id, &r).map(Some)
         })
     }
 
@@ -645,6 +643,89 @@ impl Store for PostgresStore {
                 1 => Deleted::Deleted,
                 2 => Deleted::OwnerBusy,
                 _ => Deleted::NotFound,
+            })
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        response: &'a StoredResponse,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Completed, StoreError>> {
+        Box::pin(async move {
+            let c = self.conn().await?;
+            let status = i32::from(response.status);
+            let headers = response.encode_headers();
+            let n: i32 = c
+                .client
+                .query_one(
+                    &c.complete,
+                    &[
+                        &id.as_bytes().as_slice(),
+                        &force,
+                        &status,
+                        &headers.as_slice(),
+                        &&response.body[..],
+                    ],
+                )
+                .await
+                .map_err(pg)
+                .and_then(|r| col(&r, 0))?;
+            match n {
+                1 => Ok(Completed::Completed),
+                0 => Ok(Completed::NotFound),
+                2 => Ok(Completed::OwnerBusy),
+                3 => Ok(Completed::AlreadyCompleted),
+                _ => Err(corrupt("complete reply")),
+            }
+        })
+    }
+
+    fn list<'a>(
+        &'a self,
+        state: Option<RecordState>,
+        cursor: &'a str,
+        count: usize,
+    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+        Box::pin(async move {
+            // The cursor is the last id examined (hex).
+            let after = if cursor.is_empty() {
+                Vec::new()
+            } else {
+                RecordId::from_hex(cursor)
+                    .ok_or_else(|| corrupt("not a cursor of this store"))?
+                    .as_bytes()
+                    .to_vec()
+            };
+            let count = count.max(1);
+            let c = self.conn().await?;
+            let rows = c
+                .client
+                .query(&c.list, &[&after.as_slice(), &(count as i64)])
+                .await
+                .map_err(pg)?;
+            let mut records = Vec::new();
+            let mut last = None;
+            for r in &rows {
+                let raw: Vec<u8> = col(r, 10)?;
+                let bytes: [u8; 32] = raw
+                    .try_into()
+                    .map_err(|_| corrupt("record id is not 32 bytes"))?;
+                let id = RecordId::from_bytes(bytes);
+                let view = view_of(&id, r)?;
+                last = Some(id);
+                if state.is_none_or(|s| s == view.state) {
+                    records.push(view);
+                }
+            }
+            Ok(Page {
+                records,
+                cursor: if rows.len() == count {
+                    last.map(|id| id.to_string())
+                } else {
+                    None
+                },
             })
         })
     }
@@ -685,4 +766,49 @@ impl Store for PostgresStore {
             ScopeSecret::from_hex(&hex).ok_or_else(|| corrupt("scope secret is not 64 hex digits"))
         })
     }
+}
+
+/// A record as operators see it, from a row with INSPECT's columns.
+fn view_of(id: &RecordId, r: &Row) -> Result<RecordView, StoreError> {
+    let state: i16 = col(r, 0)?;
+    let fp: Vec<u8> = col(r, 1)?;
+    let fp: [u8; 32] = fp
+        .try_into()
+        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
+    let fv: i32 = col(r, 2)?;
+    let (lease_left, busy_left): (i64, i64) = (col(r, 3)?, col(r, 4)?);
+    let (created, ttl): (i64, i64) = (col(r, 5)?, col(r, 6)?);
+    let status: Option<i32> = col(r, 7)?;
+    let body: Option<Vec<u8>> = col(r, 8)?;
+    let kept: bool = col(r, 9)?;
+    let live = state == 0 && lease_left > 0;
+    let completed = state == 1;
+    Ok(RecordView {
+        id: id.to_string(),
+        state: if completed {
+            RecordState::Completed
+        } else if live {
+            RecordState::InProgress
+        } else {
+            RecordState::Unknown
+        },
+        created_ms: created.max(0) as u64,
+        lease_left_ms: live.then_some(lease_left as u64),
+        ttl_ms: Some(ttl.max(0) as u64),
+        owner_busy_ms: (state == 0 && busy_left > 0).then_some(busy_left as u64),
+        fingerprint: Fingerprint(fp).to_hex(),
+        fingerprint_version: u16::try_from(fv)
+            .map_err(|_| corrupt("fingerprint version out of range"))?,
+        status: if completed {
+            status.and_then(|s| u16::try_from(s).ok())
+        } else {
+            None
+        },
+        body: if completed {
+            body.map(|b| String::from_utf8_lossy(&b).into_owned())
+        } else {
+            None
+        },
+        body_kept: completed.then_some(kept),
+    })
 }

@@ -18,8 +18,8 @@ use redis::{Cmd, Script, Value};
 use super::redis_link::Link;
 use super::redis_setup::{RedisSetup, ReplicaAck, Topology};
 use super::{
-    BoxFuture, Claim, ClaimRequest, Deleted, OwnerToken, RecordState, RecordView, ServerStats,
-    Store, StoreError, StoredResponse,
+    BoxFuture, Claim, ClaimRequest, Completed, Deleted, OwnerToken, Page, RecordState, RecordView,
+    ServerStats, Store, StoreError, StoredResponse,
 };
 use crate::key::RecordId;
 use crate::scope::ScopeSecret;
@@ -148,6 +148,27 @@ redis.call('DEL', KEYS[1], KEYS[2])
 return 1
 "#;
 
+// An operator's resolution of a record that never got its answer recorded: unless forced
+// (ARGV[1] = '1'), a record whose owner may still be working is left alone, and a completed
+// one always is (`c`, or `n`: completed, the answer not kept). The owner is cleared, so the
+// former owner's late RECORD and WRITE_CHUNK are refused. The answer goes inline whatever
+// its size (at most the admin API's 16 MiB request: a rare reconciliation, so its replays
+// may hold up the shared connection a moment), and any piece of a large body that
+// the former owner wrote (KEYS[2]) goes. 1 completed, 0 none, 2 busy, 3 already completed.
+const COMPLETE: &str = r#"
+local r = redis.call('HMGET', KEYS[1], 'st', 'lu', 'wu')
+if not r[1] then return 0 end
+if r[1] == 'c' or r[1] == 'n' then return 3 end
+if ARGV[1] ~= '1' and r[1] == 'p' then
+  local now = now_ms()
+  if tonumber(r[2] or '0') > now or tonumber(r[3] or '0') > now then return 2 end
+end
+redis.call('HSET', KEYS[1], 'st', 'c', 'ow', '', 'sc', ARGV[2], 'hd', ARGV[3], 'bd', ARGV[4])
+redis.call('HDEL', KEYS[1], 'lu', 'bl')
+redis.call('DEL', KEYS[2])
+return 1
+"#;
+
 const INSPECT: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'cr', 'sc', 'wu')
 if not r[1] then return false end
@@ -185,6 +206,7 @@ struct Scripts {
     release: Script,
     delete: Script,
     inspect: Script,
+    complete: Script,
 }
 
 /// What start-up learned about the Redis server.
@@ -262,6 +284,7 @@ impl RedisStore {
             release: Script::new(RELEASE),
             delete: Script::new(&format!("{NOW_MS}{DELETE}")),
             inspect: Script::new(&format!("{NOW_MS}{NOW}{INSPECT}")),
+            complete: Script::new(&format!("{NOW_MS}{COMPLETE}")),
         };
         let store = RedisStore {
             conn,
@@ -282,6 +305,7 @@ impl RedisStore {
             &store.scripts.release,
             &store.scripts.delete,
             &store.scripts.inspect,
+            &store.scripts.complete,
         ] {
             let load = async { s.prepare_invoke().load_async(&mut c).await.map_err(at) };
             let _: String = super::deadline(response_timeout, load).await?;
@@ -917,6 +941,98 @@ impl Store for RedisStore {
                 2 => Ok(Deleted::OwnerBusy),
                 _ => Err(corrupt("delete reply")),
             }
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        response: &'a StoredResponse,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Completed, StoreError>> {
+        Box::pin(async move {
+            let script = &self.scripts.complete;
+            let mut cmd = evalsha(script, &[&Self::key(id)[..], &Self::body_key(id)[..]]);
+            cmd.arg(if force { "1" } else { "0" })
+                .arg(response.status.to_string())
+                .arg(response.encode_headers())
+                .arg(&response.body[..]);
+            // Waits for replicas like a record: a completion lost in a failover would leave
+            // the record `unknown` again.
+            let (v, acked) = self.eval(script, cmd, true).await?;
+            let n = match v {
+                Value::Int(n) => n,
+                _ => return Err(corrupt("complete reply")),
+            };
+            if n == 1 {
+                self.acknowledged("completion", acked)?;
+            }
+            match n {
+                1 => Ok(Completed::Completed),
+                0 => Ok(Completed::NotFound),
+                2 => Ok(Completed::OwnerBusy),
+                3 => Ok(Completed::AlreadyCompleted),
+                _ => Err(corrupt("complete reply")),
+            }
+        })
+    }
+
+    fn list<'a>(
+        &'a self,
+        state: Option<RecordState>,
+        cursor: &'a str,
+        count: usize,
+    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+        Box::pin(async move {
+            // SCAN, never KEYS: each call costs Redis about `count` keys' work, and a
+            // record that exists for the whole walk is returned at least once.
+            // A cluster's keys are spread over its primaries, each with its own SCAN
+            // cursor; a walk over one of them would look complete and miss the others.
+            if self.conn.is_cluster() {
+                return Err(StoreError::Backend(
+                    "listing records is not available on Redis Cluster: look records up one \
+                     by one (POST /records/lookup, GET /records/{id})"
+                        .into(),
+                ));
+            }
+            let start = if cursor.is_empty() { "0" } else { cursor };
+            if !start.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(corrupt("not a cursor of this store"));
+            }
+            let mut c = self.conn.clone();
+            let (next, keys): (String, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(start)
+                .arg("MATCH")
+                .arg("idemgate:{*}")
+                .arg("COUNT")
+                .arg(count.max(1))
+                .arg("TYPE")
+                .arg("hash")
+                .query_async(&mut c)
+                .await
+                .map_err(backend)?;
+            let mut records = Vec::new();
+            for key in keys {
+                let Some(id) = key
+                    .strip_prefix(KEY_PREFIX)
+                    .and_then(|k| k.strip_suffix(b"}"))
+                    .and_then(|hex| std::str::from_utf8(hex).ok())
+                    .and_then(RecordId::from_hex)
+                else {
+                    continue;
+                };
+                // Gone since the scan saw it: nothing to show.
+                let Some(view) = self.inspect(&id, false).await? else {
+                    continue;
+                };
+                if state.is_none_or(|s| s == view.state) {
+                    records.push(view);
+                }
+            }
+            Ok(Page {
+                records,
+                cursor: (next != "0").then_some(next),
+            })
         })
     }
 

@@ -38,8 +38,8 @@ use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, Deleted, OwnerToken, RecordState, RecordView, Store,
-    StoreError, StoredResponse,
+    BoxFuture, Claim, ClaimRequest, Completed, Deleted, OwnerToken, Page, RecordState, RecordView,
+    Store, StoreError, StoredResponse,
 };
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
@@ -490,77 +490,7 @@ impl Store for SqliteStore {
         with_body: bool,
     ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>> {
         let id = *id;
-        self.run(move |c| {
-            let now = now_ms();
-            let row = c
-                .query_row(
-                    "SELECT state, fingerprint, fingerprint_version, lease_until, busy_until,
-                       created, expires, status, body, headers IS NOT NULL FROM records
-                     WHERE id = ?1 AND expires > ?2",
-                    params![id.as_bytes().as_slice(), now],
-                    |r| {
-                        Ok((
-                            r.get::<_, i64>(0)?,
-                            r.get::<_, Vec<u8>>(1)?,
-                            r.get::<_, u16>(2)?,
-                            r.get::<_, i64>(3)?,
-                            r.get::<_, i64>(4)?,
-                            r.get::<_, i64>(5)?,
-                            r.get::<_, i64>(6)?,
-                            r.get::<_, Option<u16>>(7)?,
-                            if with_body {
-                                r.get::<_, Option<Vec<u8>>>(8)?
-                            } else {
-                                None
-                            },
-                            r.get::<_, bool>(9)?,
-                        ))
-                    },
-                )
-                .optional()
-                .map_err(backend)?;
-            let Some((
-                state,
-                fp,
-                fv,
-                lease_until,
-                busy_until,
-                created,
-                expires,
-                status,
-                body,
-                kept,
-            )) = row
-            else {
-                return Ok(None);
-            };
-            let fp: [u8; 32] = fp
-                .try_into()
-                .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
-            let live = state == IN_PROGRESS && lease_until > now;
-            Ok(Some(RecordView {
-                id: id.to_string(),
-                state: match state {
-                    COMPLETED => RecordState::Completed,
-                    _ if live => RecordState::InProgress,
-                    _ => RecordState::Unknown,
-                },
-                created_ms: created.max(0) as u64,
-                lease_left_ms: live.then(|| (lease_until - now) as u64),
-                ttl_ms: Some((expires - now) as u64),
-                owner_busy_ms: (state == IN_PROGRESS && busy_until > now)
-                    .then(|| (busy_until - now) as u64),
-                fingerprint: Fingerprint(fp).to_hex(),
-                fingerprint_version: fv,
-                status: if state == COMPLETED { status } else { None },
-                body: if state == COMPLETED {
-                    body.map(|b| String::from_utf8_lossy(&b).into_owned())
-                } else {
-                    None
-                },
-                body_kept: (state == COMPLETED).then_some(kept),
-            }))
-        })
+        self.run(move |c| inspect_in(c, id, with_body))
     }
 
     fn delete<'a>(
@@ -610,6 +540,122 @@ impl Store for SqliteStore {
         })
     }
 
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        response: &'a StoredResponse,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Completed, StoreError>> {
+        let id = *id;
+        let status = response.status;
+        let headers = response.encode_headers();
+        let body = response.body.to_vec();
+        self.run(move |c| {
+            let now = now_ms();
+            let id = id.as_bytes().as_slice();
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            let row = tx
+                .query_row(
+                    "SELECT state, lease_until, busy_until FROM records
+                     WHERE id = ?1 AND expires > ?2",
+                    params![id, now],
+                    |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, i64>(2)?,
+                        ))
+                    },
+                )
+                .optional()
+                .map_err(backend)?;
+            let out = match row {
+                None => Completed::NotFound,
+                // Kept or not kept, it holds the upstream's (or an operator's) answer.
+                Some((COMPLETED, _, _)) => Completed::AlreadyCompleted,
+                Some((state, lease_until, busy_until))
+                    if !force
+                        && state == IN_PROGRESS
+                        && (lease_until > now || busy_until > now) =>
+                {
+                    Completed::OwnerBusy
+                }
+                Some(_) => {
+                    // The owner is cleared, so the former owner's late record is refused.
+                    tx.execute(
+                        "UPDATE records SET state = ?2, owner = '', status = ?3, headers = ?4,
+                           body = ?5
+                         WHERE id = ?1",
+                        params![id, COMPLETED, status, headers, body],
+                    )
+                    .map_err(backend)?;
+                    Completed::Completed
+                }
+            };
+            tx.commit().map_err(backend)?;
+            Ok(out)
+        })
+    }
+
+    fn list<'a>(
+        &'a self,
+        state: Option<RecordState>,
+        cursor: &'a str,
+        count: usize,
+    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+        // The cursor is the last id examined (hex): a page is the next `count` live ids in
+        // primary-key order, so each call reads about `count` rows however many there are.
+        let after = if cursor.is_empty() {
+            None
+        } else {
+            match RecordId::from_hex(cursor) {
+                Some(id) => Some(id),
+                None => return Box::pin(async { Err(corrupt("not a cursor of this store")) }),
+            }
+        };
+        let count = count.max(1);
+        self.run(move |c| {
+            let now = now_ms();
+            let after: &[u8] = after.as_ref().map_or(&[], |id| id.as_bytes().as_slice());
+            let ids: Vec<Vec<u8>> = c
+                .prepare_cached(
+                    "SELECT id FROM records WHERE id > ?1 AND expires > ?2 ORDER BY id LIMIT ?3",
+                )
+                .and_then(|mut s| {
+                    s.query_map(params![after, now, count as i64], |r| r.get(0))?
+                        .collect()
+                })
+                .map_err(backend)?;
+            let mut records = Vec::new();
+            let mut last = None;
+            for raw in &ids {
+                let bytes: [u8; 32] = raw
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| corrupt("record id is not 32 bytes"))?;
+                let id = RecordId::from_bytes(bytes);
+                last = Some(id);
+                // Gone since (expired between the two reads): nothing to show.
+                let Some(view) = inspect_in(c, id, false)? else {
+                    continue;
+                };
+                if state.is_none_or(|s| s == view.state) {
+                    records.push(view);
+                }
+            }
+            Ok(Page {
+                records,
+                cursor: if ids.len() == count {
+                    last.map(|id| id.to_string())
+                } else {
+                    None
+                },
+            })
+        })
+    }
+
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         self.run(|c| c.query_row("SELECT 1", [], |_| Ok(())).map_err(backend))
     }
@@ -638,4 +684,70 @@ impl Store for SqliteStore {
             ScopeSecret::from_hex(&hex).ok_or_else(|| corrupt("scope secret is not 64 hex digits"))
         })
     }
+}
+
+/// A record as operators see it, read on `c`; `None` if there is none live.
+fn inspect_in(
+    c: &Connection,
+    id: RecordId,
+    with_body: bool,
+) -> Result<Option<RecordView>, StoreError> {
+    let now = now_ms();
+    let row = c
+        .query_row(
+            "SELECT state, fingerprint, fingerprint_version, lease_until, busy_until,
+                   created, expires, status, body, headers IS NOT NULL FROM records
+                 WHERE id = ?1 AND expires > ?2",
+            params![id.as_bytes().as_slice(), now],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, Vec<u8>>(1)?,
+                    r.get::<_, u16>(2)?,
+                    r.get::<_, i64>(3)?,
+                    r.get::<_, i64>(4)?,
+                    r.get::<_, i64>(5)?,
+                    r.get::<_, i64>(6)?,
+                    r.get::<_, Option<u16>>(7)?,
+                    if with_body {
+                        r.get::<_, Option<Vec<u8>>>(8)?
+                    } else {
+                        None
+                    },
+                    r.get::<_, bool>(9)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(backend)?;
+    let Some((state, fp, fv, lease_until, busy_until, created, expires, status, body, kept)) = row
+    else {
+        return Ok(None);
+    };
+    let fp: [u8; 32] = fp
+        .try_into()
+        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
+    let live = state == IN_PROGRESS && lease_until > now;
+    Ok(Some(RecordView {
+        id: id.to_string(),
+        state: match state {
+            COMPLETED => RecordState::Completed,
+            _ if live => RecordState::InProgress,
+            _ => RecordState::Unknown,
+        },
+        created_ms: created.max(0) as u64,
+        lease_left_ms: live.then(|| (lease_until - now) as u64),
+        ttl_ms: Some((expires - now) as u64),
+        owner_busy_ms: (state == IN_PROGRESS && busy_until > now)
+            .then(|| (busy_until - now) as u64),
+        fingerprint: Fingerprint(fp).to_hex(),
+        fingerprint_version: fv,
+        status: if state == COMPLETED { status } else { None },
+        body: if state == COMPLETED {
+            body.map(|b| String::from_utf8_lossy(&b).into_owned())
+        } else {
+            None
+        },
+        body_kept: (state == COMPLETED).then_some(kept),
+    }))
 }

@@ -208,6 +208,9 @@ pub enum Mode {
 pub const FAULT: &str = "x-test-fault";
 /// Per-request header: the fake upstream waits this many milliseconds before answering.
 pub const DELAY_MS: &str = "x-test-delay-ms";
+/// Per-request header: the fake upstream answers with this status instead of 201.
+pub const STATUS: &str = "x-test-status";
+
 /// Per-request header: the fake upstream answers this many bytes ([`big_answer_byte`]),
 /// generated as they are sent, in 16 KiB frames without a `Content-Length` (chunked).
 pub const ANSWER_BYTES: &str = "x-test-answer-bytes";
@@ -302,6 +305,7 @@ impl Upstream {
         let delay = one(DELAY_MS)
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| self.delay_ms.load(Ordering::SeqCst));
+        let status = one(STATUS).and_then(|v| v.parse().ok()).unwrap_or(201u16);
         let answer_bytes = one(ANSWER_BYTES).and_then(|v| v.parse::<u64>().ok());
         let mode = match one(FAULT).as_deref() {
             Some("hang") => Mode::Hang,
@@ -323,7 +327,7 @@ impl Upstream {
         }
         if let Some(size) = answer_bytes {
             return Response::builder()
-                .status(201)
+                .status(status)
                 .header("x-execution", n.to_string())
                 .body(BodyExt::boxed(BigBody {
                     sent: 0,
@@ -333,7 +337,7 @@ impl Upstream {
         }
         let out = Bytes::from(execution_body(n, parts.method.as_str(), body.len()));
         let builder = Response::builder()
-            .status(201)
+            .status(status)
             .header("content-type", "application/json")
             .header("x-execution", n.to_string())
             .header("set-cookie", "session=secret")

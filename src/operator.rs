@@ -1,0 +1,152 @@
+//! Operator resolution on the admin listener: walking the records by state
+//! (`GET /records?state=unknown`), finding a request's record without computing its id by
+//! hand (`POST /records/lookup`), and resolving an `unknown` record with the outcome an
+//! operator found (`POST /records/{id}/complete`), after which its retries get that answer
+//! replayed.
+//!
+//! A lookup computes the id exactly as the proxy does, with the proxy's own pieces: the
+//! route's policy ([`Settings::route`]), its tenant source ([`tenant::resolve`]), its key
+//! headers ([`key::parse_any`]) and the proxy's [`Scoper`].
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
+use serde::Deserialize;
+
+use crate::config::{Anonymous, Settings};
+use crate::key::{self, RecordId};
+use crate::scope::{tenant, Scoper, Tenant};
+use crate::store::{RecordState, StoredResponse};
+
+/// What a lookup needs: the proxy's settings and record-id scoper.
+#[derive(Clone)]
+pub struct Resolver {
+    settings: Arc<Settings>,
+    scoper: Scoper,
+}
+
+/// `POST /records/lookup`: a request as the client sent it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lookup {
+    /// As the client sent it (methods are case-sensitive).
+    pub method: String,
+    /// The request path as sent (a query is ignored, as the proxy ignores it for scope).
+    pub path: String,
+    /// The key, as the client sent it in its key header.
+    pub key: String,
+    /// The headers that name the tenant (`Authorization`, the route's `tenant_headers`).
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+}
+
+/// `POST /records/{id}/complete`: the outcome an operator found.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Outcome {
+    /// The status retries will get.
+    pub status: u16,
+    /// Their headers.
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// Their body, as text...
+    pub body: Option<String>,
+    /// ... or as base64 bytes.
+    pub body_base64: Option<String>,
+}
+
+impl Resolver {
+    /// Over the proxy's settings and scoper.
+    pub fn new(settings: Arc<Settings>, scoper: Scoper) -> Resolver {
+        Resolver { settings, scoper }
+    }
+
+    /// The id of the record that `req` belongs to, or why it has none.
+    pub fn record_id(&self, req: &Lookup) -> Result<RecordId, String> {
+        let path = req.path.split('?').next().unwrap_or_default();
+        let routed = self
+            .settings
+            .route(path)
+            .map_err(|e| format!("path: {e}"))?;
+        let policy = routed.policy;
+        let mut headers = HeaderMap::new();
+        for (name, value) in &req.headers {
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| format!("`{name}` is not a header name"))?;
+            let value = HeaderValue::from_str(value)
+                .map_err(|_| format!("the value of `{name}` is not a header value"))?;
+            headers.append(name, value);
+        }
+        let tenant = match tenant::resolve(&headers, &policy.tenant, self.settings.jwt.as_deref()) {
+            Ok(Some(t)) => t,
+            Ok(None) if policy.anonymous == Anonymous::Shared => Tenant::anonymous(),
+            Ok(None) => {
+                return Err(
+                    "no tenant in `headers`, and the route does not share an anonymous scope"
+                        .into(),
+                )
+            }
+            Err(e) => return Err(format!("tenant: {e}")),
+        };
+        // The key is read as the proxy reads it from the route's first key header.
+        let mut key_headers = HeaderMap::new();
+        let first = policy
+            .key_headers
+            .first()
+            .cloned()
+            .unwrap_or_else(|| HeaderName::from_static(key::HEADER));
+        let value = HeaderValue::from_str(&req.key)
+            .map_err(|_| "`key` is not a header value".to_string())?;
+        key_headers.insert(first.clone(), value);
+        let key = key::parse_any(&key_headers, &[first], policy.max_key_length)
+            .map_err(|e| format!("key: {e}"))?
+            .ok_or_else(|| "`key` is empty".to_string())?;
+        let scope_path = routed.normalized.as_deref().unwrap_or(path);
+        Ok(self
+            .scoper
+            .record_id(&tenant, &req.method, scope_path, &key))
+    }
+}
+
+impl Outcome {
+    /// The answer to record, or what is wrong with it.
+    pub fn response(&self) -> Result<StoredResponse, String> {
+        if !(100..=599).contains(&self.status) {
+            return Err("`status` must be between 100 and 599".into());
+        }
+        let mut headers = Vec::new();
+        for (name, value) in &self.headers {
+            let n = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| format!("`{name}` is not a header name"))?;
+            HeaderValue::from_str(value)
+                .map_err(|_| format!("the value of `{name}` is not a header value"))?;
+            headers.push((n.as_str().to_string(), Bytes::from(value.clone())));
+        }
+        let body = match (&self.body, &self.body_base64) {
+            (Some(_), Some(_)) => return Err("send `body` or `body_base64`, not both".into()),
+            (Some(text), None) => Bytes::from(text.clone()),
+            (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .map(Bytes::from)
+                .map_err(|_| "`body_base64` is not base64".to_string())?,
+            (None, None) => Bytes::new(),
+        };
+        Ok(StoredResponse {
+            status: self.status,
+            headers,
+            body,
+        })
+    }
+}
+
+/// Reads `state=` of a listing's query.
+pub fn parse_state(v: &str) -> Option<RecordState> {
+    match v {
+        "unknown" => Some(RecordState::Unknown),
+        "in_progress" => Some(RecordState::InProgress),
+        "completed" => Some(RecordState::Completed),
+        _ => None,
+    }
+}
