@@ -899,6 +899,23 @@ impl Settings {
             .unwrap_or(&self.default_policy)
     }
 
+    /// The tenant of a request on `policy`'s route: its own principal, or the shared
+    /// anonymous one where the route allows it. `Ok(None)`: refused for want of a tenant.
+    /// The proxy and the operator's lookup both use this, so they compute the same ids.
+    pub fn tenant(
+        &self,
+        headers: &hyper::HeaderMap,
+        policy: &Policy,
+    ) -> Result<Option<crate::scope::Tenant>, crate::scope::TenantError> {
+        match crate::scope::tenant::resolve(headers, &policy.tenant, self.jwt.as_deref())? {
+            Some(tenant) => Ok(Some(tenant)),
+            None if policy.anonymous == Anonymous::Shared => {
+                Ok(Some(crate::scope::Tenant::anonymous()))
+            }
+            None => Ok(None),
+        }
+    }
+
     /// Whether any route (or the defaults) protects this method.
     pub fn protects_anywhere(&self, method: &Method) -> bool {
         self.protected_methods.contains(method)

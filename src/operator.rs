@@ -15,9 +15,9 @@ use bytes::Bytes;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 
-use crate::config::{Anonymous, Settings};
+use crate::config::Settings;
 use crate::key::{self, RecordId};
-use crate::scope::{tenant, Scoper, Tenant};
+use crate::scope::Scoper;
 use crate::store::{RecordState, StoredResponse};
 
 /// What a lookup needs: the proxy's settings and record-id scoper.
@@ -79,9 +79,8 @@ impl Resolver {
                 .map_err(|_| format!("the value of `{name}` is not a header value"))?;
             headers.append(name, value);
         }
-        let tenant = match tenant::resolve(&headers, &policy.tenant, self.settings.jwt.as_deref()) {
+        let tenant = match self.settings.tenant(&headers, policy) {
             Ok(Some(t)) => t,
-            Ok(None) if policy.anonymous == Anonymous::Shared => Tenant::anonymous(),
             Ok(None) => {
                 return Err(
                     "no tenant in `headers`, and the route does not share an anonymous scope"

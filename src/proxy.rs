@@ -27,14 +27,14 @@ use tracing::Span;
 
 use crate::answer::{self, Answer};
 use crate::body::{self, Body};
-use crate::config::{Anonymous, OnAmbiguous, OnStoreError, Policy, Settings};
+use crate::config::{OnAmbiguous, OnStoreError, Policy, Settings};
 use crate::fingerprint::{self, RequestParts, FINGERPRINT_VERSION};
 use crate::key::{self, RecordId};
 use crate::metrics::Metrics;
 use crate::problem::Problem;
 use crate::request_id::{self, X_REQUEST_ID};
 use crate::retry_after;
-use crate::scope::{path, tenant, PathRules, Scoper, Tenant, TenantSource};
+use crate::scope::{path, PathRules, Scoper, Tenant, TenantSource};
 use crate::store::{deadline, Claim, ClaimRequest, OwnerToken, Store, StoreError, StoredResponse};
 use crate::telemetry::{self, Step};
 use crate::upstream::{self, Failure, UpstreamClient};
@@ -587,10 +587,8 @@ impl Proxy {
         headers: &hyper::HeaderMap,
         policy: &Policy,
     ) -> Result<Tenant, Response<Body>> {
-        let jwt = self.shared.settings.jwt.as_deref();
-        match tenant::resolve(headers, &policy.tenant, jwt) {
+        match self.shared.settings.tenant(headers, policy) {
             Ok(Some(tenant)) => Ok(tenant),
-            Ok(None) if policy.anonymous == Anonymous::Shared => Ok(Tenant::anonymous()),
             Ok(None) => {
                 let detail = match &policy.tenant {
                     TenantSource::Headers(names) if names.is_empty() => "this route reads no tenant headers and does not share an anonymous scope".to_string(),
