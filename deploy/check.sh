@@ -66,10 +66,10 @@ wait_for "$p_proxy" idemgate
 # The upstream answers 501 to a POST: any answer is recorded, and the retry replays it.
 curl -s -o /dev/null -X POST -H 'Authorization: Bearer check' -H 'Idempotency-Key: check-1' "http://127.0.0.1:$p_proxy/transfers"
 replayed=$(curl -s -D - -o /dev/null -X POST -H 'Authorization: Bearer check' -H 'Idempotency-Key: check-1' "http://127.0.0.1:$p_proxy/transfers" | tr -d '\r' | grep -i '^idempotent-replayed: true' || true)
-# The user may not look around: SCAN is not among its commands.
-denied=$(cli --user idemgate --pass "$PASSWORD" --no-auth-warning --scan 2>&1 || true)
+# The user may not go beyond its commands: KEYS is not among them (listing uses SCAN).
+denied=$(cli --user idemgate --pass "$PASSWORD" --no-auth-warning keys '*' 2>&1 || true)
 if [ -n "$replayed" ] && [[ "$denied" == *NOPERM* ]]; then
-  echo "k8s redis: idemgate over TLS as the ACL user: recorded and replayed; SCAN refused"
+  echo "k8s redis: idemgate over TLS as the ACL user: recorded and replayed; KEYS refused"
 else
-  echo "k8s redis: FAILED (replayed: '$replayed', scan: $denied)"; cat "$work/idemgate.log"; exit 1
+  echo "k8s redis: FAILED (replayed: '$replayed', keys: $denied)"; cat "$work/idemgate.log"; exit 1
 fi
