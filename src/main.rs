@@ -165,22 +165,18 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     })
 }
 
-/// The runtime that serves requests. One thread (the default) runs everything on the
-/// current thread: the request tasks and the one shared Redis connection's task never hand
-/// work across threads, which is where a multi-threaded scheduler spends its time on a
-/// sidecar's small share of CPUs. More threads use tokio's multi-threaded scheduler.
-fn serving_runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime, ExitCode> {
-    let mut builder = if worker_threads <= 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(worker_threads);
-        b
-    };
-    builder.enable_all().build().map_err(|e| {
-        eprintln!("idemgate: cannot start the runtime: {e}");
-        ExitCode::from(71)
-    })
+/// The runtime of the first serving thread. It runs everything on the current thread: the
+/// request tasks and the one shared Redis connection's task never hand work across threads,
+/// which is where a multi-threaded scheduler spends its time. With `worker_threads` above
+/// one, each further thread runs a runtime like this one (`server::run`).
+fn serving_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("idemgate: cannot start the runtime: {e}");
+            ExitCode::from(71)
+        })
 }
 
 fn bank(listen: SocketAddr) -> ExitCode {
@@ -307,7 +303,7 @@ fn main() -> ExitCode {
 
 /// Runs the proxy until SIGTERM/SIGINT.
 fn serve(settings: idemgate::config::Settings) -> ExitCode {
-    let runtime = match serving_runtime(settings.config.worker_threads) {
+    let runtime = match serving_runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
     };

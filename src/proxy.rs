@@ -160,6 +160,28 @@ impl Proxy {
         }
     }
 
+    /// The proxy of another serving thread: its own store handle and its own upstream
+    /// connection pool, so that none of its calls crosses threads; the settings, record
+    /// ids, tracked exchanges, metrics and `max_in_flight` permits are this one's.
+    pub fn sibling(&self, store: Arc<dyn Store>) -> Proxy {
+        let s = &self.shared;
+        let client = upstream::client(
+            upstream::CONNECT_TIMEOUT,
+            s.settings.config.upstream_idle_timeout,
+        );
+        Proxy {
+            shared: Arc::new(Shared {
+                in_flight: s.in_flight.clone(),
+                settings: s.settings.clone(),
+                store,
+                scoper: s.scoper.clone(),
+                client,
+                tasks: s.tasks.clone(),
+                metrics: s.metrics.clone(),
+            }),
+        }
+    }
+
     /// Handles one request. Never fails: every error becomes a response here. The
     /// request's `X-Request-Id` (its own, or a fresh one) goes upstream with it and comes
     /// back on every answer, replays and idemgate's own included.

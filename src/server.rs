@@ -54,6 +54,9 @@ pub enum Error {
         /// Why.
         source: StoreError,
     },
+    /// A serving thread could not be started.
+    #[error("cannot start a serving thread: {0}")]
+    Runtime(std::io::Error),
     /// Redis would evict records, which would silently turn retries into second executions.
     #[error("Redis maxmemory-policy is `{0}`: it may evict idempotency records and let retries execute twice. Set `maxmemory-policy noeviction` on the Redis that idemgate uses")]
     EvictingRedis(String),
@@ -66,7 +69,7 @@ impl Error {
         match self {
             Error::Config(_) | Error::EvictingRedis(_) => 64,
             Error::Store(_) | Error::RedisUnreachable { .. } => 69,
-            Error::Bind { .. } => 71,
+            Error::Bind { .. } | Error::Runtime(_) => 71,
         }
     }
 }
@@ -237,6 +240,14 @@ pub async fn bind(settings: &Settings) -> Result<(TcpListener, Option<TcpListene
 }
 
 /// Opens the store and serves until `shutdown` resolves (what the binary runs).
+///
+/// With `worker_threads = N`, the calling thread is the first of N serving threads; each of
+/// the others runs an event loop of its own (a current-thread runtime) with its own
+/// connection to Redis and its own upstream connection pool, and accepts from the same
+/// listener. A connection stays on the thread that accepted it, and so does everything its
+/// requests do: no request crosses threads, and each thread's Redis connection writes the
+/// calls of that thread's requests together. The embedded, SQLite and PostgreSQL stores are
+/// shared by all threads.
 pub async fn run(
     settings: Settings,
     listener: TcpListener,
@@ -244,8 +255,118 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let (store, scoper) = open_store(&settings).await?;
-    serve(settings, store, scoper, listener, admin, shutdown).await;
+    let mut workers = Vec::new();
+    for n in 1..settings.config.worker_threads.max(1) {
+        workers.push(Worker::start(n, &settings, &store).await?);
+    }
+    serve_on(settings, store, scoper, listener, admin, shutdown, workers).await;
     Ok(())
+}
+
+/// A serving thread besides the first, started with its store open; it serves once it is
+/// given the shared state ([`Job`]).
+struct Worker {
+    job: std::sync::mpsc::Sender<Job>,
+    done: tokio::sync::oneshot::Receiver<()>,
+}
+
+/// What a serving thread shares with the first.
+struct Job {
+    listener: std::net::TcpListener,
+    proxy: Proxy,
+    metrics: Arc<Metrics>,
+    tasks: TaskTracker,
+    stop: CancellationToken,
+    end: tokio::sync::watch::Receiver<Option<Instant>>,
+    limits: ConnLimits,
+    open: Arc<Semaphore>,
+}
+
+impl Worker {
+    /// Starts thread `n` and opens its store there (a Redis connection of its own; the
+    /// other stores are shared). Fails as start-up fails if that store cannot be opened.
+    async fn start(n: usize, settings: &Settings, shared: &Arc<dyn Store>) -> Result<Worker, Error> {
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<Result<(), Error>>();
+        let (job_tx, job_rx) = std::sync::mpsc::channel::<Job>();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let settings = settings.clone();
+        let shared = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("idemgate-worker-{n}"))
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(Error::Runtime(e)));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let store = if settings.redis.is_some() {
+                        match open_store(&settings).await {
+                            Ok((store, _)) => store,
+                            Err(e) => {
+                                let _ = ready_tx.send(Err(e));
+                                return;
+                            }
+                        }
+                    } else {
+                        shared
+                    };
+                    let _ = ready_tx.send(Ok(()));
+                    // The first thread gave up (start-up failed elsewhere): nothing to serve.
+                    let Ok(job) = job_rx.recv() else { return };
+                    job.serve(store, settings.config.store_timeout).await;
+                    let _ = done_tx.send(());
+                });
+            });
+        if let Err(e) = spawned {
+            return Err(Error::Runtime(e));
+        }
+        match ready_rx.await {
+            Ok(Ok(())) => Ok(Worker {
+                job: job_tx,
+                done: done_rx,
+            }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(Error::Runtime(std::io::Error::other(
+                "a serving thread ended during start-up",
+            ))),
+        }
+    }
+}
+
+impl Job {
+    async fn serve(self, store: Arc<dyn Store>, store_timeout: Duration) {
+        let listener = match TcpListener::from_std(self.listener) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "a serving thread cannot accept connections");
+                return;
+            }
+        };
+        let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, self.metrics, store_timeout));
+        let proxy = self.proxy.sibling(store);
+        accept_loop(
+            listener,
+            self.stop,
+            self.end.clone(),
+            self.limits,
+            self.open,
+            move |req, peer| {
+                let proxy = proxy.clone();
+                async move { proxy.handle(req, peer).await }
+            },
+        )
+        .await;
+        // Exchanges this thread spawned run on its runtime: it stays up until they end, or
+        // until the shutdown deadline.
+        let end = (*self.end.borrow()).unwrap_or_else(Instant::now);
+        let _ = tokio::time::timeout_at(end, self.tasks.wait()).await;
+    }
 }
 
 /// Serves on already-bound listeners until `shutdown`, then drains.
@@ -256,6 +377,19 @@ pub async fn serve(
     listener: TcpListener,
     admin: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    serve_on(settings, store, scoper, listener, admin, shutdown, Vec::new()).await
+}
+
+/// [`serve`], with `workers` serving from the same listener on threads of their own.
+async fn serve_on(
+    settings: Settings,
+    store: Arc<dyn Store>,
+    scoper: Scoper,
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    workers: Vec<Worker>,
 ) {
     let tasks = TaskTracker::new();
     let stop = CancellationToken::new();
@@ -269,6 +403,8 @@ pub async fn serve(
         },
         max_connections: c.max_connections,
     };
+    // One cap on open connections for all serving threads.
+    let open = Arc::new(Semaphore::new(limits.max_connections));
     let metrics = Arc::new(Metrics::new());
     let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, metrics.clone(), store_timeout));
     let watcher = tokio::spawn(metrics::watch_store(
@@ -294,18 +430,41 @@ pub async fn serve(
             stop.clone(),
             end_rx.clone(),
             limits,
+            Arc::new(Semaphore::new(ADMIN_MAX_CONNECTIONS)),
             move |req, _peer| {
                 let admin = admin.clone();
                 async move { admin.handle(req).await }
             },
         ))
     });
-    let proxy = Proxy::new(settings, store, scoper, tasks.clone(), metrics);
+    let proxy = Proxy::new(settings, store, scoper, tasks.clone(), metrics.clone());
+    let mut done = Vec::new();
+    for worker in workers {
+        let job = clone_listener(&listener).map(|l| Job {
+                listener: l,
+                proxy: proxy.clone(),
+                metrics: metrics.clone(),
+                tasks: tasks.clone(),
+                stop: stop.clone(),
+                end: end_rx.clone(),
+                limits,
+                open: open.clone(),
+            });
+        match job {
+            Ok(job) => {
+                if worker.job.send(job).is_ok() {
+                    done.push(worker.done);
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "cannot share the listener with a serving thread; serving with fewer threads"),
+        }
+    }
     let proxy_task = tokio::spawn(accept_loop(
         listener,
         stop.clone(),
         end_rx,
         limits,
+        open,
         move |req, peer| {
             let proxy = proxy.clone();
             async move { proxy.handle(req, peer).await }
@@ -325,6 +484,9 @@ pub async fn serve(
         }
     };
     let _ = tokio::join!(proxy_task, exchanges);
+    for d in done {
+        let _ = d.await;
+    }
     if let Some(t) = admin_task {
         let _ = t.await;
     }
@@ -348,6 +510,7 @@ async fn accept_loop<F, Fut>(
     stop: CancellationToken,
     mut end: tokio::sync::watch::Receiver<Option<Instant>>,
     limits: ConnLimits,
+    open: Arc<Semaphore>,
     handler: F,
 ) where
     F: Fn(hyper::Request<hyper::body::Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
@@ -368,7 +531,6 @@ async fn accept_loop<F, Fut>(
         // the EOF, sometimes before the claim.
         .half_close(true);
     let graceful = GracefulShutdown::new();
-    let open = Arc::new(Semaphore::new(limits.max_connections));
     let mut refused_since_log = 0u64;
     loop {
         let (stream, peer) = tokio::select! {
@@ -446,4 +608,11 @@ async fn accept_loop<F, Fut>(
     {
         tracing::warn!("connections still open after the shutdown grace period; closing them");
     }
+}
+
+/// Another handle on the proxy's listening socket, for a serving thread to accept from.
+fn clone_listener(listener: &TcpListener) -> std::io::Result<std::net::TcpListener> {
+    use std::os::fd::{AsFd, OwnedFd};
+    let fd: OwnedFd = listener.as_fd().try_clone_to_owned()?;
+    Ok(std::net::TcpListener::from(fd))
 }
