@@ -40,6 +40,20 @@ pub enum OnAmbiguous {
     Release,
 }
 
+/// When a new key's recorded answer is written, relative to the client's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordMode {
+    /// The answer is recorded, then sent to the client (default): once the client has it,
+    /// every retry gets the replay.
+    BeforeResponse,
+    /// The answer is sent to the client as soon as the upstream's answer is complete, and
+    /// recorded meanwhile: one store round trip less on the client's wait, but until the
+    /// record lands a retry gets 409 `in-progress`, and if idemgate dies in that window the
+    /// key reads as `unknown` although its client got the answer.
+    AfterResponse,
+}
+
 /// What a protected request without a tenant gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -278,6 +292,8 @@ pub struct Defaults {
     pub on_store_error: OnStoreError,
     /// See [`OnAmbiguous`].
     pub on_ambiguous: OnAmbiguous,
+    /// See [`RecordMode`].
+    pub record_mode: RecordMode,
     /// JSON pointers left out of the fingerprint.
     pub fingerprint_ignore: Vec<String>,
     /// Headers that carry the key, in order of preference (aliases such as
@@ -313,6 +329,7 @@ pub struct Route {
     pub case_insensitive_paths: Option<bool>,
     pub on_store_error: Option<OnStoreError>,
     pub on_ambiguous: Option<OnAmbiguous>,
+    pub record_mode: Option<RecordMode>,
     pub fingerprint_ignore: Option<Vec<String>>,
     pub key_headers: Option<Vec<String>>,
     pub release_on_status: Option<Vec<u16>>,
@@ -397,6 +414,7 @@ impl Default for Defaults {
             case_insensitive_paths: false,
             on_store_error: OnStoreError::Reject,
             on_ambiguous: OnAmbiguous::Hold,
+            record_mode: RecordMode::BeforeResponse,
             fingerprint_ignore: Vec::new(),
             key_headers: vec![crate::key::HEADER.into()],
             release_on_status: Vec::new(),
@@ -602,6 +620,8 @@ pub struct Policy {
     pub on_store_error: OnStoreError,
     #[allow(missing_docs)]
     pub on_ambiguous: OnAmbiguous,
+    #[allow(missing_docs)]
+    pub record_mode: RecordMode,
     #[allow(missing_docs)]
     pub fingerprint_ignore: Vec<JsonPointer>,
     /// Headers that carry the key, the preferred first.
@@ -1104,6 +1124,7 @@ fn resolve(
         path_rules,
         on_store_error: r.on_store_error.unwrap_or(d.on_store_error),
         on_ambiguous: r.on_ambiguous.unwrap_or(d.on_ambiguous),
+        record_mode: r.record_mode.unwrap_or(d.record_mode),
         fingerprint_ignore,
         key_headers,
         release_on_status,
@@ -1345,6 +1366,63 @@ mod tests {
             !err.contains("short\""),
             "the secret is never printed: {err}"
         );
+    }
+
+    #[test]
+    fn record_mode_defaults_to_before_response_and_routes_override_it() {
+        let s = settings("").unwrap();
+        assert_eq!(s.default_policy.record_mode, RecordMode::BeforeResponse);
+        let s = settings(
+            r#"
+            [defaults]
+            record_mode = "after_response"
+            [[routes]]
+            path = "/v1/transfers"
+            record_mode = "before_response"
+            [[routes]]
+            path = "/v1/quotes"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(s.default_policy.record_mode, RecordMode::AfterResponse);
+        assert_eq!(
+            s.policy_for("/v1/transfers").record_mode,
+            RecordMode::BeforeResponse
+        );
+        assert_eq!(
+            s.policy_for("/v1/quotes").record_mode,
+            RecordMode::AfterResponse
+        );
+        let s = settings("[[routes]]\npath = \"/a\"\nrecord_mode = \"after_response\"").unwrap();
+        assert_eq!(s.policy_for("/a").record_mode, RecordMode::AfterResponse);
+        assert_eq!(s.default_policy.record_mode, RecordMode::BeforeResponse);
+        // The environment's form: `IDEMGATE_DEFAULTS__RECORD_MODE=after_response` names a
+        // setting, and its value is read as this string.
+        assert!(
+            unknown_env_vars(["IDEMGATE_DEFAULTS__RECORD_MODE".to_string()].into_iter()).is_empty()
+        );
+        let env = Figment::from(Serialized::defaults(Config::default())).merge(
+            Serialized::default("defaults.record_mode", "after_response"),
+        );
+        let s = Config::load(env).unwrap();
+        assert_eq!(s.default_policy.record_mode, RecordMode::AfterResponse);
+        for (toml, key) in [
+            (
+                "[defaults]\nrecord_mode = \"after\"",
+                "defaults.record_mode",
+            ),
+            (
+                "[defaults]\nrecord_mode = \"AfterResponse\"",
+                "defaults.record_mode",
+            ),
+            (
+                "[[routes]]\npath = \"/a\"\nrecord_mode = \"later\"",
+                "record_mode",
+            ),
+        ] {
+            let err = settings(toml).unwrap_err().to_string();
+            assert!(err.contains(key), "{toml:?}: {err}");
+        }
     }
 
     #[test]

@@ -8,6 +8,9 @@
 //!   other fp           -> 422
 //! ```
 //!
+//! A route with `record_mode = "after_response"` answers before the record and writes it
+//! meanwhile, in a task of its own.
+//!
 //! Unprotected requests are streamed through untouched. A claimed request's upstream
 //! exchange runs in its own task, so it completes and is recorded even when the client that
 //! sent it has gone: that client is the one the product exists for.
@@ -27,7 +30,7 @@ use tracing::Span;
 
 use crate::answer::{self, Answer};
 use crate::body::{self, Body};
-use crate::config::{OnAmbiguous, OnStoreError, Policy, Settings};
+use crate::config::{OnAmbiguous, OnStoreError, Policy, RecordMode, Settings};
 use crate::fingerprint::{self, RequestParts, FINGERPRINT_VERSION};
 use crate::key::{self, RecordId};
 use crate::metrics::Metrics;
@@ -107,7 +110,8 @@ struct Shared {
     // Record ids: this store's secret and this instance's namespace.
     scoper: Scoper,
     client: UpstreamClient,
-    // Upstream exchanges that outlive their client connection; shutdown waits for them.
+    // Upstream exchanges that outlive their client connection, and records written after
+    // their client's answer (`record_mode = "after_response"`); shutdown waits for them.
     tasks: TaskTracker,
     // Outcomes and latencies; shared with the admin listener's /metrics.
     metrics: Arc<Metrics>,
@@ -903,7 +907,7 @@ enum ExchangeError {
 /// Forwards a claimed request, keeps its lease alive while the upstream works, and settles
 /// the record: completed, released (provably not sent) or unknown.
 async fn exchange(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     claimed: Claimed,
     peer: SocketAddr,
 ) -> (Response<Body>, Outcome) {
@@ -912,7 +916,7 @@ async fn exchange(
         owner,
         policy,
         mut request,
-        _permit,
+        _permit: permit,
         span,
     } = claimed;
     upstream::prepare(&mut request, &shared.settings.upstream, peer);
@@ -992,24 +996,21 @@ async fn exchange(
                     .collect(),
                 body: bytes.clone(),
             };
-            let record_span = telemetry::child(&span, Step::Record);
-            let recorded = deadline(store_timeout, store.record(&id, &owner, &stored)).await;
-            drop(record_span);
-            match recorded {
-                Ok(true) => {}
-                // No room for this answer (the embedded store's byte cap, Redis out of
-                // memory): the status alone still keeps retries from executing again.
-                Err(StoreError::Full(e)) => {
-                    tracing::warn!(record = %id, error = %e, "no room in the store for the answer; recording it without its body");
-                    record_not_kept(shared, &id, &owner, stored.status).await;
+            match policy.record_mode {
+                RecordMode::BeforeResponse => {
+                    record_answer(shared, &id, &owner, &stored, &span).await;
                 }
-                Ok(false) => {
-                    tracing::warn!(record = %id, "record no longer owned (released by an operator?); response not stored")
-                }
-                // The record stays in progress, its lease runs out and retries see
-                // `unknown`: never a second execution.
-                Err(e) => {
-                    tracing::error!(record = %id, error = %e, "could not record the upstream's answer")
+                // The client's answer goes out now; the record is written meanwhile, in a
+                // task that shutdown waits for and that keeps the in-flight permit until it
+                // is done. Until it lands, the claim stays in progress under its lease: a
+                // retry gets 409, and should this process die first, the lease runs out to
+                // `unknown`. Never a second execution.
+                RecordMode::AfterResponse => {
+                    let (shared, span) = (Arc::clone(shared), span.clone());
+                    shared.tasks.clone().spawn(async move {
+                        record_answer(&shared, &id, &owner, &stored, &span).await;
+                        drop(permit);
+                    });
                 }
             }
             (
@@ -1063,6 +1064,38 @@ async fn exchange(
     };
     res.extensions_mut().insert(latency);
     (res, outcome)
+}
+
+/// Writes an upstream's whole answer into its record (owner-checked), logging what went
+/// wrong; an answer the store has no room for is recorded without its body.
+async fn record_answer(
+    shared: &Shared,
+    id: &RecordId,
+    owner: &OwnerToken,
+    stored: &StoredResponse,
+    span: &Span,
+) {
+    let store_timeout = shared.settings.config.store_timeout;
+    let record_span = telemetry::child(span, Step::Record);
+    let recorded = deadline(store_timeout, shared.store.record(id, owner, stored)).await;
+    drop(record_span);
+    match recorded {
+        Ok(true) => {}
+        // No room for this answer (the embedded store's byte cap, Redis out of memory): the
+        // status alone still keeps retries from executing again.
+        Err(StoreError::Full(e)) => {
+            tracing::warn!(record = %id, error = %e, "no room in the store for the answer; recording it without its body");
+            record_not_kept(shared, id, owner, stored.status).await;
+        }
+        Ok(false) => {
+            tracing::warn!(record = %id, "record no longer owned (released by an operator?); response not stored")
+        }
+        // The record stays in progress, its lease runs out and retries see `unknown`: never
+        // a second execution.
+        Err(e) => {
+            tracing::error!(record = %id, error = %e, "could not record the upstream's answer")
+        }
+    }
 }
 
 /// Completes a record without its body, logging what went wrong.
