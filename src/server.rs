@@ -280,12 +280,17 @@ struct Job {
     end: tokio::sync::watch::Receiver<Option<Instant>>,
     limits: ConnLimits,
     open: Arc<Semaphore>,
+    balance: Balance,
 }
 
 impl Worker {
     /// Starts thread `n` and opens its store there (a Redis connection of its own; the
     /// other stores are shared). Fails as start-up fails if that store cannot be opened.
-    async fn start(n: usize, settings: &Settings, shared: &Arc<dyn Store>) -> Result<Worker, Error> {
+    async fn start(
+        n: usize,
+        settings: &Settings,
+        shared: &Arc<dyn Store>,
+    ) -> Result<Worker, Error> {
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<Result<(), Error>>();
         let (job_tx, job_rx) = std::sync::mpsc::channel::<Job>();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
@@ -356,6 +361,7 @@ impl Job {
             self.end.clone(),
             self.limits,
             self.open,
+            Some(self.balance),
             move |req, peer| {
                 let proxy = proxy.clone();
                 async move { proxy.handle(req, peer).await }
@@ -378,7 +384,16 @@ pub async fn serve(
     admin: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
-    serve_on(settings, store, scoper, listener, admin, shutdown, Vec::new()).await
+    serve_on(
+        settings,
+        store,
+        scoper,
+        listener,
+        admin,
+        shutdown,
+        Vec::new(),
+    )
+    .await
 }
 
 /// [`serve`], with `workers` serving from the same listener on threads of their own.
@@ -431,6 +446,7 @@ async fn serve_on(
             end_rx.clone(),
             limits,
             Arc::new(Semaphore::new(ADMIN_MAX_CONNECTIONS)),
+            None,
             move |req, _peer| {
                 let admin = admin.clone();
                 async move { admin.handle(req).await }
@@ -439,24 +455,30 @@ async fn serve_on(
     });
     let proxy = Proxy::new(settings, store, scoper, tasks.clone(), metrics.clone());
     let mut done = Vec::new();
-    for worker in workers {
+    let mut balances = Balance::for_threads(workers.len() + 1).into_iter();
+    // With one thread there is nothing to balance.
+    let own_balance = balances.next().filter(|_| !workers.is_empty());
+    for (worker, balance) in workers.into_iter().zip(balances) {
         let job = clone_listener(&listener).map(|l| Job {
-                listener: l,
-                proxy: proxy.clone(),
-                metrics: metrics.clone(),
-                tasks: tasks.clone(),
-                stop: stop.clone(),
-                end: end_rx.clone(),
-                limits,
-                open: open.clone(),
-            });
+            listener: l,
+            proxy: proxy.clone(),
+            metrics: metrics.clone(),
+            tasks: tasks.clone(),
+            stop: stop.clone(),
+            end: end_rx.clone(),
+            limits,
+            open: open.clone(),
+            balance,
+        });
         match job {
             Ok(job) => {
                 if worker.job.send(job).is_ok() {
                     done.push(worker.done);
                 }
             }
-            Err(e) => tracing::error!(error = %e, "cannot share the listener with a serving thread; serving with fewer threads"),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot share the listener with a serving thread; serving with fewer threads")
+            }
         }
     }
     let proxy_task = tokio::spawn(accept_loop(
@@ -465,6 +487,7 @@ async fn serve_on(
         end_rx,
         limits,
         open,
+        own_balance,
         move |req, peer| {
             let proxy = proxy.clone();
             async move { proxy.handle(req, peer).await }
@@ -511,6 +534,7 @@ async fn accept_loop<F, Fut>(
     mut end: tokio::sync::watch::Receiver<Option<Instant>>,
     limits: ConnLimits,
     open: Arc<Semaphore>,
+    balance: Option<Balance>,
     handler: F,
 ) where
     F: Fn(hyper::Request<hyper::body::Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
@@ -533,6 +557,15 @@ async fn accept_loop<F, Fut>(
     let graceful = GracefulShutdown::new();
     let mut refused_since_log = 0u64;
     loop {
+        // A thread that holds more connections than another lets the other take the next
+        // one, for a moment: both are woken for every new connection, and the first awake
+        // would otherwise take them all (keep-alive connections stay where they land).
+        if balance.as_ref().is_some_and(Balance::ahead) {
+            tokio::select! {
+                _ = tokio::time::sleep(BALANCE_DEFER) => {}
+                _ = stop.cancelled() => break,
+            }
+        }
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -559,6 +592,7 @@ async fn accept_loop<F, Fut>(
             continue;
         };
         refused_since_log = 0;
+        let held = balance.as_ref().map(Balance::hold);
         let _ = stream.set_nodelay(true);
         let watch = Watch::accepted();
         let handler = handler.clone();
@@ -590,6 +624,7 @@ async fn accept_loop<F, Fut>(
                 }
             }
             drop(permit);
+            drop(held);
         });
     }
     drop(listener);
@@ -615,4 +650,55 @@ fn clone_listener(listener: &TcpListener) -> std::io::Result<std::net::TcpListen
     use std::os::fd::{AsFd, OwnedFd};
     let fd: OwnedFd = listener.as_fd().try_clone_to_owned()?;
     Ok(std::net::TcpListener::from(fd))
+}
+
+/// How long a serving thread that holds more connections than another waits before it
+/// accepts the next one itself.
+const BALANCE_DEFER: Duration = Duration::from_millis(1);
+
+/// The open connections of every serving thread, for spreading new ones across them.
+#[derive(Clone)]
+struct Balance {
+    counts: Arc<[std::sync::atomic::AtomicUsize]>,
+    me: usize,
+}
+
+impl Balance {
+    /// One per serving thread.
+    fn for_threads(n: usize) -> Vec<Balance> {
+        let counts: Arc<[std::sync::atomic::AtomicUsize]> = (0..n)
+            .map(|_| std::sync::atomic::AtomicUsize::new(0))
+            .collect();
+        (0..n)
+            .map(|me| Balance {
+                counts: counts.clone(),
+                me,
+            })
+            .collect()
+    }
+
+    /// Whether this thread holds more connections than some other.
+    fn ahead(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mine = self.counts[self.me].load(Relaxed);
+        self.counts
+            .iter()
+            .enumerate()
+            .any(|(i, c)| i != self.me && c.load(Relaxed) < mine)
+    }
+
+    /// Counts one connection for this thread until the guard is dropped.
+    fn hold(&self) -> Held {
+        self.counts[self.me].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Held(self.clone())
+    }
+}
+
+/// One open connection of a serving thread.
+struct Held(Balance);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.counts[self.0.me].fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
