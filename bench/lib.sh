@@ -29,5 +29,6 @@ wait_for() {
     sleep 0.05
   done
   echo "$(basename "$0"): $2 did not come up on port $1" >&2
+  [ -n "${work:-}" ] && tail -n 5 "$work"/*.log >&2
   exit 1
 }

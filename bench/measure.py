@@ -85,6 +85,17 @@ def status_kib(pid, field):
     return 0
 
 
+def thread_ticks(pid):
+    """CPU seconds of each thread of a process, by thread id."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out[tid] = cpu_seconds(f"{pid}/task/{tid}")
+        except OSError:
+            pass
+    return out
+
+
 def redis_call(*args):
     """One command to the benchmark's redis-server; returns the reply's text (bulk or
     status replies only, which is all this needs)."""
@@ -154,12 +165,18 @@ def run_case(name, conc, duration, rss_sampler=None):
     if mode == "replay":
         prefix = f"{RUN_ID}-replay"
     stats_before = commandstats() if name in REDIS_CASES else None
+    threads_before = thread_ticks(PIDS[target]) if target == "idemgate_redis_2_threads" else None
     before = {p: cpu_seconds(pid) for p, pid in PIDS.items()}
     r = wrk(PORTS[target], mode, conc, duration, prefix)
     after = {p: cpu_seconds(pid) for p, pid in PIDS.items()}
     n = max(r["requests"], 1)
     if stats_before is not None:
         r["redis_commands"] = commandstats_delta(stats_before, commandstats(), n)
+    if threads_before is not None:
+        # How the work was spread over the serving threads (the busiest first).
+        after_t = thread_ticks(PIDS[target])
+        r["thread_cpu_s"] = sorted((after_t.get(t, 0) - v for t, v in threads_before.items()),
+                                   reverse=True)
     r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
     r["cpu_us_per_request"] = {
         "idemgate": (after[target] - before[target]) * 1e6 / n if target != "upstream" else 0.0,
@@ -354,6 +371,11 @@ def main():
                  f"{statistics.median(x['usec_per_request'] for x in v):.1f} us"
                  for cmd, v in sorted(cmds.items())]
         lines.append(f"({name}) Redis commands per request, c=50: {'; '.join(parts)}")
+    for name in ("c2", "d2"):
+        shares = [r["thread_cpu_s"][:2] for r in runs[(name, 50)] if len(r.get("thread_cpu_s", [])) >= 2]
+        if shares:
+            split = [f"{a / (a + b):.2f}/{b / (a + b):.2f}" for a, b in shares if a + b > 0]
+            lines.append(f"({name}) CPU split over the two busiest threads, c=50: {', '.join(split)}")
     ar = paired("c_ar", "c", 1, lambda x, c: x["p50_us"] - c["p50_us"])
     lines.append(f"record_mode=after_response at c=1: (c_ar) p50 {cases['c_ar@1']['p50_us']:.0f} us "
                  f"against (c) {cases['c@1']['p50_us']:.0f} us ({ar:+.0f} us, paired)")

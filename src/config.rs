@@ -647,6 +647,8 @@ pub struct Upstream {
     pub scheme: hyper::http::uri::Scheme,
     /// `host:port`.
     pub authority: hyper::http::uri::Authority,
+    /// The `Host` header every forwarded request carries: the authority, made once.
+    pub host: hyper::header::HeaderValue,
 }
 
 /// The validated configuration.
@@ -1008,7 +1010,13 @@ fn parse_upstream(s: &str) -> Result<Upstream, ConfigError> {
             "must be an origin without path or query (http://host:port)",
         ));
     }
-    Ok(Upstream { scheme, authority })
+    let host = hyper::header::HeaderValue::from_str(authority.as_str())
+        .map_err(|_| invalid("upstream", "its host:port is not a valid Host header"))?;
+    Ok(Upstream {
+        scheme,
+        authority,
+        host,
+    })
 }
 
 fn resolve(
