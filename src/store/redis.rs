@@ -27,7 +27,8 @@ use crate::scope::ScopeSecret;
 // Fields of a record hash: st = state (p in progress, c completed, n completed but the
 // answer not kept, u unknown), fp =
 // fingerprint hex, fv = fingerprint version, ow = owner token, lu = lease until (ms, Redis
-// clock), wu = the owner may be working until (ms, Redis clock), cr = created (ms), sc =
+// clock; it counts only while `p`, and a completed record may keep its last one), wu = the
+// owner may be working until (ms, Redis clock), cr = created (ms), sc =
 // status, hd = headers (StoredResponse::encode_headers), bd = body (up to INLINE_MAX
 // bytes), bl = length of a larger body, kept in the string `idemgate:{<id>}:body` beside the
 // hash (same hash tag, same cluster slot).
