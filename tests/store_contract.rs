@@ -924,3 +924,208 @@ async fn list_walks_every_record_in_bounded_pages(f: Fixture) {
     assert!(!ids.contains(&gone));
     assert!(f.store.list(None, "not-a-cursor", 7).await.is_err());
 }
+
+// Two versions of idemgate run side by side on one Redis during a rolling upgrade: each
+// must read the records that the other writes. These are the claim and record scripts as
+// idemgate ran them before they were made cheaper (the others did not change), run here
+// by hand beside the current store.
+const PREVIOUS_CLAIM: &str = r#"
+local function now_ms() local t = redis.call('TIME') return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) end
+local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'sc', 'hd', 'bd', 'bl')
+if not r[1] then
+  if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 1 then return {'withdrawn'} end
+  local now = now_ms()
+  redis.call('HSET', KEYS[1], 'st', 'p', 'fp', ARGV[1], 'fv', ARGV[2], 'ow', ARGV[3],
+             'lu', now + tonumber(ARGV[4]), 'wu', now + tonumber(ARGV[6]), 'cr', now)
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  return {'claimed'}
+end
+if r[3] ~= ARGV[2] then return {'version', r[3]} end
+if r[2] ~= ARGV[1] then return {'mismatch'} end
+if r[1] == 'c' and r[7] then return {'completed', r[5], r[6], r[7]} end
+if r[1] == 'c' then return {'completed_large', r[5], r[6], r[8]} end
+if r[1] == 'n' then return {'not_kept', r[5]} end
+local now = now_ms()
+if r[1] == 'p' and tonumber(r[4]) > now then return {'in_progress', tostring(tonumber(r[4]) - now)} end
+return {'unknown'}
+"#;
+
+const PREVIOUS_RECORD: &str = r#"
+if redis.call('HGET', KEYS[1], 'ow') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'st', 'c', 'sc', ARGV[2], 'hd', ARGV[3], 'bd', ARGV[4])
+redis.call('HDEL', KEYS[1], 'lu')
+return 1
+"#;
+
+/// The previous claim script, with the arguments idemgate gives it.
+fn previous_claim(con: &mut ::redis::Connection, req: &ClaimRequest) -> Vec<Vec<u8>> {
+    let record = format!("idemgate:{{{}}}", req.id);
+    ::redis::cmd("EVAL")
+        .arg(PREVIOUS_CLAIM)
+        .arg(2)
+        .arg(&record)
+        .arg(format!("{record}:w"))
+        .arg(req.fingerprint.to_hex())
+        .arg(req.fingerprint_version)
+        .arg(req.owner.as_str())
+        .arg(req.lease.as_millis() as u64)
+        .arg(req.retention.as_millis() as u64)
+        .arg(req.busy_for.as_millis() as u64)
+        .query(con)
+        .unwrap()
+}
+
+fn previous_record(con: &mut ::redis::Connection, req: &ClaimRequest, r: &StoredResponse) -> i64 {
+    let record = format!("idemgate:{{{}}}", req.id);
+    ::redis::cmd("EVAL")
+        .arg(PREVIOUS_RECORD)
+        .arg(2)
+        .arg(&record)
+        .arg(format!("{record}:body"))
+        .arg(req.owner.as_str())
+        .arg(r.status.to_string())
+        .arg(r.encode_headers())
+        .arg(&r.body[..])
+        .query(con)
+        .unwrap()
+}
+
+/// Field name -> value of a record's hash.
+fn fields(
+    con: &mut ::redis::Connection,
+    req: &ClaimRequest,
+) -> std::collections::BTreeMap<String, Vec<u8>> {
+    ::redis::cmd("HGETALL")
+        .arg(format!("idemgate:{{{}}}", req.id))
+        .query(con)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn redis_records_are_read_alike_by_the_previous_scripts_and_the_current_ones() {
+    let f = redis().await;
+    let server = f._redis.as_ref().unwrap();
+    let mut con = ::redis::Client::open(server.url())
+        .unwrap()
+        .get_connection_with_timeout(Duration::from_secs(5))
+        .unwrap();
+    let text = |v: &[u8]| String::from_utf8(v.to_vec()).unwrap();
+
+    // Written by the previous scripts, read by the current store.
+    let done = claim("previous-done", 1, 10_000);
+    assert_eq!(previous_claim(&mut con, &done), [b"claimed".to_vec()]);
+    assert_eq!(previous_record(&mut con, &done, &response("old")), 1);
+    assert_eq!(
+        f.store
+            .claim(&claim("previous-done", 1, 10_000))
+            .await
+            .unwrap(),
+        Claim::Replay(response("old"))
+    );
+    let v = f.store.inspect(&done.id, true).await.unwrap().unwrap();
+    assert_eq!(v.state, RecordState::Completed);
+    assert_eq!(v.status, Some(201));
+    assert!(v.created_ms > 0 && v.lease_left_ms.is_none());
+    assert!(v.body.unwrap().contains("old"));
+
+    let busy = claim("previous-busy", 2, 10_000);
+    assert_eq!(previous_claim(&mut con, &busy), [b"claimed".to_vec()]);
+    match f
+        .store
+        .claim(&claim("previous-busy", 2, 10_000))
+        .await
+        .unwrap()
+    {
+        Claim::InFlight { lease_left } => {
+            assert!(lease_left > Duration::ZERO && lease_left <= Duration::from_secs(10))
+        }
+        other => panic!("expected in flight, got {other:?}"),
+    }
+    let v = f.store.inspect(&busy.id, false).await.unwrap().unwrap();
+    assert_eq!(v.state, RecordState::InProgress);
+    assert!(v.lease_left_ms.is_some_and(|l| l > 0 && l <= 10_000));
+    assert!(v.owner_busy_ms.is_some_and(|b| b > 0 && b <= 10_000));
+    assert_eq!(
+        f.store.delete(&busy.id, false).await.unwrap(),
+        Deleted::OwnerBusy
+    );
+    assert!(f
+        .store
+        .renew(&busy.id, &busy.owner, Duration::from_secs(5))
+        .await
+        .unwrap());
+    assert!(f
+        .store
+        .record(&busy.id, &busy.owner, &response("new"))
+        .await
+        .unwrap());
+    assert_eq!(
+        f.store
+            .claim(&claim("previous-busy", 2, 10_000))
+            .await
+            .unwrap(),
+        Claim::Replay(response("new"))
+    );
+
+    let lapsed = claim("previous-lapsed", 3, 1);
+    assert_eq!(previous_claim(&mut con, &lapsed), [b"claimed".to_vec()]);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        f.store
+            .claim(&claim("previous-lapsed", 3, 1))
+            .await
+            .unwrap(),
+        Claim::Unknown
+    );
+
+    // Written by the current store, read by the previous scripts.
+    let current = claim("current", 4, 10_000);
+    assert_eq!(f.store.claim(&current).await.unwrap(), Claim::Claimed);
+    let other = claim("current", 4, 10_000);
+    let reply = previous_claim(&mut con, &other);
+    assert_eq!(text(&reply[0]), "in_progress");
+    let left: u64 = text(&reply[1]).parse().unwrap();
+    assert!(left > 0 && left <= 10_000, "{left}");
+    // The same fields, and times as the same plain integers (milliseconds, Redis clock),
+    // which the previous version's INSPECT hands to a parser of integers.
+    let now = fields(&mut con, &current);
+    let fresh = busy_fresh(&mut con);
+    let before = fields(&mut con, &fresh);
+    assert_eq!(
+        now.keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>()
+    );
+    for field in ["lu", "wu", "cr"] {
+        let v = text(&now[field]);
+        assert!(
+            v.len() == 13 && v.bytes().all(|b| b.is_ascii_digit()),
+            "{field} = {v}"
+        );
+    }
+    assert!(f
+        .store
+        .record(&current.id, &current.owner, &response("cur"))
+        .await
+        .unwrap());
+    let expected = response("cur");
+    let reply = previous_claim(&mut con, &other);
+    assert_eq!(text(&reply[0]), "completed");
+    assert_eq!(text(&reply[1]), "201");
+    assert_eq!(
+        StoredResponse::decode_headers(&reply[2]),
+        Some(expected.headers.clone())
+    );
+    assert_eq!(reply[3], expected.body.to_vec());
+    // Nothing the previous version reads went missing from the completed record.
+    let completed = fields(&mut con, &current);
+    for field in ["st", "fp", "fv", "ow", "wu", "cr", "sc", "hd", "bd"] {
+        assert!(completed.contains_key(field), "{field}");
+    }
+}
+
+/// A record in progress, as the previous claim script writes it.
+fn busy_fresh(con: &mut ::redis::Connection) -> ClaimRequest {
+    let req = claim("previous-fresh", 5, 10_000);
+    assert_eq!(previous_claim(con, &req), [b"claimed".to_vec()]);
+    req
+}

@@ -27,7 +27,8 @@ use crate::scope::ScopeSecret;
 // Fields of a record hash: st = state (p in progress, c completed, n completed but the
 // answer not kept, u unknown), fp =
 // fingerprint hex, fv = fingerprint version, ow = owner token, lu = lease until (ms, Redis
-// clock), wu = the owner may be working until (ms, Redis clock), cr = created (ms), sc =
+// clock; it counts only while `p`, and a completed record may keep its last one), wu = the
+// owner may be working until (ms, Redis clock), cr = created (ms), sc =
 // status, hd = headers (StoredResponse::encode_headers), bd = body (up to INLINE_MAX
 // bytes), bl = length of a larger body, kept in the string `idemgate:{<id>}:body` beside the
 // hash (same hash tag, same cluster slot).
@@ -40,37 +41,53 @@ use crate::scope::ScopeSecret;
 //
 // Beside each record, `idemgate:{<record id>}:w` (same hash slot) is the set of owners that
 // withdrew a claim they were not sure had landed (see `RELEASE`); it expires by itself.
-const NOW_MS: &str = "local function now_ms() local t = redis.call('TIME') return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) end\n";
+//
+// What the scripts cost Redis: each `redis.call` costs a few thousand instructions beyond
+// the command itself (its arguments copied, the command looked up, the reply turned into
+// Lua values), each script argument and each field fetched about a thousand more, and
+// turning numbers into strings is dear: a number passed to `redis.call` (which Redis 7.0
+// formats with `%.17g`) about 4,000, `string.format('%d')` about 2,000, and so is
+// `tonumber` on a string, where Lua's arithmetic reads one for half (callgrind). So the
+// claim and the record call no more commands, take no more keys and fetch no more fields
+// than their common paths need, and write times with `string.format('%d', ...)`: the same
+// digits as before, so every version reads every other version's records.
+const NOW_MS: &str = "local function now_ms() local t = redis.call('TIME') return t[1] * 1000 + math.floor(t[2] / 1000) end\n";
 const NOW: &str = "local now = now_ms()\n";
 
-// One HMGET reads everything a replay needs, and the clock is read only when a claim is
-// made or a lease compared: a replay, the most frequent claim, runs one command instead of
-// three (TIME, HMGET, HMGET).
+// One HMGET reads everything a replay needs (and no more: `lu`, needed only while in
+// progress, and `bl`, only for a large body, are read when needed), and the clock is read
+// only when a claim is made or a lease compared: a replay, the most frequent claim, runs
+// one command.
 const CLAIM: &str = r#"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'sc', 'hd', 'bd', 'bl')
+local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'sc', 'hd', 'bd')
 if not r[1] then
   if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 1 then return {'withdrawn'} end
   local now = now_ms()
   redis.call('HSET', KEYS[1], 'st', 'p', 'fp', ARGV[1], 'fv', ARGV[2], 'ow', ARGV[3],
-             'lu', now + tonumber(ARGV[4]), 'wu', now + tonumber(ARGV[6]), 'cr', now)
+             'lu', string.format('%d', now + ARGV[4]), 'wu', string.format('%d', now + ARGV[6]),
+             'cr', string.format('%d', now))
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   return {'claimed'}
 end
 if r[3] ~= ARGV[2] then return {'version', r[3]} end
 if r[2] ~= ARGV[1] then return {'mismatch'} end
-if r[1] == 'c' and r[7] then return {'completed', r[5], r[6], r[7]} end
-if r[1] == 'c' then return {'completed_large', r[5], r[6], r[8]} end
-if r[1] == 'n' then return {'not_kept', r[5]} end
-local now = now_ms()
-if r[1] == 'p' and tonumber(r[4]) > now then return {'in_progress', tostring(tonumber(r[4]) - now)} end
+if r[1] == 'c' and r[6] then return {'completed', r[4], r[5], r[6]} end
+if r[1] == 'c' then return {'completed_large', r[4], r[5], redis.call('HGET', KEYS[1], 'bl')} end
+if r[1] == 'n' then return {'not_kept', r[4]} end
+if r[1] == 'p' then
+  local lu = tonumber(redis.call('HGET', KEYS[1], 'lu'))
+  local now = now_ms()
+  if lu > now then return {'in_progress', string.format('%d', lu - now)} end
+end
 return {'unknown'}
 "#;
 
 // Owner-checked; running it twice records the same response twice, which is harmless.
+// The lease (`lu`) is left in place: no script and no reader looks at it once `st` is `c`
+// (it only counts while `p`), and an HDEL was a whole command more per new key.
 const RECORD: &str = r#"
 if redis.call('HGET', KEYS[1], 'ow') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'st', 'c', 'sc', ARGV[2], 'hd', ARGV[3], 'bd', ARGV[4])
-redis.call('HDEL', KEYS[1], 'lu')
 return 1
 "#;
 
@@ -108,7 +125,7 @@ return 1
 const RENEW: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'ow', 'st')
 if r[1] ~= ARGV[1] or r[2] ~= 'p' then return 0 end
-redis.call('HSET', KEYS[1], 'lu', now + tonumber(ARGV[2]))
+redis.call('HSET', KEYS[1], 'lu', string.format('%d', now + ARGV[2]))
 return 1
 "#;
 
@@ -427,18 +444,27 @@ impl RedisStore {
     }
 
     /// Runs one of the owner-checked scripts: KEYS[1] = the record, KEYS[2] = its large
-    /// body, ARGV[1] = the owner,
-    /// then `args`. It answers 1 when it applied, 0 when the record is not (or no longer)
-    /// the owner's. `acknowledged`: what to call the write when it must wait for replicas.
+    /// body when `body_key` (only the scripts that touch it get it: each argument costs
+    /// Redis a little), ARGV[1] = the owner, then `args`. It answers 1 when it applied, 0
+    /// when the record is not (or no longer) the owner's. `acknowledged`: what to call the
+    /// write when it must wait for replicas.
     async fn owner_checked(
         &self,
         script: &Script,
         id: &RecordId,
+        body_key: bool,
         owner: &OwnerToken,
         args: &[&[u8]],
         acknowledged: Option<&str>,
     ) -> Result<bool, StoreError> {
-        let mut cmd = evalsha(script, &[&Self::key(id)[..], &Self::body_key(id)[..]]);
+        let record = Self::key(id);
+        let body = Self::body_key(id);
+        let keys: &[&[u8]] = if body_key {
+            &[&record[..], &body[..]]
+        } else {
+            &[&record[..]]
+        };
+        let mut cmd = evalsha(script, keys);
         cmd.arg(owner.as_str());
         for arg in args {
             cmd.arg(*arg);
@@ -517,7 +543,7 @@ impl RedisStore {
             let offset = (i * CHUNK).to_string();
             let args: [&[u8]; 2] = [offset.as_bytes(), chunk];
             if !self
-                .owner_checked(&self.scripts.write_chunk, id, owner, &args, None)
+                .owner_checked(&self.scripts.write_chunk, id, true, owner, &args, None)
                 .await?
             {
                 return Ok(false);
@@ -789,8 +815,15 @@ impl Store for RedisStore {
             let status = response.status.to_string();
             let headers = response.encode_headers();
             let args: [&[u8]; 3] = [status.as_bytes(), &headers, &response.body];
-            self.owner_checked(&self.scripts.record, id, owner, &args, Some("record"))
-                .await
+            self.owner_checked(
+                &self.scripts.record,
+                id,
+                false,
+                owner,
+                &args,
+                Some("record"),
+            )
+            .await
         })
     }
 
@@ -806,6 +839,7 @@ impl Store for RedisStore {
             self.owner_checked(
                 &self.scripts.record_not_kept,
                 id,
+                true,
                 owner,
                 &args,
                 Some("record"),
@@ -822,8 +856,15 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
             let lease_ms = lease.as_millis().to_string();
-            self.owner_checked(&self.scripts.renew, id, owner, &[lease_ms.as_bytes()], None)
-                .await
+            self.owner_checked(
+                &self.scripts.renew,
+                id,
+                false,
+                owner,
+                &[lease_ms.as_bytes()],
+                None,
+            )
+            .await
         })
     }
 
@@ -832,7 +873,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.owner_checked(&self.scripts.mark_unknown, id, owner, &[], None))
+        Box::pin(self.owner_checked(&self.scripts.mark_unknown, id, false, owner, &[], None))
     }
 
     fn release<'a>(
