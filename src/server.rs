@@ -266,7 +266,7 @@ pub async fn run(
 /// A serving thread besides the first, started with its store open; it serves once it is
 /// given the shared state ([`Job`]).
 struct Worker {
-    job: std::sync::mpsc::Sender<Job>,
+    job: tokio::sync::oneshot::Sender<Job>,
     done: tokio::sync::oneshot::Receiver<()>,
 }
 
@@ -292,7 +292,7 @@ impl Worker {
         shared: &Arc<dyn Store>,
     ) -> Result<Worker, Error> {
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<Result<(), Error>>();
-        let (job_tx, job_rx) = std::sync::mpsc::channel::<Job>();
+        let (job_tx, job_rx) = tokio::sync::oneshot::channel::<Job>();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         let settings = settings.clone();
         let shared = shared.clone();
@@ -323,7 +323,7 @@ impl Worker {
                     };
                     let _ = ready_tx.send(Ok(()));
                     // The first thread gave up (start-up failed elsewhere): nothing to serve.
-                    let Ok(job) = job_rx.recv() else { return };
+                    let Ok(job) = job_rx.await else { return };
                     job.serve(store, settings.config.store_timeout).await;
                     let _ = done_tx.send(());
                 });
