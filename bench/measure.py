@@ -123,6 +123,12 @@ def commandstats():
     return stats
 
 
+def io_stats():
+    """Commands processed and socket reads done by Redis so far (INFO stats)."""
+    kv = dict(l.split(":", 1) for l in redis_call("INFO", "stats").splitlines() if ":" in l)
+    return int(kv["total_commands_processed"]), int(kv["total_reads_processed"])
+
+
 def commandstats_delta(before, after, n):
     """Commands per request and Redis's time inside them per request (us)."""
     out = {}
@@ -133,14 +139,25 @@ def commandstats_delta(before, after, n):
     return out
 
 
-def redis_floor(pipeline, requests):
-    """Redis's CPU per bare SET from redis-benchmark at 50 connections (us), the floor a
-    store call is compared with."""
+def redis_floor(pipeline, requests, command=None):
+    """Redis's CPU per call from redis-benchmark at 50 connections (us): a bare SET, or
+    `command` (a list of arguments, `__rand_int__` replaced by a random number), the floors
+    a store call is compared with."""
+    what = ["-t", "set"] if command is None else ["-r", "100000000", *command]
     before = cpu_seconds(PIDS["redis"])
     subprocess.run(["redis-benchmark", "-h", "127.0.0.1", "-p", str(REDIS_PORT), "-c", "50",
-                    "-n", str(requests), "-P", str(pipeline), "-t", "set", "-q"],
+                    "-n", str(requests), "-P", str(pipeline), "-q", *what],
                    capture_output=True, text=True, check=True)
     return (cpu_seconds(PIDS["redis"]) - before) * 1e6 / requests
+
+
+# The fixed cost of a script call, and of a script that does what a new key's claim must at
+# the least (read, write, expire) on a new key: what Lua itself costs Redis here.
+EMPTY_SCRIPT = "return 1"
+CLAIM_LIKE_SCRIPT = (
+    "local r = redis.call('HMGET', KEYS[1], 'st', 'fp') "
+    "if not r[1] then redis.call('HSET', KEYS[1], 'st', 'p', 'fp', ARGV[1]) "
+    "redis.call('PEXPIRE', KEYS[1], 600000) return 1 end return 0")
 
 
 def wrk(port, mode, conc, duration, prefix):
@@ -165,6 +182,7 @@ def run_case(name, conc, duration, rss_sampler=None):
     if mode == "replay":
         prefix = f"{RUN_ID}-replay"
     stats_before = commandstats() if name in REDIS_CASES else None
+    io_before = io_stats() if name in REDIS_CASES else None
     threads_before = thread_ticks(PIDS[target]) if target == "idemgate_redis_2_threads" else None
     before = {p: cpu_seconds(pid) for p, pid in PIDS.items()}
     r = wrk(PORTS[target], mode, conc, duration, prefix)
@@ -172,6 +190,10 @@ def run_case(name, conc, duration, rss_sampler=None):
     n = max(r["requests"], 1)
     if stats_before is not None:
         r["redis_commands"] = commandstats_delta(stats_before, commandstats(), n)
+        cmds, reads = (a - b for a, b in zip(io_stats(), io_before))
+        # Commands (a script's own included) per socket read: how many calls of concurrent
+        # requests reached Redis together.
+        r["redis_commands_per_read"] = cmds / max(reads, 1)
     if threads_before is not None:
         # How the work was spread over the serving threads (the busiest first).
         after_t = thread_ticks(PIDS[target])
@@ -233,7 +255,9 @@ def main():
     for name in CASES:
         run_case(name, 50, 1)
     runs = {(n, c): [] for n in CASES for c in CONCURRENCY}
-    floors = {"set": [], "set_p16": []}
+    floors = {"set": [], "set_p16": [], "evalsha_empty_p16": [], "claim_like_p16": []}
+    empty_sha = redis_call("SCRIPT", "LOAD", EMPTY_SCRIPT)
+    claim_like_sha = redis_call("SCRIPT", "LOAD", CLAIM_LIKE_SCRIPT)
     for rnd in range(ROUNDS):
         for conc in CONCURRENCY:
             for name in CASES:
@@ -246,8 +270,13 @@ def main():
         # Redis's floor in the same round: a bare SET, one per round trip and 16 at a time.
         floors["set"].append(redis_floor(1, 100_000))
         floors["set_p16"].append(redis_floor(16, 400_000))
+        floors["evalsha_empty_p16"].append(redis_floor(16, 400_000, ["EVALSHA", empty_sha, "0"]))
+        floors["claim_like_p16"].append(redis_floor(16, 200_000, [
+            "EVALSHA", claim_like_sha, "1", f"floor:{RUN_ID}:__rand_int__", "0123456789abcdef"]))
         print(f"round {rnd + 1}/{ROUNDS} redis-benchmark SET: {floors['set'][-1]:.1f} us, "
-              f"-P 16: {floors['set_p16'][-1]:.1f} us of Redis CPU each", file=sys.stderr)
+              f"-P 16: {floors['set_p16'][-1]:.1f} us; EVALSHA of return 1, -P 16: "
+              f"{floors['evalsha_empty_p16'][-1]:.1f} us; a claim-like script on new keys, "
+              f"-P 16: {floors['claim_like_p16'][-1]:.1f} us of Redis CPU each", file=sys.stderr)
     # Memory: new keys on Redis at 256 connections, peak RSS sampled during that run only.
     sampler = RssSampler(PIDS["idemgate_redis"])
     sampler.start()
@@ -362,6 +391,10 @@ def main():
                  f"(c) needs two more: {2 * hop:.0f} us")
     lines.append(f"redis-benchmark, 50 connections, Redis CPU per bare SET: {set_floor:.1f} us; "
                  f"pipelined 16 deep: {set_p16_floor:.1f} us")
+    lines.append(f"redis-benchmark, 50 connections, 16 deep: EVALSHA of `return 1` "
+                 f"{statistics.median(floors['evalsha_empty_p16']):.1f} us; a claim-like script "
+                 f"(HMGET, HSET, PEXPIRE) on new keys "
+                 f"{statistics.median(floors['claim_like_p16']):.1f} us of Redis CPU each")
     for name in sorted(REDIS_CASES):
         cmds = {}
         for r in runs[(name, 50)]:
@@ -370,7 +403,9 @@ def main():
         parts = [f"{cmd} {statistics.median(x['calls_per_request'] for x in v):.2f} calls, "
                  f"{statistics.median(x['usec_per_request'] for x in v):.1f} us"
                  for cmd, v in sorted(cmds.items())]
-        lines.append(f"({name}) Redis commands per request, c=50: {'; '.join(parts)}")
+        per_read = statistics.median(r.get("redis_commands_per_read", 0) for r in runs[(name, 50)])
+        lines.append(f"({name}) Redis commands per request, c=50: {'; '.join(parts)}; "
+                     f"{per_read:.0f} commands per socket read")
     for name in ("c2", "d2"):
         shares = [r["thread_cpu_s"][:2] for r in runs[(name, 50)] if len(r.get("thread_cpu_s", [])) >= 2]
         if shares:
@@ -394,7 +429,7 @@ def main():
         "runs_with_errors": failed,
         "info_log_ratio": {"c50": log_cost, "c1": ratio("c_log", "c", 1)},
         "plain_proxy_floor": floor,
-        "redis_floor_us": {"set": floors["set"], "set_p16": floors["set_p16"]},
+        "redis_floor_us": floors,
         "table": table,
     }
     os.makedirs(os.path.dirname(OUT), exist_ok=True)

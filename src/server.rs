@@ -89,6 +89,13 @@ pub async fn open_store(settings: &Settings) -> Result<(Arc<dyn Store>, Scoper),
     // (and refuse it), never replay its envelope as if it were the answer.
     store = Arc::new(Enveloped::new(store, settings.envelope.clone()));
     let timeout = settings.config.store_timeout;
+    // With replica acknowledgement on, the secret's write may wait for the replicas a few
+    // times (`SECRET_ACK_TRIES`), each up to `replica_ack_timeout`.
+    let timeout = if settings.config.min_replicas_ack > 0 {
+        timeout + settings.config.replica_ack_timeout * crate::store::redis::SECRET_ACK_TRIES
+    } else {
+        timeout
+    };
     let secret = crate::store::deadline(timeout, store.scope_secret()).await?;
     Ok((store, Scoper::new(&secret, &settings.namespace)))
 }

@@ -128,6 +128,56 @@ async fn an_unacknowledged_claim_is_not_forwarded() {
     app.shutdown().await;
 }
 
+/// `min_replicas_ack` at start-up: a replica that does not acknowledge the scope secret in
+/// time (frozen here, as one that has only just finished its first sync can be) gets more
+/// tries before start-up fails, so idemgate starts once it answers; one that never answers
+/// still stops start-up, with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_waits_for_a_late_replica_to_acknowledge_the_scope_secret() {
+    let primary = RedisServer::start();
+    let of = format!("127.0.0.1 {}", primary.port);
+    let replica = Node::start(&["--replicaof", &of, "--save", "", "--appendonly", "no"]);
+    eventually_online(&primary).await;
+    let up = Upstream::start().await;
+    let config = || {
+        let mut cfg = redis_base(&up);
+        cfg.redis_url = Some(primary.url());
+        cfg.min_replicas_ack = 1;
+        cfg.replica_ack_timeout = Duration::from_millis(200);
+        cfg
+    };
+    let pid = replica_pid(&replica);
+
+    // Frozen through the first wait (200 ms), resumed during the second or third.
+    signal(pid, "STOP");
+    let resume = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(450)).await;
+        signal(pid, "CONT");
+    });
+    let started = std::time::Instant::now();
+    let app = idemgate::start(config()).await;
+    resume.await.unwrap();
+    let app = app.expect("starts once the replica acknowledges");
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "started before the replica could acknowledge: {:?}",
+        started.elapsed()
+    );
+    let ok = post(&client(), &app, "/pay", Some("late"), "{}", &[]).await;
+    assert_eq!(ok.status, 201, "{:?}", ok.body);
+    app.shutdown().await;
+
+    // Frozen for good: start-up gives up, saying why.
+    signal(pid, "STOP");
+    let refused = idemgate::start(config()).await;
+    signal(pid, "CONT");
+    let err = refused.err().expect("no start-up without the replica");
+    assert!(
+        err.to_string().contains("acknowledged by 0 of 1 replicas"),
+        "{err}"
+    );
+}
+
 async fn eventually_online(primary: &RedisServer) {
     let until = std::time::Instant::now() + Duration::from_secs(20);
     while !primary
