@@ -26,7 +26,9 @@ use crate::operator::Resolver;
 use crate::proxy::Proxy;
 use crate::scope::Scoper;
 use crate::store::seal::Enveloped;
-use crate::store::{MemoryStore, PostgresStore, RedisStore, SqliteStore, Store, StoreError};
+use crate::store::{
+    MemoryStore, PostgresStore, RedisSetup, RedisStore, SqliteStore, Store, StoreError,
+};
 
 /// Why idemgate could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -85,9 +87,7 @@ pub async fn open_store(settings: &Settings) -> Result<(Arc<dyn Store>, Scoper),
             "recorded answers are sealed at rest"
         );
     }
-    // Always: an instance without keys must still know a sealed record when it meets one
-    // (and refuse it), never replay its envelope as if it were the answer.
-    store = Arc::new(Enveloped::new(store, settings.envelope.clone()));
+    store = sealed(settings, store);
     let timeout = settings.config.store_timeout;
     // With replica acknowledgement on, the secret's write may wait for the replicas a few
     // times (`SECRET_ACK_TRIES`), each up to `replica_ack_timeout`.
@@ -126,16 +126,13 @@ async fn open_backend(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
         store.spawn_sweeper(Duration::from_secs(10));
         return Ok(Arc::new(store));
     };
-    let at = |source| Error::RedisUnreachable {
-        addr: setup.addresses(),
-        source,
-    };
-    let store = RedisStore::open(setup, c.redis_connect_timeout, c.store_timeout)
-        .await
-        .map_err(at)?;
+    let store = connect_redis(settings, setup).await?;
     let info = crate::store::deadline(c.store_timeout, store.server_info())
         .await
-        .map_err(at)?;
+        .map_err(|source| Error::RedisUnreachable {
+            addr: setup.addresses(),
+            source,
+        })?;
     if info.maxmemory_policy != "noeviction" {
         return Err(Error::EvictingRedis(info.maxmemory_policy));
     }
@@ -146,6 +143,24 @@ async fn open_backend(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
     }
     tracing::info!(redis_version = %info.version, "connected to Redis");
     Ok(Arc::new(store))
+}
+
+/// A connection to the configured Redis, its scripts loaded; no start-up checks.
+async fn connect_redis(settings: &Settings, setup: &RedisSetup) -> Result<RedisStore, Error> {
+    let c = &settings.config;
+    RedisStore::open(setup, c.redis_connect_timeout, c.store_timeout)
+        .await
+        .map_err(|source| Error::RedisUnreachable {
+            addr: setup.addresses(),
+            source,
+        })
+}
+
+/// `store` behind the envelope. Always, keys or not: an instance without keys must still
+/// know a sealed record when it meets one (and refuse it), never replay its envelope as if
+/// it were the answer.
+fn sealed(settings: &Settings, store: Arc<dyn Store>) -> Arc<dyn Store> {
+    Arc::new(Enveloped::new(store, settings.envelope.clone()))
 }
 
 /// A running idemgate, started in-process (tests, the lab).
@@ -317,16 +332,17 @@ impl Worker {
                     }
                 };
                 runtime.block_on(async move {
-                    let store = if settings.redis.is_some() {
-                        match open_store(&settings).await {
-                            Ok((store, _)) => store,
+                    // Its own Redis connection; the first thread's start-up checks and
+                    // scope secret hold for it.
+                    let store = match &settings.redis {
+                        Some(setup) => match connect_redis(&settings, setup).await {
+                            Ok(store) => sealed(&settings, Arc::new(store)),
                             Err(e) => {
                                 let _ = ready_tx.send(Err(e));
                                 return;
                             }
-                        }
-                    } else {
-                        shared
+                        },
+                        None => shared,
                     };
                     let _ = ready_tx.send(Ok(()));
                     // The first thread gave up (start-up failed elsewhere): nothing to serve.

@@ -51,10 +51,6 @@ use crate::scope::ScopeSecret;
 // claim and the record call no more commands, take no more keys and fetch no more fields
 // than their common paths need, and write times with `string.format('%d', ...)`: the same
 // digits as before, so every version reads every other version's records.
-/// How many times start-up waits for the replicas to acknowledge the scope secret (each
-/// wait `replica_ack_timeout`) before it gives up.
-pub const SECRET_ACK_TRIES: u32 = 5;
-
 const NOW_MS: &str = "local function now_ms() local t = redis.call('TIME') return t[1] * 1000 + math.floor(t[2] / 1000) end\n";
 const NOW: &str = "local now = now_ms()\n";
 
@@ -206,6 +202,10 @@ return {r[1], r[2], r[3], r[4] or '', r[5], r[6] or '', tostring(now), tostring(
 /// It must outlive every record (it does: it has no TTL, and idemgate refuses a Redis that
 /// evicts); losing it orphans every record, exactly like losing the records themselves.
 pub const SECRET_KEY: &str = "idemgate:scope-secret";
+
+/// How many times start-up waits for the replicas to acknowledge the scope secret (each
+/// wait `replica_ack_timeout`) before it gives up.
+pub const SECRET_ACK_TRIES: u32 = 5;
 
 /// The Redis store.
 #[derive(Clone)]
