@@ -136,6 +136,10 @@ pub struct Config {
     /// How long `WAIT` may take (shorter than `store_timeout`).
     #[serde(default = "default_replica_ack_timeout", with = "humantime_serde")]
     pub replica_ack_timeout: Duration,
+    /// With `min_replicas_ack`: how many claims and records (each with its `WAIT`) may be
+    /// on their way at once, per serving thread, each on a connection of its own.
+    #[serde(default = "default_replica_ack_connections")]
+    pub replica_ack_connections: usize,
     /// Whose records these are, when several services share one store: records of
     /// different namespaces never meet. Required with a shared store (Redis).
     pub namespace: Option<String>,
@@ -363,6 +367,7 @@ impl Default for Config {
             redis_password: None,
             min_replicas_ack: 0,
             replica_ack_timeout: default_replica_ack_timeout(),
+            replica_ack_connections: default_replica_ack_connections(),
             namespace: None,
             jwt_hs256_secret: None,
             jwks_file: None,
@@ -394,6 +399,10 @@ impl Default for Config {
 
 fn default_replica_ack_timeout() -> Duration {
     Duration::from_millis(200)
+}
+
+fn default_replica_ack_connections() -> usize {
+    16
 }
 
 impl Default for Defaults {

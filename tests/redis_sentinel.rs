@@ -128,6 +128,88 @@ async fn an_unacknowledged_claim_is_not_forwarded() {
     app.shutdown().await;
 }
 
+/// While a replica is missing under `min_replicas_ack`, Redis holds a connection for as
+/// long as its `WAIT` waits. Eight clients sending new keys together each get their 503
+/// after about `replica_ack_timeout` (each claim waits on a connection of its own), not
+/// after `store_timeout` in a queue of other claims' `WAIT`s; and replays, which do not
+/// wait for replicas, are answered meanwhile. With every claim and its `WAIT` on the one
+/// shared connection, the claims queue behind each other's `WAIT`s (200 ms each) and the
+/// replays behind them: both run into `store_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_waiting_for_a_missing_replica_hold_up_nothing_else() {
+    let primary = RedisServer::start();
+    let of = format!("127.0.0.1 {}", primary.port);
+    let replica = Node::start(&["--replicaof", &of, "--save", "", "--appendonly", "no"]);
+    eventually_online(&primary).await;
+    let up = Upstream::start().await;
+    let mut cfg = redis_base(&up);
+    cfg.redis_url = Some(primary.url());
+    cfg.min_replicas_ack = 1;
+    cfg.replica_ack_timeout = Duration::from_millis(200);
+    cfg.store_timeout = Duration::from_millis(1000);
+    let app = std::sync::Arc::new(spawn_app(cfg).await);
+    let client = client();
+    let done = post(&client, &app, "/pay", Some("done"), "{}", &[]).await;
+    assert_eq!(done.status, 201, "{:?}", done.body);
+
+    let pid = replica_pid(&replica);
+    signal(pid, "STOP");
+    let mut senders = Vec::new();
+    for c in 0..8 {
+        let app = app.clone();
+        senders.push(tokio::spawn(async move {
+            let client = common::client();
+            let mut answers = Vec::new();
+            for i in 0..4 {
+                let started = std::time::Instant::now();
+                let a = post(&client, &app, "/pay", Some(&format!("n{c}-{i}")), "{}", &[]).await;
+                answers.push((a.status, started.elapsed()));
+            }
+            answers
+        }));
+    }
+    let mut replays = Vec::new();
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let a = post(&client, &app, "/pay", Some("done"), "{}", &[]).await;
+        replays.push((a.status, a.replayed()));
+    }
+    let mut answers = Vec::new();
+    for s in senders {
+        answers.extend(s.await.unwrap());
+    }
+    signal(pid, "CONT");
+    assert!(
+        replays.iter().all(|r| *r == (201, true)),
+        "replays held up: {replays:?}"
+    );
+    assert!(
+        answers
+            .iter()
+            .all(|(s, t)| *s == 503 && *t < Duration::from_millis(800)),
+        "{answers:?}"
+    );
+    assert_eq!(up.hits(), 1, "forwarded without acknowledgement");
+    // Once the replica answers again, new keys execute.
+    let mut executed = false;
+    for _ in 0..50 {
+        if post(&client, &app, "/pay", Some("after"), "{}", &[])
+            .await
+            .status
+            == 201
+        {
+            executed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(executed, "no new key executed after the replica came back");
+    match std::sync::Arc::try_unwrap(app) {
+        Ok(app) => app.shutdown().await,
+        Err(_) => panic!("the app is still shared"),
+    }
+}
+
 /// `min_replicas_ack` at start-up: a replica that does not acknowledge the scope secret in
 /// time (frozen here, as one that has only just finished its first sync can be) gets more
 /// tries before start-up fails, so idemgate starts once it answers; one that never answers

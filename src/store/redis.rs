@@ -4,11 +4,13 @@
 //! trip, atomic, and safe to run twice. Times come from Redis's own clock (`TIME`), so
 //! several idemgate instances agree on leases whatever their clocks say.
 //!
-//! All calls go through one shared multiplexed connection ([`Link`]: one server, the
-//! primary that Sentinel names, or a Cluster), with explicit connect timeouts; callers add
-//! an outer deadline. With `min_replicas_ack` each claim and record is followed by `WAIT`
-//! in the same round trip (a pipeline, routed to the record's primary in a cluster), and
-//! counts as written only when enough replicas acknowledged it.
+//! Calls go through one shared multiplexed connection ([`Link`]: one server, the primary
+//! that Sentinel names, or a Cluster), with explicit connect timeouts; callers add an outer
+//! deadline. With `min_replicas_ack` each claim and record is followed by `WAIT` in the
+//! same round trip (a pipeline, routed to the record's primary in a cluster), and counts as
+//! written only when enough replicas acknowledged it; those two go over connections of
+//! their own, one write each at a time ([`AckLinks`]), since a `WAIT` holds up every later
+//! call on its connection.
 
 use std::time::Duration;
 
@@ -214,6 +216,84 @@ pub struct RedisStore {
     scripts: std::sync::Arc<Scripts>,
     /// `WAIT` after claims and records, when configured.
     replica_ack: Option<ReplicaAck>,
+    /// With `replica_ack`: the connections that carry claims and records with their `WAIT`.
+    acked: Option<std::sync::Arc<AckLinks>>,
+}
+
+/// Connections of their own for the writes that wait for replicas, each carrying one such
+/// write (and its `WAIT`) at a time.
+///
+/// Redis serves a connection's calls in order and holds all of them while that
+/// connection's `WAIT` waits. On the shared connection, a claim waiting out
+/// `replica_ack_timeout` for a missing replica held up every call queued behind it
+/// (replays, releases, a cluster's slot-map reload) and let through at most one claim per
+/// `replica_ack_timeout`; claims arriving faster piled up on the wire beyond
+/// `store_timeout`, still waiting there after the replica came back. Here a write waits
+/// for a free connection in idemgate, where its caller's deadline can still withdraw it
+/// unsent, and nothing else ever waits behind a `WAIT`.
+///
+/// Connections are opened as needed, up to `replica_ack_connections`. One is closed, not
+/// reused, when its caller gave up while a write was on it: a late answer must not reach
+/// the next write.
+struct AckLinks {
+    setup: RedisSetup,
+    connect_timeout: Duration,
+    idle: std::sync::Mutex<Vec<Link>>,
+    free: tokio::sync::Semaphore,
+}
+
+/// One of [`AckLinks`], held for one write.
+struct AckLink<'a> {
+    links: &'a AckLinks,
+    link: Link,
+    /// Set once the write's answer has been read: the connection carries nothing then.
+    done: bool,
+    _free: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl AckLinks {
+    fn new(setup: &RedisSetup, ack: ReplicaAck, connect_timeout: Duration) -> AckLinks {
+        AckLinks {
+            setup: setup.clone(),
+            connect_timeout,
+            idle: std::sync::Mutex::new(Vec::new()),
+            free: tokio::sync::Semaphore::new(ack.connections),
+        }
+    }
+
+    /// A connection for one write: an idle one, or a new one once one is free.
+    async fn take(&self) -> Result<AckLink<'_>, StoreError> {
+        let free = self
+            .free
+            .acquire()
+            .await
+            .map_err(|_| StoreError::Backend("the store is closing".into()))?;
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let link = match idle {
+            Some(link) => link,
+            None => Link::open(&self.setup, self.connect_timeout)
+                .await
+                .map_err(|e| StoreError::Backend(describe_failure(&self.setup, &e)))?,
+        };
+        Ok(AckLink {
+            links: self,
+            link,
+            done: false,
+            _free: free,
+        })
+    }
+}
+
+impl Drop for AckLink<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            self.links
+                .idle
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(self.link.clone());
+        }
+    }
 }
 
 struct Scripts {
@@ -311,6 +391,9 @@ impl RedisStore {
             conn,
             scripts: std::sync::Arc::new(scripts),
             replica_ack: setup.replica_ack,
+            acked: setup
+                .replica_ack
+                .map(|ack| std::sync::Arc::new(AckLinks::new(setup, ack, connect_timeout))),
         };
         // Loading now keeps the first requests at one round trip (EVALSHA hits). After a
         // Redis restart the scripts are gone; redis-rs then falls back to EVAL once.
@@ -385,8 +468,25 @@ impl RedisStore {
         cmd: Cmd,
         wait: bool,
     ) -> Result<(Value, Option<i64>), StoreError> {
-        let mut c = self.conn.clone();
-        let pipe = self.replica_ack.filter(|_| wait).map(|ack| {
+        match (self.replica_ack.filter(|_| wait), &self.acked) {
+            (Some(ack), Some(links)) => {
+                let mut held = links.take().await?;
+                let out = Self::run(script, cmd, Some(ack), &mut held.link).await;
+                held.done = true;
+                out
+            }
+            _ => Self::run(script, cmd, None, &mut self.conn.clone()).await,
+        }
+    }
+
+    /// [`eval`](Self::eval) on the connection `c`, with `WAIT` when `ack` is given.
+    async fn run(
+        script: &Script,
+        cmd: Cmd,
+        ack: Option<ReplicaAck>,
+        c: &mut Link,
+    ) -> Result<(Value, Option<i64>), StoreError> {
+        let pipe = ack.map(|ack| {
             let mut pipe = redis::pipe();
             // Errors come back as values, so that a missing script is told from the rest.
             pipe.ignore_errors()
@@ -399,9 +499,9 @@ impl RedisStore {
         let mut loaded = false;
         loop {
             let result = match &pipe {
-                None => cmd.query_async::<Value>(&mut c).await.map(|v| (v, None)),
+                None => cmd.query_async::<Value>(&mut *c).await.map(|v| (v, None)),
                 Some(pipe) => {
-                    pipe.query_async::<Vec<Value>>(&mut c)
+                    pipe.query_async::<Vec<Value>>(&mut *c)
                         .await
                         .and_then(|mut replies| {
                             let acked = match replies.pop() {
@@ -425,7 +525,7 @@ impl RedisStore {
                     loaded = true;
                     script
                         .prepare_invoke()
-                        .load_async(&mut c)
+                        .load_async(&mut *c)
                         .await
                         .map_err(backend)?;
                 }

@@ -57,6 +57,9 @@ pub struct ReplicaAck {
     pub replicas: u32,
     /// How long `WAIT` may wait for them.
     pub timeout: Duration,
+    /// How many writes with their `WAIT` may be on their way at once, each on a connection
+    /// of its own (Redis holds a connection's later calls while its `WAIT` waits).
+    pub connections: usize,
 }
 
 /// The validated Redis part of the configuration.
@@ -304,9 +307,16 @@ fn replica_ack(c: &Config) -> Result<Option<ReplicaAck>, ConfigError> {
             ),
         ));
     }
+    if !(1..=1024).contains(&c.replica_ack_connections) {
+        return Err(invalid(
+            "replica_ack_connections",
+            "must be between 1 and 1024",
+        ));
+    }
     Ok(Some(ReplicaAck {
         replicas: c.min_replicas_ack,
         timeout: t,
+        connections: c.replica_ack_connections,
     }))
 }
 
@@ -410,6 +420,14 @@ mod tests {
                 "replica_ack_timeout",
             ),
             (with(|c| c.min_replicas_ack = 1), "min_replicas_ack"),
+            (
+                with(|c| {
+                    c.redis_url = Some("redis://a:1".into());
+                    c.min_replicas_ack = 1;
+                    c.replica_ack_connections = 0;
+                }),
+                "replica_ack_connections",
+            ),
             (
                 with(|c| c.redis_password = Some("p".into())),
                 "redis_password",
