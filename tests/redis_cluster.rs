@@ -1,6 +1,6 @@
 //! idemgate on a Redis Cluster of three primaries and three replicas: records spread over
-//! every primary, a slot migration (ASK, then MOVED) and a primary killed mid-traffic are
-//! survived, and no key executes twice.
+//! every primary, a slot migration (ASK, then MOVED), a primary killed mid-traffic and a
+//! primary frozen are survived, and no key executes twice.
 
 #![allow(clippy::unwrap_used)]
 
@@ -230,6 +230,83 @@ async fn a_primary_killed_mid_traffic() {
         Ok(app) => app.shutdown().await,
         Err(_) => panic!("clients still hold the app"),
     }
+}
+
+/// A primary that stops answering without closing its connections (SIGSTOP: the kernel
+/// still accepts and acknowledges for it, as for a host cut off by a silent network
+/// fault). Its replica takes over, and new keys of every slot, the frozen shard's
+/// included, execute again while the frozen node still answers nothing: idemgate must not
+/// wait on it for ever, nor let a slot-map reload that asked it hold up the other shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_primary_is_left_behind() {
+    let cluster = Cluster::start();
+    let up = Upstream::start().await;
+    let mut cfg = cluster_config(&up, &cluster);
+    cfg.store_timeout = Duration::from_millis(1000);
+    let app = spawn_app(cfg).await;
+    let client = client();
+    for i in 0..30 {
+        let a = post(&client, &app, "/pay", Some(&format!("k-{i}")), "{}", &[]).await;
+        assert_eq!(a.status, 201, "{:?}", a.body);
+    }
+    let victim = cluster.primaries()[0];
+    let id = cluster.nodes[victim]
+        .cli(&["CLUSTER", "MYID"])
+        .unwrap()
+        .trim()
+        .to_string();
+    let other = (0..cluster.nodes.len()).find(|i| *i != victim).unwrap();
+    let nodes = cluster.nodes[other].cli(&["CLUSTER", "NODES"]).unwrap();
+    let replica_port: u16 = nodes
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.get(3) == Some(&id.as_str()))
+        .and_then(|f| f[1].split(['@', ':']).nth(1)?.parse().ok())
+        .expect("the victim's replica");
+    let replica = cluster
+        .nodes
+        .iter()
+        .position(|n| n.port == replica_port)
+        .unwrap();
+    let pid = cluster.nodes[victim]
+        .info_field("server", "process_id")
+        .unwrap();
+    signal(pid.parse().unwrap(), "STOP");
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while cluster.nodes[replica]
+        .info_field("replication", "role")
+        .as_deref()
+        != Some("master")
+    {
+        assert!(std::time::Instant::now() < until, "no replica took over");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let started = std::time::Instant::now();
+    let mut retries = 0;
+    for i in 0..30 {
+        let key = format!("f-{i}");
+        loop {
+            let a = post(&client, &app, "/pay", Some(&key), "{}", &[]).await;
+            if a.status == 201 {
+                break;
+            }
+            assert_eq!(a.status, 503, "{key}: {:?}", a.body);
+            retries += 1;
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{key} still refused {:?} after the failover",
+                started.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    eprintln!(
+        "30 new keys after the failover in {:?}, {retries} retries",
+        started.elapsed()
+    );
+    assert_eq!(up.hits(), 60);
+    signal(pid.parse().unwrap(), "CONT");
+    app.shutdown().await;
 }
 
 /// The per-primary share of records and the primaries' time in idemgate's scripts, over

@@ -238,6 +238,7 @@ pub struct RedisStore {
 struct AckLinks {
     setup: RedisSetup,
     connect_timeout: Duration,
+    response_timeout: Duration,
     idle: std::sync::Mutex<Vec<Link>>,
     free: tokio::sync::Semaphore,
 }
@@ -252,10 +253,16 @@ struct AckLink<'a> {
 }
 
 impl AckLinks {
-    fn new(setup: &RedisSetup, ack: ReplicaAck, connect_timeout: Duration) -> AckLinks {
+    fn new(
+        setup: &RedisSetup,
+        ack: ReplicaAck,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> AckLinks {
         AckLinks {
             setup: setup.clone(),
             connect_timeout,
+            response_timeout,
             idle: std::sync::Mutex::new(Vec::new()),
             free: tokio::sync::Semaphore::new(ack.connections),
         }
@@ -271,7 +278,7 @@ impl AckLinks {
         let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let link = match idle {
             Some(link) => link,
-            None => Link::open(&self.setup, self.connect_timeout)
+            None => Link::open(&self.setup, self.connect_timeout, self.response_timeout)
                 .await
                 .map_err(|e| StoreError::Backend(describe_failure(&self.setup, &e)))?,
         };
@@ -361,7 +368,7 @@ impl RedisStore {
         };
         let conn = match tokio::time::timeout(
             budget + response_timeout,
-            Link::open(setup, connect_timeout),
+            Link::open(setup, connect_timeout, response_timeout),
         )
         .await
         {
@@ -391,9 +398,9 @@ impl RedisStore {
             conn,
             scripts: std::sync::Arc::new(scripts),
             replica_ack: setup.replica_ack,
-            acked: setup
-                .replica_ack
-                .map(|ack| std::sync::Arc::new(AckLinks::new(setup, ack, connect_timeout))),
+            acked: setup.replica_ack.map(|ack| {
+                std::sync::Arc::new(AckLinks::new(setup, ack, connect_timeout, response_timeout))
+            }),
         };
         // Loading now keeps the first requests at one round trip (EVALSHA hits). After a
         // Redis restart the scripts are gone; redis-rs then falls back to EVAL once.

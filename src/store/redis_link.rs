@@ -6,7 +6,10 @@
 //!   breaks, is cancelled, or finds a replica (`READONLY`), so that the next call asks the
 //!   sentinels again and follows a promoted replica without a restart;
 //! - Cluster: redis-rs's async cluster connection, which routes each script by its key's
-//!   slot, follows MOVED and ASK, and reloads the slot map after a failover.
+//!   slot, follows MOVED and ASK, and reloads the slot map after a failover; given up when a
+//!   call on it timed out or was dropped unfinished, so that the next call connects anew
+//!   (seeded with every node the last slot map named) and learns the current map even when
+//!   a node went silent without closing its connections.
 //!
 //! TLS and the ACL user apply to every node, sentinels included.
 
@@ -35,12 +38,18 @@ pub enum Link {
     /// The primary named by sentinels.
     Sentinel(SentinelLink),
     /// A cluster.
-    Cluster(ClusterConnection),
+    Cluster(ClusterLink),
 }
 
 impl Link {
     /// Connects, one attempt bounded by `connect_timeout` per node. Errors are redis-rs's.
-    pub async fn open(setup: &RedisSetup, connect_timeout: Duration) -> RedisResult<Link> {
+    /// `response_timeout` bounds each call to a cluster node (see [`ClusterLink`]); the
+    /// other topologies leave calls to their callers' deadlines.
+    pub async fn open(
+        setup: &RedisSetup,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> RedisResult<Link> {
         install_crypto();
         let certs = setup.tls.as_ref().map(certificates);
         match &setup.topology {
@@ -119,34 +128,23 @@ impl Link {
                 Ok(Link::Sentinel(link))
             }
             Topology::Cluster { nodes } => {
-                let infos = nodes
-                    .iter()
-                    .map(|(h, p)| node_addr(h, *p, setup.tls.as_ref())?.into_connection_info())
-                    .collect::<RedisResult<Vec<_>>>()?;
-                let mut b = ClusterClientBuilder::new(infos)
-                    .connection_timeout(connect_timeout)
-                    // Per-call deadlines are the store's; a second timer per call inside
-                    // redis-rs would only cost (see the single-server case).
-                    .overall_response_timeout(None)
-                    // Retries follow MOVED/ASK and wait out a failover while the caller's
-                    // deadline lasts; a claim or record run twice is harmless.
-                    .retries(6)
-                    .min_retry_wait(10)
-                    .max_retry_wait(200);
-                if let Some(tls) = &setup.tls {
-                    b = b.tls(tls_mode(tls));
-                }
-                if let Some(certs) = certs {
-                    b = b.certs(certs);
-                }
-                if let Some(user) = &setup.username {
-                    b = b.username(user);
-                }
-                if let Some(password) = &setup.password {
-                    b = b.password(password.expose());
-                }
-                let client = b.build()?;
-                Ok(Link::Cluster(client.get_async_connection().await?))
+                let link = ClusterLink {
+                    inner: Arc::new(ClusterInner {
+                        setup: setup.clone(),
+                        certs,
+                        configured: nodes.clone(),
+                        seeds: Mutex::new(nodes.clone()),
+                        pending: Mutex::new(None),
+                        current: Mutex::new(None),
+                        generation: AtomicU64::new(0),
+                        connect_timeout,
+                        response_timeout,
+                    }),
+                };
+                // The first connection is made now, so that a wrong address or certificate
+                // stops start-up.
+                link.connection().await?;
+                Ok(Link::Cluster(link))
             }
         }
     }
@@ -317,6 +315,273 @@ impl SentinelLink {
             }
         };
         result
+    }
+}
+
+/// A cluster through redis-rs's cluster connection, given up when a call on it timed out
+/// or was dropped unfinished (its caller's deadline passed).
+///
+/// redis-rs reloads its slot map on the errors it sees: MOVED, a closed connection. A node
+/// that stops answering without closing anything (a frozen process, a host cut off by a
+/// silent network fault) shows it none: every call for its slots waits on it until the
+/// caller gives up, and goes on doing so after its replica has taken over. So the next call
+/// after such a one connects anew, seeded with the configured nodes and every node that
+/// the last slot map named, and gets the current map from the nodes that answer. Each call
+/// to a node is bounded by `response_timeout` (`store_timeout`), so that connecting anew,
+/// and redis-rs's own slot-map reloads, cannot wait on a silent node for ever either.
+#[derive(Clone)]
+pub struct ClusterLink {
+    inner: Arc<ClusterInner>,
+}
+
+struct ClusterInner {
+    setup: RedisSetup,
+    certs: Option<TlsCertificates>,
+    /// `redis_cluster_nodes`.
+    configured: Vec<(String, u16)>,
+    /// Where the next connection starts: `configured` and the nodes of the last slot map.
+    seeds: Mutex<Vec<(String, u16)>>,
+    /// The connection attempt under way, if any: it reports its outcome here.
+    #[allow(clippy::type_complexity)]
+    pending: Mutex<Option<tokio::sync::watch::Receiver<Option<RedisResult<()>>>>>,
+    /// The connection and its generation, `None` once given up.
+    current: Mutex<Option<(u64, ClusterConnection)>>,
+    generation: AtomicU64,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+}
+
+impl ClusterLink {
+    /// The current connection, or a new one. Connecting runs in a task of its own, which
+    /// every caller waiting for it shares: a caller whose deadline passes leaves it to
+    /// finish for the next (connecting can take longer than one call's deadline when a
+    /// seed is silent: it is waited for up to `response_timeout`).
+    async fn connection(&self) -> RedisResult<(u64, ClusterConnection)> {
+        loop {
+            if let Some(c) = self.current() {
+                return Ok(c);
+            }
+            let mut done = {
+                let Ok(mut pending) = self.inner.pending.lock() else {
+                    return Err(RedisError::from((
+                        redis::ErrorKind::Io,
+                        "cluster connection state poisoned",
+                    )));
+                };
+                match &*pending {
+                    Some(rx) => rx.clone(),
+                    None => {
+                        let (tx, rx) = tokio::sync::watch::channel(None);
+                        *pending = Some(rx.clone());
+                        let inner = self.inner.clone();
+                        tokio::spawn(async move {
+                            let result = inner.connect().await;
+                            if let Ok(mut pending) = inner.pending.lock() {
+                                *pending = None;
+                            }
+                            let _ = tx.send(Some(result));
+                        });
+                        rx
+                    }
+                }
+            };
+            let outcome = match done.wait_for(Option::is_some).await {
+                Ok(v) => v.clone(),
+                Err(_) => None,
+            };
+            match outcome {
+                // Connected: `current` holds it (unless already given up: try again).
+                Some(Ok(())) => {}
+                Some(Err(e)) => return Err(e),
+                None => {
+                    return Err(RedisError::from((
+                        redis::ErrorKind::Io,
+                        "cluster connection attempt abandoned",
+                    )))
+                }
+            }
+        }
+    }
+
+    fn current(&self) -> Option<(u64, ClusterConnection)> {
+        self.inner.current.lock().ok().and_then(|c| c.clone())
+    }
+
+    /// Gives up the connection of `generation` (not a newer one made meanwhile).
+    fn forget(&self, generation: u64) {
+        if let Ok(mut current) = self.inner.current.lock() {
+            if current.as_ref().is_some_and(|(g, _)| *g == generation) {
+                *current = None;
+            }
+        }
+    }
+
+    async fn call<T, F, Fut>(&self, run: F) -> RedisResult<T>
+    where
+        F: FnOnce(ClusterConnection) -> Fut,
+        Fut: std::future::Future<Output = RedisResult<T>>,
+    {
+        let (generation, conn) = self.connection().await?;
+        let mut guard = ForgetCluster {
+            link: self,
+            generation,
+            armed: true,
+        };
+        let result = run(conn).await;
+        // redis-rs follows every other error itself (MOVED, ASK, closed connections).
+        guard.armed = matches!(&result, Err(e) if e.is_timeout());
+        result
+    }
+}
+
+impl ClusterInner {
+    /// Connects from the seeds, reads the slot map's nodes for the next time, and makes
+    /// the connection current.
+    async fn connect(&self) -> RedisResult<()> {
+        let inner = self;
+        let seeds = inner
+            .seeds
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_else(|_| inner.configured.clone());
+        let client = self.client(&seeds)?;
+        // The seeds (each bounded by the connect and response timeouts), then the slot map.
+        let budget = inner.connect_timeout * 3 + inner.response_timeout * 2;
+        let mut conn = tokio::time::timeout(budget, client.get_async_connection())
+            .await
+            .map_err(|_| {
+                RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no cluster connection in time",
+                ))
+            })??;
+        // The nodes of this map seed the next connection, should this one be given up;
+        // without them, a cluster configured with one seed could not be reached while
+        // that node is silent.
+        let slots = tokio::time::timeout(
+            inner.response_timeout,
+            redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async::<Value>(&mut conn),
+        )
+        .await;
+        if let Ok(Ok(map)) = slots {
+            let mut next = inner.configured.clone();
+            for node in slot_map_nodes(&map) {
+                if !next.contains(&node) {
+                    next.push(node);
+                }
+            }
+            if let Ok(mut seeds) = inner.seeds.lock() {
+                *seeds = next;
+            }
+        }
+        let generation = inner.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        if let Ok(mut current) = inner.current.lock() {
+            *current = Some((generation, conn));
+        }
+        Ok(())
+    }
+
+    fn client(&self, seeds: &[(String, u16)]) -> RedisResult<redis::cluster::ClusterClient> {
+        let inner = self;
+        let setup = &inner.setup;
+        let infos = seeds
+            .iter()
+            .map(|(h, p)| node_addr(h, *p, setup.tls.as_ref())?.into_connection_info())
+            .collect::<RedisResult<Vec<_>>>()?;
+        let mut b = ClusterClientBuilder::new(infos)
+            .connection_timeout(inner.connect_timeout)
+            .response_timeout(inner.response_timeout)
+            // Per-call deadlines are the store's; the response timeout above bounds each
+            // node's answer, retries included.
+            .overall_response_timeout(None)
+            // Retries follow MOVED/ASK and wait out a failover while the caller's
+            // deadline lasts; a claim or record run twice is harmless.
+            .retries(6)
+            .min_retry_wait(10)
+            .max_retry_wait(200);
+        if let Some(tls) = &setup.tls {
+            b = b.tls(tls_mode(tls));
+        }
+        if let Some(certs) = &inner.certs {
+            b = b.certs(certs.clone());
+        }
+        if let Some(user) = &setup.username {
+            b = b.username(user);
+        }
+        if let Some(password) = &setup.password {
+            b = b.password(password.expose());
+        }
+        b.build()
+    }
+}
+
+/// `host:port` of every node in a `CLUSTER SLOTS` reply (an empty host is left out: it
+/// means "the node that answered", which is among the seeds already).
+fn slot_map_nodes(map: &Value) -> Vec<(String, u16)> {
+    let mut nodes = Vec::new();
+    let Value::Array(ranges) = map else {
+        return nodes;
+    };
+    for range in ranges {
+        let Value::Array(items) = range else {
+            continue;
+        };
+        for node in items.iter().skip(2) {
+            let Value::Array(f) = node else {
+                continue;
+            };
+            let host = match f.first() {
+                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                Some(Value::SimpleString(s)) => s.clone(),
+                _ => continue,
+            };
+            let Some(Value::Int(port)) = f.get(1) else {
+                continue;
+            };
+            if let (false, Ok(port)) = (host.is_empty(), u16::try_from(*port)) {
+                if !nodes.contains(&(host.clone(), port)) {
+                    nodes.push((host, port));
+                }
+            }
+        }
+    }
+    nodes
+}
+
+struct ForgetCluster<'a> {
+    link: &'a ClusterLink,
+    generation: u64,
+    armed: bool,
+}
+
+impl Drop for ForgetCluster<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.link.forget(self.generation);
+        }
+    }
+}
+
+impl ConnectionLike for ClusterLink {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(self.call(move |mut c| async move { c.req_packed_command(cmd).await }))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(
+            self.call(move |mut c| async move { c.req_packed_commands(cmd, offset, count).await }),
+        )
+    }
+
+    fn get_db(&self) -> i64 {
+        0
     }
 }
 
