@@ -319,7 +319,7 @@ impl SentinelLink {
 }
 
 /// A cluster through redis-rs's cluster connection, given up when a call on it timed out
-/// or was dropped unfinished (its caller's deadline passed).
+/// or was dropped unfinished after a long wait (its caller's deadline passed).
 ///
 /// redis-rs reloads its slot map on the errors it sees: MOVED, a closed connection. A node
 /// that stops answering without closing anything (a frozen process, a host cut off by a
@@ -426,10 +426,14 @@ impl ClusterLink {
             link: self,
             generation,
             armed: true,
+            started: std::time::Instant::now(),
         };
         let result = run(conn).await;
         // redis-rs follows every other error itself (MOVED, ASK, closed connections).
-        guard.armed = matches!(&result, Err(e) if e.is_timeout());
+        guard.armed = false;
+        if matches!(&result, Err(e) if e.is_timeout()) {
+            self.forget(generation);
+        }
         result
     }
 }
@@ -550,15 +554,20 @@ fn slot_map_nodes(map: &Value) -> Vec<(String, u16)> {
     nodes
 }
 
+/// Gives the connection up when its call is dropped unfinished after waiting at least half
+/// of `response_timeout`: that is a deadline passing on a node that did not answer. A call
+/// dropped sooner (its client went away) says nothing about the nodes; giving the whole
+/// connection up for each of those would reconnect to every node again and again.
 struct ForgetCluster<'a> {
     link: &'a ClusterLink,
     generation: u64,
     armed: bool,
+    started: std::time::Instant,
 }
 
 impl Drop for ForgetCluster<'_> {
     fn drop(&mut self) {
-        if self.armed {
+        if self.armed && self.started.elapsed() >= self.link.inner.response_timeout / 2 {
             self.link.forget(self.generation);
         }
     }

@@ -420,7 +420,9 @@ impl Cluster {
             "--cluster-replica-validity-factor",
             "0",
         ];
-        let nodes: Vec<Node> = (0..6).map(|_| Node::start(&args)).collect();
+        let nodes: Vec<Node> = (0..6)
+            .map(|_| Node::start_on(free_cluster_port(), &args, Vec::new(), None))
+            .collect();
         let mut create = Command::new("redis-cli");
         create.args(["--cluster", "create"]);
         for n in &nodes {
@@ -495,6 +497,18 @@ impl Cluster {
                 (i, n - u64::from(secret))
             })
             .collect()
+    }
+}
+
+/// A free port for a cluster node: its bus port (10,000 higher) must be free too, and so
+/// exist: a node on a port above 55535 exits at once ("Redis port number too high"), and a
+/// fifth of the ports the kernel hands out are.
+fn free_cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port <= 55535 && std::net::TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return port;
+        }
     }
 }
 
