@@ -259,3 +259,38 @@ async fn an_operator_cannot_release_a_record_whose_owner_still_waits() {
     other.shutdown().await;
     rig.app.shutdown().await;
 }
+
+// The connection to Redis goes silent without closing (as one that a NAT, or a managed
+// service's failover, left dangling), while a new connection would be answered at once.
+// Before: each call on it waited out `store_timeout` and the connection was kept for as long
+// as TCP kept it (minutes), every new key answered 503 meanwhile. Now a call that waited at
+// least half of `store_timeout` unanswered gives the connection up, and the next one opens a
+// new connection: the retried key executes once, and its replay comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_is_given_up_for_a_new_one() {
+    let rig = rig(Duration::from_secs(5)).await;
+    rig.proxy.delay_requests(Duration::from_secs(120));
+    let started = Instant::now();
+    let a = retry_until_answered(&rig, "k-silent", Duration::from_secs(10)).await;
+    assert_eq!(a.status, 201, "{:?}", a.body);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "answered only after {:?}",
+        started.elapsed()
+    );
+    let again = post(
+        &rig.c,
+        &rig.app,
+        "/v1/transfers",
+        Some("k-silent"),
+        TRANSFER,
+        &[],
+    )
+    .await;
+    assert!(again.replayed(), "{} {:?}", again.status, again.body);
+    assert_eq!(rig.up.hits(), 2, "k-warm and k-silent, once each");
+    assert!(
+        rig.proxy.queued_requests() > 0,
+        "the old connection held a call"
+    );
+}

@@ -1,15 +1,16 @@
 //! The connection behind the Redis store, one per topology, all multiplexed (one socket per
 //! node, shared by every request):
 //!
-//! - one server: redis-rs's [`ConnectionManager`], which reconnects by itself;
+//! - one server: redis-rs's [`ConnectionManager`], which reconnects by itself when the
+//!   connection breaks, made anew when a call on it went unanswered ([`Renewing`]);
 //! - Sentinel: a connection to the primary that the sentinels name, given up as soon as it
 //!   breaks, is cancelled, or finds a replica (`READONLY`), so that the next call asks the
 //!   sentinels again and follows a promoted replica without a restart;
 //! - Cluster: redis-rs's async cluster connection, which routes each script by its key's
-//!   slot, follows MOVED and ASK, and reloads the slot map after a failover; given up when a
-//!   call on it timed out or was dropped unfinished, so that the next call connects anew
-//!   (seeded with every node the last slot map named) and learns the current map even when
-//!   a node went silent without closing its connections.
+//!   slot, follows MOVED and ASK, and reloads the slot map after a failover; made anew
+//!   when a call on it went unanswered ([`Renewing`]), seeded with every node the last slot
+//!   map named, so that it learns the current map even when a node went silent without
+//!   closing its connections.
 //!
 //! TLS and the ACL user apply to every node, sentinels included.
 
@@ -34,17 +35,18 @@ use super::redis_setup::{RedisSetup, Tls, Topology};
 #[derive(Clone)]
 pub enum Link {
     /// One server.
-    Single(ConnectionManager),
+    Single(Renewing<ConnectionManager>),
     /// The primary named by sentinels.
     Sentinel(SentinelLink),
     /// A cluster.
-    Cluster(ClusterLink),
+    Cluster(Renewing<ClusterConnection>),
 }
 
 impl Link {
     /// Connects, one attempt bounded by `connect_timeout` per node. Errors are redis-rs's.
-    /// `response_timeout` bounds each call to a cluster node (see [`ClusterLink`]); the
-    /// other topologies leave calls to their callers' deadlines.
+    /// `response_timeout` (`store_timeout`) bounds each call to a cluster node, and says
+    /// when a call that was dropped unfinished had waited long enough for its server to
+    /// be taken for silent (see [`Renewing`]).
     pub async fn open(
         setup: &RedisSetup,
         connect_timeout: Duration,
@@ -81,9 +83,22 @@ impl Link {
                     // retry ladder.
                     .set_number_of_retries(2)
                     .set_max_delay(Duration::from_secs(1));
-                Ok(Link::Single(
-                    ConnectionManager::new_with_config(client, config).await?,
-                ))
+                let open: Opener<ConnectionManager> = Box::new(move || {
+                    let (client, config) = (client.clone(), config.clone());
+                    Box::pin(async move {
+                        tokio::time::timeout(
+                            connect_timeout * 2,
+                            ConnectionManager::new_with_config(client, config),
+                        )
+                        .await
+                        .map_err(|_| timed_out("no connection in time"))?
+                    })
+                });
+                let link = Renewing::new(open, response_timeout);
+                // The first connection is made now, so that a wrong address, password or
+                // certificate stops start-up.
+                link.connection().await?;
+                Ok(Link::Single(link))
             }
             Topology::Sentinel { sentinels, master } => {
                 let addrs = sentinels
@@ -128,19 +143,19 @@ impl Link {
                 Ok(Link::Sentinel(link))
             }
             Topology::Cluster { nodes } => {
-                let link = ClusterLink {
-                    inner: Arc::new(ClusterInner {
-                        setup: setup.clone(),
-                        certs,
-                        configured: nodes.clone(),
-                        seeds: Mutex::new(nodes.clone()),
-                        pending: Mutex::new(None),
-                        current: Mutex::new(None),
-                        generation: AtomicU64::new(0),
-                        connect_timeout,
-                        response_timeout,
-                    }),
-                };
+                let seeds = Arc::new(ClusterSeeds {
+                    setup: setup.clone(),
+                    certs,
+                    configured: nodes.clone(),
+                    seeds: Mutex::new(nodes.clone()),
+                    connect_timeout,
+                    response_timeout,
+                });
+                let open: Opener<ClusterConnection> = Box::new(move || {
+                    let seeds = seeds.clone();
+                    Box::pin(async move { seeds.connect().await })
+                });
+                let link = Renewing::new(open, response_timeout);
                 // The first connection is made now, so that a wrong address or certificate
                 // stops start-up.
                 link.connection().await?;
@@ -318,45 +333,64 @@ impl SentinelLink {
     }
 }
 
-/// A cluster through redis-rs's cluster connection, given up when a call on it timed out
-/// or was dropped unfinished after a long wait (its caller's deadline passed).
+/// How a [`Renewing`] connection is made.
+type Opener<C> = Box<dyn Fn() -> super::BoxFuture<'static, RedisResult<C>> + Send + Sync>;
+
+/// A multiplexed connection (one server's, or a cluster's) that is given up when a call on
+/// it timed out, or was dropped unfinished after waiting at least half of
+/// `response_timeout` (`store_timeout`): its caller's deadline passed on a server that did
+/// not answer. The next call then makes a new one.
 ///
-/// redis-rs reloads its slot map on the errors it sees: MOVED, a closed connection. A node
-/// that stops answering without closing anything (a frozen process, a host cut off by a
-/// silent network fault) shows it none: every call for its slots waits on it until the
-/// caller gives up, and goes on doing so after its replica has taken over. So the next call
-/// after such a one connects anew, seeded with the configured nodes and every node that
-/// the last slot map named, and gets the current map from the nodes that answer. Each call
-/// to a node is bounded by `response_timeout` (`store_timeout`), so that connecting anew,
-/// and redis-rs's own slot-map reloads, cannot wait on a silent node for ever either.
-#[derive(Clone)]
-pub struct ClusterLink {
-    inner: Arc<ClusterInner>,
+/// redis-rs replaces a connection, or reloads a cluster's slot map, on the errors it sees:
+/// a closed connection, MOVED. A server that stops answering without closing anything (a
+/// frozen process, a host behind a silent network fault, a connection that a NAT or a
+/// managed service's failover left dangling) shows it none, and every call would wait on
+/// it until its caller gave up, for as long as TCP keeps the connection (about 15 minutes),
+/// even when a new connection would be answered at once. A call dropped sooner (its client
+/// went away) says nothing about the server; giving the connection up for each of those
+/// would reconnect again and again.
+///
+/// Connecting runs in a task of its own, which every caller waiting for it shares: a caller
+/// whose deadline passes leaves it to finish for the next.
+pub struct Renewing<C> {
+    inner: Arc<RenewingInner<C>>,
 }
 
-struct ClusterInner {
-    setup: RedisSetup,
-    certs: Option<TlsCertificates>,
-    /// `redis_cluster_nodes`.
-    configured: Vec<(String, u16)>,
-    /// Where the next connection starts: `configured` and the nodes of the last slot map.
-    seeds: Mutex<Vec<(String, u16)>>,
+impl<C> Clone for Renewing<C> {
+    fn clone(&self) -> Self {
+        Renewing {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct RenewingInner<C> {
+    open: Opener<C>,
     /// The connection attempt under way, if any: it reports its outcome here.
     #[allow(clippy::type_complexity)]
     pending: Mutex<Option<tokio::sync::watch::Receiver<Option<RedisResult<()>>>>>,
     /// The connection and its generation, `None` once given up.
-    current: Mutex<Option<(u64, ClusterConnection)>>,
+    current: Mutex<Option<(u64, C)>>,
     generation: AtomicU64,
-    connect_timeout: Duration,
-    response_timeout: Duration,
+    /// A call dropped unfinished after waiting this long gives the connection up.
+    patience: Duration,
 }
 
-impl ClusterLink {
-    /// The current connection, or a new one. Connecting runs in a task of its own, which
-    /// every caller waiting for it shares: a caller whose deadline passes leaves it to
-    /// finish for the next (connecting can take longer than one call's deadline when a
-    /// seed is silent: it is waited for up to `response_timeout`).
-    async fn connection(&self) -> RedisResult<(u64, ClusterConnection)> {
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Renewing<C> {
+    fn new(open: Opener<C>, response_timeout: Duration) -> Renewing<C> {
+        Renewing {
+            inner: Arc::new(RenewingInner {
+                open,
+                pending: Mutex::new(None),
+                current: Mutex::new(None),
+                generation: AtomicU64::new(0),
+                patience: response_timeout / 2,
+            }),
+        }
+    }
+
+    /// The current connection, or a new one.
+    async fn connection(&self) -> RedisResult<(u64, C)> {
         loop {
             if let Some(c) = self.current() {
                 return Ok(c);
@@ -365,7 +399,7 @@ impl ClusterLink {
                 let Ok(mut pending) = self.inner.pending.lock() else {
                     return Err(RedisError::from((
                         redis::ErrorKind::Io,
-                        "cluster connection state poisoned",
+                        "connection state poisoned",
                     )));
                 };
                 match &*pending {
@@ -374,8 +408,15 @@ impl ClusterLink {
                         let (tx, rx) = tokio::sync::watch::channel(None);
                         *pending = Some(rx.clone());
                         let inner = self.inner.clone();
+                        let opening = (inner.open)();
                         tokio::spawn(async move {
-                            let result = inner.connect().await;
+                            let result = opening.await.map(|conn| {
+                                let generation =
+                                    inner.generation.fetch_add(1, Ordering::Relaxed) + 1;
+                                if let Ok(mut current) = inner.current.lock() {
+                                    *current = Some((generation, conn));
+                                }
+                            });
                             if let Ok(mut pending) = inner.pending.lock() {
                                 *pending = None;
                             }
@@ -393,17 +434,12 @@ impl ClusterLink {
                 // Connected: `current` holds it (unless already given up: try again).
                 Some(Ok(())) => {}
                 Some(Err(e)) => return Err(e),
-                None => {
-                    return Err(RedisError::from((
-                        redis::ErrorKind::Io,
-                        "cluster connection attempt abandoned",
-                    )))
-                }
+                None => return Err(timed_out("connection attempt abandoned")),
             }
         }
     }
 
-    fn current(&self) -> Option<(u64, ClusterConnection)> {
+    fn current(&self) -> Option<(u64, C)> {
         self.inner.current.lock().ok().and_then(|c| c.clone())
     }
 
@@ -418,18 +454,19 @@ impl ClusterLink {
 
     async fn call<T, F, Fut>(&self, run: F) -> RedisResult<T>
     where
-        F: FnOnce(ClusterConnection) -> Fut,
+        F: FnOnce(C) -> Fut,
         Fut: std::future::Future<Output = RedisResult<T>>,
     {
         let (generation, conn) = self.connection().await?;
-        let mut guard = ForgetCluster {
-            link: self,
+        let mut guard = GiveUp {
+            forget: |g| self.forget(g),
             generation,
             armed: true,
             started: std::time::Instant::now(),
+            patience: self.inner.patience,
         };
         let result = run(conn).await;
-        // redis-rs follows every other error itself (MOVED, ASK, closed connections).
+        // redis-rs follows every other error itself (closed connections, MOVED, ASK).
         guard.armed = false;
         if matches!(&result, Err(e) if e.is_timeout()) {
             self.forget(generation);
@@ -438,53 +475,102 @@ impl ClusterLink {
     }
 }
 
-impl ClusterInner {
-    /// Connects from the seeds, reads the slot map's nodes for the next time, and makes
-    /// the connection current.
-    async fn connect(&self) -> RedisResult<()> {
-        let inner = self;
-        let seeds = inner
+/// Gives the connection of `generation` up when its call is dropped unfinished after
+/// waiting at least `patience`.
+struct GiveUp<F: Fn(u64)> {
+    forget: F,
+    generation: u64,
+    armed: bool,
+    started: std::time::Instant,
+    patience: Duration,
+}
+
+impl<F: Fn(u64)> Drop for GiveUp<F> {
+    fn drop(&mut self) {
+        if self.armed && self.started.elapsed() >= self.patience {
+            (self.forget)(self.generation);
+        }
+    }
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> ConnectionLike for Renewing<C> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(self.call(move |mut c| async move { c.req_packed_command(cmd).await }))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(
+            self.call(move |mut c| async move { c.req_packed_commands(cmd, offset, count).await }),
+        )
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+fn timed_out(what: &str) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        what.to_string(),
+    ))
+}
+
+/// What a cluster connection starts from. Each call to a node is bounded by
+/// `response_timeout`, so that connecting anew, and redis-rs's own slot-map reloads, cannot
+/// wait on a silent node for ever either.
+struct ClusterSeeds {
+    setup: RedisSetup,
+    certs: Option<TlsCertificates>,
+    /// `redis_cluster_nodes`.
+    configured: Vec<(String, u16)>,
+    /// Where the next connection starts: `configured` and the nodes of the last slot map.
+    seeds: Mutex<Vec<(String, u16)>>,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+}
+
+impl ClusterSeeds {
+    /// Connects from the seeds, and reads the slot map's nodes for the next time.
+    async fn connect(&self) -> RedisResult<ClusterConnection> {
+        let seeds = self
             .seeds
             .lock()
             .map(|s| s.clone())
-            .unwrap_or_else(|_| inner.configured.clone());
+            .unwrap_or_else(|_| self.configured.clone());
         let client = self.client(&seeds)?;
         // The seeds (each bounded by the connect and response timeouts), then the slot map.
-        let budget = inner.connect_timeout * 3 + inner.response_timeout * 2;
+        let budget = self.connect_timeout * 3 + self.response_timeout * 2;
         let mut conn = tokio::time::timeout(budget, client.get_async_connection())
             .await
-            .map_err(|_| {
-                RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "no cluster connection in time",
-                ))
-            })??;
+            .map_err(|_| timed_out("no cluster connection in time"))??;
         // The nodes of this map seed the next connection, should this one be given up;
         // without them, a cluster configured with one seed could not be reached while
         // that node is silent.
         let slots = tokio::time::timeout(
-            inner.response_timeout,
+            self.response_timeout,
             redis::cmd("CLUSTER")
                 .arg("SLOTS")
                 .query_async::<Value>(&mut conn),
         )
         .await;
         if let Ok(Ok(map)) = slots {
-            let mut next = inner.configured.clone();
+            let mut next = self.configured.clone();
             for node in slot_map_nodes(&map) {
                 if !next.contains(&node) {
                     next.push(node);
                 }
             }
-            if let Ok(mut seeds) = inner.seeds.lock() {
+            if let Ok(mut seeds) = self.seeds.lock() {
                 *seeds = next;
             }
         }
-        let generation = inner.generation.fetch_add(1, Ordering::Relaxed) + 1;
-        if let Ok(mut current) = inner.current.lock() {
-            *current = Some((generation, conn));
-        }
-        Ok(())
+        Ok(conn)
     }
 
     fn client(&self, seeds: &[(String, u16)]) -> RedisResult<redis::cluster::ClusterClient> {
@@ -552,46 +638,6 @@ fn slot_map_nodes(map: &Value) -> Vec<(String, u16)> {
         }
     }
     nodes
-}
-
-/// Gives the connection up when its call is dropped unfinished after waiting at least half
-/// of `response_timeout`: that is a deadline passing on a node that did not answer. A call
-/// dropped sooner (its client went away) says nothing about the nodes; giving the whole
-/// connection up for each of those would reconnect to every node again and again.
-struct ForgetCluster<'a> {
-    link: &'a ClusterLink,
-    generation: u64,
-    armed: bool,
-    started: std::time::Instant,
-}
-
-impl Drop for ForgetCluster<'_> {
-    fn drop(&mut self) {
-        if self.armed && self.started.elapsed() >= self.link.inner.response_timeout / 2 {
-            self.link.forget(self.generation);
-        }
-    }
-}
-
-impl ConnectionLike for ClusterLink {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(self.call(move |mut c| async move { c.req_packed_command(cmd).await }))
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(
-            self.call(move |mut c| async move { c.req_packed_commands(cmd, offset, count).await }),
-        )
-    }
-
-    fn get_db(&self) -> i64 {
-        0
-    }
 }
 
 struct Forget<'a> {
