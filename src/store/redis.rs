@@ -332,12 +332,15 @@ impl RedisStore {
     /// Connects (one attempt bounded by `connect_timeout`) and loads the scripts, each call
     /// bounded by `response_timeout`.
     ///
-    /// redis-rs is given no response timeout of its own: every call made afterwards already
-    /// runs under its caller's deadline (`store_timeout`, or the lease renewal's), and a
-    /// second timer per call costs instructions and, when idemgate is idle, wakes tokio's
-    /// driver through its eventfd (a `write` and a spurious `epoll_wait` more per Redis
-    /// call; the README's Performance section has the figures). A timed-out call is dropped;
-    /// a late answer to it is read and discarded by the connection, as before.
+    /// On one server and through Sentinel, redis-rs is given no response timeout of its own:
+    /// every call made afterwards already runs under its caller's deadline (`store_timeout`,
+    /// or the lease renewal's), and a second timer per call costs instructions and, when
+    /// idemgate is idle, wakes tokio's driver through its eventfd (a `write` and a spurious
+    /// `epoll_wait` more per Redis call; the README's Performance section has the figures).
+    /// A timed-out call is dropped; a late answer to it is read and discarded by the
+    /// connection, as before, and a call that waited long unanswered gives the connection
+    /// up ([`Link`]). A cluster's nodes do get `response_timeout`: redis-rs's own slot-map
+    /// reloads must not wait on a silent node for ever.
     pub async fn connect(
         url: &str,
         connect_timeout: Duration,
