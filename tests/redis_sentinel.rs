@@ -100,16 +100,9 @@ async fn password_applies_to_sentinels_and_data_nodes() {
 /// the upstream unacknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unacknowledged_claim_is_not_forwarded() {
-    let primary = RedisServer::start();
-    let of = format!("127.0.0.1 {}", primary.port);
-    let replica = Node::start(&["--replicaof", &of, "--save", "", "--appendonly", "no"]);
-    eventually_online(&primary).await;
+    let (primary, replica) = primary_with_replica().await;
     let up = Upstream::start().await;
-    let mut cfg = redis_base(&up);
-    cfg.redis_url = Some(primary.url());
-    cfg.min_replicas_ack = 1;
-    cfg.replica_ack_timeout = Duration::from_millis(200);
-    let app = spawn_app(cfg).await;
+    let app = spawn_app(acking(&up, &primary)).await;
     let client = client();
     let ok = post(&client, &app, "/pay", Some("acked"), "{}", &[]).await;
     assert_eq!(ok.status, 201);
@@ -137,15 +130,9 @@ async fn an_unacknowledged_claim_is_not_forwarded() {
 /// replays behind them: both run into `store_timeout`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_waiting_for_a_missing_replica_hold_up_nothing_else() {
-    let primary = RedisServer::start();
-    let of = format!("127.0.0.1 {}", primary.port);
-    let replica = Node::start(&["--replicaof", &of, "--save", "", "--appendonly", "no"]);
-    eventually_online(&primary).await;
+    let (primary, replica) = primary_with_replica().await;
     let up = Upstream::start().await;
-    let mut cfg = redis_base(&up);
-    cfg.redis_url = Some(primary.url());
-    cfg.min_replicas_ack = 1;
-    cfg.replica_ack_timeout = Duration::from_millis(200);
+    let mut cfg = acking(&up, &primary);
     cfg.store_timeout = Duration::from_millis(1000);
     let app = std::sync::Arc::new(spawn_app(cfg).await);
     let client = client();
@@ -216,18 +203,9 @@ async fn claims_waiting_for_a_missing_replica_hold_up_nothing_else() {
 /// still stops start-up, with the reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_up_waits_for_a_late_replica_to_acknowledge_the_scope_secret() {
-    let primary = RedisServer::start();
-    let of = format!("127.0.0.1 {}", primary.port);
-    let replica = Node::start(&["--replicaof", &of, "--save", "", "--appendonly", "no"]);
-    eventually_online(&primary).await;
+    let (primary, replica) = primary_with_replica().await;
     let up = Upstream::start().await;
-    let config = || {
-        let mut cfg = redis_base(&up);
-        cfg.redis_url = Some(primary.url());
-        cfg.min_replicas_ack = 1;
-        cfg.replica_ack_timeout = Duration::from_millis(200);
-        cfg
-    };
+    let config = || acking(&up, &primary);
     let pid = replica_pid(&replica);
 
     // Frozen through the first wait (200 ms), resumed during the second or third.
@@ -260,6 +238,24 @@ async fn start_up_waits_for_a_late_replica_to_acknowledge_the_scope_secret() {
     );
 }
 
+/// A primary and one replica of it, online.
+async fn primary_with_replica() -> (RedisServer, Node) {
+    let primary = RedisServer::start();
+    let of = format!("127.0.0.1 {}", primary.port);
+    let replica = Node::start(&["--replicaof", &of, "--save", "", "--appendonly", "no"]);
+    eventually_online(&primary).await;
+    (primary, replica)
+}
+
+/// The configuration on `primary` with `min_replicas_ack = 1` and a 200 ms `WAIT`.
+fn acking(up: &Upstream, primary: &RedisServer) -> Config {
+    let mut cfg = redis_base(up);
+    cfg.redis_url = Some(primary.url());
+    cfg.min_replicas_ack = 1;
+    cfg.replica_ack_timeout = Duration::from_millis(200);
+    cfg
+}
+
 async fn eventually_online(primary: &RedisServer) {
     let until = std::time::Instant::now() + Duration::from_secs(20);
     while !primary
@@ -285,10 +281,7 @@ fn replica_pid(n: &Node) -> u32 {
 #[ignore = "a measurement"]
 async fn replica_ack_cost() {
     const N: usize = 2000;
-    let primary = RedisServer::start();
-    let of = format!("127.0.0.1 {}", primary.port);
-    let _replica = Node::start(&["--replicaof", &of, "--save", "", "--appendonly", "no"]);
-    eventually_online(&primary).await;
+    let (primary, _replica) = primary_with_replica().await;
     let field = |info: &str, name: &str| -> f64 {
         info.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))

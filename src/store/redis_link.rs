@@ -23,7 +23,7 @@ use redis::aio::{
 };
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Cmd, ConnectionAddr, IntoConnectionInfo, Pipeline, RedisError,
     RedisFuture, RedisResult, TlsCertificates, TlsMode, Value,
@@ -37,7 +37,7 @@ pub enum Link {
     /// One server.
     Single(Renewing<ConnectionManager>),
     /// The primary named by sentinels.
-    Sentinel(SentinelLink),
+    Sentinel(Renewing<MultiplexedConnection>),
     /// A cluster.
     Cluster(Renewing<ClusterConnection>),
 }
@@ -94,7 +94,7 @@ impl Link {
                         .map_err(|_| timed_out("no connection in time"))?
                     })
                 });
-                let link = Renewing::new(open, response_timeout);
+                let link = Renewing::new(open, response_timeout / 2, |e| e.is_timeout());
                 // The first connection is made now, so that a wrong address, password or
                 // certificate stops start-up.
                 link.connection().await?;
@@ -126,17 +126,34 @@ impl Link {
                         .set_client_to_sentinel_password(password.expose())
                         .set_client_to_redis_password(password.expose());
                 }
-                let link = SentinelLink {
-                    inner: Arc::new(SentinelInner {
-                        client: tokio::sync::Mutex::new(b.build()?),
-                        current: Mutex::new(None),
-                        generation: AtomicU64::new(0),
-                        config: AsyncConnectionConfig::new()
-                            .set_connection_timeout(Some(connect_timeout))
-                            .set_response_timeout(None),
-                        connect_timeout,
-                    }),
-                };
+                let client = Arc::new(tokio::sync::Mutex::new(b.build()?));
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(None);
+                let open: Opener<MultiplexedConnection> = Box::new(move || {
+                    let (client, config) = (client.clone(), config.clone());
+                    Box::pin(async move {
+                        let ask = async {
+                            let primary = client.lock().await.async_get_client().await?;
+                            primary
+                                .get_multiplexed_async_connection_with_config(&config)
+                                .await
+                        };
+                        // Asking the sentinels and then the primary: two connections at most.
+                        tokio::time::timeout(connect_timeout * 2, ask)
+                            .await
+                            .map_err(|_| timed_out("no primary from the sentinels in time"))?
+                    })
+                });
+                // Given up at once when a call is cut off (the primary may be frozen or cut
+                // off), when the primary answers READONLY (demoted), or when the connection
+                // broke: the next call asks the sentinels again.
+                let link = Renewing::new(open, Duration::ZERO, |e| {
+                    e.code() == Some("READONLY")
+                        || e.is_connection_dropped()
+                        || e.is_unrecoverable_error()
+                        || e.is_timeout()
+                });
                 // The first connection is made now, so that a wrong address, name or
                 // certificate stops start-up.
                 link.connection().await?;
@@ -155,7 +172,7 @@ impl Link {
                     let seeds = seeds.clone();
                     Box::pin(async move { seeds.connect().await })
                 });
-                let link = Renewing::new(open, response_timeout);
+                let link = Renewing::new(open, response_timeout / 2, |e| e.is_timeout());
                 // The first connection is made now, so that a wrong address or certificate
                 // stops start-up.
                 link.connection().await?;
@@ -244,111 +261,24 @@ fn node_addr(host: &str, port: u16, tls: Option<&Tls>) -> RedisResult<Connection
     Ok(url.as_str().into_connection_info()?.addr().clone())
 }
 
-/// The primary that the sentinels name, followed across failovers.
-#[derive(Clone)]
-pub struct SentinelLink {
-    inner: Arc<SentinelInner>,
-}
-
-struct SentinelInner {
-    /// Asks the sentinels; one question at a time.
-    client: tokio::sync::Mutex<SentinelClient>,
-    /// The primary's connection and its generation, `None` once given up.
-    current: Mutex<Option<(u64, MultiplexedConnection)>>,
-    generation: AtomicU64,
-    config: AsyncConnectionConfig,
-    connect_timeout: Duration,
-}
-
-impl SentinelLink {
-    async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
-        if let Some(c) = self.current() {
-            return Ok(c);
-        }
-        let mut client = self.inner.client.lock().await;
-        // Another caller may have reconnected while this one waited for the lock.
-        if let Some(c) = self.current() {
-            return Ok(c);
-        }
-        let ask = async {
-            let primary = client.async_get_client().await?;
-            primary
-                .get_multiplexed_async_connection_with_config(&self.inner.config)
-                .await
-        };
-        // Asking the sentinels and then the primary: two connections at most.
-        let conn = tokio::time::timeout(self.inner.connect_timeout * 2, ask)
-            .await
-            .map_err(|_| {
-                RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "no primary from the sentinels in time",
-                ))
-            })??;
-        let generation = self.inner.generation.fetch_add(1, Ordering::Relaxed) + 1;
-        if let Ok(mut current) = self.inner.current.lock() {
-            *current = Some((generation, conn.clone()));
-        }
-        Ok((generation, conn))
-    }
-
-    fn current(&self) -> Option<(u64, MultiplexedConnection)> {
-        self.inner.current.lock().ok().and_then(|c| c.clone())
-    }
-
-    /// Gives up the connection of `generation` (not a newer one made meanwhile).
-    fn forget(&self, generation: u64) {
-        if let Ok(mut current) = self.inner.current.lock() {
-            if current.as_ref().is_some_and(|(g, _)| *g == generation) {
-                *current = None;
-            }
-        }
-    }
-
-    async fn call<T, F, Fut>(&self, run: F) -> RedisResult<T>
-    where
-        F: FnOnce(MultiplexedConnection) -> Fut,
-        Fut: std::future::Future<Output = RedisResult<T>>,
-    {
-        let (generation, conn) = self.connection().await?;
-        // A call dropped before it finished (its deadline passed) may be waiting on a
-        // primary that is frozen or cut off: the next call asks the sentinels again.
-        let mut guard = Forget {
-            link: self,
-            generation,
-            armed: true,
-        };
-        let result = run(conn).await;
-        guard.armed = match &result {
-            Ok(_) => false,
-            // A demoted primary answers READONLY; a broken connection cannot be reused.
-            Err(e) => {
-                e.code() == Some("READONLY")
-                    || e.is_connection_dropped()
-                    || e.is_unrecoverable_error()
-                    || e.is_timeout()
-            }
-        };
-        result
-    }
-}
-
 /// How a [`Renewing`] connection is made.
 type Opener<C> = Box<dyn Fn() -> super::BoxFuture<'static, RedisResult<C>> + Send + Sync>;
 
-/// A multiplexed connection (one server's, or a cluster's) that is given up when a call on
-/// it timed out, or was dropped unfinished after waiting at least half of
-/// `response_timeout` (`store_timeout`): its caller's deadline passed on a server that did
-/// not answer. The next call then makes a new one.
+/// A multiplexed connection (one server's, the primary that Sentinel names, or a
+/// cluster's) that is given up when a call on it ends in an error its topology names, or is
+/// dropped unfinished after waiting at least its `patience`; the next call makes a new one.
 ///
-/// redis-rs replaces a connection, or reloads a cluster's slot map, on the errors it sees:
-/// a closed connection, MOVED. A server that stops answering without closing anything (a
-/// frozen process, a host behind a silent network fault, a connection that a NAT or a
-/// managed service's failover left dangling) shows it none, and every call would wait on
-/// it until its caller gave up, for as long as TCP keeps the connection (about 15 minutes),
-/// even when a new connection would be answered at once. A call dropped sooner (its client
-/// went away) says nothing about the server; giving the connection up for each of those
-/// would reconnect again and again.
+/// One server and a cluster give it up on a timeout, or after half of `store_timeout`
+/// unanswered: its caller's deadline passed on a server that did not answer. redis-rs
+/// replaces a connection, or reloads a cluster's slot map, on the errors it sees: a closed
+/// connection, MOVED. A server that stops answering without closing anything (a frozen
+/// process, a host behind a silent network fault, a connection that a NAT or a managed
+/// service's failover left dangling) shows it none, and every call would wait on it until
+/// its caller gave up, for as long as TCP keeps the connection (about 15 minutes), even
+/// when a new connection would be answered at once. A call dropped sooner (its client went
+/// away) says nothing about the server; giving the connection up for each of those would
+/// reconnect again and again. Sentinel gives it up on any cut-off call, and on `READONLY`
+/// or a broken connection, so that the sentinels are asked again.
 ///
 /// Connecting runs in a task of its own, which every caller waiting for it shares: a caller
 /// whose deadline passes leaves it to finish for the next.
@@ -374,17 +304,20 @@ struct RenewingInner<C> {
     generation: AtomicU64,
     /// A call dropped unfinished after waiting this long gives the connection up.
     patience: Duration,
+    /// Whether a call's error gives the connection up.
+    gives_up: fn(&RedisError) -> bool,
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Renewing<C> {
-    fn new(open: Opener<C>, response_timeout: Duration) -> Renewing<C> {
+    fn new(open: Opener<C>, patience: Duration, gives_up: fn(&RedisError) -> bool) -> Renewing<C> {
         Renewing {
             inner: Arc::new(RenewingInner {
                 open,
                 pending: Mutex::new(None),
                 current: Mutex::new(None),
                 generation: AtomicU64::new(0),
-                patience: response_timeout / 2,
+                patience,
+                gives_up,
             }),
         }
     }
@@ -466,9 +399,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Renewing<C> {
             patience: self.inner.patience,
         };
         let result = run(conn).await;
-        // redis-rs follows every other error itself (closed connections, MOVED, ASK).
         guard.armed = false;
-        if matches!(&result, Err(e) if e.is_timeout()) {
+        if matches!(&result, Err(e) if (self.inner.gives_up)(e)) {
             self.forget(generation);
         }
         result
@@ -638,39 +570,4 @@ fn slot_map_nodes(map: &Value) -> Vec<(String, u16)> {
         }
     }
     nodes
-}
-
-struct Forget<'a> {
-    link: &'a SentinelLink,
-    generation: u64,
-    armed: bool,
-}
-
-impl Drop for Forget<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.link.forget(self.generation);
-        }
-    }
-}
-
-impl ConnectionLike for SentinelLink {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(self.call(move |mut c| async move { c.req_packed_command(cmd).await }))
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(
-            self.call(move |mut c| async move { c.req_packed_commands(cmd, offset, count).await }),
-        )
-    }
-
-    fn get_db(&self) -> i64 {
-        0
-    }
 }
