@@ -159,10 +159,10 @@ pub struct Config {
     /// Outer deadline of every store call (claim, record, release...).
     #[serde(with = "humantime_serde")]
     pub store_timeout: Duration,
-    /// How long an idle connection to the upstream may be reused. Keep it below the
-    /// upstream's own keep-alive timeout: a request written onto a connection that the
-    /// upstream is closing at that moment cannot be told from one the upstream read, and
-    /// its outcome is unknown. `0`: a new connection for every request.
+    /// How long an idle connection to the upstream may be reused by pass-through requests
+    /// (protected ones never reuse one: see `upstream::fresh_client`). Keep it below the
+    /// upstream's own keep-alive timeout, so that a pass-through request rarely meets a
+    /// connection the upstream is closing. `0`: a new connection for every request.
     #[serde(with = "humantime_serde")]
     pub upstream_idle_timeout: Duration,
     /// How long one attempt to connect to Redis may take.

@@ -40,7 +40,7 @@ use crate::retry_after;
 use crate::scope::{path, PathRules, Scoper, Tenant, TenantSource};
 use crate::store::{deadline, Claim, ClaimRequest, OwnerToken, Store, StoreError, StoredResponse};
 use crate::telemetry::{self, Step};
-use crate::upstream::{self, Failure, UpstreamClient};
+use crate::upstream::{self, Failure, FreshClient, UpstreamClient};
 
 /// Header added to every replayed response.
 pub const REPLAYED: &str = "idempotent-replayed";
@@ -109,7 +109,11 @@ struct Shared {
     store: Arc<dyn Store>,
     // Record ids: this store's secret and this instance's namespace.
     scoper: Scoper,
+    // Pass-through requests: pooled connections.
     client: UpstreamClient,
+    // Protected requests: a fresh connection each, so none is written onto a connection the
+    // upstream may be closing (see `upstream::fresh_client`).
+    fresh: FreshClient,
     // Upstream exchanges that outlive their client connection, and records written after
     // their client's answer (`record_mode = "after_response"`); shutdown waits for them.
     tasks: TaskTracker,
@@ -158,6 +162,7 @@ impl Proxy {
                 store,
                 scoper,
                 client,
+                fresh: upstream::fresh_client(upstream::CONNECT_TIMEOUT),
                 tasks,
                 metrics,
             }),
@@ -180,6 +185,7 @@ impl Proxy {
                 store,
                 scoper: s.scoper.clone(),
                 client,
+                fresh: upstream::fresh_client(upstream::CONNECT_TIMEOUT),
                 tasks: s.tasks.clone(),
                 metrics: s.metrics.clone(),
             }),
@@ -920,13 +926,14 @@ async fn exchange(
         span,
     } = claimed;
     upstream::prepare(&mut request, &shared.settings.upstream, peer);
+    upstream::close_after(&mut request);
     let upstream_span = telemetry::child(&span, Step::Upstream);
     // The upstream continues the trace under idemgate's span (with tracing off, the
     // client's traceparent passes as it came).
     telemetry::inject(&upstream_span, request.headers_mut());
     let call = async {
         let res = shared
-            .client
+            .fresh
             .request(request)
             .await
             .map_err(ExchangeError::Request)?;

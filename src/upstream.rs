@@ -1,8 +1,13 @@
-//! The client side: one pooled HTTP/1.1 client to the upstream, how requests are rewritten
+//! The client side: a pooled HTTP/1.1 client to the upstream for pass-through, a client that
+//! opens a fresh connection for each protected request, how requests are rewritten
 //! on their way there (hop-by-hop headers out, `X-Forwarded-*` in), and how a failure is
 //! classified, because that decides between "release the claim" and "hold it as unknown".
 
+use std::future::Future;
+use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper::header::{
@@ -11,15 +16,19 @@ use hyper::header::{
 };
 use hyper::http::uri::PathAndQuery;
 use hyper::{Request, Uri, Version};
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpStream;
 
 use crate::body::Body;
 use crate::config::Upstream;
 
-/// The pooled client to the upstream.
+/// The pooled client to the upstream, for pass-through requests.
 pub type UpstreamClient = Client<HttpConnector, Body>;
+
+/// The client for protected requests: a fresh connection for each, never a pooled one.
+pub type FreshClient = Client<FreshConnector, Body>;
 
 /// How long connecting to the upstream may take. It runs beside idemgate, so a connection
 /// that takes longer than this is not coming; and a connect failure is the one failure that
@@ -30,16 +39,10 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Builds the client. Connecting has its own timeout, so a black-holed upstream is reported
 /// as unreachable (provably not sent) rather than as a timeout.
 ///
-/// An idle connection is reused for at most `idle_timeout` (`upstream_idle_timeout`). An
-/// upstream closes idle connections on a timer of its own, and a request written onto a
-/// connection at the moment the upstream closes it fails in a way that cannot be told from
-/// a request the upstream read (see [`classify`]): its outcome is unknown, and the key is
-/// held for an operator although nothing ran. So idemgate must give up an idle connection
-/// before the upstream does. hyper-util's pool enforces the timeout at checkout (an idle
-/// connection older than it is dropped there, not only by the periodic reaper), and a
-/// connection goes idle only once its answer has been read, after the upstream started its
-/// own timer: a connection idemgate reuses has been idle for less than `idle_timeout` on the
-/// upstream's clock too, plus the time the answer took to arrive.
+/// Pass-through requests only (protected ones use [`fresh_client`]). An idle connection is
+/// reused for at most `idle_timeout` (`upstream_idle_timeout`), so that one the upstream
+/// closed on a timer of its own is rarely written to; a pass-through request that loses
+/// that race gets a 502 or 504 as it would from any proxy, and holds no record.
 ///
 /// Requests that hyper hands back unwritten, because the pooled connection turned out to be
 /// closed before any byte of the request went out, are retried on another connection by
@@ -54,6 +57,123 @@ pub fn client(connect_timeout: Duration, idle_timeout: Duration) -> UpstreamClie
         .pool_idle_timeout(idle_timeout)
         .retry_canceled_requests(true)
         .build(connector)
+}
+
+/// Builds the client for protected requests: each goes out on a connection of its own,
+/// opened for it and closed after its answer.
+///
+/// Why not the pool: an upstream may close an idle keep-alive connection at any moment (an
+/// idle timer, a graceful restart or reload closing every idle connection at once, a server
+/// that closes after every answer without saying so), and a request written onto a
+/// connection at that moment fails in a way that cannot be told from a request the upstream
+/// read and executed (see [`classify`]): its key would be held as `unknown` although
+/// nothing ran. No idle timer of idemgate's can win that race against an upstream that
+/// closes whenever it likes. A connection opened for the request has never been idle: the
+/// upstream accepted it, and the request follows the handshake at once, before any
+/// keep-alive logic of the upstream's can apply to it (servers close idle connections
+/// between requests, not a new one before its first). A connect that fails is "not sent",
+/// as before.
+///
+/// Who closes, and TIME_WAIT: the request carries `Connection: close` (see
+/// [`close_after`]), so the upstream expects the close; idemgate's side never half-closes
+/// (the connection's shutdown is a no-op) and closes with `SO_LINGER` 0 once the answer is
+/// read, which resets rather than enters TIME_WAIT. At 10,000 new keys a second a side
+/// that entered TIME_WAIT for 60 s would hold 600,000 ports towards one upstream address,
+/// twenty times the ephemeral range; this way neither side holds any.
+pub fn fresh_client(connect_timeout: Duration) -> FreshClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(connect_timeout));
+    connector.enforce_http(true);
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build(FreshConnector(connector))
+}
+
+/// Marks a protected request's connection as closed after its answer (RFC 9112 9.6), so
+/// the upstream neither waits for a next request on it nor reads idemgate's reset as a
+/// failure. Called after [`prepare`], which strips the client's own `Connection`.
+pub fn close_after(req: &mut Request<Body>) {
+    req.headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+}
+
+/// Connects as [`HttpConnector`] does and wraps the stream in a [`FreshConnection`].
+#[derive(Clone)]
+pub struct FreshConnector(HttpConnector);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower_service::Service<Uri> for FreshConnector {
+    type Response = FreshConnection;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<FreshConnection, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.0.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.0.call(uri);
+        Box::pin(async move {
+            let io = connecting.await?;
+            // Only ever closed once its answer is read, or given up on: a reset then loses
+            // nothing, and leaves no TIME_WAIT on either side.
+            io.inner().set_zero_linger()?;
+            Ok(FreshConnection(io))
+        })
+    }
+}
+
+/// A connection that is closed, never half-closed: see [`fresh_client`].
+pub struct FreshConnection(TokioIo<TcpStream>);
+
+impl hyper::rt::Read for FreshConnection {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for FreshConnection {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    // A FIN of idemgate's would make its side the one that closes first, into TIME_WAIT;
+    // the drop that follows resets instead.
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Connection for FreshConnection {
+    fn connected(&self) -> Connected {
+        self.0.connected()
+    }
 }
 
 /// Header names that are hop-by-hop by definition (RFC 9110 7.6.1, plus the legacy
@@ -201,8 +321,8 @@ pub enum Failure {
 ///   "a request is written on a connection, and the next `read` reports EOF (perhaps a
 ///   server just closed an 'idle' connection)". The request was written: the upstream may
 ///   have read it and executed it, then closed without answering. Ambiguous, even when the
-///   connection was idle a moment before: that race is avoided by
-///   `upstream_idle_timeout` (see [`client`]), not explained away here.
+///   connection was idle a moment before: protected requests avoid that race by taking a
+///   fresh connection each (see [`fresh_client`]), not by explaining it away here.
 /// - I/O errors while writing (reset, broken pipe), errors reading the answer, timeouts:
 ///   part or all of the request may have been read. Ambiguous.
 pub fn classify(e: &hyper_util::client::legacy::Error) -> Failure {

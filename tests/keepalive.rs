@@ -1,8 +1,12 @@
-//! Upstreams that close idle connections on their own timer, as gunicorn (2 s), Node and
-//! uvicorn (5 s) do, or after every answer. A request written onto a connection at the
-//! moment the upstream closes it was never read, yet it fails like one that was: if
-//! idemgate reused such connections it would hold keys as `unknown` that never ran. A
-//! paced run around the closing moments must leave no such record.
+//! Upstreams that close connections whenever they like: on their own idle timer, as
+//! gunicorn (2 s), Node and uvicorn (5 s) do; every idle connection at once at random
+//! moments, as a graceful restart or reload does (worker recycling, `max_requests`, Node's
+//! `server.close()`, nginx reloading, a rolling deploy); or after every answer, announced
+//! or not. A request written onto a connection at the moment the upstream closes it was
+//! never read, yet it fails like one that was: if idemgate wrote protected requests onto
+//! idle connections it would hold keys as `unknown` that never ran. Paced runs around the
+//! closing moments must leave no such record, and no protected request may wait out
+//! `upstream_timeout` on a connection the upstream closed.
 
 #![allow(clippy::unwrap_used)]
 
@@ -18,6 +22,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 /// How the upstream closes connections.
 #[derive(Clone, Copy)]
@@ -28,6 +33,10 @@ struct Closing {
     /// Whether an answer after which it closes says so (`Connection: close`), as RFC 9112
     /// section 9.3 requires of a server that does not keep connections.
     says_close: bool,
+    /// Whether it also closes every idle connection at once at random moments 1 to 12 ms
+    /// apart, as a graceful restart does. Idle means what servers mean by it: answered,
+    /// and waiting for the next request.
+    restarts: bool,
 }
 
 /// Once an upstream has decided to close a connection, it takes this long to get round to
@@ -51,12 +60,24 @@ impl ClosingUpstream {
             executions: Arc::default(),
         };
         let executions = up.executions.clone();
+        let (restart, restarts) = watch::channel(0u64);
+        if closing.restarts {
+            tokio::spawn(async move {
+                let mut rng = StdRng::seed_from_u64(23);
+                for generation in 1.. {
+                    tokio::time::sleep(MS(rng.random_range(1..=12))).await;
+                    if restart.send(generation).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
-                tokio::spawn(serve(stream, closing, executions.clone()));
+                tokio::spawn(serve(stream, closing, executions.clone(), restarts.clone()));
             }
         });
         up
@@ -80,10 +101,16 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-async fn serve(mut s: TcpStream, closing: Closing, executions: Arc<Mutex<HashMap<String, usize>>>) {
+async fn serve(
+    mut s: TcpStream,
+    closing: Closing,
+    executions: Arc<Mutex<HashMap<String, usize>>>,
+    mut restarts: watch::Receiver<u64>,
+) {
     let keep_alive = closing.keep_alive;
     let mut buf: Vec<u8> = Vec::new();
     let mut chunk = [0u8; 8192];
+    let mut answered = false;
     loop {
         // The idle timer runs from the end of the last answer until the next request's
         // first byte; when it fires the connection is closed, whatever is on its way.
@@ -93,13 +120,20 @@ async fn serve(mut s: TcpStream, closing: Closing, executions: Arc<Mutex<HashMap
             }
             let n = if buf.is_empty() {
                 let wait = keep_alive.unwrap_or(Duration::from_secs(3600));
-                match tokio::time::timeout(wait, s.read(&mut chunk)).await {
-                    Ok(Ok(n)) => n,
-                    Ok(Err(_)) => return,
-                    Err(_) => {
-                        tokio::time::sleep(CLOSING_TAKES).await;
-                        return;
-                    }
+                // Only a restart from now on closes an idle connection.
+                let idle = closing.restarts && answered;
+                restarts.borrow_and_update();
+                tokio::select! {
+                    read = tokio::time::timeout(wait, s.read(&mut chunk)) => match read {
+                        Ok(Ok(n)) => n,
+                        Ok(Err(_)) => return,
+                        Err(_) => {
+                            tokio::time::sleep(CLOSING_TAKES).await;
+                            return;
+                        }
+                    },
+                    // Closed unread: whatever was written meanwhile was never read.
+                    _ = restarts.changed(), if idle => return,
                 }
             } else {
                 match tokio::time::timeout(Duration::from_secs(5), s.read(&mut chunk)).await {
@@ -148,6 +182,7 @@ async fn serve(mut s: TcpStream, closing: Closing, executions: Arc<Mutex<HashMap
         if s.write_all(answer.as_bytes()).await.is_err() {
             return;
         }
+        answered = true;
         if keep_alive.is_none() {
             tokio::time::sleep(CLOSING_TAKES).await;
             return;
@@ -216,15 +251,17 @@ fn keep_alive(d: Duration) -> Closing {
     Closing {
         keep_alive: Some(d),
         says_close: false,
+        restarts: false,
     }
 }
 
-// An upstream keep-alive below a second: `upstream_idle_timeout` is the setting.
+// An upstream keep-alive far below `upstream_idle_timeout`: protected requests never take
+// an idle connection, so the defaults hold for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keep_alive_of_100ms_with_the_setting_strands_nothing() {
+async fn keep_alive_of_100ms_with_the_defaults_strands_nothing() {
     let around = [MS(110), MS(40), MS(5)];
-    let statuses = paced_run(keep_alive(MS(100)), Some(MS(40)), 120, &around, MS(15), 13).await;
-    println!("keep-alive 100 ms, upstream_idle_timeout 40 ms: statuses {statuses:?}");
+    let statuses = paced_run(keep_alive(MS(100)), None, 120, &around, MS(15), 13).await;
+    println!("keep-alive 100 ms, defaults: statuses {statuses:?}");
     assert_eq!(statuses.get(&201), Some(&120), "{statuses:?}");
 }
 
@@ -253,6 +290,7 @@ async fn an_upstream_that_closes_after_every_answer_strands_nothing() {
     let closing = Closing {
         keep_alive: None,
         says_close: true,
+        restarts: false,
     };
     let around = [MS(0), MS(5), MS(15)];
     let statuses = paced_run(closing, None, 120, &around, MS(5), 7).await;
@@ -261,15 +299,121 @@ async fn an_upstream_that_closes_after_every_answer_strands_nothing() {
 }
 
 // One that closes after every answer without saying so cannot be told from one that keeps
-// connections: `upstream_idle_timeout = "0s"` gives every request a new connection.
+// connections; protected requests never reuse one, so the defaults hold for it too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upstream_that_closes_silently_needs_an_idle_timeout_of_zero() {
+async fn an_upstream_that_closes_silently_strands_nothing_with_the_defaults() {
     let closing = Closing {
         keep_alive: None,
         says_close: false,
+        restarts: false,
     };
     let around = [MS(0), MS(5), MS(15)];
-    let statuses = paced_run(closing, Some(Duration::ZERO), 120, &around, MS(5), 8).await;
-    println!("closes after every answer silently, upstream_idle_timeout 0: statuses {statuses:?}");
+    let statuses = paced_run(closing, None, 120, &around, MS(5), 8).await;
+    println!("closes after every answer silently, defaults: statuses {statuses:?}");
     assert_eq!(statuses.get(&201), Some(&120), "{statuses:?}");
+}
+
+/// Sockets in TIME_WAIT on either end of a connection to `port` (IPv4, /proc/net/tcp).
+fn time_wait_towards(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let port_of = |addr: &str| {
+        addr.rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            f.len() > 3
+                && f[3] == "06"
+                && (port_of(f[1]) == Some(port) || port_of(f[2]) == Some(port))
+        })
+        .count()
+}
+
+/// `clients` clients at once each send `per_client` new keys through idemgate (default
+/// configuration but a 3 s `upstream_timeout`, so that a request stuck on a closed
+/// connection shows), 1 ms apart: every one must be answered 201 and executed once, and
+/// the fresh connections must leave no TIME_WAIT behind on either side (were one side to
+/// enter it, 10,000 new keys a second would hold 600,000 ports towards one upstream
+/// address within a minute).
+async fn concurrent_run(closing: Closing, clients: usize, per_client: usize) {
+    let up = ClosingUpstream::start(closing).await;
+    let mut cfg = idemgate::Config::for_upstream(&up.url());
+    cfg.defaults.anonymous = idemgate::config::Anonymous::Shared;
+    cfg.defaults.upstream_timeout = Duration::from_secs(3);
+    let app = spawn_app(cfg).await;
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let url = format!("http://{}/v1/payments", app.addr());
+        tasks.push(tokio::spawn(async move {
+            // Keep-alive towards idemgate: only the upstream side is under test.
+            let client = reqwest::Client::new();
+            let mut failed = Vec::new();
+            for i in 0..per_client {
+                let res = client
+                    .post(&url)
+                    .header("idempotency-key", format!("run-{c}-{i}"))
+                    .header("content-type", "application/json")
+                    .body(format!("{{\"amount\":{i}}}"))
+                    .send()
+                    .await
+                    .unwrap();
+                let status = res.status().as_u16();
+                if status != 201 {
+                    failed.push((status, res.text().await.unwrap_or_default()));
+                }
+                tokio::time::sleep(MS(1)).await;
+            }
+            failed
+        }));
+    }
+    let mut failed = Vec::new();
+    for t in tasks {
+        failed.extend(t.await.unwrap());
+    }
+    let requests = clients * per_client;
+    let executions = up.executions.lock().unwrap().clone();
+    let waiting = time_wait_towards(up.addr.port());
+    println!(
+        "{requests} new keys: {} executed, {} not answered 201, {waiting} sockets in TIME_WAIT",
+        executions.len(),
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {requests} new keys not answered 201: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    let twice: Vec<_> = executions.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "executed more than once: {twice:?}");
+    assert_eq!(executions.len(), requests, "every key executed");
+    assert!(
+        waiting < requests / 100,
+        "{waiting} sockets in TIME_WAIT towards the upstream after {requests} new keys"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_restarting_at_random_moments_strands_nothing() {
+    let closing = Closing {
+        keep_alive: Some(Duration::from_secs(5)),
+        says_close: false,
+        restarts: true,
+    };
+    concurrent_run(closing, 4, 600).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_clients_on_an_upstream_that_closes_silently_strand_nothing() {
+    let closing = Closing {
+        keep_alive: None,
+        says_close: false,
+        restarts: false,
+    };
+    concurrent_run(closing, 8, 300).await;
 }
