@@ -1,5 +1,9 @@
 # Shared by bench/run and bench/instructions (sourced, not run).
 
+# Every benchmark's Redis is its own: no running instance to wait for before an idemgate
+# makes the scope secret.
+export IDEMGATE_SCOPE_SECRET_CREATE_DELAY=0s
+
 # free_ports N: prints N free loopback ports, below the ephemeral range so that no outgoing
 # connection (of this benchmark or anything else on the machine) takes one before its server
 # binds it.

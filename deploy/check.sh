@@ -58,7 +58,8 @@ if cli ping 2>&1 | grep -q NOAUTH; then echo "redis: default user refused"; else
 
 python3 -m http.server "$p_up" --bind 127.0.0.1 >/dev/null 2>&1 & pids+=($!)
 wait_for "$p_up" upstream
-IDEMGATE_CONFIG="$work/idemgate.toml" IDEMGATE_REDIS_PASSWORD="$PASSWORD" \
+# This Redis is the check's own: no running instance to wait for before making the secret.
+IDEMGATE_SCOPE_SECRET_CREATE_DELAY=0s IDEMGATE_CONFIG="$work/idemgate.toml" IDEMGATE_REDIS_PASSWORD="$PASSWORD" \
   IDEMGATE_LISTEN="127.0.0.1:$p_proxy" IDEMGATE_ADMIN_LISTEN="127.0.0.1:$p_admin" \
   IDEMGATE_UPSTREAM="http://127.0.0.1:$p_up" IDEMGATE_ADMIN_TOKEN="$(openssl rand -hex 16)" \
   target/debug/idemgate 2>"$work/idemgate.log" & pids+=($!)

@@ -20,6 +20,8 @@ use crate::key::RecordId;
 use crate::metrics::{self, Metrics};
 use crate::operator::{self, Lookup, Resolver};
 use crate::problem::Problem;
+use crate::scope::ScopeSecret;
+use crate::secret::SecretHealth;
 use crate::store::{deadline, Completed, Deleted, RecordState, RecordView, Store};
 
 /// Largest request body the admin listener reads (an operator's recorded answer).
@@ -42,6 +44,9 @@ pub struct Admin {
     token: Option<[u8; 32]>,
     // Record ids from a request's parts, as the proxy computes them.
     resolver: Option<Resolver>,
+    // Whether the scope secret agrees with the store's (unready once not), and the secret
+    // itself for `GET /scope-secret`.
+    secret: Option<(Arc<SecretHealth>, ScopeSecret)>,
 }
 
 impl Admin {
@@ -58,7 +63,15 @@ impl Admin {
             metrics,
             token: token.map(|t| Sha256::digest(t.expose().as_bytes()).into()),
             resolver: None,
+            secret: None,
         }
+    }
+
+    /// Makes `/readyz` follow the scope secret's agreement, and enables `GET /scope-secret`
+    /// (only with `admin_token` set).
+    pub fn with_secret(mut self, health: Arc<SecretHealth>, secret: ScopeSecret) -> Admin {
+        self.secret = Some((health, secret));
+        self
     }
 
     /// Enables `POST /records/lookup`.
@@ -72,10 +85,13 @@ impl Admin {
         let Some(want) = &self.token else {
             return true;
         };
+        // The scheme is case-insensitive (RFC 9110 11.1).
         let Some(given) = req
             .headers()
             .get(AUTHORIZATION)
-            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+            .map(HeaderValue::as_bytes)
+            .filter(|v| v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer "))
+            .map(|v| &v[7..])
         else {
             return false;
         };
@@ -107,6 +123,25 @@ impl Admin {
                     None => bad_request("a record id is 64 hex characters"),
                 }
             }
+            (&Method::GET, "/readyz") if self.secret.as_ref().is_some_and(|(h, _)| !h.agreed()) => {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not ready: this instance's scope secret differs from the store's; protected requests are refused until it restarts\n",
+                )
+            }
+            (&Method::GET, "/scope-secret") => match (&self.token, &self.secret) {
+                // Whoever holds the secret can test record ids offline against guessed
+                // credentials: never shown on an open listener.
+                (None, _) => text(
+                    StatusCode::FORBIDDEN,
+                    "set admin_token to read the scope secret\n",
+                ),
+                (Some(_), Some((_, secret))) => json(
+                    StatusCode::OK,
+                    &serde_json::json!({"scope_secret": secret.to_hex()}),
+                ),
+                (Some(_), None) => text(StatusCode::NOT_FOUND, "no scope secret here\n"),
+            },
             (&Method::GET, "/readyz") => {
                 match deadline(self.store_timeout, self.store.ping()).await {
                     Ok(()) => text(StatusCode::OK, "ready\n"),

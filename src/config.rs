@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::fingerprint::JsonPointer;
 use crate::retry_after::TypicalTime;
 use crate::scope::jwt::JwtVerifier;
-use crate::scope::{path, PathError, PathRules, TenantSource};
+use crate::scope::{path, PathError, PathRules, ScopeSecret, TenantSource};
 use crate::store::seal::{Envelope, Keyring};
 
 /// What to do when the store cannot be reached at claim time.
@@ -171,6 +171,21 @@ pub struct Config {
     /// How often Redis `INFO` is read for the eviction and restart metrics.
     #[serde(with = "humantime_serde")]
     pub redis_info_interval: Duration,
+    /// The record-id secret, pinned by the operator (64 hex digits, e.g. from a Kubernetes
+    /// Secret; or `IDEMGATE_SCOPE_SECRET`), so that no instance depends on the store
+    /// keeping it. Absent: the store keeps one, made by the first instance.
+    pub scope_secret: Option<Secret>,
+    /// A file holding `scope_secret` (64 hex digits, surrounding whitespace ignored).
+    pub scope_secret_file: Option<PathBuf>,
+    /// How often a running instance checks that the store still holds its scope secret
+    /// (and this namespace's verifier of it), putting back what is missing.
+    #[serde(with = "humantime_serde")]
+    pub scope_secret_check_interval: Duration,
+    /// How long an instance that finds no scope secret in the store waits before it makes
+    /// one, so that running instances put theirs back first: longer than
+    /// `scope_secret_check_interval`. `0s` only for a store no other instance uses.
+    #[serde(with = "humantime_serde")]
+    pub scope_secret_create_delay: Duration,
     /// The embedded store answers 503 instead of holding more records than this.
     pub memory_max_records: usize,
     /// ... or more bytes than this (records, their headers and bodies, and their upkeep);
@@ -375,6 +390,10 @@ impl Default for Config {
             encryption_keys_file: None,
             compress_min_bytes: None,
             redis_info_interval: Duration::from_secs(15),
+            scope_secret: None,
+            scope_secret_file: None,
+            scope_secret_check_interval: Duration::from_secs(5),
+            scope_secret_create_delay: Duration::from_secs(12),
             store_timeout: Duration::from_millis(500),
             upstream_idle_timeout: UPSTREAM_IDLE_TIMEOUT,
             redis_connect_timeout: Duration::from_secs(1),
@@ -469,6 +488,7 @@ impl Config {
             ("IDEMGATE_JWT_HS256_SECRET", "jwt_hs256_secret"),
             ("IDEMGATE_NAMESPACE", "namespace"),
             ("IDEMGATE_REDIS_PASSWORD", "redis_password"),
+            ("IDEMGATE_SCOPE_SECRET", "scope_secret"),
         ] {
             if let Ok(value) = std::env::var(var) {
                 f = f.merge(Serialized::global(key, value));
@@ -680,6 +700,8 @@ pub struct Settings {
     pub jwt: Option<Arc<JwtVerifier>>,
     /// How recorded answers are kept at rest (sealed, compressed).
     pub envelope: Envelope,
+    /// The operator's scope secret (`scope_secret`, `scope_secret_file`), if pinned.
+    pub pinned_secret: Option<ScopeSecret>,
     // Whether any policy protects a method: decides between 400 and pass-through for a
     // path that cannot be normalized (and so matched to a route).
     protected_methods: Vec<Method>,
@@ -705,6 +727,10 @@ impl Settings {
             ("redis_connect_timeout", config.redis_connect_timeout),
             ("header_read_timeout", config.header_read_timeout),
             ("redis_info_interval", config.redis_info_interval),
+            (
+                "scope_secret_check_interval",
+                config.scope_secret_check_interval,
+            ),
             ("body_read_timeout", config.body_read_timeout),
             ("idle_timeout", config.idle_timeout),
         ] {
@@ -858,7 +884,19 @@ impl Settings {
                 }
             }
         }
+        let pinned_secret = pinned_secret(&config)?;
+        let (check, create) = (
+            config.scope_secret_check_interval,
+            config.scope_secret_create_delay,
+        );
+        if !create.is_zero() && create <= check {
+            return Err(invalid(
+                "scope_secret_create_delay",
+                format!("must be longer than scope_secret_check_interval ({}), so that running instances put a lost secret back before a new one is made; 0s only for a store no other instance uses", humantime_serde::re::humantime::format_duration(check)),
+            ));
+        }
         Ok(Settings {
+            pinned_secret,
             config,
             upstream,
             default_policy,
@@ -958,6 +996,29 @@ fn prefix_matches(prefix: &str, path: &str) -> bool {
         Some(rest) => rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'),
         None => false,
     }
+}
+
+/// The operator's pinned scope secret, if any (`scope_secret` or `scope_secret_file`).
+fn pinned_secret(config: &Config) -> Result<Option<ScopeSecret>, ConfigError> {
+    let (key, hex) = match (&config.scope_secret, &config.scope_secret_file) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "scope_secret_file",
+                "set scope_secret or scope_secret_file (IDEMGATE_SCOPE_SECRET counts as scope_secret), not both",
+            ))
+        }
+        (Some(s), None) => ("scope_secret", s.expose().to_string()),
+        (None, Some(p)) => {
+            let text = std::fs::read_to_string(p).map_err(|e| {
+                invalid("scope_secret_file", format!("cannot read {}: {e}", p.display()))
+            })?;
+            ("scope_secret_file", text)
+        }
+        (None, None) => return Ok(None),
+    };
+    ScopeSecret::from_hex(hex.trim())
+        .map(Some)
+        .ok_or_else(|| invalid(key, "must be 64 hex digits (as `GET /scope-secret` on the admin listener shows the current one)"))
 }
 
 /// The keys and the compression threshold of recorded answers.

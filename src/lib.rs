@@ -16,6 +16,9 @@
 //! - [`proxy`]: the hyper service and the claim → forward → record → replay flow.
 //! - [`answer`]: reading an upstream's answer up to `max_response_bytes`, streaming the
 //!   rest.
+//! - [`releases`]: claims never forwarded that this instance is still taking back.
+//! - [`secret`]: one store, one scope secret: start-up's, restoring a lost one, refusing on
+//!   disagreement.
 //! - [`request_id`]: `X-Request-Id`, kept or made up, passed on and logged.
 //! - [`retry_after`]: the `Retry-After` of a 409 in-progress, from the lease and the
 //!   route's typical upstream time.
@@ -48,9 +51,11 @@ pub mod operator;
 pub mod probe;
 pub mod problem;
 pub mod proxy;
+pub mod releases;
 pub mod request_id;
 pub mod retry_after;
 pub mod scope;
+pub mod secret;
 pub mod server;
 pub mod store;
 pub mod telemetry;

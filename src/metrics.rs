@@ -131,6 +131,8 @@ pub struct Metrics {
     records_unknown: Counter,
     redis_evicted_keys: Gauge,
     redis_restarts: Counter,
+    pending_releases: Gauge,
+    scope_secret_agreed: Gauge,
 }
 
 impl Default for Metrics {
@@ -153,6 +155,18 @@ impl Metrics {
         let records_unknown = Counter::default();
         let redis_evicted_keys = Gauge::default();
         let redis_restarts = Counter::default();
+        let pending_releases = Gauge::default();
+        let scope_secret_agreed = Gauge::default();
+        registry.register(
+            "idemgate_scope_secret_agreed",
+            "1 while this instance's scope secret agrees with the store's; 0 once it does not (protected requests are refused until a restart)",
+            scope_secret_agreed.clone(),
+        );
+        registry.register(
+            "idemgate_pending_releases",
+            "Claims never forwarded whose release has not landed yet (tried again until it does)",
+            pending_releases.clone(),
+        );
         registry.register("idemgate_requests", "Requests by outcome", requests.clone());
         registry.register(
             "idemgate_request_duration_seconds",
@@ -203,7 +217,19 @@ impl Metrics {
             records_unknown,
             redis_evicted_keys,
             redis_restarts,
+            pending_releases,
+            scope_secret_agreed,
         }
+    }
+
+    /// The gauge of scope-secret agreement, for [`crate::secret::SecretHealth`].
+    pub fn scope_secret_agreed(&self) -> Gauge {
+        self.scope_secret_agreed.clone()
+    }
+
+    /// The gauge of pending releases, for [`crate::releases::Releases`].
+    pub fn pending_releases(&self) -> Gauge {
+        self.pending_releases.clone()
     }
 
     /// Counts a finished request and its total time.
@@ -420,8 +446,12 @@ impl Store for Instrumented {
         self.inner.kind()
     }
 
-    fn scope_secret(&self) -> BoxFuture<'_, Result<crate::scope::ScopeSecret, StoreError>> {
-        self.inner.scope_secret()
+    fn meta<'a>(
+        &'a self,
+        name: &'a str,
+        offer: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<crate::store::Meta, StoreError>> {
+        self.inner.meta(name, offer)
     }
 
     fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
@@ -451,7 +481,15 @@ impl RedisWatch {
 
 /// Polls the store's server statistics every `period` (Redis `INFO`) into the metrics, until
 /// the task is aborted. Returns at once for a store without any (the embedded one).
-pub async fn watch_store(store: Arc<dyn Store>, metrics: Arc<Metrics>, period: Duration) {
+///
+/// A restart may have lost the scope secret: `restarted` is notified, so that it is checked
+/// (and put back) at once rather than at the next `scope_secret_check_interval`.
+pub async fn watch_store(
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    period: Duration,
+    restarted_now: Arc<tokio::sync::Notify>,
+) {
     let mut watch = RedisWatch::default();
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -472,6 +510,7 @@ pub async fn watch_store(store: Arc<dyn Store>, metrics: Arc<Metrics>, period: D
                     tracing::warn!(
                         "Redis restarted: records written since its last save may be lost"
                     );
+                    restarted_now.notify_one();
                 }
                 metrics.redis(evicted, restarted);
             }

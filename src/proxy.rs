@@ -35,9 +35,11 @@ use crate::fingerprint::{self, RequestParts, FINGERPRINT_VERSION};
 use crate::key::{self, RecordId};
 use crate::metrics::Metrics;
 use crate::problem::Problem;
+use crate::releases::Releases;
 use crate::request_id::{self, X_REQUEST_ID};
 use crate::retry_after;
 use crate::scope::{path, PathRules, Scoper, Tenant, TenantSource};
+use crate::secret::SecretHealth;
 use crate::store::{deadline, Claim, ClaimRequest, OwnerToken, Store, StoreError, StoredResponse};
 use crate::telemetry::{self, Step};
 use crate::upstream::{self, Failure, FreshClient, UpstreamClient};
@@ -122,6 +124,11 @@ struct Shared {
     // One permit per protected request from its key to the end of its exchange (a detached
     // exchange included): `max_in_flight` bounds the bodies and answers held at once.
     in_flight: Arc<Semaphore>,
+    // Claims never forwarded whose release has not landed yet; one set per instance.
+    releases: Arc<Releases>,
+    // Off once this instance's scope secret disagrees with the store's: its record ids
+    // would be another fleet's, so protected requests are refused.
+    secret: Arc<SecretHealth>,
 }
 
 /// How long the upstream took, carried on a response from where it is measured to the
@@ -149,6 +156,8 @@ impl Proxy {
         scoper: Scoper,
         tasks: TaskTracker,
         metrics: Arc<Metrics>,
+        releases: Arc<Releases>,
+        secret: Arc<SecretHealth>,
     ) -> Proxy {
         let client = upstream::client(
             upstream::CONNECT_TIMEOUT,
@@ -165,6 +174,8 @@ impl Proxy {
                 fresh: upstream::fresh_client(upstream::CONNECT_TIMEOUT),
                 tasks,
                 metrics,
+                releases,
+                secret,
             }),
         }
     }
@@ -188,6 +199,8 @@ impl Proxy {
                 fresh: upstream::fresh_client(upstream::CONNECT_TIMEOUT),
                 tasks: s.tasks.clone(),
                 metrics: s.metrics.clone(),
+                releases: s.releases.clone(),
+                secret: s.secret.clone(),
             }),
         }
     }
@@ -371,6 +384,17 @@ impl Proxy {
             .shared
             .scoper
             .record_id(&tenant, parts.method.as_str(), &scope_path, &key);
+        // Checked at the last moment before the claim: a disagreement found while the body
+        // was arriving still refuses this request.
+        if !self.shared.secret.agreed() {
+            let res = Problem::StoreUnavailable.response(
+                "this instance's scope secret differs from the store's, so its record ids are not the fleet's; nothing was done, retry (another instance will answer)",
+                None,
+                Some(1),
+            );
+            log(&res, Outcome::StoreError, &policy);
+            return res;
+        }
         let mut claim = ClaimRequest {
             id,
             fingerprint: fp,
@@ -552,6 +576,16 @@ impl Proxy {
             Ok(Claim::Withdrawn) => (
                 Problem::StoreUnavailable.response(
                     "the idempotency store answered too late; the request was not forwarded",
+                    Some(&id),
+                    Some(1),
+                ),
+                Outcome::StoreError,
+            ),
+            // This instance's own claim, never forwarded, not yet taken back: its lease ran
+            // out while the store was away. Not unknown: it is about to be free.
+            Ok(Claim::Unknown) if self.shared.releases.is_pending(&id) => (
+                Problem::StoreUnavailable.response(
+                    "a claim of this key that was never forwarded is still being taken back; retry",
                     Some(&id),
                     Some(1),
                 ),
@@ -859,12 +893,12 @@ fn busy_for(policy: &Policy, store_timeout: Duration) -> Duration {
     policy.upstream_timeout + store_timeout * 2
 }
 
-/// How long a release that fails is tried again, at most.
-const RELEASE_RETRY_FOR: Duration = Duration::from_secs(60);
 /// The first pause between two tries of a release; it doubles up to
 /// [`RELEASE_RETRY_PAUSE_MAX`].
 const RELEASE_RETRY_PAUSE: Duration = Duration::from_millis(50);
-const RELEASE_RETRY_PAUSE_MAX: Duration = Duration::from_secs(1);
+/// The longest pause between two tries: once the store is back, a pending release lands
+/// within this (plus one `store_timeout`), well within a lease.
+const RELEASE_RETRY_PAUSE_MAX: Duration = Duration::from_millis(500);
 
 /// Releases a claim that was never forwarded, whether or not it landed, in a task of its
 /// own: owner-checked (a record this owner does not hold is left alone), and noted by the
@@ -872,29 +906,43 @@ const RELEASE_RETRY_PAUSE_MAX: Duration = Duration::from_secs(1);
 /// arrives. That matters because the release need not follow the claim down the same
 /// connection: when the connection that carried the claim is cut, the release goes down a
 /// new one and can overtake a claim still in flight on the old. A release that fails is
-/// tried again with growing pauses for up to [`RELEASE_RETRY_FOR`], so a store that comes
-/// back within that time frees the key, rather than leaving it to read as `unknown` once
-/// its lease runs out.
+/// tried again with growing pauses for as long as the instance lives, so a store that comes
+/// back after any outage frees the key, rather than leaving it to read as `unknown` once
+/// its lease runs out; meanwhile the key is in [`Releases`], and a retry of it is told to
+/// wait. Shutdown logs those still pending by record id.
 fn release_in_background(shared: &Shared, id: RecordId, owner: OwnerToken, linger: Duration) {
     // Outside a runtime (the process is going away) there is nothing to spawn on: the
     // claim, if it landed, reads as unknown once its lease runs out, never twice executed.
     if tokio::runtime::Handle::try_current().is_err() {
+        tracing::error!(record = %id, "could not take back a claim that was never forwarded (shutting down); it is safe to release");
+        return;
+    }
+    if !shared.releases.add(id) {
+        tracing::error!(record = %id, pending = shared.releases.len(), "too many releases pending; this claim was never forwarded and is safe to release (if it landed, it reads as unknown once its lease runs out)");
         return;
     }
     let store = shared.store.clone();
+    let releases = shared.releases.clone();
     let store_timeout = shared.settings.config.store_timeout;
     shared.tasks.spawn(async move {
-        let started = Instant::now();
         let mut pause = RELEASE_RETRY_PAUSE;
+        let mut tries = 0u32;
         loop {
             match deadline(store_timeout, store.release(&id, &owner, linger)).await {
-                Ok(_) => return,
-                Err(e) if started.elapsed() + pause > RELEASE_RETRY_FOR => {
-                    tracing::error!(record = %id, error = %e, "could not take back a claim that was never forwarded; if it landed, it will read as unknown once its lease runs out");
+                Ok(_) => {
+                    releases.remove(&id);
+                    if tries > 0 {
+                        tracing::info!(record = %id, tries = tries + 1, "claim that was never forwarded taken back");
+                    }
                     return;
                 }
                 Err(e) => {
-                    tracing::debug!(record = %id, error = %e, "release failed; trying again");
+                    tries += 1;
+                    // Once, and then every so often, so that a long outage shows without
+                    // flooding the log.
+                    if tries == 1 || tries.is_multiple_of(100) {
+                        tracing::warn!(record = %id, tries, error = %e, "release of a claim that was never forwarded failed; trying again until it lands");
+                    }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(RELEASE_RETRY_PAUSE_MAX);
                 }

@@ -24,7 +24,9 @@ use crate::connection::{Deadlines, Watch, Watched};
 use crate::metrics::{self, Instrumented, Metrics};
 use crate::operator::Resolver;
 use crate::proxy::Proxy;
+use crate::releases::Releases;
 use crate::scope::Scoper;
+use crate::secret::{SecretError, SecretHealth};
 use crate::store::seal::Enveloped;
 use crate::store::{
     MemoryStore, PostgresStore, RedisSetup, RedisStore, SqliteStore, Store, StoreError,
@@ -59,6 +61,9 @@ pub enum Error {
     /// A serving thread could not be started.
     #[error("cannot start a serving thread: {0}")]
     Runtime(std::io::Error),
+    /// The store's scope secret (or its namespace's verifier) is not this instance's.
+    #[error("scope secret: {0}")]
+    ScopeSecret(String),
     /// Redis would evict records, which would silently turn retries into second executions.
     #[error("Redis maxmemory-policy is `{0}`: it may evict idempotency records and let retries execute twice. Set `maxmemory-policy noeviction` on the Redis that idemgate uses")]
     EvictingRedis(String),
@@ -69,7 +74,7 @@ impl Error {
     /// 71 an OS error.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Config(_) | Error::EvictingRedis(_) => 64,
+            Error::Config(_) | Error::EvictingRedis(_) | Error::ScopeSecret(_) => 64,
             Error::Store(_) | Error::RedisUnreachable { .. } => 69,
             Error::Bind { .. } | Error::Runtime(_) => 71,
         }
@@ -96,7 +101,27 @@ pub async fn open_store(settings: &Settings) -> Result<(Arc<dyn Store>, Scoper),
     } else {
         timeout
     };
-    let secret = crate::store::deadline(timeout, store.scope_secret()).await?;
+    let c = &settings.config;
+    // A store of this process alone (the embedded one, a SQLite file whose records and
+    // secret go together) has no running instance to wait for.
+    let shared = matches!(store.kind(), "redis" | "postgres");
+    let delay = if shared {
+        c.scope_secret_create_delay
+    } else {
+        Duration::ZERO
+    };
+    let secret = crate::secret::establish(
+        &*store,
+        settings.pinned_secret.as_ref(),
+        &settings.namespace,
+        delay,
+        timeout,
+    )
+    .await
+    .map_err(|e| match e {
+        SecretError::Store(e) => Error::Store(e),
+        SecretError::Disagrees(why) => Error::ScopeSecret(why),
+    })?;
     Ok((store, Scoper::new(&secret, &settings.namespace)))
 }
 
@@ -445,18 +470,36 @@ async fn serve_on(
     let open = Arc::new(Semaphore::new(limits.max_connections));
     let metrics = Arc::new(Metrics::new());
     let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, metrics.clone(), store_timeout));
+    let restarted = Arc::new(tokio::sync::Notify::new());
     let watcher = tokio::spawn(metrics::watch_store(
         store.clone(),
         metrics.clone(),
         settings.config.redis_info_interval,
+        restarted.clone(),
     ));
+    let secret_health = Arc::new(SecretHealth::new(metrics.scope_secret_agreed()));
+    // An embedded store's secret cannot be lost while its process runs.
+    let secret_watch = (store.kind() != "memory").then(|| {
+        let watch = crate::secret::Watch {
+            store: store.clone(),
+            secret: scoper.secret().clone(),
+            pinned: settings.pinned_secret.is_some(),
+            namespace: settings.namespace.clone(),
+            interval: settings.config.scope_secret_check_interval,
+            timeout: store_timeout,
+            health: secret_health.clone(),
+            now: restarted,
+        };
+        tokio::spawn(watch.run())
+    });
     // Shutdown ends at one deadline, set when it starts; every drain below shares it.
     let (end_tx, end_rx) = tokio::sync::watch::channel(None::<Instant>);
     let admin_task = admin.map(|l| {
         let token = settings.config.admin_token.clone();
         let resolver = Resolver::new(Arc::new(settings.clone()), scoper.clone());
         let admin = Admin::new(store.clone(), store_timeout, metrics.clone(), token)
-            .with_resolver(resolver);
+            .with_resolver(resolver)
+            .with_secret(secret_health.clone(), scoper.secret().clone());
         // The admin listener has connections of its own, so a flood of client connections
         // never keeps an operator out.
         let limits = ConnLimits {
@@ -476,7 +519,16 @@ async fn serve_on(
             },
         ))
     });
-    let proxy = Proxy::new(settings, store, scoper, tasks.clone(), metrics.clone());
+    let releases = Arc::new(Releases::new(metrics.pending_releases()));
+    let proxy = Proxy::new(
+        settings,
+        store,
+        scoper,
+        tasks.clone(),
+        metrics.clone(),
+        releases.clone(),
+        secret_health.clone(),
+    );
     let mut done = Vec::new();
     let mut balances = Balance::for_threads(workers.len() + 1).into_iter();
     // With one thread there is nothing to balance.
@@ -530,6 +582,12 @@ async fn serve_on(
         }
     };
     let _ = tokio::join!(proxy_task, exchanges);
+    // Releases still pending were retried until the grace ran out: their claims were never
+    // forwarded, and an operator may release them (until their lease runs out they read
+    // as in progress, then as unknown).
+    for id in releases.ids() {
+        tracing::error!(record = %id, "shut down before the release of a claim that was never forwarded landed; it is safe to release");
+    }
     for d in done {
         let _ = d.await;
     }
@@ -537,6 +595,9 @@ async fn serve_on(
         let _ = t.await;
     }
     watcher.abort();
+    if let Some(w) = secret_watch {
+        w.abort();
+    }
     tracing::info!("stopped");
 }
 

@@ -17,6 +17,7 @@ const N: usize = 30;
 
 fn pg_config(up: &Upstream, url: &str) -> Config {
     let mut c = Config::for_upstream(&up.url());
+    c.scope_secret_create_delay = Duration::ZERO;
     c.postgres_url = Some(url.into());
     c.namespace = Some(NAMESPACE.into());
     c.admin_listen = Some("127.0.0.1:0".parse().unwrap());

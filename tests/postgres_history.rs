@@ -90,6 +90,7 @@ async fn history_on_postgres_under_faults_has_no_double_execution() {
     let up = Upstream::start().await;
     let url = format!("postgres://postgres@{}/postgres", proxy.addr);
     let mut cfg = idemgate::config::Config::for_upstream(&up.url());
+    cfg.scope_secret_create_delay = Duration::ZERO;
     cfg.postgres_url = Some(url.as_str().into());
     cfg.namespace = Some(NAMESPACE.into());
     cfg.store_timeout = Duration::from_millis(300);

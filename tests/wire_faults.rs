@@ -294,3 +294,71 @@ async fn a_silent_connection_is_given_up_for_a_new_one() {
         "the old connection held a call"
     );
 }
+
+/// The claim lands but its reply is lost, then Redis is unreachable for `outage`: every
+/// connection cut, new ones refused. The release must land once Redis is back, however
+/// long the outage, and the key must execute once within one lease of that; meanwhile a
+/// retry is told to wait (503 or 409 `in-progress`), never `outcome-unknown`: this instance
+/// knows it never forwarded the claim.
+async fn a_release_outlives_an_outage_of(outage: Duration) {
+    let lease = Duration::from_secs(2);
+    let rig = rig(lease).await;
+    rig.proxy.drop_replies(true);
+    let first = send(&rig, "k-outage");
+    eventually(
+        Duration::from_secs(5),
+        "the claim's reply swallowed",
+        || rig.proxy.replies_dropped() >= 1,
+    )
+    .await;
+    rig.proxy.refuse(true);
+    rig.proxy.cut_all();
+    rig.proxy.drop_replies(false);
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 503, "{:?}", first.body);
+    // Retries during the outage wait; none reads the never-forwarded claim as unknown, also
+    // once its lease has run out.
+    let down = Instant::now();
+    while down.elapsed() < outage {
+        let r = post(
+            &rig.c,
+            &rig.app,
+            "/v1/transfers",
+            Some("k-outage"),
+            TRANSFER,
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 503, "during the outage: {:?}", r.body);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    rig.proxy.refuse(false);
+    let back = Instant::now();
+    let again = retry_until_answered(&rig, "k-outage", lease * 3).await;
+    assert_eq!(again.status, 201, "{:?}", again.body);
+    assert_eq!(again.header("x-execution"), Some("2"));
+    assert!(
+        back.elapsed() < lease + Duration::from_secs(1),
+        "free {:?} after Redis came back",
+        back.elapsed()
+    );
+    assert_eq!(rig.up.hits(), 2, "exactly one execution of the key");
+    rig.app.shutdown().await;
+    drop(rig.redis);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_outlives_an_outage_of_1500ms() {
+    a_release_outlives_an_outage_of(Duration::from_millis(1500)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_outlives_an_outage_of_5s() {
+    a_release_outlives_an_outage_of(Duration::from_secs(5)).await;
+}
+
+// Past the 60 s that releases were once given up after, with a lease long gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_outlives_an_outage_of_65s() {
+    a_release_outlives_an_outage_of(Duration::from_secs(65)).await;
+}

@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::key::RecordId;
-use crate::scope::ScopeSecret;
 use crate::store::{
     deadline, BoxFuture, Claim, ClaimRequest, Deleted, OwnerToken, RecordView, ServerStats, Store,
     StoreError, StoredResponse,
@@ -156,8 +155,12 @@ impl Store for Tracked {
         self.inner.kind()
     }
 
-    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>> {
-        self.inner.scope_secret()
+    fn meta<'a>(
+        &'a self,
+        name: &'a str,
+        offer: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<crate::store::Meta, StoreError>> {
+        self.inner.meta(name, offer)
     }
 
     fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {

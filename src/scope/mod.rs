@@ -40,6 +40,17 @@ impl ScopeSecret {
         crate::key::to_hex(&self.0)
     }
 
+    /// What a namespace's instances store beside the secret to check that they agree on it
+    /// (`scope_verifier:<namespace>`): an HMAC of a constant under it, so the verifier
+    /// tells nothing about the secret itself.
+    pub fn verifier(&self, namespace: &str) -> String {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0)
+            .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"));
+        mac.update(b"idemgate-scope-verifier\x00\x01");
+        update_part(&mut mac, namespace.as_bytes());
+        crate::key::to_hex(&mac.finalize().into_bytes())
+    }
+
     /// Reads the stored form; `None` unless it is exactly 64 hex digits.
     pub fn from_hex(s: &str) -> Option<ScopeSecret> {
         let mut out = [0u8; 32];
@@ -60,9 +71,16 @@ pub struct Scoper {
     // Keyed once: cloning the keyed state per request skips the two key-block compressions
     // that keying costs.
     mac: Hmac<Sha256>,
+    // What it was keyed with: checked against the store while the instance runs.
+    secret: ScopeSecret,
 }
 
 impl Scoper {
+    /// The secret these ids are keyed with.
+    pub fn secret(&self) -> &ScopeSecret {
+        &self.secret
+    }
+
     /// Record ids of `namespace`, keyed by `secret`.
     pub fn new(secret: &ScopeSecret, namespace: &str) -> Scoper {
         // HMAC takes keys of any length; a 32-byte key cannot be refused.
@@ -70,7 +88,10 @@ impl Scoper {
             .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"));
         mac.update(b"idemgate-scope\x00\x02");
         update_part(&mut mac, namespace.as_bytes());
-        Scoper { mac }
+        Scoper {
+            mac,
+            secret: secret.clone(),
+        }
     }
 
     /// The id of the record that a request belongs to. `path` must be normalized

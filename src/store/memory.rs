@@ -10,12 +10,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, Completed, Deleted, OwnerToken, Page, RecordState, RecordView,
-    Store, StoreError, StoredResponse,
+    BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
+    RecordView, Store, StoreError, StoredResponse,
 };
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
-use crate::scope::ScopeSecret;
 
 /// The in-memory store. Cheap to clone; clones share the records.
 #[derive(Clone)]
@@ -35,8 +34,9 @@ struct Inner {
     held: AtomicUsize,
     // A cap, so a client that floods distinct keys gets 503s instead of exhausting memory.
     max_records: usize,
-    // This store's record-id key: random, and gone with the records it keys.
-    secret: ScopeSecret,
+    // The scope secret and its verifiers (`Store::meta`): made by the first start-up, and
+    // gone with the records they key.
+    meta: Mutex<std::collections::HashMap<String, String>>,
     /// Bytes held by all records ([`Entry::size`]), kept like `held`: raised (checked against
     /// `max_bytes` in the same atomic step) before a record or an answer goes in, lowered
     /// after one comes out.
@@ -403,7 +403,7 @@ impl MemoryStore {
                 max_records,
                 bytes: AtomicUsize::new(0),
                 max_bytes,
-                secret: ScopeSecret::random(),
+                meta: Mutex::default(),
                 epoch: Instant::now(),
             }),
         }
@@ -868,9 +868,28 @@ impl Store for MemoryStore {
         "memory"
     }
 
-    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>> {
-        let secret = self.inner.secret.clone();
-        Box::pin(async move { Ok(secret) })
+    fn meta<'a>(
+        &'a self,
+        name: &'a str,
+        offer: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Meta, StoreError>> {
+        let found = match self.inner.meta.lock() {
+            Ok(mut meta) => {
+                let created = match offer {
+                    Some(v) if !meta.contains_key(name) => {
+                        meta.insert(name.to_string(), v.to_string());
+                        true
+                    }
+                    _ => false,
+                };
+                Ok(Meta {
+                    value: meta.get(name).cloned(),
+                    created,
+                })
+            }
+            Err(_) => Err(StoreError::Backend("the store's lock is poisoned".into())),
+        };
+        ready(found)
     }
 }
 

@@ -341,15 +341,48 @@ pub trait Store: Send + Sync + 'static {
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
     /// A short name for logs: `memory`, `sqlite` or `redis`.
     fn kind(&self) -> &'static str;
+    /// A small named value the store keeps for ever (no TTL), beside the records: the
+    /// scope secret, and each namespace's verifier of it (see [`crate::secret`]). With an
+    /// `offer`, the value is set to it if absent; either way what the store holds then is
+    /// returned, and whether this call created it. With replica acknowledgement on, an
+    /// offered value is acknowledged before the call returns. An embedded store keeps them
+    /// in its memory, and they die with it like its records.
+    fn meta<'a>(
+        &'a self,
+        name: &'a str,
+        offer: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Meta, StoreError>>;
     /// The secret that record ids are keyed with: the same for every instance that shares
-    /// this store, created by the first one and kept by the store. An embedded store has
-    /// its own, which dies with it like its records.
-    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>>;
+    /// this store, created by the first one and kept by the store (set if absent, then
+    /// read). Start-up goes through [`crate::secret::establish`] instead, which waits for
+    /// running instances to restore a lost one before creating it.
+    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>> {
+        Box::pin(async move {
+            let offer = ScopeSecret::random().to_hex();
+            let meta = self.meta(SCOPE_SECRET, Some(&offer)).await?;
+            meta.value
+                .as_deref()
+                .and_then(ScopeSecret::from_hex)
+                .ok_or_else(|| StoreError::Corrupt("the scope secret is not 64 hex digits".into()))
+        })
+    }
     /// What the server says about itself, for metrics; `None` for a store without a
     /// server (the embedded one).
     fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
         Box::pin(async { Ok(None) })
     }
+}
+
+/// The name under which [`Store::meta`] keeps the scope secret.
+pub const SCOPE_SECRET: &str = "scope_secret";
+
+/// What [`Store::meta`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Meta {
+    /// What the store holds now; `None` only when nothing was offered and nothing is held.
+    pub value: Option<String>,
+    /// Whether this call set it (it was absent).
+    pub created: bool,
 }
 
 /// A store server's view of itself (Redis `INFO`), polled for metrics.

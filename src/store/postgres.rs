@@ -22,12 +22,11 @@ use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls, Row, Statement};
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, Completed, Deleted, OwnerToken, Page, RecordState, RecordView,
-    Store, StoreError, StoredResponse,
+    BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
+    RecordView, Store, StoreError, StoredResponse,
 };
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
-use crate::scope::ScopeSecret;
 
 /// The schema this build writes, kept in `idemgate_meta`. A database with a higher version
 /// was migrated by a newer idemgate and is refused rather than misread.
@@ -742,28 +741,38 @@ impl Store for PostgresStore {
         "postgres"
     }
 
-    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>> {
+    fn meta<'a>(
+        &'a self,
+        name: &'a str,
+        offer: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Meta, StoreError>> {
         Box::pin(async move {
             let c = self.conn().await?;
             let c = &c.client;
-            // Insert if absent, then read back in the same statement's aftermath: whichever
-            // instance came first, every instance reads the one secret that won.
-            c.execute(
-                "INSERT INTO idemgate_meta (name, value) VALUES ('scope_secret', $1)
-                 ON CONFLICT (name) DO NOTHING",
-                &[&ScopeSecret::random().to_hex()],
-            )
-            .await
-            .map_err(pg)?;
-            let hex: String = c
-                .query_one(
-                    "SELECT value FROM idemgate_meta WHERE name = 'scope_secret'",
-                    &[],
-                )
+            // Insert if absent, then read: whichever instance came first, every instance
+            // reads the one value that won.
+            let created = match offer {
+                Some(v) => {
+                    c.execute(
+                        "INSERT INTO idemgate_meta (name, value) VALUES ($1, $2)
+                         ON CONFLICT (name) DO NOTHING",
+                        &[&name, &v],
+                    )
+                    .await
+                    .map_err(pg)?
+                        == 1
+                }
+                None => false,
+            };
+            let row = c
+                .query_opt("SELECT value FROM idemgate_meta WHERE name = $1", &[&name])
                 .await
-                .map_err(pg)
-                .and_then(|r| col(&r, 0))?;
-            ScopeSecret::from_hex(&hex).ok_or_else(|| corrupt("scope secret is not 64 hex digits"))
+                .map_err(pg)?;
+            let value = match row {
+                Some(r) => Some(col::<String>(&r, 0)?),
+                None => None,
+            };
+            Ok(Meta { value, created })
         })
     }
 }

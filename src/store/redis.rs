@@ -20,11 +20,10 @@ use redis::{Cmd, Script, Value};
 use super::redis_link::Link;
 use super::redis_setup::{RedisSetup, ReplicaAck, Topology};
 use super::{
-    BoxFuture, Claim, ClaimRequest, Completed, Deleted, OwnerToken, Page, RecordState, RecordView,
-    ServerStats, Store, StoreError, StoredResponse,
+    BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
+    RecordView, ServerStats, Store, StoreError, StoredResponse, SCOPE_SECRET,
 };
 use crate::key::RecordId;
-use crate::scope::ScopeSecret;
 
 // Fields of a record hash: st = state (p in progress, c completed, n completed but the
 // answer not kept, u unknown), fp =
@@ -200,10 +199,21 @@ end
 return {r[1], r[2], r[3], r[4] or '', r[5], r[6] or '', tostring(now), tostring(redis.call('PTTL', KEYS[1])), body, r[7] or ''}
 "#;
 
-/// Where the record-id secret lives: outside any record's hash tag, read once at start-up.
-/// It must outlive every record (it does: it has no TTL, and idemgate refuses a Redis that
-/// evicts); losing it orphans every record, exactly like losing the records themselves.
+/// Where the record-id secret lives: outside any record's hash tag, read at start-up and
+/// checked (put back if missing) every `scope_secret_check_interval` (see
+/// [`crate::secret`]). It must outlive every record (it has no TTL, and idemgate refuses a
+/// Redis that evicts); a Redis that forgets it is what the checks are for.
 pub const SECRET_KEY: &str = "idemgate:scope-secret";
+
+/// The Redis key of a [`Store::meta`] value: the scope secret where it always was, the
+/// others beside it (`idemgate:scope-verifier:<namespace>`).
+fn meta_key(name: &str) -> String {
+    if name == SCOPE_SECRET {
+        SECRET_KEY.to_string()
+    } else {
+        format!("idemgate:{}", name.replace('_', "-"))
+    }
+}
 
 /// How many times start-up waits for the replicas to acknowledge the scope secret (each
 /// wait `replica_ack_timeout`) before it gives up.
@@ -1206,35 +1216,42 @@ impl Store for RedisStore {
         "redis"
     }
 
-    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>> {
+    fn meta<'a>(
+        &'a self,
+        name: &'a str,
+        offer: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Meta, StoreError>> {
         Box::pin(async move {
+            let key = meta_key(name);
             let mut c = self.conn.clone();
             // SET NX, then GET: whichever instance came first, every instance reads the one
-            // secret that won. Two commands rather than `SET NX GET`, which Redis before
-            // 7.0 refuses; this runs once, at start-up.
-            let _: Value = redis::cmd("SET")
-                .arg(SECRET_KEY)
-                .arg(ScopeSecret::random().to_hex())
-                .arg("NX")
+            // value that won. Two commands rather than `SET NX GET`, which Redis before
+            // 7.0 refuses; this runs at start-up and every `scope_secret_check_interval`.
+            let created = match offer {
+                Some(v) => {
+                    let set: Option<String> = redis::cmd("SET")
+                        .arg(&key)
+                        .arg(v)
+                        .arg("NX")
+                        .query_async(&mut c)
+                        .await
+                        .map_err(backend)?;
+                    set.is_some()
+                }
+                None => false,
+            };
+            let value: Option<String> = redis::cmd("GET")
+                .arg(&key)
                 .query_async(&mut c)
                 .await
                 .map_err(backend)?;
-            let stored: Option<String> = redis::cmd("GET")
-                .arg(SECRET_KEY)
-                .query_async(&mut c)
-                .await
-                .map_err(backend)?;
-            let secret = stored
-                .as_deref()
-                .and_then(ScopeSecret::from_hex)
-                .ok_or_else(|| corrupt(&format!("{SECRET_KEY} is not a 64-digit hex secret")))?;
             // Every record id hangs on the secret: one lost in a failover would orphan every
             // record. With replica acknowledgement on, it must be on the replicas too.
             // A replica that has only just finished its first sync can let a WAIT run out
             // although it is online (seen with Redis 7.0: 0 of 1 within 200 ms, three times
             // in ten, right after the primary listed it as online). Start-up is in no hurry:
             // the acknowledgement gets `SECRET_ACK_TRIES` tries before idemgate gives up.
-            if let Some(ack) = self.replica_ack {
+            if let (Some(ack), Some(_)) = (self.replica_ack, offer) {
                 let mut acked = 0;
                 for _ in 0..SECRET_ACK_TRIES {
                     acked = redis::cmd("WAIT")
@@ -1249,7 +1266,7 @@ impl Store for RedisStore {
                 }
                 self.acknowledged("the scope secret", Some(acked))?;
             }
-            Ok(secret)
+            Ok(Meta { value, created })
         })
     }
 

@@ -29,11 +29,10 @@ use base64::Engine as _;
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, Completed, Deleted, OwnerToken, Page, RecordState, RecordView,
-    ServerStats, Store, StoreError, StoredResponse,
+    BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
+    RecordView, ServerStats, Store, StoreError, StoredResponse,
 };
 use crate::key::RecordId;
-use crate::scope::ScopeSecret;
 
 /// The header name that marks a stored answer as an envelope. A colon cannot start an
 /// HTTP/1 header name, so no upstream header is ever mistaken for it.
@@ -413,8 +412,12 @@ impl Store for Enveloped {
         self.inner.kind()
     }
 
-    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>> {
-        self.inner.scope_secret()
+    fn meta<'a>(
+        &'a self,
+        name: &'a str,
+        offer: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Meta, StoreError>> {
+        self.inner.meta(name, offer)
     }
 
     fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {

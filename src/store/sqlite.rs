@@ -38,12 +38,11 @@ use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, Completed, Deleted, OwnerToken, Page, RecordState, RecordView,
-    Store, StoreError, StoredResponse,
+    BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
+    RecordView, Store, StoreError, StoredResponse,
 };
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
-use crate::scope::ScopeSecret;
 
 /// The database file inside `store_path`.
 pub const FILE_NAME: &str = "idemgate.sqlite3";
@@ -664,24 +663,36 @@ impl Store for SqliteStore {
         "sqlite"
     }
 
-    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>> {
-        self.run(|c| {
+    fn meta<'a>(
+        &'a self,
+        name: &'a str,
+        offer: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Meta, StoreError>> {
+        let (name, offer) = (name.to_string(), offer.map(str::to_string));
+        self.run(move |c| {
             // Insert if absent, then read: the first start of the database makes the
             // secret, every later one (and every process opening the file) reads it back.
-            c.execute(
-                "INSERT INTO meta (name, value) VALUES ('scope_secret', ?1)
-                 ON CONFLICT (name) DO NOTHING",
-                params![ScopeSecret::random().to_hex()],
-            )
-            .map_err(backend)?;
-            let hex: String = c
+            let created = match &offer {
+                Some(v) => {
+                    c.execute(
+                        "INSERT INTO meta (name, value) VALUES (?1, ?2)
+                         ON CONFLICT (name) DO NOTHING",
+                        params![name, v],
+                    )
+                    .map_err(backend)?
+                        == 1
+                }
+                None => false,
+            };
+            let value: Option<String> = c
                 .query_row(
-                    "SELECT value FROM meta WHERE name = 'scope_secret'",
-                    [],
+                    "SELECT value FROM meta WHERE name = ?1",
+                    params![name],
                     |r| r.get(0),
                 )
+                .optional()
                 .map_err(backend)?;
-            ScopeSecret::from_hex(&hex).ok_or_else(|| corrupt("scope secret is not 64 hex digits"))
+            Ok(Meta { value, created })
         })
     }
 }

@@ -483,6 +483,8 @@ pub fn config(upstream: &Upstream, backend: &Backend) -> Config {
     }
     c.admin_listen = Some("127.0.0.1:0".parse().expect("addr"));
     c.defaults.anonymous = idemgate::config::Anonymous::Shared;
+    // Each test's store is its own: no running instance to wait for.
+    c.scope_secret_create_delay = Duration::ZERO;
     c
 }
 
@@ -493,6 +495,8 @@ pub fn redis_config(upstream: &Upstream, redis: &RedisServer) -> Config {
     c.namespace = Some(NAMESPACE.into());
     c.admin_listen = Some("127.0.0.1:0".parse().expect("addr"));
     c.defaults.anonymous = idemgate::config::Anonymous::Shared;
+    // Each test's store is its own: no running instance to wait for.
+    c.scope_secret_create_delay = Duration::ZERO;
     c
 }
 
@@ -637,6 +641,8 @@ impl Gate {
             .env("IDEMGATE_UPSTREAM", upstream)
             .env("IDEMGATE_NAMESPACE", NAMESPACE)
             .env("IDEMGATE_DEFAULTS__ANONYMOUS", "shared")
+            // Each test's store is its own: no running instance to wait for.
+            .env("IDEMGATE_SCOPE_SECRET_CREATE_DELAY", "0s")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
