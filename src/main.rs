@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use figment::providers::Serialized;
@@ -293,21 +295,35 @@ fn main() -> ExitCode {
             "environment variables with the IDEMGATE_ prefix that name no setting are ignored"
         );
     }
-    let code = serve(settings);
-    // The spans still buffered go out before the process ends.
+    let grace = settings.config.shutdown_grace;
+    let signaled = Arc::new(OnceLock::new());
+    let code = serve(settings, signaled.clone());
+    // The spans still buffered go out before the process ends, within what is left of the
+    // one shutdown grace (a silent collector would otherwise add its own export timeout).
     if let Some(telemetry) = telemetry {
-        telemetry.shutdown();
+        telemetry.shutdown(left_of(grace, &signaled));
     }
     code
 }
 
-/// Runs the proxy until SIGTERM/SIGINT.
-fn serve(settings: idemgate::config::Settings) -> ExitCode {
+/// What is left of `grace` since the shutdown signal (all of it if none came).
+fn left_of(grace: Duration, signaled: &OnceLock<Instant>) -> Duration {
+    signaled
+        .get()
+        .map_or(grace, |at| grace.saturating_sub(at.elapsed()))
+}
+
+/// Runs the proxy until SIGTERM/SIGINT; notes in `signaled` when the signal came, so that
+/// everything after it (the drain, the runtime's end, the last spans) fits in one
+/// `shutdown_grace`.
+fn serve(settings: idemgate::config::Settings, signaled: Arc<OnceLock<Instant>>) -> ExitCode {
     let runtime = match serving_runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    runtime.block_on(async move {
+    let grace = settings.config.shutdown_grace;
+    let noted = signaled.clone();
+    let code = runtime.block_on(async move {
         let (listener, admin) = match idemgate::server::bind(&settings).await {
             Ok(l) => l,
             Err(e) => {
@@ -335,12 +351,20 @@ fn serve(settings: idemgate::config::Settings) -> ExitCode {
             version = env!("CARGO_PKG_VERSION"),
             "idemgate starting"
         );
-        match idemgate::run(settings, listener, admin, shutdown_signal()).await {
+        let signal = async move {
+            shutdown_signal().await;
+            let _ = noted.set(Instant::now());
+        };
+        match idemgate::run(settings, listener, admin, signal).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("idemgate: {e}");
                 ExitCode::from(e.exit_code() as u8)
             }
         }
-    })
+    });
+    // Tasks still running (a store call that never returns, a connection being given up)
+    // are dropped with the runtime; waiting for blocking ones is bounded by the grace.
+    runtime.shutdown_timeout(left_of(grace, &signaled));
+    code
 }

@@ -1040,6 +1040,7 @@ async fn exchange(
         Ok((mut parts, Answer::Whole(bytes))) => {
             policy.upstream_time.observe(latency.0);
             upstream::strip_hop_by_hop(&mut parts.headers);
+            let upstream_timeout = policy.upstream_timeout;
             let stored = StoredResponse {
                 status: parts.status.as_u16(),
                 headers: parts
@@ -1053,7 +1054,7 @@ async fn exchange(
             };
             match policy.record_mode {
                 RecordMode::BeforeResponse => {
-                    record_answer(shared, &id, &owner, &stored, &span).await;
+                    record_answer(shared, &id, &owner, &stored, &span, upstream_timeout).await;
                 }
                 // The client's answer goes out now; the record is written meanwhile, in a
                 // task that shutdown waits for and that keeps the in-flight permit until it
@@ -1063,7 +1064,7 @@ async fn exchange(
                 RecordMode::AfterResponse => {
                     let (shared, span) = (Arc::clone(shared), span.clone());
                     shared.tasks.clone().spawn(async move {
-                        record_answer(&shared, &id, &owner, &stored, &span).await;
+                        record_answer(&shared, &id, &owner, &stored, &span, upstream_timeout).await;
                         drop(permit);
                     });
                 }
@@ -1129,10 +1130,12 @@ async fn record_answer(
     owner: &OwnerToken,
     stored: &StoredResponse,
     span: &Span,
+    upstream_timeout: Duration,
 ) {
     let store_timeout = shared.settings.config.store_timeout;
+    let limit = record_deadline(store_timeout, upstream_timeout, stored.body.len());
     let record_span = telemetry::child(span, Step::Record);
-    let recorded = deadline(store_timeout, shared.store.record(id, owner, stored)).await;
+    let recorded = deadline(limit, shared.store.record(id, owner, stored)).await;
     drop(record_span);
     match recorded {
         Ok(true) => {}
@@ -1151,6 +1154,22 @@ async fn record_answer(
             tracing::error!(record = %id, error = %e, "could not record the upstream's answer")
         }
     }
+}
+
+/// The size of a piece of a large answer, as the stores write them (Redis in pieces of
+/// this size, SQLite and PostgreSQL in statements whose time grows with it).
+const RECORD_PIECE: usize = 256 * 1024;
+
+/// How long recording an answer of `len` bytes may take: `store_timeout` for each
+/// [`RECORD_PIECE`] or part of one, the whole at most `upstream_timeout` (and never less
+/// than `store_timeout`). One `store_timeout` for the whole had an 80 MiB answer (320
+/// pieces) time out half way: the client got its answer, its record never landed, and
+/// the retry got 409 instead of the replay.
+fn record_deadline(store_timeout: Duration, upstream_timeout: Duration, len: usize) -> Duration {
+    let pieces = u32::try_from(len.div_ceil(RECORD_PIECE).max(1)).unwrap_or(u32::MAX);
+    store_timeout
+        .saturating_mul(pieces)
+        .min(upstream_timeout.max(store_timeout))
 }
 
 /// Completes a record without its body, logging what went wrong.

@@ -95,10 +95,13 @@ impl Telemetry {
         Ok((Telemetry { provider }, tracer))
     }
 
-    /// Exports what is buffered and stops. Blocks: call it outside the serving runtime.
-    pub fn shutdown(self) {
+    /// Exports what is buffered and stops, within `limit`. Blocks: call it outside the
+    /// serving runtime.
+    pub fn shutdown(self, limit: Duration) {
         ON.store(false, Ordering::Relaxed);
-        if let Err(e) = self.provider.shutdown() {
+        // At least a moment, so that a healthy collector still gets the last spans.
+        let limit = limit.max(Duration::from_millis(100));
+        if let Err(e) = self.provider.shutdown_with_timeout(limit) {
             tracing::warn!(error = %e, "could not export the last spans");
         }
     }

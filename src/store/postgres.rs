@@ -100,6 +100,9 @@ FROM (SELECT 1) AS one
 LEFT JOIN idemgate_records r ON r.id = $1 AND r.expires > clock_timestamp()
 ";
 
+/// Answers larger than this are recorded on a connection of their own (see `record`).
+const LARGE_BODY: usize = 256 * 1024;
+
 const RECORD: &str = "
 UPDATE idemgate_records SET state = 1, status = $3, headers = $4, body = $5
 WHERE id = $1 AND owner = $2 AND expires > clock_timestamp()
@@ -276,12 +279,17 @@ impl PostgresStore {
     }
 
     async fn open(&self) -> Result<Client, StoreError> {
+        self.open_with(self.inner.statement_timeout).await
+    }
+
+    /// A connection whose statements may run for `statement_timeout`.
+    async fn open_with(&self, statement_timeout: Duration) -> Result<Client, StoreError> {
         let mut config: tokio_postgres::Config = self.inner.url.parse().map_err(backend)?;
         config.connect_timeout(self.inner.connect_timeout);
         config.application_name("idemgate");
         config.options(format!(
             "-c statement_timeout={}",
-            self.inner.statement_timeout.as_millis().max(1)
+            statement_timeout.as_millis().max(1)
         ));
         let (client, connection) = super::deadline(self.inner.connect_timeout, async {
             config.connect(NoTls).await.map_err(pg)
@@ -510,19 +518,26 @@ impl Store for PostgresStore {
         Box::pin(async move {
             let status = i32::from(response.status);
             let headers = response.encode_headers();
-            let n = self
-                .execute(
-                    |c| &c.record,
-                    &[
-                        &id.as_bytes().as_slice(),
-                        &owner.as_str(),
-                        &status,
-                        &headers,
-                        &&response.body[..],
-                    ],
-                )
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+                &id.as_bytes().as_slice(),
+                &owner.as_str(),
+                &status,
+                &headers,
+                &&response.body[..],
+            ];
+            if response.body.len() <= LARGE_BODY {
+                return Ok(self.execute(|c| &c.record, &params).await? == 1);
+            }
+            // A large answer's statement takes longer than `store_timeout` (an 80 MiB one
+            // was cut off by it), and on the shared connection it would hold up every other
+            // request's statement behind it: it goes on a connection of its own, allowed
+            // `store_timeout` per LARGE_BODY bytes (the caller's deadline bounds the whole).
+            let pieces =
+                u32::try_from(response.body.len().div_ceil(LARGE_BODY)).unwrap_or(u32::MAX);
+            let client = self
+                .open_with(self.inner.statement_timeout.saturating_mul(pieces))
                 .await?;
-            Ok(n == 1)
+            Ok(client.execute(RECORD, &params).await.map_err(pg)? == 1)
         })
     }
 

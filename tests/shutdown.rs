@@ -1,0 +1,124 @@
+//! SIGTERM through the binary while claims that were never forwarded are still being taken
+//! back: the releases are carried out within `shutdown_grace` when the store lets them,
+//! those that cannot be are logged by record id as safe to release, and the whole shutdown
+//! ends within the grace.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const GRACE: Duration = Duration::from_secs(2);
+
+/// Redis frozen; three new keys each answered 503 (their claims wait in Redis's socket
+/// buffer, never forwarded). Returns the gate and the three record ids.
+async fn three_claims_stuck_in_a_frozen_redis(
+    redis: &RedisServer,
+    up: &Upstream,
+) -> (Gate, Vec<String>) {
+    let gate = Gate::start(
+        &up.url(),
+        &redis.url(),
+        &[
+            ("IDEMGATE_STORE_TIMEOUT", "300ms"),
+            ("IDEMGATE_SHUTDOWN_GRACE", "2s"),
+            // No INFO polls: nothing but the claims and their releases goes to Redis.
+            ("IDEMGATE_REDIS_INFO_INTERVAL", "1h"),
+            ("IDEMGATE_SCOPE_SECRET_CHECK_INTERVAL", "1h"),
+        ],
+    );
+    let c = client();
+    let warm = post_url(&c, &gate.url("/pay"), Some("warm"), "{}", &[]).await;
+    assert_eq!(warm.status, 201);
+    redis.pause();
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let r = post_url(
+            &c,
+            &gate.url("/pay"),
+            Some(&format!("stuck-{i}")),
+            "{}",
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, 503, "{:?}", r.body);
+        ids.push(r.json()["record_id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(up.hits(), 1, "none of them forwarded");
+    (gate, ids)
+}
+
+// Redis comes back within the grace: the releases land, and the keys execute normally on
+// the next instance (before: the releases were dropped at shutdown, the claims landed when
+// Redis resumed, and the keys read `unknown` with 0 executions).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_releases_land_within_the_grace() {
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let (mut gate, _ids) = three_claims_stuck_in_a_frozen_redis(&redis, &up).await;
+    let thaw = {
+        let pid = redis.pid();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            signal(pid, "CONT");
+        })
+    };
+    let started = Instant::now();
+    let status = tokio::task::block_in_place(|| gate.terminate(GRACE * 3));
+    let took = started.elapsed();
+    thaw.await.unwrap();
+    assert!(status.success(), "{status:?}\n{}", gate.log());
+    assert!(
+        took < GRACE + Duration::from_millis(700),
+        "shutdown took {took:?} for a 2 s grace"
+    );
+    let next = Gate::start(&up.url(), &redis.url(), &[]);
+    let c = client();
+    for i in 0..3 {
+        let r = post_url(
+            &c,
+            &next.url("/pay"),
+            Some(&format!("stuck-{i}")),
+            "{}",
+            &[],
+        )
+        .await;
+        assert_eq!(
+            r.status,
+            201,
+            "stuck-{i} after the restart: {:?}\n{}",
+            r.body,
+            gate.log()
+        );
+    }
+    assert_eq!(up.hits(), 4, "each executed once");
+}
+
+// Redis stays frozen past the grace: the shutdown still ends within it, and names every
+// record whose release could not land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_that_cannot_land_are_named_and_shutdown_ends_within_the_grace() {
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let (mut gate, ids) = three_claims_stuck_in_a_frozen_redis(&redis, &up).await;
+    let started = Instant::now();
+    let status = tokio::task::block_in_place(|| gate.terminate(GRACE * 3));
+    let took = started.elapsed();
+    redis.resume();
+    assert!(status.success(), "{status:?}\n{}", gate.log());
+    assert!(
+        took < GRACE + Duration::from_millis(700),
+        "shutdown took {took:?} for a 2 s grace"
+    );
+    let log = gate.log();
+    for id in &ids {
+        assert!(
+            log.lines()
+                .any(|l| l.contains(id.as_str()) && l.contains("safe to release")),
+            "record {id} not named as safe to release:\n{log}"
+        );
+    }
+}
