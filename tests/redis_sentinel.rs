@@ -74,6 +74,84 @@ async fn follows_a_promoted_replica_without_restart() {
     app.shutdown().await;
 }
 
+/// An instance that is idle while its primary is frozen and a replica promoted, and that
+/// is given new keys the moment the old primary resumes (still believing it is primary,
+/// until the sentinels demote it): it must write them to the new primary. Before, it kept
+/// its connection to the old one, whose demotion then wiped every record written there
+/// meanwhile (30 of 30 keys executed again on retry). `min_replicas_ack = 0`, and `1` for
+/// the acknowledgement connections, which must follow too.
+async fn an_idle_instance_follows_a_failover_it_never_saw(acks: u32) {
+    let s = Sentinels::start(2);
+    let up = Upstream::start().await;
+    let mut cfg = sentinel_config(&up, &s);
+    cfg.min_replicas_ack = acks;
+    cfg.store_timeout = Duration::from_millis(1000);
+    cfg.replica_ack_timeout = Duration::from_millis(500);
+    let app = spawn_app(cfg).await;
+    let c = client();
+    let warm = post(&c, &app, "/pay", Some("warm"), "{}", &[]).await;
+    assert_eq!(warm.status, 201, "{:?}", warm.body);
+    let old = s.primary_port().unwrap();
+    let frozen = replica_pid(&s.data[s.index_of(old)]);
+    signal(frozen, "STOP");
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(p) = s.primary_port().filter(|p| *p != old) {
+            if s.data[s.index_of(p)]
+                .info_field("replication", "role")
+                .as_deref()
+                == Some("master")
+            {
+                break;
+            }
+        }
+        assert!(std::time::Instant::now() < until, "no failover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Whatever the instance does to notice, it has a check's time while nothing is sent.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    signal(frozen, "CONT");
+    let mut answered = Vec::new();
+    for i in 0..30 {
+        let key = format!("after-{i}");
+        let r = post(&c, &app, "/pay", Some(&key), "{}", &[]).await;
+        if r.status == 201 {
+            answered.push(key);
+        } else {
+            assert_eq!(r.status, 503, "{key}: {:?}", r.body);
+        }
+    }
+    assert!(
+        answered.len() >= 20,
+        "only {} of 30 answered 201",
+        answered.len()
+    );
+    // The sentinels demote the old primary; it resyncs from the new one.
+    s.wait_replicas_online(2);
+    let hits = up.hits();
+    for key in &answered {
+        let r = post(&c, &app, "/pay", Some(key), "{}", &[]).await;
+        assert!(
+            r.replayed(),
+            "{key} after the demotion: {} {:?}",
+            r.status,
+            r.body
+        );
+    }
+    assert_eq!(up.hits(), hits, "a key answered 201 executed again");
+    app.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_instance_follows_a_failover_it_never_saw_without_acks() {
+    an_idle_instance_follows_a_failover_it_never_saw(0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_instance_follows_a_failover_it_never_saw_with_acks() {
+    an_idle_instance_follows_a_failover_it_never_saw(1).await;
+}
+
 /// The same user and password on sentinels and data nodes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn password_applies_to_sentinels_and_data_nodes() {

@@ -251,6 +251,8 @@ struct AckLinks {
     response_timeout: Duration,
     idle: std::sync::Mutex<Vec<Link>>,
     free: tokio::sync::Semaphore,
+    /// With Sentinel, the shared link's primary epoch (see `Link::primary_epoch`).
+    leader: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// One of [`AckLinks`], held for one write.
@@ -275,6 +277,7 @@ impl AckLinks {
             response_timeout,
             idle: std::sync::Mutex::new(Vec::new()),
             free: tokio::sync::Semaphore::new(ack.connections),
+            leader: None,
         }
     }
 
@@ -288,9 +291,14 @@ impl AckLinks {
         let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let link = match idle {
             Some(link) => link,
-            None => Link::open(&self.setup, self.connect_timeout, self.response_timeout)
-                .await
-                .map_err(|e| StoreError::Backend(describe_failure(&self.setup, &e)))?,
+            None => Link::open_following(
+                &self.setup,
+                self.connect_timeout,
+                self.response_timeout,
+                self.leader.clone(),
+            )
+            .await
+            .map_err(|e| StoreError::Backend(describe_failure(&self.setup, &e)))?,
         };
         Ok(AckLink {
             links: self,
@@ -407,12 +415,17 @@ impl RedisStore {
             inspect: Script::new(&format!("{NOW_MS}{NOW}{INSPECT}")),
             complete: Script::new(&format!("{NOW_MS}{COMPLETE}")),
         };
+        let leader = conn.primary_epoch();
         let store = RedisStore {
             conn,
             scripts: std::sync::Arc::new(scripts),
             replica_ack: setup.replica_ack,
             acked: setup.replica_ack.map(|ack| {
-                std::sync::Arc::new(AckLinks::new(setup, ack, connect_timeout, response_timeout))
+                let mut links = AckLinks::new(setup, ack, connect_timeout, response_timeout);
+                // With Sentinel they follow the shared link's view of the primary: a
+                // claim must never go to a new primary and its record to the old one.
+                links.leader = leader.clone();
+                std::sync::Arc::new(links)
             }),
         };
         // Loading now keeps the first requests at one round trip (EVALSHA hits). After a

@@ -52,6 +52,18 @@ impl Link {
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> RedisResult<Link> {
+        Self::open_following(setup, connect_timeout, response_timeout, None).await
+    }
+
+    /// As [`open`](Self::open); with Sentinel, a link that follows `leader`'s view of the
+    /// primary (see [`Link::primary_epoch`]) instead of asking the sentinels on a timer of
+    /// its own. Other topologies ignore `leader`.
+    pub async fn open_following(
+        setup: &RedisSetup,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        leader: Option<Arc<AtomicU64>>,
+    ) -> RedisResult<Link> {
         install_crypto();
         let certs = setup.tls.as_ref().map(certificates);
         match &setup.topology {
@@ -94,7 +106,7 @@ impl Link {
                         .map_err(|_| timed_out("no connection in time"))?
                     })
                 });
-                let link = Renewing::new(open, response_timeout / 2, |e| e.is_timeout());
+                let link = Renewing::new(open, response_timeout / 2, |e| e.is_timeout(), None);
                 // The first connection is made now, so that a wrong address, password or
                 // certificate stops start-up.
                 link.connection().await?;
@@ -130,14 +142,23 @@ impl Link {
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(None);
+                // Where the current connection goes, for the watcher to compare.
+                let connected_to: Arc<Mutex<Option<String>>> = Arc::default();
+                let (opener_client, noted) = (client.clone(), connected_to.clone());
                 let open: Opener<MultiplexedConnection> = Box::new(move || {
-                    let (client, config) = (client.clone(), config.clone());
+                    let (client, config, noted) =
+                        (opener_client.clone(), config.clone(), noted.clone());
                     Box::pin(async move {
                         let ask = async {
                             let primary = client.lock().await.async_get_client().await?;
-                            primary
+                            let addr = primary.get_connection_info().addr().to_string();
+                            let conn = primary
                                 .get_multiplexed_async_connection_with_config(&config)
-                                .await
+                                .await?;
+                            if let Ok(mut to) = noted.lock() {
+                                *to = Some(addr);
+                            }
+                            Ok(conn)
                         };
                         // Asking the sentinels and then the primary: two connections at most.
                         tokio::time::timeout(connect_timeout * 2, ask)
@@ -148,15 +169,31 @@ impl Link {
                 // Given up at once when a call is cut off (the primary may be frozen or cut
                 // off), when the primary answers READONLY (demoted), or when the connection
                 // broke: the next call asks the sentinels again.
-                let link = Renewing::new(open, Duration::ZERO, |e| {
-                    e.code() == Some("READONLY")
-                        || e.is_connection_dropped()
-                        || e.is_unrecoverable_error()
-                        || e.is_timeout()
-                });
+                let leads = leader.is_none();
+                let epoch = leader.unwrap_or_default();
+                let link = Renewing::new(
+                    open,
+                    Duration::ZERO,
+                    |e| {
+                        e.code() == Some("READONLY")
+                            || e.is_connection_dropped()
+                            || e.is_unrecoverable_error()
+                            || e.is_timeout()
+                    },
+                    Some(epoch.clone()),
+                );
                 // The first connection is made now, so that a wrong address, name or
                 // certificate stops start-up.
                 link.connection().await?;
+                if leads {
+                    tokio::spawn(watch_primary(
+                        Arc::downgrade(&link.inner),
+                        client,
+                        connected_to,
+                        epoch,
+                        connect_timeout,
+                    ));
+                }
                 Ok(Link::Sentinel(link))
             }
             Topology::Cluster { nodes } => {
@@ -172,12 +209,22 @@ impl Link {
                     let seeds = seeds.clone();
                     Box::pin(async move { seeds.connect().await })
                 });
-                let link = Renewing::new(open, response_timeout / 2, |e| e.is_timeout());
+                let link = Renewing::new(open, response_timeout / 2, |e| e.is_timeout(), None);
                 // The first connection is made now, so that a wrong address or certificate
                 // stops start-up.
                 link.connection().await?;
                 Ok(Link::Cluster(link))
             }
+        }
+    }
+
+    /// With Sentinel, the count of primary changes this link's watcher has seen: links
+    /// opened with it as their leader ([`open_following`](Self::open_following)) give up
+    /// their connections when it moves, as this one does.
+    pub fn primary_epoch(&self) -> Option<Arc<AtomicU64>> {
+        match self {
+            Link::Sentinel(s) => s.inner.epoch.clone(),
+            _ => None,
         }
     }
 
@@ -299,8 +346,12 @@ struct RenewingInner<C> {
     /// The connection attempt under way, if any: it reports its outcome here.
     #[allow(clippy::type_complexity)]
     pending: Mutex<Option<tokio::sync::watch::Receiver<Option<RedisResult<()>>>>>,
-    /// The connection and its generation, `None` once given up.
-    current: Mutex<Option<(u64, C)>>,
+    /// The connection, its generation and the primary epoch it was opened in; `None`
+    /// once given up.
+    current: Mutex<Option<(u64, C, u64)>>,
+    /// With Sentinel: moved on when the sentinels name another primary than the one
+    /// connected to; a connection opened in an older epoch is given up at its next call.
+    epoch: Option<Arc<AtomicU64>>,
     generation: AtomicU64,
     /// A call dropped unfinished after waiting this long gives the connection up.
     patience: Duration,
@@ -309,7 +360,12 @@ struct RenewingInner<C> {
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Renewing<C> {
-    fn new(open: Opener<C>, patience: Duration, gives_up: fn(&RedisError) -> bool) -> Renewing<C> {
+    fn new(
+        open: Opener<C>,
+        patience: Duration,
+        gives_up: fn(&RedisError) -> bool,
+        epoch: Option<Arc<AtomicU64>>,
+    ) -> Renewing<C> {
         Renewing {
             inner: Arc::new(RenewingInner {
                 open,
@@ -318,6 +374,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Renewing<C> {
                 generation: AtomicU64::new(0),
                 patience,
                 gives_up,
+                epoch,
             }),
         }
     }
@@ -341,13 +398,16 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Renewing<C> {
                         let (tx, rx) = tokio::sync::watch::channel(None);
                         *pending = Some(rx.clone());
                         let inner = self.inner.clone();
+                        // Read before asking: a primary change seen while connecting makes
+                        // the new connection old at once, and the next call asks again.
+                        let epoch = inner.epoch_now();
                         let opening = (inner.open)();
                         tokio::spawn(async move {
                             let result = opening.await.map(|conn| {
                                 let generation =
                                     inner.generation.fetch_add(1, Ordering::Relaxed) + 1;
                                 if let Ok(mut current) = inner.current.lock() {
-                                    *current = Some((generation, conn));
+                                    *current = Some((generation, conn, epoch));
                                 }
                             });
                             if let Ok(mut pending) = inner.pending.lock() {
@@ -373,13 +433,22 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Renewing<C> {
     }
 
     fn current(&self) -> Option<(u64, C)> {
-        self.inner.current.lock().ok().and_then(|c| c.clone())
+        let mut current = self.inner.current.lock().ok()?;
+        let now = self.inner.epoch_now();
+        if current
+            .as_ref()
+            .is_some_and(|(_, _, opened)| *opened != now)
+        {
+            // Opened to a primary the sentinels no longer name: given up, never written to.
+            *current = None;
+        }
+        current.as_ref().map(|(g, c, _)| (*g, c.clone()))
     }
 
     /// Gives up the connection of `generation` (not a newer one made meanwhile).
     fn forget(&self, generation: u64) {
         if let Ok(mut current) = self.inner.current.lock() {
-            if current.as_ref().is_some_and(|(g, _)| *g == generation) {
+            if current.as_ref().is_some_and(|(g, _, _)| *g == generation) {
                 *current = None;
             }
         }
@@ -404,6 +473,60 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Renewing<C> {
             self.forget(generation);
         }
         result
+    }
+}
+
+impl<C> RenewingInner<C> {
+    fn epoch_now(&self) -> u64 {
+        self.epoch.as_ref().map_or(0, |e| e.load(Ordering::Relaxed))
+    }
+}
+
+/// How often a Sentinel link asks the sentinels which node is the primary, whether or not
+/// it is busy. A link that only learned of a failover from its own calls failing kept an
+/// idle instance's connection on a frozen old primary that then resumed: for the ~10 s
+/// until the sentinels demoted it, every claim and record went there and was wiped by the
+/// demotion (30 of 30 new keys executed twice). This bounds that window.
+pub const SENTINEL_CHECK: Duration = Duration::from_secs(1);
+
+/// Asks the sentinels every [`SENTINEL_CHECK`] which node is the primary; when it is not
+/// the one the link is connected to, moves `epoch` on, which gives up this link's
+/// connection and those of every link that follows it (the acknowledgement connections).
+/// Ends when the link is dropped.
+async fn watch_primary(
+    link: std::sync::Weak<RenewingInner<MultiplexedConnection>>,
+    client: Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>,
+    connected_to: Arc<Mutex<Option<String>>>,
+    epoch: Arc<AtomicU64>,
+    connect_timeout: Duration,
+) {
+    let mut tick = tokio::time::interval(SENTINEL_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if link.strong_count() == 0 {
+            return;
+        }
+        let Some(old) = connected_to.lock().ok().and_then(|t| t.clone()) else {
+            continue;
+        };
+        let ask = async { client.lock().await.async_get_client().await };
+        let named = match tokio::time::timeout(connect_timeout * 2, ask).await {
+            Ok(Ok(primary)) => primary.get_connection_info().addr().to_string(),
+            // The sentinels (or the primary they name) do not answer: nothing to compare.
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "could not ask the sentinels for the primary");
+                continue;
+            }
+            Err(_) => continue,
+        };
+        if named != old {
+            tracing::warn!(primary = %named, was = %old, "the sentinels name another primary: giving up every connection to the old one");
+            epoch.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut to) = connected_to.lock() {
+                *to = None;
+            }
+        }
     }
 }
 
