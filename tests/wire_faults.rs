@@ -160,12 +160,14 @@ async fn a_release_that_overtakes_its_claim_leaves_the_key_free() {
     )
     .await;
     assert!(rig.proxy.cuts() >= 1);
+    // The note is a field of the record's own key, which holds no record (no `st`).
+    let id = first.json()["record_id"].as_str().unwrap().to_string();
     let withdrawn = rig
         .redis
-        .command(&["KEYS", "idemgate:*:w"])
+        .command(&["HGETALL", &format!("idemgate:{{{id}}}")])
         .unwrap_or_default();
     assert!(
-        withdrawn.contains(":w"),
+        withdrawn.contains("\r\nw:") && !withdrawn.contains("\r\nst\r\n"),
         "the release noted the withdrawal: {withdrawn}"
     );
     // The late claim created nothing: the very first retry executes.

@@ -491,10 +491,16 @@ impl Cluster {
                     .cli(&["DBSIZE"])
                     .and_then(|s| s.trim().parse().ok())
                     .unwrap_or(0);
-                let secret = node
-                    .cli(&["EXISTS", "idemgate:scope-secret"])
-                    .is_some_and(|s| s.trim() == "1");
-                (i, n - u64::from(secret))
+                // The scope secret and the test namespace's verifier are not records.
+                let meta: u64 = node
+                    .cli(&[
+                        "EXISTS",
+                        "idemgate:scope-secret",
+                        &format!("idemgate:scope-verifier:{}", super::NAMESPACE),
+                    ])
+                    .and_then(|s| s.trim().parse().ok())
+                    .unwrap_or(0);
+                (i, n - meta)
             })
             .collect()
     }
