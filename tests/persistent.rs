@@ -98,3 +98,59 @@ async fn a_new_store_directory_starts_empty() {
     assert!(!again.replayed());
     assert_eq!(up.hits(), 2);
 }
+
+/// The wall clock of idemgate's host jumps 25 h ahead while it runs (an NTP step, a VM
+/// restored from a snapshot), the monotonic clock untouched, through libfaketime. Answered
+/// keys must still replay: before, retention ran on the wall clock and all 10 executed
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wall_clock_jump_expires_nothing() {
+    let lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    assert!(
+        std::path::Path::new(lib).exists(),
+        "libfaketime (apt-get install faketime) is needed to move the wall clock"
+    );
+    let store = tempfile::tempdir().unwrap();
+    let offset = store.path().join("faketime");
+    std::fs::write(&offset, "+0\n").unwrap();
+    let offset_path = offset.to_str().unwrap().to_string();
+    let up = Upstream::start().await;
+    let gate = Gate::start_on_disk(
+        &up.url(),
+        &store.path().join("records"),
+        &[
+            ("LD_PRELOAD", lib),
+            ("FAKETIME_TIMESTAMP_FILE", &offset_path),
+            ("FAKETIME_NO_CACHE", "1"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ],
+    );
+    let c = client();
+    let url = gate.url("/v1/transfers");
+    for i in 0..10 {
+        let r = post_url(&c, &url, Some(&format!("jump-{i}")), TRANSFER, &[]).await;
+        assert_eq!(r.status, 201, "{:?}", r.body);
+    }
+    std::fs::write(&offset, "+25h\n").unwrap();
+    for i in 0..10 {
+        let r = post_url(&c, &url, Some(&format!("jump-{i}")), TRANSFER, &[]).await;
+        assert!(
+            r.replayed(),
+            "jump-{i} after the jump: {} {:?}",
+            r.status,
+            r.body
+        );
+    }
+    assert_eq!(up.hits(), 10, "nothing executed again");
+    // The jump did reach the process: its log lines after it carry the next day's date.
+    let log = gate.log();
+    let dates: std::collections::BTreeSet<&str> = log
+        .lines()
+        .filter_map(|l| l.get(..10))
+        .filter(|d| d.starts_with("20"))
+        .collect();
+    assert!(
+        dates.len() >= 2,
+        "the wall clock did not move: {dates:?}\n{log}"
+    );
+}

@@ -97,11 +97,36 @@ fn backend(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(format!("sqlite: {e}"))
 }
 
+/// The store's clock, in ms since the epoch: the wall clock read once, the first time it is
+/// needed, then carried on by the monotonic clock, so that retention, leases and busy times
+/// are immune to the wall clock jumping while idemgate runs (an NTP step, a VM restored
+/// from a snapshot: a jump of 25 h ahead had every answered key execute again). The times
+/// are stored in the file and read again after a restart, so each open also keeps the
+/// clock from running behind the newest time the file holds ([`clock_not_before`]); a jump
+/// ahead while no process had the file open cannot be told from the time it spent closed.
 fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    let (wall, at) = CLOCK.get_or_init(|| {
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        (wall, std::time::Instant::now())
+    });
+    let elapsed = i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX / 4);
+    wall + elapsed + CLOCK_AHEAD.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static CLOCK: std::sync::OnceLock<(i64, std::time::Instant)> = std::sync::OnceLock::new();
+// How far the clock was moved ahead so as not to run behind a file's newest time.
+static CLOCK_AHEAD: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// Moves the store's clock ahead to `newest` if it is behind it (the wall clock went back
+/// while the file was closed): a record's times never go backwards.
+fn clock_not_before(newest: i64) {
+    let behind = newest - now_ms();
+    if behind > 0 {
+        CLOCK_AHEAD.fetch_add(behind, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 fn ms(d: Duration) -> i64 {
@@ -143,6 +168,13 @@ impl SqliteStore {
             "BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
         ))
         .map_err(backend)?;
+        // Created and claimed times only ever move forward on a sane clock.
+        let newest: Option<i64> = conn
+            .query_row("SELECT max(created) FROM records", [], |r| r.get(0))
+            .map_err(backend)?;
+        if let Some(newest) = newest {
+            clock_not_before(newest);
+        }
         Ok(SqliteStore {
             conn: Arc::new(Mutex::new(conn)),
             path: Arc::new(path),
