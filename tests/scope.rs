@@ -99,6 +99,20 @@ async fn path_spellings_of_one_operation_execute_once(backend: Backend) {
         assert!(text.contains("missing-key"), "{text}");
     }
     assert_eq!(up.hits(), 1);
+    // Raw UTF-8 (as curl or a decoding gateway sends it) and its escapes: one payee, sent
+    // on as its escapes, never as another character. Before: 3 executions, the second
+    // to `/v1/transfers/jos\xc3\x83\xc2\xa9` ("josÃ©").
+    let key = ("idempotency-key", "payee-jose");
+    for path in [
+        "/v1/transfers/jos\u{e9}",
+        "/v1/transfers//jos\u{e9}",
+        "/v1/transfers/jos%C3%A9",
+    ] {
+        let (status, text) = raw(app.addr(), "POST", path, &[auth, key], TRANSFER).await;
+        assert_eq!(status, 201, "{path}: {text}");
+    }
+    assert_eq!(up.hits(), 2, "one payee, one execution");
+    assert_eq!(up.seen()[1].uri, "/v1/transfers/jos%C3%A9");
     app.shutdown().await;
 }
 
@@ -113,6 +127,9 @@ async fn paths_that_cannot_be_normalized_are_refused_when_protected(backend: Bac
         "/v1/../../v1/transfers",
         "/v1/transfers/%zz",
         "/v1/transfers/%4",
+        // A raw backslash, a separator to IIS and ASP.NET, refused like its escape.
+        "/v1\\transfers",
+        "/v1/transfers\\a",
     ] {
         let (status, text) = raw(app.addr(), "POST", path, &headers, TRANSFER).await;
         assert_eq!(status, 400, "{path}: {text}");

@@ -35,6 +35,10 @@ pub enum PathError {
     /// `%2F` or `%5C`: a separator that some upstreams decode and others do not.
     #[error("the path contains an encoded '/' or '\\', which upstreams read differently")]
     EncodedSeparator,
+    /// A raw `\`: a separator to some upstreams (IIS, ASP.NET, Windows servers), a
+    /// character to others.
+    #[error("the path contains a '\\', which some upstreams read as '/'")]
+    Backslash,
     /// `..` segments that climb above the root.
     #[error("the path climbs above the root with '..' segments")]
     AboveRoot,
@@ -64,7 +68,9 @@ fn is_normal(path: &str, rules: PathRules) -> bool {
     if b.first() != Some(&b'/') {
         return false;
     }
-    if b.contains(&b'%') {
+    // An escape to normalize, a byte that must become one (a raw non-ASCII byte), or a
+    // backslash to refuse.
+    if b.iter().any(|&c| c == b'%' || c == b'\\' || c >= 0x80) {
         return false;
     }
     if rules.case_insensitive && b.iter().any(u8::is_ascii_uppercase) {
@@ -119,8 +125,17 @@ pub fn normalize(path: &str, rules: PathRules) -> Result<Cow<'_, str>, PathError
                 decoded.push(char::from(b"0123456789ABCDEF"[usize::from(lo)]));
             }
             i += 3;
+        } else if c == b'\\' {
+            return Err(PathError::Backslash);
+        } else if c >= 0x80 {
+            // A raw byte (UTF-8 sent unencoded, as curl and decoding gateways do) is the
+            // same byte as its escape: `jos\xc3\xa9` and `jos%C3%A9` are one payee. Kept
+            // a byte, never read as a Latin-1 character and re-encoded as two.
+            decoded.push('%');
+            decoded.push(char::from(b"0123456789ABCDEF"[usize::from(c >> 4)]));
+            decoded.push(char::from(b"0123456789ABCDEF"[usize::from(c & 0xf)]));
+            i += 1;
         } else {
-            // Bytes of a valid URI path are ASCII; anything else is passed on as it is.
             decoded.push(char::from(c));
             i += 1;
         }
@@ -196,6 +211,35 @@ mod tests {
 
     fn n(p: &str, rules: PathRules) -> Result<String, PathError> {
         normalize(p, rules).map(|c| c.into_owned())
+    }
+
+    #[test]
+    fn raw_non_ascii_bytes_are_their_escapes() {
+        for p in [
+            "/v1/payees/jos\u{e9}",
+            "/v1/payees//jos\u{e9}",
+            "/v1/payees/jos%C3%A9",
+            "/v1/payees/jos%c3%a9",
+        ] {
+            assert_eq!(n(p, LENIENT).unwrap(), "/v1/payees/jos%C3%A9", "{p:?}");
+        }
+        // Never a byte read as a Latin-1 character and encoded again.
+        assert!(!n("/v1/payees/jos\u{e9}", LENIENT)
+            .unwrap()
+            .contains("%C3%83"));
+        assert_eq!(n("/\u{20ac}", NOCASE).unwrap(), "/%E2%82%AC");
+    }
+
+    #[test]
+    fn a_raw_backslash_is_refused() {
+        for p in ["/v1\\transfers", "/v1/transfers\\", "\\v1/transfers"] {
+            let e = n(p, LENIENT).err();
+            assert!(
+                matches!(e, Some(PathError::Backslash | PathError::NotAbsolute)),
+                "{p:?}: {e:?}"
+            );
+        }
+        assert_eq!(n("/V1\\Transfers", NOCASE), Err(PathError::Backslash));
     }
 
     #[test]
