@@ -119,6 +119,13 @@ impl Outcome {
         for (name, value) in &self.headers {
             let n = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| format!("`{name}` is not a header name"))?;
+            // Framing belongs to each replay's own connection: a stored Content-Length
+            // declared 999 bytes for an 8-byte body.
+            if n == hyper::header::CONTENT_LENGTH || crate::upstream::is_hop_by_hop(&n) {
+                return Err(format!(
+                    "`{name}` is a framing or hop-by-hop header, which each replay sets for itself; leave it out"
+                ));
+            }
             HeaderValue::from_str(value)
                 .map_err(|_| format!("the value of `{name}` is not a header value"))?;
             headers.push((n.as_str().to_string(), Bytes::from(value.clone())));
@@ -147,5 +154,43 @@ pub fn parse_state(v: &str) -> Option<RecordState> {
         "in_progress" => Some(RecordState::InProgress),
         "completed" => Some(RecordState::Completed),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(headers: &[(&str, &str)]) -> Outcome {
+        Outcome {
+            status: 201,
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            body: Some("{\"ok\":1}".into()),
+            body_base64: None,
+        }
+    }
+
+    #[test]
+    fn framing_and_hop_by_hop_headers_are_refused_by_name() {
+        for name in [
+            "content-length",
+            "Content-Length",
+            "transfer-encoding",
+            "connection",
+            "keep-alive",
+            "upgrade",
+            "te",
+            "trailer",
+        ] {
+            let err = outcome(&[(name, "999")]).response().unwrap_err();
+            assert!(err.contains(name), "{name}: {err}");
+        }
+        let ok = outcome(&[("content-type", "application/json")])
+            .response()
+            .unwrap();
+        assert_eq!(ok.headers.len(), 1);
     }
 }

@@ -36,6 +36,8 @@ pub enum Problem {
     BodyTimeout,
     /// The body could not be read (the client broke the connection or the framing).
     BodyUnreadable,
+    /// A protected request carried trailer fields, which are outside its fingerprint.
+    TrailersNotSupported,
     /// Another request with this key is still being executed.
     InProgress,
     /// The key was used before with a different request.
@@ -71,6 +73,7 @@ impl Problem {
             Problem::BodyTooLarge => "body-too-large",
             Problem::BodyTimeout => "body-timeout",
             Problem::BodyUnreadable => "body-unreadable",
+            Problem::TrailersNotSupported => "trailers-not-supported",
             Problem::InProgress => "in-progress",
             Problem::FingerprintMismatch => "fingerprint-mismatch",
             Problem::OutcomeUnknown => "outcome-unknown",
@@ -95,6 +98,7 @@ impl Problem {
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Problem::BodyUnreadable => StatusCode::BAD_REQUEST,
+            Problem::TrailersNotSupported => StatusCode::BAD_REQUEST,
             Problem::InProgress
             | Problem::OutcomeUnknown
             | Problem::ResponseNotStored
@@ -117,6 +121,9 @@ impl Problem {
             Problem::BodyTooLarge => "The request body is too large",
             Problem::BodyTimeout => "The request body did not arrive in time",
             Problem::BodyUnreadable => "The request body could not be read",
+            Problem::TrailersNotSupported => {
+                "Trailer fields are not supported on protected requests"
+            }
             Problem::InProgress => "A request with this Idempotency-Key is still in progress",
             Problem::FingerprintMismatch => {
                 "This Idempotency-Key was already used with a different request"

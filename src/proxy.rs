@@ -702,6 +702,16 @@ impl Proxy {
         let limit = usize::try_from(max).unwrap_or(usize::MAX);
         let read = Limited::new(incoming, limit).collect();
         match tokio::time::timeout(self.shared.settings.config.body_read_timeout, read).await {
+            // A trailer (a checksum, a signature) is part of what the upstream acts on but
+            // not of the fingerprint: forwarded, a retry with another would replay the
+            // first; dropped, the upstream would act on a request the client did not send.
+            Ok(Ok(collected)) if collected.trailers().is_some_and(|t| !t.is_empty()) => {
+                Err(Problem::TrailersNotSupported.response(
+                    "protected requests cannot carry trailer fields; send them as headers",
+                    None,
+                    None,
+                ))
+            }
             Ok(Ok(collected)) => Ok(collected.to_bytes()),
             Ok(Err(e)) if e.is::<LengthLimitError>() => Err(too_large()),
             Ok(Err(_)) => Err(Problem::BodyUnreadable.response(
@@ -1231,7 +1241,9 @@ fn replay(stored: StoredResponse) -> Response<Body> {
             HeaderName::from_bytes(name.as_bytes()),
             HeaderValue::from_maybe_shared(value),
         ) {
-            if !upstream::is_hop_by_hop(&n) && n != SET_COOKIE && n != DATE {
+            // Framing is the replay's own: a stored `Content-Length` (from any version or
+            // any way in) could contradict the body.
+            if !upstream::is_hop_by_hop(&n) && n != SET_COOKIE && n != DATE && n != CONTENT_LENGTH {
                 h.append(n, v);
             }
         }

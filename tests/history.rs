@@ -142,6 +142,8 @@ async fn history_under_random_faults_has_no_double_execution() {
         let mut cfg = redis_config(up, &redis);
         cfg.namespace = Some(service.to_string());
         cfg.store_timeout = Duration::from_millis(300);
+        // The deleted secret is put back within this, well inside the run.
+        cfg.scope_secret_check_interval = Duration::from_millis(500);
         cfg.defaults.lease = Duration::from_millis(600);
         cfg.defaults.upstream_timeout = Duration::from_millis(800);
         cfg.defaults.anonymous = idemgate::config::Anonymous::Refuse;
@@ -163,29 +165,46 @@ async fn history_under_random_faults_has_no_double_execution() {
     // waits for it synchronously.
     let stop = Arc::new(AtomicBool::new(false));
     let faults = Arc::new(AtomicUsize::new(0));
+    // Besides Redis faults: the upstreams restart gracefully (every idle connection closed
+    // at once), and the scope secret alone is deleted from Redis (no record with it), which
+    // the running instances must put back without splitting.
     let injector = {
         let (stop, faults) = (stop.clone(), faults.clone());
+        let upstreams = ups.clone();
         tokio::task::spawn_blocking(move || {
             let mut redis = redis;
             let mut rng = StdRng::seed_from_u64(seed ^ 0xfa17);
-            let (mut paused, mut restarted) = (0, 0);
+            let (mut paused, mut restarted, mut up_restarts, mut secret_lost) = (0, 0, 0, 0);
             while !stop.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_millis(rng.random_range(200..800)));
                 if stop.load(Ordering::SeqCst) {
                     break;
                 }
-                if rng.random_bool(0.7) {
-                    redis.pause();
-                    std::thread::sleep(Duration::from_millis(rng.random_range(100..700)));
-                    redis.resume();
-                    paused += 1;
-                } else {
-                    redis.restart();
-                    restarted += 1;
+                match rng.random_range(0..100) {
+                    0..=49 => {
+                        redis.pause();
+                        std::thread::sleep(Duration::from_millis(rng.random_range(100..700)));
+                        redis.resume();
+                        paused += 1;
+                    }
+                    50..=69 => {
+                        redis.restart();
+                        restarted += 1;
+                    }
+                    70..=89 => {
+                        for up in &upstreams {
+                            up.restart();
+                        }
+                        up_restarts += 1;
+                    }
+                    _ => {
+                        let _ = redis.command(&["DEL", "idemgate:scope-secret"]);
+                        secret_lost += 1;
+                    }
                 }
                 faults.fetch_add(1, Ordering::SeqCst);
             }
-            (redis, paused, restarted)
+            (redis, paused, restarted, up_restarts, secret_lost)
         })
     };
 
@@ -281,7 +300,7 @@ async fn history_under_random_faults_has_no_double_execution() {
         history.extend(log.unwrap());
     }
     stop.store(true, Ordering::SeqCst);
-    let (redis, paused, restarted) = injector.await.unwrap();
+    let (redis, paused, restarted, up_restarts, secret_lost) = injector.await.unwrap();
 
     // A last, fault-free read of every operation once things have settled, with a fresh
     // token and the plainest spelling: it must also agree.
@@ -396,7 +415,7 @@ async fn history_under_random_faults_has_no_double_execution() {
     let mut by_fault: Vec<_> = by_fault.into_iter().collect();
     by_fault.sort();
     println!(
-        "history: seed {seed}; {} requests ({} replayed answers), {} operations, {} upstream executions; faults injected: {} (Redis paused {paused}, restarted {restarted}; client-side {}); requests by client-side fault {by_fault:?}; statuses {statuses:?}; violations: {}",
+        "history: seed {seed}; {} requests ({} replayed answers), {} operations, {} upstream executions; faults injected: {} (Redis paused {paused}, restarted {restarted}; upstreams restarted {up_restarts}; scope secret deleted {secret_lost}; client-side {}); requests by client-side fault {by_fault:?}; statuses {statuses:?}; violations: {}",
         history.len(),
         replays,
         ops.len(),
@@ -417,6 +436,25 @@ async fn history_under_random_faults_has_no_double_execution() {
         assert!(up.hits() > 0, "both services executed operations");
     }
     assert!(paused + restarted > 0, "no store fault was injected");
+    // Every instance still agrees on the secret, which is back in Redis.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for app in instances.iter().flatten() {
+        let admin = app.admin_addr().unwrap();
+        let ready = tokio::task::spawn_blocking(move || http_get(admin, "/readyz"))
+            .await
+            .unwrap()
+            .unwrap_or_default();
+        assert!(
+            ready.starts_with("HTTP/1.1 200"),
+            "an instance is unready: {ready}"
+        );
+    }
+    assert!(
+        redis
+            .command(&["EXISTS", "idemgate:scope-secret"])
+            .is_some_and(|r| r.starts_with(":1")),
+        "the scope secret was not put back"
+    );
     for app in instances.into_iter().flatten() {
         app.shutdown().await;
     }

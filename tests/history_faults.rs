@@ -61,6 +61,7 @@ struct Injected {
     requests_delayed: usize,
     replies_lost: usize,
     refused: usize,
+    upstream_restarted: usize,
 }
 
 impl Injected {
@@ -72,6 +73,7 @@ impl Injected {
             + self.requests_delayed
             + self.replies_lost
             + self.refused
+            + self.upstream_restarted
     }
 }
 
@@ -98,6 +100,7 @@ async fn history_with_wire_faults_never_strands_a_key_that_did_not_run() {
     let faults = Arc::new(AtomicUsize::new(0));
     let injector = {
         let (stop, faults, proxy) = (stop.clone(), faults.clone(), proxy.clone());
+        let upstream = up.clone();
         tokio::task::spawn_blocking(move || {
             let mut redis = redis;
             let mut rng = StdRng::seed_from_u64(seed ^ 0xfa17);
@@ -153,6 +156,12 @@ async fn history_with_wire_faults_never_strands_a_key_that_did_not_run() {
                         sleep(100..500, &mut rng);
                         proxy.refuse(false);
                         n.replies_lost += 1;
+                    }
+                    90..=94 => {
+                        // A graceful upstream restart: every idle connection closed at once.
+                        // A request the upstream never read must not be held `unknown`.
+                        upstream.restart();
+                        n.upstream_restarted += 1;
                     }
                     _ => {
                         proxy.refuse(true);

@@ -676,3 +676,38 @@ async fn http2_clients_get_the_same_protection() {
     );
     app.shutdown().await;
 }
+
+// A trailer field on a protected request is outside its fingerprint: forwarded, a retry
+// with another checksum would replay the first answer; dropped (as before), the upstream
+// acts on a request the client did not send. Refused, nothing claimed or forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trailers_on_a_protected_request_are_refused() {
+    let up = Upstream::start().await;
+    let app = spawn_app(config(&up, &Backend::memory())).await;
+    let addr = app.addr();
+    let text = tokio::task::spawn_blocking(move || {
+        send_raw(
+            addr,
+            b"POST /v1/transfers HTTP/1.1\r\nhost: x\r\nidempotency-key: with-trailer\r\n\
+              content-type: application/json\r\ntransfer-encoding: chunked\r\ntrailer: x-checksum\r\n\
+              connection: close\r\n\r\n2\r\n{}\r\n0\r\nx-checksum: abc\r\n\r\n",
+        )
+    })
+    .await
+    .unwrap();
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("trailers-not-supported"), "{text}");
+    assert_eq!(up.hits(), 0, "nothing forwarded");
+    // Without the trailer the same key executes normally: nothing was claimed.
+    let ok = post(
+        &client(),
+        &app,
+        "/v1/transfers",
+        Some("with-trailer"),
+        "{}",
+        &[],
+    )
+    .await;
+    assert_eq!(ok.status, 201, "{:?}", ok.body);
+    app.shutdown().await;
+}

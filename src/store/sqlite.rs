@@ -97,6 +97,49 @@ fn backend(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(format!("sqlite: {e}"))
 }
 
+/// Creates the directory (0700) and the database file (0600) readable by their owner
+/// only: they hold the scope secret and every recorded answer. SQLite gives its `-wal` and
+/// `-shm` files the database file's permissions. A directory or file that already exists
+/// with wider permissions is left as it is, with a warning.
+fn owner_only(dir: &Path, file: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| backend(format!("cannot create {}: {e}", dir.display())))?;
+    if let Err(e) = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(file)
+    {
+        if e.kind() != std::io::ErrorKind::AlreadyExists {
+            return Err(backend(format!("cannot create {}: {e}", file.display())));
+        }
+    }
+    for p in [
+        dir.to_path_buf(),
+        file.to_path_buf(),
+        wal_file(file, "-wal"),
+        wal_file(file, "-shm"),
+    ] {
+        if let Ok(meta) = std::fs::metadata(&p) {
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                tracing::warn!(path = %p.display(), mode = format!("{mode:o}"), "the store's files hold the scope secret and recorded answers, but others may read this one: chmod go-rwx it");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn wal_file(file: &Path, suffix: &str) -> PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
 /// The store's clock, in ms since the epoch: the wall clock read once, the first time it is
 /// needed, then carried on by the monotonic clock, so that retention, leases and busy times
 /// are immune to the wall clock jumping while idemgate runs (an NTP step, a VM restored
@@ -137,9 +180,8 @@ impl SqliteStore {
     /// Opens (creating if needed) the database in directory `dir`, and migrates its schema.
     /// Blocking: call it from start-up code or a blocking task.
     pub fn open(dir: &Path) -> Result<SqliteStore, StoreError> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| backend(format!("cannot create {}: {e}", dir.display())))?;
         let path = dir.join(FILE_NAME);
+        owner_only(dir, &path)?;
         let conn = Connection::open(&path).map_err(backend)?;
         // Another process holding the write lock makes a call wait, not fail, for this long;
         // every call also runs under the store deadline of its caller.
@@ -793,4 +835,26 @@ fn inspect_in(
         },
         body_kept: (state == COMPLETED).then_some(kept),
     }))
+}
+
+#[cfg(test)]
+mod permission_tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_store_is_readable_by_its_owner_only() {
+        let base = tempfile::tempdir().expect("tempdir");
+        let dir = base.path().join("records");
+        let store = SqliteStore::open(&dir).expect("opens");
+        let mode = |p: &Path| std::fs::metadata(p).expect("exists").permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(store.path()), 0o600);
+        for suffix in ["-wal", "-shm"] {
+            let p = wal_file(store.path(), suffix);
+            if p.exists() {
+                assert_eq!(mode(&p), 0o600, "{}", p.display());
+            }
+        }
+    }
 }

@@ -239,9 +239,18 @@ pub struct Upstream {
     delay_ms: Arc<AtomicU64>,
     mode: Arc<Mutex<Mode>>,
     seen: Arc<Mutex<Vec<Seen>>>,
+    // Moved on by `restart`: every open connection shuts down gracefully.
+    restarts: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Upstream {
+    /// A graceful restart, as gunicorn, uvicorn, Node's `server.close()` or an nginx reload
+    /// do it: every idle keep-alive connection is closed at once, requests in flight are
+    /// answered and then their connections closed. The listener stays.
+    pub fn restart(&self) {
+        self.restarts.send_modify(|n| *n += 1);
+    }
+
     pub async fn start() -> Upstream {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -264,6 +273,7 @@ impl Upstream {
             delay_ms: Arc::default(),
             mode: Arc::new(Mutex::new(Mode::Answer)),
             seen: Arc::default(),
+            restarts: Arc::new(tokio::sync::watch::channel(0).0),
         };
         let state = up.clone();
         tokio::spawn(async move {
@@ -272,14 +282,21 @@ impl Upstream {
                     continue;
                 };
                 let state = state.clone();
+                let mut restarts = state.restarts.subscribe();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
                         let state = state.clone();
                         async move { Ok::<_, Infallible>(state.answer(req).await) }
                     });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    let builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                    tokio::pin!(conn);
+                    tokio::select! {
+                        _ = conn.as_mut() => return,
+                        _ = restarts.changed() => conn.as_mut().graceful_shutdown(),
+                    }
+                    let _ = conn.await;
                 });
             }
         });

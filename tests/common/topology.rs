@@ -491,15 +491,17 @@ impl Cluster {
                     .cli(&["DBSIZE"])
                     .and_then(|s| s.trim().parse().ok())
                     .unwrap_or(0);
-                // The scope secret and the test namespace's verifier are not records.
-                let meta: u64 = node
-                    .cli(&[
-                        "EXISTS",
-                        "idemgate:scope-secret",
-                        &format!("idemgate:scope-verifier:{}", super::NAMESPACE),
-                    ])
-                    .and_then(|s| s.trim().parse().ok())
-                    .unwrap_or(0);
+                // The scope secret and the test namespace's verifier are not records (one
+                // EXISTS each: they hash to different slots).
+                let verifier = format!("idemgate:scope-verifier:{}", super::NAMESPACE);
+                let meta: u64 = ["idemgate:scope-secret", verifier.as_str()]
+                    .iter()
+                    .map(|k| {
+                        node.cli(&["EXISTS", k])
+                            .and_then(|s| s.trim().parse::<u64>().ok())
+                            .unwrap_or(0)
+                    })
+                    .sum();
                 (i, n - meta)
             })
             .collect()
