@@ -40,9 +40,12 @@ pub struct Watch {
 
 struct Shared {
     state: Mutex<State>,
-    // Woken when a head starts after an idle spell: its deadline may be sooner than the
-    // one the supervisor sleeps towards.
-    head_started: Notify,
+    // Woken when the deadline may have come sooner than the one the supervisor sleeps
+    // towards: a head starting after an idle spell, and a connection going idle (its
+    // last answer given). Without the second, a connection that went idle slept towards
+    // its head deadline from accept (`header_read_timeout`), and `idle_timeout` shorter
+    // than that was never applied.
+    deadline_moved: Notify,
 }
 
 #[derive(Clone, Copy)]
@@ -69,7 +72,7 @@ impl Watch {
                     serving: 0,
                     phase: Phase::AwaitingHead(Instant::now()),
                 }),
-                head_started: Notify::new(),
+                deadline_moved: Notify::new(),
             }),
         }
     }
@@ -93,7 +96,7 @@ impl Watch {
         if s.serving == 0 && matches!(s.phase, Phase::Idle(_)) {
             s.phase = Phase::AwaitingHead(Instant::now());
             drop(s);
-            self.inner.head_started.notify_one();
+            self.inner.deadline_moved.notify_one();
         }
     }
 
@@ -133,7 +136,7 @@ impl Watch {
                         return None;
                     }
                 }
-                _ = self.inner.head_started.notified() => {}
+                _ = self.inner.deadline_moved.notified() => {}
             }
         }
     }
@@ -150,6 +153,8 @@ impl Drop for Serving {
         s.serving = s.serving.saturating_sub(1);
         if s.serving == 0 {
             s.phase = Phase::Idle(Instant::now());
+            drop(s);
+            self.watch.inner.deadline_moved.notify_one();
         }
     }
 }
@@ -237,6 +242,24 @@ mod tests {
         let out = w.supervise(D, std::future::pending::<()>()).await;
         assert!(out.is_none());
         assert_eq!(Instant::now() - accepted, D.header);
+    }
+
+    // The supervisor sleeps towards the head deadline from accept while the first request
+    // arrives and is served; once it is answered, the shorter idle deadline must apply.
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_timeout_shorter_than_the_head_timeout_is_applied() {
+        let d = Deadlines {
+            header: Duration::from_secs(30),
+            idle: Duration::from_secs(1),
+        };
+        let w = Watch::accepted();
+        let serving = w.serving();
+        let supervised = tokio::spawn(w.clone().supervise(d, std::future::pending::<()>()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(serving);
+        let idle = Instant::now();
+        assert!(supervised.await.expect("supervisor").is_none(), "closed");
+        assert_eq!(Instant::now() - idle, d.idle);
     }
 
     #[tokio::test(start_paused = true)]

@@ -115,6 +115,48 @@ async fn an_idle_keep_alive_connection_is_closed_after_idle_timeout_and_not_befo
     app.shutdown().await;
 }
 
+/// Through the binary with the documented settings: `idle_timeout = "1s"` under a
+/// `header_read_timeout` of 30 s closes a keep-alive connection within it after its first
+/// answer, a pass-through GET's and a protected POST's alike. Before, the connection's
+/// supervisor slept towards the head deadline from accept, and both were still open 8 s
+/// later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_timeout_applies_after_the_first_answer_through_the_binary() {
+    let up = Upstream::start().await;
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[
+            ("IDEMGATE_IDLE_TIMEOUT", "1s"),
+            ("IDEMGATE_HEADER_READ_TIMEOUT", "30s"),
+        ],
+    );
+    let addr = gate.addr;
+    tokio::task::spawn_blocking(move || {
+        for request in [
+            &b"GET /status HTTP/1.1\r\nhost: x\r\n\r\n"[..],
+            &b"POST /v1/transfers HTTP/1.1\r\nhost: x\r\nidempotency-key: idle-1\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"[..],
+        ] {
+            let mut s = connect(addr);
+            s.write_all(request).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut buf = [0u8; 4096];
+            let n = s.read(&mut buf).unwrap();
+            assert!(buf[..n].starts_with(b"HTTP/1.1 201"), "{:?}", String::from_utf8_lossy(&buf[..n]));
+            let idle_from = Instant::now();
+            closed_within(&mut s, Duration::from_secs(8)).unwrap();
+            let idle = idle_from.elapsed();
+            assert!(
+                idle >= Duration::from_millis(900) && idle < Duration::from_millis(2500),
+                "closed {idle:?} after the answer, for a 1 s idle_timeout"
+            );
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(up.hits(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beyond_max_connections_new_ones_are_closed_at_once_and_admin_still_answers() {
     let up = Upstream::start().await;
