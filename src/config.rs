@@ -884,6 +884,15 @@ impl Settings {
                 }
             }
         }
+        // What a replay may inflate to: the largest answer any route records, or what an
+        // operator may complete a record with.
+        let mut envelope = envelope;
+        let largest = std::iter::once(&default_policy)
+            .chain(routes.iter().map(|(_, p)| p))
+            .map(|p| usize::try_from(p.max_response_bytes).unwrap_or(usize::MAX))
+            .max()
+            .unwrap_or(0);
+        envelope.max_body = Some(largest.max(crate::admin::MAX_BODY));
         let pinned_secret = pinned_secret(&config)?;
         let (check, create) = (
             config.scope_secret_check_interval,
@@ -1053,6 +1062,7 @@ fn envelope(config: &Config) -> Result<Envelope, ConfigError> {
     Ok(Envelope {
         keys,
         compress_min_bytes: config.compress_min_bytes,
+        max_body: None,
     })
 }
 

@@ -226,6 +226,7 @@ async fn memory_usage(
     let envelope = Envelope {
         keys: keys.then(|| Keyring::parse(&[key("k1", 1).expose()]).unwrap()),
         compress_min_bytes: compress,
+        max_body: None,
     };
     let store = Enveloped::new(inner, envelope);
     let body = payment_json(size);

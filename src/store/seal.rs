@@ -122,6 +122,10 @@ pub struct Envelope {
     pub keys: Option<Keyring>,
     /// Compress bodies of at least this many bytes (when that makes them smaller).
     pub compress_min_bytes: Option<usize>,
+    /// The largest body a record can hold (the largest `max_response_bytes`, or what an
+    /// operator may complete with); a compressed body that declares more is unreadable,
+    /// never inflated. `None`: [`MAX_BODY`].
+    pub max_body: Option<usize>,
 }
 
 impl Envelope {
@@ -254,8 +258,13 @@ impl Envelope {
             let corrupt = || unreadable("corrupt compressed body");
             let (len, z) = body.split_first_chunk::<4>().ok_or_else(corrupt)?;
             let len = u32::from_be_bytes(*len) as usize;
-            if len > MAX_BODY {
-                return Err(corrupt());
+            // A record in clear can be altered in the store: a body declaring more than any
+            // record could hold is not inflated (a 33 KB record declaring 1 GiB took 3 GiB
+            // for three replays).
+            if len > self.max_body.unwrap_or(MAX_BODY).min(MAX_BODY) {
+                return Err(unreadable(
+                    "its compressed body declares more than any recorded answer can hold",
+                ));
             }
             let out = zstd::bulk::decompress(z, len).map_err(|_| corrupt())?;
             if out.len() != len {
@@ -280,6 +289,17 @@ fn aad(id: &RecordId, head: &[u8]) -> Vec<u8> {
     aad
 }
 
+/// Bodies larger than this are opened on the blocking pool.
+const OFF_THREAD: usize = 1024 * 1024;
+
+/// Whether `stored` is an envelope with a compressed body (its size says nothing about
+/// what it inflates to).
+fn is_compressed(stored: &StoredResponse) -> bool {
+    stored.headers.len() == 1
+        && stored.headers[0].0 == MARKER
+        && stored.body.get(1).is_some_and(|f| f & FLAG_ZSTD != 0)
+}
+
 /// A store whose recorded answers go through an [`Envelope`].
 pub struct Enveloped {
     inner: Arc<dyn Store>,
@@ -297,6 +317,17 @@ impl Store for Enveloped {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
         Box::pin(async move {
             match self.inner.claim(req).await? {
+                // A large or compressed body is opened off the serving thread: inflating or
+                // decrypting megabytes would hold up every other request on it.
+                Claim::Replay(stored)
+                    if stored.body.len() > OFF_THREAD || is_compressed(&stored) =>
+                {
+                    let (envelope, id) = (self.envelope.clone(), req.id);
+                    tokio::task::spawn_blocking(move || envelope.open(&id, stored))
+                        .await
+                        .map_err(|e| StoreError::Backend(format!("opening a record: {e}")))?
+                        .map(Claim::Replay)
+                }
                 Claim::Replay(stored) => Ok(Claim::Replay(self.envelope.open(&req.id, stored)?)),
                 other => Ok(other),
             }
@@ -454,6 +485,7 @@ mod tests {
         Envelope {
             keys: Some(Keyring::parse(keys).unwrap()),
             compress_min_bytes: compress,
+            max_body: None,
         }
     }
 
@@ -512,11 +544,53 @@ mod tests {
         );
     }
 
+    // A record in clear altered in the store to declare 1 GiB: unreadable, not inflated.
+    #[test]
+    fn a_compressed_body_declaring_more_than_any_record_holds_is_unreadable() {
+        let env = Envelope {
+            keys: None,
+            compress_min_bytes: Some(64),
+            max_body: Some(1024 * 1024),
+        };
+        let id = RecordId::from_bytes([4; 32]);
+        let closed = env.close(&id, &answer(&b"{\"amount\":100}".repeat(800)));
+        assert_eq!(
+            env.open(&id, closed.clone()).unwrap(),
+            answer(&b"{\"amount\":100}".repeat(800))
+        );
+        // The declared length sits just before the zstd frame, after the headers.
+        let b = closed.body.to_vec();
+        let hlen = u32::from_be_bytes(b[2..6].try_into().unwrap()) as usize;
+        let at = 2 + 4 + hlen;
+        let mut tampered = b.clone();
+        tampered[at..at + 4].copy_from_slice(&(1u32 << 30).to_be_bytes());
+        let altered = StoredResponse {
+            body: Bytes::from(tampered),
+            ..closed.clone()
+        };
+        assert!(matches!(
+            env.open(&id, altered),
+            Err(StoreError::Unreadable(_))
+        ));
+        // Declaring less than it inflates to is as unreadable.
+        let mut short = b;
+        short[at..at + 4].copy_from_slice(&100u32.to_be_bytes());
+        let altered = StoredResponse {
+            body: Bytes::from(short),
+            ..closed
+        };
+        assert!(matches!(
+            env.open(&id, altered),
+            Err(StoreError::Unreadable(_))
+        ));
+    }
+
     #[test]
     fn compression_alone_round_trips_and_keeps_small_or_incompressible_bodies_as_they_are() {
         let env = Envelope {
             keys: None,
             compress_min_bytes: Some(64),
+            max_body: None,
         };
         let id = RecordId::from_bytes([3; 32]);
         let big = b"{\"amount\":100}".repeat(80);
