@@ -201,6 +201,10 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// Open client connections at most; beyond, new ones are closed as soon as accepted.
     pub max_connections: usize,
+    /// Requests one HTTP/2 client connection may have open at once (its
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS`): each may hold an upstream connection, so a few
+    /// h2 clients must not outgrow what `max_connections` bounds for HTTP/1.1.
+    pub h2_max_concurrent_streams: u32,
     /// Protected requests in flight at most (per instance); beyond, 503 `overloaded` at once.
     pub max_in_flight: usize,
     /// How long a client may take to send a protected request's body (408 after).
@@ -405,6 +409,7 @@ impl Default for Config {
             // sends just as idemgate closes is lost.
             idle_timeout: Duration::from_secs(75),
             max_connections: 4096,
+            h2_max_concurrent_streams: 100,
             max_in_flight: 1024,
             body_read_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
@@ -750,6 +755,10 @@ impl Settings {
         for (key, n) in [
             ("memory_max_records", config.memory_max_records),
             ("memory_max_bytes", config.memory_max_bytes),
+            (
+                "h2_max_concurrent_streams",
+                config.h2_max_concurrent_streams as usize,
+            ),
             ("max_connections", config.max_connections),
             ("max_in_flight", config.max_in_flight),
         ] {

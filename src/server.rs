@@ -465,6 +465,7 @@ async fn serve_on(
             idle: c.idle_timeout,
         },
         max_connections: c.max_connections,
+        h2_max_streams: c.h2_max_concurrent_streams,
     };
     // One cap on open connections for all serving threads.
     let open = Arc::new(Semaphore::new(limits.max_connections));
@@ -610,6 +611,8 @@ const ADMIN_MAX_CONNECTIONS: usize = 64;
 struct ConnLimits {
     deadlines: Deadlines,
     max_connections: usize,
+    // Streams one h2 connection may have open at once.
+    h2_max_streams: u32,
 }
 
 async fn accept_loop<F, Fut>(
@@ -638,6 +641,11 @@ async fn accept_loop<F, Fut>(
         // the replay. Without half-close hyper drops the request as soon as it reads
         // the EOF, sometimes before the claim.
         .half_close(true);
+    // hyper's default (200) let two h2c clients hold 400 pass-through requests, each with
+    // an upstream connection, past the file descriptors `max_connections` was sized for.
+    builder
+        .http2()
+        .max_concurrent_streams(limits.h2_max_streams);
     let graceful = GracefulShutdown::new();
     let mut refused_since_log = 0u64;
     loop {

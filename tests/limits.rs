@@ -157,6 +157,46 @@ async fn idle_timeout_applies_after_the_first_answer_through_the_binary() {
     assert_eq!(up.hits(), 2);
 }
 
+/// One h2c client connection opens 150 slow pass-through requests at once: no more than
+/// `h2_max_concurrent_streams` are open at a time (each may hold an upstream connection);
+/// the others wait for a stream and are all answered. With hyper's default of 200, all
+/// 150 reached the upstream together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_connection_has_at_most_h2_max_concurrent_streams_open() {
+    let up = Upstream::start().await;
+    let mut c = config(&up, &Backend::memory());
+    c.h2_max_concurrent_streams = 20;
+    let app = spawn_app(c).await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let url = format!("http://{}/status", app.addr());
+    let requests: Vec<_> = (0..150)
+        .map(|_| {
+            let (h2, url) = (h2.clone(), url.clone());
+            tokio::spawn(async move {
+                h2.get(&url)
+                    .header(DELAY_MS, "200")
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+            })
+        })
+        .collect();
+    for r in requests {
+        assert_eq!(r.await.unwrap().unwrap(), 201);
+    }
+    assert_eq!(up.hits(), 150);
+    let most = up.most_in_flight();
+    assert!(
+        most <= 20,
+        "{most} streams of one connection at the upstream at once"
+    );
+    assert!(most >= 10, "the streams did run concurrently: {most}");
+    app.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beyond_max_connections_new_ones_are_closed_at_once_and_admin_still_answers() {
     let up = Upstream::start().await;

@@ -241,6 +241,9 @@ pub struct Upstream {
     seen: Arc<Mutex<Vec<Seen>>>,
     // Moved on by `restart`: every open connection shuts down gracefully.
     restarts: Arc<tokio::sync::watch::Sender<u64>>,
+    // Requests being answered now, and the most there ever were at once.
+    in_flight: Arc<AtomicUsize>,
+    most_in_flight: Arc<AtomicUsize>,
 }
 
 impl Upstream {
@@ -249,6 +252,11 @@ impl Upstream {
     /// answered and then their connections closed. The listener stays.
     pub fn restart(&self) {
         self.restarts.send_modify(|n| *n += 1);
+    }
+
+    /// The most requests it was answering at once (delays included).
+    pub fn most_in_flight(&self) -> usize {
+        self.most_in_flight.load(Ordering::SeqCst)
     }
 
     pub async fn start() -> Upstream {
@@ -274,6 +282,8 @@ impl Upstream {
             mode: Arc::new(Mutex::new(Mode::Answer)),
             seen: Arc::default(),
             restarts: Arc::new(tokio::sync::watch::channel(0).0),
+            in_flight: Arc::default(),
+            most_in_flight: Arc::default(),
         };
         let state = up.clone();
         tokio::spawn(async move {
@@ -337,7 +347,10 @@ impl Upstream {
             body: body.clone(),
         });
         if delay > 0 {
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_in_flight.fetch_max(now, Ordering::SeqCst);
             tokio::time::sleep(Duration::from_millis(delay)).await;
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
         }
         if mode == Mode::Hang {
             std::future::pending::<()>().await;
