@@ -503,8 +503,17 @@ async fn serve_on(
             .with_secret(secret_health.clone(), scoper.secret().clone());
         // The admin listener has connections of its own, so a flood of client connections
         // never keeps an operator out.
+        // A silent connection cannot be told from a probe before it speaks, and each holds
+        // one of the admin listener's connections: with the proxy's head deadline, 64
+        // silent connections kept `/healthz` out for 10 s (and the kubelet restarts a pod
+        // whose liveness probe fails). Probes, scrapes and the operator's calls send their
+        // head at once.
         let limits = ConnLimits {
             max_connections: ADMIN_MAX_CONNECTIONS,
+            deadlines: Deadlines {
+                header: limits.deadlines.header.min(ADMIN_HEAD_TIMEOUT),
+                ..limits.deadlines
+            },
             ..limits
         };
         tokio::spawn(accept_loop(
@@ -601,6 +610,9 @@ async fn serve_on(
     }
     tracing::info!("stopped");
 }
+
+/// How long an admin connection may take to send its request head, from accept.
+const ADMIN_HEAD_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Connections the admin listener holds open at most: enough for probes, scrapes and an
 /// operator, and separate from `max_connections`.

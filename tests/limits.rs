@@ -197,6 +197,30 @@ async fn an_h2_connection_has_at_most_h2_max_concurrent_streams_open() {
     app.shutdown().await;
 }
 
+/// 64 silent connections fill the admin listener's cap; they are closed after 1 s without a
+/// head, so the liveness probe gets in again at once (with the proxy's 10 s head deadline
+/// it was reset for 10 s). A flood that keeps reopening them can still take every slot:
+/// the manifests' NetworkPolicy is the other half (not shipped yet).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_admin_connections_keep_the_probe_out_for_at_most_a_second() {
+    let up = Upstream::start().await;
+    let app = spawn_app(config(&up, &Backend::memory())).await;
+    let admin = app.admin_addr().unwrap();
+    tokio::task::spawn_blocking(move || {
+        let silent: Vec<_> = (0..64).map(|_| connect(admin)).collect();
+        std::thread::sleep(Duration::from_millis(1500));
+        let probe = http_get(admin, "/healthz").unwrap_or_default();
+        assert!(
+            probe.starts_with("HTTP/1.1 200"),
+            "probe after 1.5 s: {probe:?}"
+        );
+        drop(silent);
+    })
+    .await
+    .unwrap();
+    app.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beyond_max_connections_new_ones_are_closed_at_once_and_admin_still_answers() {
     let up = Upstream::start().await;
