@@ -1166,20 +1166,13 @@ async fn record_answer(
     }
 }
 
-/// The size of a piece of a large answer, as the stores write them (Redis in pieces of
-/// this size, SQLite and PostgreSQL in statements whose time grows with it).
-const RECORD_PIECE: usize = 256 * 1024;
-
-/// How long recording an answer of `len` bytes may take: `store_timeout` for each
-/// [`RECORD_PIECE`] or part of one, the whole at most `upstream_timeout` (and never less
-/// than `store_timeout`). One `store_timeout` for the whole had an 80 MiB answer (320
+/// How long recording an answer of `len` bytes may take: the store's
+/// [`record_budget`](crate::store::record_budget), the whole at most `upstream_timeout`
+/// (and never less than `store_timeout`). One `store_timeout` for the whole had an 80 MiB answer (320
 /// pieces) time out half way: the client got its answer, its record never landed, and
 /// the retry got 409 instead of the replay.
 fn record_deadline(store_timeout: Duration, upstream_timeout: Duration, len: usize) -> Duration {
-    let pieces = u32::try_from(len.div_ceil(RECORD_PIECE).max(1)).unwrap_or(u32::MAX);
-    store_timeout
-        .saturating_mul(pieces)
-        .min(upstream_timeout.max(store_timeout))
+    crate::store::record_budget(store_timeout, len).min(upstream_timeout.max(store_timeout))
 }
 
 /// Completes a record without its body, logging what went wrong.

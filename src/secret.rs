@@ -8,9 +8,9 @@
 //! `idemgate:*`). What keeps the fleet whole:
 //!
 //! - **Running instances put theirs back.** Every `scope_secret_check_interval` (and at
-//!   once when the Redis `INFO` watcher sees a restart) an instance offers its secret with
-//!   set-if-absent, and its namespace's verifier (an HMAC of a constant under the secret,
-//!   `scope_verifier:<namespace>`) the same way.
+//!   once when the Redis `INFO` watcher sees a restart) an instance reads the store's
+//!   secret and its namespace's verifier (an HMAC of a constant under the secret,
+//!   `scope_verifier:<namespace>`), and puts back, set-if-absent, whichever is missing.
 //! - **A starting instance that finds none waits** `scope_secret_create_delay` (longer than
 //!   the check interval) before it makes one, so that running instances restore theirs
 //!   first; it then reads whichever won.
@@ -154,19 +154,39 @@ async fn check_verifier(
     pinned: bool,
 ) -> Result<(), SecretError> {
     let ours = secret.verifier(namespace);
-    let name = verifier_name(namespace);
-    let found = deadline(timeout, store.meta(&name, Some(&ours))).await?;
+    let found = deadline(timeout, store.meta(&verifier_name(namespace), Some(&ours))).await?;
     if found.value.as_deref() == Some(ours.as_str()) {
         return Ok(());
     }
+    Err(disagreeing_verifier(namespace, pinned))
+}
+
+/// What a running check reads every interval: the value alone (one read), offered back
+/// only when it is missing. Offering every time wrote a set-if-absent, and with replica
+/// acknowledgement a `WAIT`, on the shared connection every interval.
+async fn read_or_restore(
+    store: &dyn Store,
+    name: &str,
+    ours: &str,
+    timeout: Duration,
+) -> Result<crate::store::Meta, StoreError> {
+    let found = deadline(timeout, store.meta(name, None)).await?;
+    if found.value.is_some() {
+        return Ok(found);
+    }
+    deadline(timeout, store.meta(name, Some(ours))).await
+}
+
+fn disagreeing_verifier(namespace: &str, pinned: bool) -> SecretError {
+    let name = verifier_name(namespace);
     let how = if pinned {
         "the pinned scope secret (scope_secret, scope_secret_file or IDEMGATE_SCOPE_SECRET) is not the one"
     } else {
         "the store's scope secret is not the one"
     };
-    Err(SecretError::Disagrees(format!(
+    SecretError::Disagrees(format!(
         "{how} that namespace {namespace:?}'s records were made under (its verifier in the store, {name}, differs): serving would compute other record ids and execute retries again. Pin the secret those records were made under (GET /scope-secret on an instance that still has it), or, to give up replaying them, delete {name} from the store"
-    )))
+    ))
 }
 
 fn parse(hex: &str) -> Result<ScopeSecret, SecretError> {
@@ -191,7 +211,7 @@ pub async fn check(
     let result = async {
         if !pinned {
             let ours = secret.to_hex();
-            let found = deadline(timeout, store.meta(SCOPE_SECRET, Some(&ours))).await?;
+            let found = read_or_restore(store, SCOPE_SECRET, &ours, timeout).await?;
             if found.created {
                 tracing::warn!("the store had lost its scope secret; put this instance's back");
             }
@@ -199,7 +219,13 @@ pub async fn check(
                 return Err(SecretError::Disagrees("the store holds another scope secret than this instance's (it lost this one, and another instance made a new one): serving would compute other record ids and execute retries again".into()));
             }
         }
-        check_verifier(store, secret, namespace, timeout, pinned).await
+        let ours = secret.verifier(namespace);
+        let found = read_or_restore(store, &verifier_name(namespace), &ours, timeout).await?;
+        if found.value.as_deref() == Some(ours.as_str()) {
+            Ok(())
+        } else {
+            Err(disagreeing_verifier(namespace, pinned))
+        }
     }
     .await;
     match result {

@@ -21,7 +21,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 
-use crate::body::Body;
+use crate::body::{Body, BoxError};
 use crate::config::Upstream;
 
 /// The pooled client to the upstream, for pass-through requests.
@@ -101,8 +101,6 @@ pub fn close_after(req: &mut Request<Body>) {
 /// Connects as [`HttpConnector`] does and wraps the stream in a [`FreshConnection`].
 #[derive(Clone)]
 pub struct FreshConnector(HttpConnector);
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl tower_service::Service<Uri> for FreshConnector {
     type Response = FreshConnection;

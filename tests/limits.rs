@@ -164,14 +164,17 @@ async fn idle_timeout_applies_after_the_first_answer_through_the_binary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_h2_connection_has_at_most_h2_max_concurrent_streams_open() {
     let up = Upstream::start().await;
-    let mut c = config(&up, &Backend::memory());
-    c.h2_max_concurrent_streams = 20;
-    let app = spawn_app(c).await;
+    // Through the binary, set the way a user would.
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[("IDEMGATE_H2_MAX_CONCURRENT_STREAMS", "20")],
+    );
     let h2 = reqwest::Client::builder()
         .http2_prior_knowledge()
         .build()
         .unwrap();
-    let url = format!("http://{}/status", app.addr());
+    let url = gate.url("/status");
     let requests: Vec<_> = (0..150)
         .map(|_| {
             let (h2, url) = (h2.clone(), url.clone());
@@ -194,7 +197,6 @@ async fn an_h2_connection_has_at_most_h2_max_concurrent_streams_open() {
         "{most} streams of one connection at the upstream at once"
     );
     assert!(most >= 10, "the streams did run concurrently: {most}");
-    app.shutdown().await;
 }
 
 /// 64 silent connections fill the admin listener's cap; they are closed after 1 s without a

@@ -398,6 +398,17 @@ pub struct ServerStats {
     pub maxmemory_policy: String,
 }
 
+/// The size of a piece of a large recorded answer: Redis writes one such piece per round
+/// trip, and SQLite and PostgreSQL statements take longer with every such piece.
+pub const RECORD_PIECE: usize = 256 * 1024;
+
+/// How long recording a body of `len` bytes may take: `store_timeout` for each
+/// [`RECORD_PIECE`] or part of one (one for an empty body).
+pub fn record_budget(store_timeout: Duration, len: usize) -> Duration {
+    let pieces = u32::try_from(len.div_ceil(RECORD_PIECE).max(1)).unwrap_or(u32::MAX);
+    store_timeout.saturating_mul(pieces)
+}
+
 /// Runs a store call under a deadline: a store that does not answer counts as an error.
 pub async fn deadline<T>(
     limit: Duration,

@@ -100,9 +100,6 @@ FROM (SELECT 1) AS one
 LEFT JOIN idemgate_records r ON r.id = $1 AND r.expires > clock_timestamp()
 ";
 
-/// Answers larger than this are recorded on a connection of their own (see `record`).
-const LARGE_BODY: usize = 256 * 1024;
-
 const RECORD: &str = "
 UPDATE idemgate_records SET state = 1, status = $3, headers = $4, body = $5
 WHERE id = $1 AND owner = $2 AND expires > clock_timestamp()
@@ -525,18 +522,15 @@ impl Store for PostgresStore {
                 &headers,
                 &&response.body[..],
             ];
-            if response.body.len() <= LARGE_BODY {
+            if response.body.len() <= super::RECORD_PIECE {
                 return Ok(self.execute(|c| &c.record, &params).await? == 1);
             }
             // A large answer's statement takes longer than `store_timeout` (an 80 MiB one
             // was cut off by it), and on the shared connection it would hold up every other
             // request's statement behind it: it goes on a connection of its own, allowed
-            // `store_timeout` per LARGE_BODY bytes (the caller's deadline bounds the whole).
-            let pieces =
-                u32::try_from(response.body.len().div_ceil(LARGE_BODY)).unwrap_or(u32::MAX);
-            let client = self
-                .open_with(self.inner.statement_timeout.saturating_mul(pieces))
-                .await?;
+            // the record's budget (the caller's deadline bounds the whole).
+            let budget = super::record_budget(self.inner.statement_timeout, response.body.len());
+            let client = self.open_with(budget).await?;
             Ok(client.execute(RECORD, &params).await.map_err(pg)? == 1)
         })
     }

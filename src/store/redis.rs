@@ -811,7 +811,7 @@ enum Body {
 /// Bodies up to this size are kept inline in the record, and come back with the claim.
 const INLINE_MAX: usize = 256 * 1024;
 /// Larger ones are written and read in pieces of this size, one round trip each.
-const CHUNK: usize = 256 * 1024;
+const CHUNK: usize = super::RECORD_PIECE;
 const OLD_BODY_SUFFIX: &[u8] = b":body";
 
 /// Lowercase hex of 32 bytes (a record id, a fingerprint), without allocating.

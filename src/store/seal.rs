@@ -292,12 +292,34 @@ fn aad(id: &RecordId, head: &[u8]) -> Vec<u8> {
 /// Bodies larger than this are opened on the blocking pool.
 const OFF_THREAD: usize = 1024 * 1024;
 
-/// Whether `stored` is an envelope with a compressed body (its size says nothing about
-/// what it inflates to).
-fn is_compressed(stored: &StoredResponse) -> bool {
-    stored.headers.len() == 1
-        && stored.headers[0].0 == MARKER
-        && stored.body.get(1).is_some_and(|f| f & FLAG_ZSTD != 0)
+/// Whether opening `stored` may take long: a body over [`OFF_THREAD`], or a compressed one
+/// that declares it inflates beyond that (its stored size says nothing about it). A sealed
+/// compressed body's declared length is sealed too: it counts as heavy.
+fn heavy_to_open(stored: &StoredResponse) -> bool {
+    let b = &stored.body;
+    if b.len() > OFF_THREAD {
+        return true;
+    }
+    let is_envelope = stored.headers.len() == 1 && stored.headers[0].0 == MARKER;
+    let Some(&flags) = b.get(1).filter(|_| is_envelope) else {
+        return false;
+    };
+    if flags & FLAG_ZSTD == 0 {
+        return false;
+    }
+    if flags & FLAG_SEALED != 0 {
+        return true;
+    }
+    // In clear: version, flags, the headers' length and the headers, then the body's
+    // declared length. Anything that does not parse is refused by `open` at once.
+    let read_u32 = |at: usize| {
+        b.get(at..at + 4)
+            .and_then(|l| l.try_into().ok())
+            .map(|l| u32::from_be_bytes(l) as usize)
+    };
+    read_u32(2)
+        .and_then(|hlen| read_u32(6 + hlen))
+        .is_some_and(|len| len > OFF_THREAD)
 }
 
 /// A store whose recorded answers go through an [`Envelope`].
@@ -317,11 +339,9 @@ impl Store for Enveloped {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
         Box::pin(async move {
             match self.inner.claim(req).await? {
-                // A large or compressed body is opened off the serving thread: inflating or
-                // decrypting megabytes would hold up every other request on it.
-                Claim::Replay(stored)
-                    if stored.body.len() > OFF_THREAD || is_compressed(&stored) =>
-                {
+                // A large body, or one that inflates large, is opened off the serving thread:
+                // inflating or decrypting megabytes would hold up every other request on it.
+                Claim::Replay(stored) if heavy_to_open(&stored) => {
                     let (envelope, id) = (self.envelope.clone(), req.id);
                     tokio::task::spawn_blocking(move || envelope.open(&id, stored))
                         .await
@@ -542,6 +562,29 @@ mod tests {
             sealing(&[key("new", 2)], None).open(&id, new).unwrap(),
             answer(b"b")
         );
+    }
+
+    #[test]
+    fn only_large_or_sealed_compressed_bodies_are_opened_off_the_serving_thread() {
+        let id = RecordId::from_bytes([5; 32]);
+        let zipping = Envelope {
+            keys: None,
+            compress_min_bytes: Some(64),
+            max_body: None,
+        };
+        let small = b"{\"amount\":100}".repeat(80);
+        let large = b"{\"amount\":100}".repeat(80_000);
+        assert!(!heavy_to_open(&zipping.close(&id, &answer(&small))));
+        assert!(heavy_to_open(&zipping.close(&id, &answer(&large))));
+        assert!(
+            !heavy_to_open(&answer(&small)),
+            "a body stored in clear, small"
+        );
+        let sealed = sealing(&[key("k", 1)], Some(64));
+        assert!(heavy_to_open(&sealed.close(&id, &answer(&small))));
+        assert!(!heavy_to_open(
+            &sealing(&[key("k", 1)], None).close(&id, &answer(&small))
+        ));
     }
 
     // A record in clear altered in the store to declare 1 GiB: unreadable, not inflated.
