@@ -76,3 +76,80 @@ where
         hint
     }
 }
+
+/// `body`, holding `held` (a slot, bytes of a budget) until the body is dropped: after its
+/// last frame was taken, or with its connection.
+pub fn holding<T: Send + Sync + Unpin + 'static>(body: Body, held: T) -> Body {
+    Holding { body, _held: held }.boxed()
+}
+
+struct Holding<T> {
+    body: Body,
+    _held: T,
+}
+
+impl<T> hyper::body::Body for Holding<T>
+where
+    T: Unpin,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// How much of an in-memory answer is handed to hyper at a time. hyper takes the next
+/// frame only once its write buffer has room, so a body held in our hands until its last
+/// frame is a body not yet written: what [`holding`] counts stays counted while a client
+/// is slow to read. The frames are slices of one buffer: nothing is copied.
+pub const FRAME: usize = 64 * 1024;
+
+/// A body already in memory, handed out [`FRAME`] bytes at a time.
+pub fn chunked(bytes: Bytes) -> Body {
+    if bytes.len() <= FRAME {
+        return full(bytes);
+    }
+    Chunked { rest: bytes }.boxed()
+}
+
+struct Chunked {
+    rest: Bytes,
+}
+
+impl hyper::body::Body for Chunked {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
+        if self.rest.is_empty() {
+            return std::task::Poll::Ready(None);
+        }
+        let n = self.rest.len().min(FRAME);
+        let frame = self.rest.split_to(n);
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(frame))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.rest.len() as u64)
+    }
+}

@@ -205,8 +205,28 @@ pub struct Config {
     /// `SETTINGS_MAX_CONCURRENT_STREAMS`): each may hold an upstream connection, so a few
     /// h2 clients must not outgrow what `max_connections` bounds for HTTP/1.1.
     pub h2_max_concurrent_streams: u32,
-    /// Protected requests in flight at most (per instance); beyond, 503 `overloaded` at once.
+    /// Protected requests in flight at most (per instance), counted from their complete
+    /// body to the end of their exchange; beyond, they wait in a queue.
     pub max_in_flight: usize,
+    /// Requests that may wait for a slot (protected, and pass-through for theirs); beyond,
+    /// 503 `overloaded` at once, before the body is read.
+    pub max_queued: usize,
+    /// How long a request may wait in the queue for a slot; then 503 `overloaded`.
+    #[serde(with = "humantime_serde")]
+    pub queue_timeout: Duration,
+    /// Upstream connections in use at most: `max_in_flight` of them for protected requests,
+    /// the rest (which must be at least 1) for pass-through requests, which wait in the
+    /// queue beyond it. Idle pooled connections are kept up to the pass-through share.
+    pub max_upstream_connections: usize,
+    /// Bytes of bodies held in memory for clients that are slow to send or to read:
+    /// protected request bodies still arriving or queued, and answers being written. A
+    /// body or replay beyond it gets 503 `overloaded`; the answer of a request that ran is
+    /// always sent.
+    pub max_buffered_bytes: usize,
+    /// How long a write to a client may make no progress (a client that stopped reading)
+    /// before its connection is closed.
+    #[serde(with = "humantime_serde")]
+    pub send_timeout: Duration,
     /// How long a client may take to send a protected request's body (408 after).
     #[serde(with = "humantime_serde")]
     pub body_read_timeout: Duration,
@@ -411,6 +431,11 @@ impl Default for Config {
             max_connections: 4096,
             h2_max_concurrent_streams: 100,
             max_in_flight: 1024,
+            max_queued: 1024,
+            queue_timeout: Duration::from_secs(1),
+            max_upstream_connections: 2048,
+            max_buffered_bytes: 64 * 1024 * 1024,
+            send_timeout: Duration::from_secs(60),
             body_read_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
             worker_threads: 1,
@@ -456,6 +481,13 @@ impl Default for Defaults {
 }
 
 impl Config {
+    /// Upstream connections that pass-through requests may use at once (and keep idle).
+    pub fn pass_through_share(&self) -> usize {
+        self.max_upstream_connections
+            .saturating_sub(self.max_in_flight)
+            .max(1)
+    }
+
     /// All defaults, in front of `upstream`, listening on an ephemeral loopback port with the
     /// admin listener off: what tests and the lab start from.
     pub fn for_upstream(upstream: &str) -> Config {
@@ -738,6 +770,7 @@ impl Settings {
             ),
             ("body_read_timeout", config.body_read_timeout),
             ("idle_timeout", config.idle_timeout),
+            ("send_timeout", config.send_timeout),
         ] {
             if d.is_zero() {
                 return Err(invalid(key, "must be greater than zero"));
@@ -761,10 +794,20 @@ impl Settings {
             ),
             ("max_connections", config.max_connections),
             ("max_in_flight", config.max_in_flight),
+            ("max_buffered_bytes", config.max_buffered_bytes),
         ] {
             if n == 0 {
                 return Err(invalid(key, "must be at least 1"));
             }
+        }
+        if config.max_upstream_connections <= config.max_in_flight {
+            return Err(invalid(
+                "max_upstream_connections",
+                format!(
+                    "must be greater than max_in_flight ({}): protected requests use up to max_in_flight upstream connections, and pass-through requests need the rest",
+                    config.max_in_flight
+                ),
+            ));
         }
         if config.worker_threads == 0 {
             return Err(invalid("worker_threads", "must be at least 1"));

@@ -10,7 +10,9 @@
 //! - awaiting a head (from accept, or from the first byte after an idle spell): closed after
 //!   `header_read_timeout`;
 //! - idle (no request being served, no bytes either way): closed after `idle_timeout`;
-//! - serving a request: no deadline here (the body read and upstream timeouts bound it).
+//! - serving a request: no deadline here (the body read and upstream timeouts bound it);
+//! - a write that makes no progress (a client that stopped reading, so its socket buffer is
+//!   full): closed after `send_timeout`, in every phase, as nginx's `send_timeout` does.
 
 use std::future::Future;
 use std::io;
@@ -30,6 +32,17 @@ pub struct Deadlines {
     pub header: Duration,
     /// With no request being served and no bytes moving.
     pub idle: Duration,
+    /// A write waiting on the client without progress.
+    pub send: Duration,
+}
+
+/// Why a supervised connection was closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// No complete head in time, or idle too long.
+    Quiet,
+    /// A write made no progress for the send deadline.
+    SendTimeout,
 }
 
 /// One connection's state, shared by its socket wrapper, its service and its supervisor.
@@ -53,6 +66,8 @@ struct State {
     // Requests handed to the service and not yet answered.
     serving: usize,
     phase: Phase,
+    // Since when a write has been waiting for room in the socket, if one is.
+    stalled: Option<Instant>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -71,6 +86,7 @@ impl Watch {
                 state: Mutex::new(State {
                     serving: 0,
                     phase: Phase::AwaitingHead(Instant::now()),
+                    stalled: None,
                 }),
                 deadline_moved: Notify::new(),
             }),
@@ -100,40 +116,59 @@ impl Watch {
         }
     }
 
+    fn stalled(&self) {
+        let mut s = self.lock();
+        if s.stalled.is_none() {
+            s.stalled = Some(Instant::now());
+            drop(s);
+            self.inner.deadline_moved.notify_one();
+        }
+    }
+
     fn wrote(&self) {
         let mut s = self.lock();
+        s.stalled = None;
         // An answer still streaming out keeps its connection from counting as idle.
         if s.serving == 0 && matches!(s.phase, Phase::Idle(_)) {
             s.phase = Phase::Idle(Instant::now());
         }
     }
 
-    /// When the connection is due to be closed, if nothing happens before: `None` while a
-    /// request is being served.
-    fn due(&self, d: Deadlines) -> Option<Instant> {
+    /// When the connection is due to be closed, if nothing happens before, and why: `None`
+    /// while a request is being served and its writes make progress.
+    fn due(&self, d: Deadlines) -> Option<(Instant, Closed)> {
         let s = *self.lock();
+        let send = s.stalled.map(|since| (since + d.send, Closed::SendTimeout));
         if s.serving > 0 {
-            return None;
+            return send;
         }
-        Some(match s.phase {
+        let quiet = match s.phase {
             Phase::AwaitingHead(since) => since + d.header,
             Phase::Idle(since) => since + d.idle,
+        };
+        Some(match send {
+            Some(send) if send.0 < quiet => send,
+            _ => (quiet, Closed::Quiet),
         })
     }
 
     /// Drives `conn` until it ends, or until it overstays a deadline: then it is dropped,
-    /// which closes the socket. Returns `None` in that case.
-    pub async fn supervise<F: Future>(self, d: Deadlines, conn: F) -> Option<F::Output> {
+    /// which closes the socket, and the deadline it overstayed is returned.
+    pub async fn supervise<F: Future>(self, d: Deadlines, conn: F) -> Result<F::Output, Closed> {
         tokio::pin!(conn);
         loop {
             // While a request is served there is no deadline; look again after a while.
             let due = self.due(d);
-            let wake = due.unwrap_or_else(|| Instant::now() + d.idle.min(d.header));
+            let wake = due.map_or_else(|| Instant::now() + d.idle.min(d.header), |(t, _)| t);
             tokio::select! {
-                out = &mut conn => return Some(out),
+                out = &mut conn => return Ok(out),
                 _ = tokio::time::sleep_until(wake) => {
-                    if due.is_some() && self.due(d).is_some_and(|t| t <= Instant::now()) {
-                        return None;
+                    if due.is_some() {
+                        if let Some((t, why)) = self.due(d) {
+                            if t <= Instant::now() {
+                                return Err(why);
+                            }
+                        }
                     }
                 }
                 _ = self.inner.deadline_moved.notified() => {}
@@ -194,8 +229,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let polled = Pin::new(&mut self.io).poll_write(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            self.watch.wrote();
+        match polled {
+            Poll::Ready(Ok(n)) if n > 0 => self.watch.wrote(),
+            Poll::Pending => self.watch.stalled(),
+            _ => {}
         }
         polled
     }
@@ -206,8 +243,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            self.watch.wrote();
+        match polled {
+            Poll::Ready(Ok(n)) if n > 0 => self.watch.wrote(),
+            Poll::Pending => self.watch.stalled(),
+            _ => {}
         }
         polled
     }
@@ -232,15 +271,16 @@ mod tests {
     const D: Deadlines = Deadlines {
         header: Duration::from_secs(10),
         idle: Duration::from_secs(60),
+        send: Duration::from_secs(30),
     };
 
     #[tokio::test(start_paused = true)]
     async fn a_silent_connection_is_due_a_header_timeout_after_accept() {
         let w = Watch::accepted();
         let accepted = Instant::now();
-        assert_eq!(w.due(D), Some(accepted + D.header));
+        assert_eq!(w.due(D), Some((accepted + D.header, Closed::Quiet)));
         let out = w.supervise(D, std::future::pending::<()>()).await;
-        assert!(out.is_none());
+        assert_eq!(out, Err(Closed::Quiet));
         assert_eq!(Instant::now() - accepted, D.header);
     }
 
@@ -251,6 +291,7 @@ mod tests {
         let d = Deadlines {
             header: Duration::from_secs(30),
             idle: Duration::from_secs(1),
+            send: Duration::from_secs(60),
         };
         let w = Watch::accepted();
         let serving = w.serving();
@@ -258,7 +299,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         drop(serving);
         let idle = Instant::now();
-        assert!(supervised.await.expect("supervisor").is_none(), "closed");
+        assert!(supervised.await.expect("supervisor").is_err(), "closed");
         assert_eq!(Instant::now() - idle, d.idle);
     }
 
@@ -270,18 +311,21 @@ mod tests {
         tokio::time::advance(Duration::from_secs(100)).await;
         drop(serving);
         let done = Instant::now();
-        assert_eq!(w.due(D), Some(done + D.idle));
+        assert_eq!(w.due(D), Some((done + D.idle, Closed::Quiet)));
         tokio::time::advance(Duration::from_secs(5)).await;
         w.wrote();
-        assert_eq!(w.due(D), Some(done + Duration::from_secs(5) + D.idle));
+        assert_eq!(
+            w.due(D),
+            Some((done + Duration::from_secs(5) + D.idle, Closed::Quiet))
+        );
         tokio::time::advance(Duration::from_secs(5)).await;
         w.read();
-        assert_eq!(w.due(D), Some(Instant::now() + D.header));
+        assert_eq!(w.due(D), Some((Instant::now() + D.header, Closed::Quiet)));
         // More bytes of the same head do not move its deadline.
         let head = Instant::now();
         tokio::time::advance(Duration::from_secs(1)).await;
         w.read();
-        assert_eq!(w.due(D), Some(head + D.header));
+        assert_eq!(w.due(D), Some((head + D.header, Closed::Quiet)));
     }
 
     #[tokio::test(start_paused = true)]
@@ -294,7 +338,31 @@ mod tests {
             tokio::spawn(async move { watch.supervise(D, std::future::pending::<()>()).await });
         tokio::time::sleep(Duration::from_secs(1)).await;
         w.read();
-        assert!(task.await.expect("task").is_none());
+        assert!(task.await.expect("task").is_err());
         assert_eq!(Instant::now() - started, Duration::from_secs(1) + D.header);
+    }
+
+    // A client that stops reading while its answer is written: the request is being served,
+    // so no quiet deadline applies, but the stalled write closes it after `send`.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_without_progress_closes_the_connection_after_the_send_deadline() {
+        let w = Watch::accepted();
+        let serving = w.serving();
+        assert_eq!(w.due(D), None);
+        w.stalled();
+        let stalled = Instant::now();
+        tokio::time::advance(Duration::from_secs(10)).await;
+        // Still stalled: the deadline is from the first stall, not the latest poll.
+        w.stalled();
+        assert_eq!(w.due(D), Some((stalled + D.send, Closed::SendTimeout)));
+        // Progress resets it.
+        w.wrote();
+        assert_eq!(w.due(D), None);
+        w.stalled();
+        let again = Instant::now();
+        let out = w.clone().supervise(D, std::future::pending::<()>()).await;
+        assert_eq!(out, Err(Closed::SendTimeout));
+        assert_eq!(Instant::now() - again, D.send);
+        drop(serving);
     }
 }

@@ -13,6 +13,8 @@
 //!   [`store::RedisStore`]; `store::redis_setup` validates how Redis is reached (one
 //!   server, Sentinel, Cluster, TLS, ACL user, replica acknowledgement) and
 //!   `store::redis_link` holds the connection for each topology.
+//! - [`admission`]: the slots of `max_in_flight` and of pass-through, the queue in front of
+//!   them, and the budget of bodies held for slow clients.
 //! - [`proxy`]: the hyper service and the claim → forward → record → replay flow.
 //! - [`answer`]: reading an upstream's answer up to `max_response_bytes`, streaming the
 //!   rest.
@@ -39,6 +41,7 @@
 //!   bank, a day of retrying traffic and an auditor (`idemgate bank`, `idemgate lab`).
 
 pub mod admin;
+pub mod admission;
 pub mod answer;
 pub mod body;
 pub mod config;

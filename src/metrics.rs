@@ -133,6 +133,29 @@ pub struct Metrics {
     redis_restarts: Counter,
     pending_releases: Gauge,
     scope_secret_agreed: Gauge,
+    in_flight: Family<ClassLabel, Gauge>,
+    queued: Family<ClassLabel, Gauge>,
+    queue_wait: HistogramFamily<ClassLabel>,
+    refused: Family<ReasonLabel, Counter>,
+    send_timeouts: Counter,
+    buffered_bytes: Gauge,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabel {
+    class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// Queue waits: none at all up to the default `queue_timeout` (1 s) and beyond.
+fn wait_histogram() -> Histogram {
+    Histogram::new([
+        0.0, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    ])
 }
 
 impl Default for Metrics {
@@ -157,6 +180,50 @@ impl Metrics {
         let redis_restarts = Counter::default();
         let pending_releases = Gauge::default();
         let scope_secret_agreed = Gauge::default();
+        let in_flight = Family::<ClassLabel, Gauge>::default();
+        let queued = Family::<ClassLabel, Gauge>::default();
+        let queue_wait = HistogramFamily::<ClassLabel>::new_with_constructor(wait_histogram);
+        let refused = Family::<ReasonLabel, Counter>::default();
+        let send_timeouts = Counter::default();
+        let buffered_bytes = Gauge::default();
+        registry.register(
+            "idemgate_in_flight",
+            "Requests holding a slot: class=protected (max_in_flight) or pass_through (the rest of max_upstream_connections)",
+            in_flight.clone(),
+        );
+        registry.register(
+            "idemgate_queued",
+            "Requests waiting for a slot, by class (at most max_queued each)",
+            queued.clone(),
+        );
+        registry.register(
+            "idemgate_queue_wait_seconds",
+            "How long admitted requests waited for their slot, by class",
+            queue_wait.clone(),
+        );
+        registry.register(
+            "idemgate_refused",
+            "Requests refused with 503 overloaded before anything was done, by reason: queue_full, queue_timeout, buffers_full",
+            refused.clone(),
+        );
+        registry.register(
+            "idemgate_send_timeouts",
+            "Client connections closed because a write made no progress for send_timeout",
+            send_timeouts.clone(),
+        );
+        registry.register(
+            "idemgate_buffered_bytes",
+            "Bytes of bodies held for clients (arriving or queued request bodies, answers being written), against max_buffered_bytes",
+            buffered_bytes.clone(),
+        );
+        for class in ["protected", "pass_through"] {
+            let _ = in_flight.get_or_create(&ClassLabel { class });
+            let _ = queued.get_or_create(&ClassLabel { class });
+            let _ = queue_wait.get_or_create(&ClassLabel { class });
+        }
+        for reason in ["queue_full", "queue_timeout", "buffers_full"] {
+            let _ = refused.get_or_create(&ReasonLabel { reason });
+        }
         registry.register(
             "idemgate_scope_secret_agreed",
             "1 while this instance's scope secret agrees with the store's; 0 once it does not (protected requests are refused until a restart)",
@@ -219,7 +286,40 @@ impl Metrics {
             redis_restarts,
             pending_releases,
             scope_secret_agreed,
+            in_flight,
+            queued,
+            queue_wait,
+            refused,
+            send_timeouts,
+            buffered_bytes,
         }
+    }
+
+    /// The gauges of one class of slots (`protected`, `pass_through`).
+    pub fn slot_gauges(&self, class: &'static str) -> crate::admission::Gauges {
+        let label = ClassLabel { class };
+        crate::admission::Gauges {
+            in_flight: self.in_flight.get_or_create_owned(&label),
+            queued: self.queued.get_or_create_owned(&label),
+            wait: Some(self.queue_wait.get_or_create_owned(&label)),
+        }
+    }
+
+    /// The counter of one refusal reason.
+    pub fn refused(&self, why: crate::admission::Refusal) -> Counter {
+        self.refused.get_or_create_owned(&ReasonLabel {
+            reason: why.as_str(),
+        })
+    }
+
+    /// The counter of connections closed by `send_timeout`.
+    pub fn send_timeouts(&self) -> Counter {
+        self.send_timeouts.clone()
+    }
+
+    /// The gauge of bytes held against `max_buffered_bytes`.
+    pub fn buffered_bytes(&self) -> Gauge {
+        self.buffered_bytes.clone()
     }
 
     /// The gauge of scope-secret agreement, for [`crate::secret::SecretHealth`].
@@ -444,6 +544,10 @@ impl Store for Instrumented {
 
     fn kind(&self) -> &'static str {
         self.inner.kind()
+    }
+
+    fn room_after(&self) -> Option<std::time::Duration> {
+        self.inner.room_after()
     }
 
     fn meta<'a>(

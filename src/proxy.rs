@@ -24,10 +24,10 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, DATE, SET_COOKIE};
 use hyper::{Request, Response, StatusCode};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::TaskTracker;
 use tracing::Span;
 
+use crate::admission::{Buffered, Buffers, Refusal, Slot, Slots};
 use crate::answer::{self, Answer};
 use crate::body::{self, Body};
 use crate::config::{OnAmbiguous, OnStoreError, Policy, RecordMode, Settings};
@@ -72,7 +72,8 @@ pub enum Outcome {
     Ambiguous,
     /// A retry of a request whose answer was too large to keep (409 response-not-stored).
     NotStored,
-    /// Refused at once, nothing claimed: `max_in_flight` protected requests were running.
+    /// Refused, nothing claimed: every slot busy and the queue full or waited out, or the
+    /// budget of bodies being buffered and written (`max_buffered_bytes`) spent.
     Overloaded,
     /// Sent; the upstream's answer has a `release_on_status` status: passed on, not
     /// recorded, the claim released.
@@ -121,9 +122,15 @@ struct Shared {
     tasks: TaskTracker,
     // Outcomes and latencies; shared with the admin listener's /metrics.
     metrics: Arc<Metrics>,
-    // One permit per protected request from its key to the end of its exchange (a detached
-    // exchange included): `max_in_flight` bounds the bodies and answers held at once.
-    in_flight: Arc<Semaphore>,
+    // One slot per protected request from its complete body to the end of its exchange (a
+    // detached exchange included): `max_in_flight` bounds the bodies and answers held at
+    // once, and the upstream connections protected requests open. Per instance.
+    protected: Arc<Slots>,
+    // Pass-through requests' own share of `max_upstream_connections`, held until the
+    // answer's body is done.
+    passing: Arc<Slots>,
+    // Bodies being buffered or written (`max_buffered_bytes`).
+    buffers: Arc<Buffers>,
     // Claims never forwarded whose release has not landed yet; one set per instance.
     releases: Arc<Releases>,
     // Off once this instance's scope secret disagrees with the store's: its record ids
@@ -143,7 +150,7 @@ struct Claimed {
     policy: Arc<Policy>,
     request: Request<Body>,
     // Held until the exchange and its record are done.
-    _permit: OwnedSemaphorePermit,
+    slot: Slot,
     // The request's span (none with tracing off): parent of the upstream and record spans.
     span: Span,
 }
@@ -159,14 +166,34 @@ impl Proxy {
         releases: Arc<Releases>,
         secret: Arc<SecretHealth>,
     ) -> Proxy {
+        let c = &settings.config;
+        let protected = Arc::new(Slots::new(
+            c.max_in_flight,
+            c.max_queued,
+            c.queue_timeout,
+            metrics.slot_gauges("protected"),
+        ));
+        let passing = Arc::new(Slots::new(
+            c.pass_through_share(),
+            c.max_queued,
+            c.queue_timeout,
+            metrics.slot_gauges("pass_through"),
+        ));
+        let buffers = Arc::new(Buffers::new(
+            c.max_buffered_bytes,
+            metrics.refused(Refusal::BuffersFull),
+            metrics.buffered_bytes(),
+        ));
         let client = upstream::client(
             upstream::CONNECT_TIMEOUT,
-            settings.config.upstream_idle_timeout,
+            c.upstream_idle_timeout,
+            c.pass_through_share(),
         );
-        let in_flight = Arc::new(Semaphore::new(settings.config.max_in_flight));
         Proxy {
             shared: Arc::new(Shared {
-                in_flight,
+                protected,
+                passing,
+                buffers,
                 settings,
                 store,
                 scoper,
@@ -182,16 +209,19 @@ impl Proxy {
 
     /// The proxy of another serving thread: its own store handle and its own upstream
     /// connection pool, so that none of its calls crosses threads; the settings, record
-    /// ids, tracked exchanges, metrics and `max_in_flight` permits are this one's.
+    /// ids, tracked exchanges, metrics, slots and buffer budget are this one's.
     pub fn sibling(&self, store: Arc<dyn Store>) -> Proxy {
         let s = &self.shared;
         let client = upstream::client(
             upstream::CONNECT_TIMEOUT,
             s.settings.config.upstream_idle_timeout,
+            s.settings.config.pass_through_share(),
         );
         Proxy {
             shared: Arc::new(Shared {
-                in_flight: s.in_flight.clone(),
+                protected: s.protected.clone(),
+                passing: s.passing.clone(),
+                buffers: s.buffers.clone(),
                 settings: s.settings.clone(),
                 store,
                 scoper: s.scoper.clone(),
@@ -346,27 +376,43 @@ impl Proxy {
         if let Some(p) = forward_path {
             set_path(&mut parts.uri, &p);
         }
-        // Taken before the body is read: beyond the cap nothing is buffered or claimed, and
-        // the answer comes at once, so the client's retry finds the key free.
-        let Ok(permit) = self.shared.in_flight.clone().try_acquire_owned() else {
-            let res = Problem::Overloaded.response(
-                "too many requests are in progress; nothing was done, retry later",
-                None,
-                Some(1),
-            );
+        // Beyond the slots and a full queue, refused before the body is read: a refusal must
+        // cost little, or the clients it sends away (and straight back) take the CPU the
+        // admitted ones need.
+        if self.shared.protected.would_refuse() {
+            let res = self.overloaded(Refusal::QueueFull, &self.shared.protected);
             log(&res, Outcome::Overloaded, &policy);
             return res;
-        };
-        let body = match self
+        }
+        // The body is read before a slot is taken, so that slow clients hold no slot: bodies
+        // still arriving are bounded by `max_buffered_bytes` and `body_read_timeout`.
+        let (body, buffered) = match self
             .read_body(&parts.headers, incoming, policy.max_body_bytes)
             .await
         {
             Ok(b) => b,
             Err(res) => {
-                log(&res, Outcome::Rejected, &policy);
+                let outcome = if res.status() == StatusCode::SERVICE_UNAVAILABLE {
+                    Outcome::Overloaded
+                } else {
+                    Outcome::Rejected
+                };
+                log(&res, outcome, &policy);
                 return res;
             }
         };
+        // The slot is taken before the claim: once a key is claimed, nothing waits for a
+        // slot or is refused for want of one.
+        let slot = match self.shared.protected.admit().await {
+            Ok(slot) => slot,
+            Err(why) => {
+                let res = self.overloaded(why, &self.shared.protected);
+                log(&res, Outcome::Overloaded, &policy);
+                return res;
+            }
+        };
+        // Admitted: the body now counts against `max_in_flight`, not the arrival budget.
+        drop(buffered);
         let fp = fingerprint::fingerprint(
             &RequestParts {
                 method: parts.method.as_str(),
@@ -403,6 +449,7 @@ impl Proxy {
             lease: policy.lease,
             retention: policy.retention,
             busy_for: busy_for(&policy, self.shared.settings.config.store_timeout),
+            answer_room: answer_room(&policy),
         };
         let request = Request::from_parts(parts, body::full(body.clone()));
         // The claim runs on the connection's own task: a replay, a 409 or a 422 costs no
@@ -431,7 +478,7 @@ impl Proxy {
             request_id,
             span,
             started,
-            permit,
+            slot,
         };
         self.settle(found, protected).await
     }
@@ -484,7 +531,7 @@ impl Proxy {
             request_id,
             span,
             started,
-            permit,
+            slot,
         } = protected;
         let id = claim.id;
         let claimed = Claimed {
@@ -492,7 +539,7 @@ impl Proxy {
             owner: claim.owner,
             policy: policy.clone(),
             request,
-            _permit: permit,
+            slot,
             span: span.clone(),
         };
         let this = self.clone();
@@ -512,7 +559,14 @@ impl Proxy {
             res
         }));
         match task.await {
-            Ok(res) => res,
+            // It ran: its answer is sent whatever the budget says, and counted while it is.
+            Ok(res) => {
+                let buffers = self.shared.buffers.clone();
+                res.map(|b| {
+                    let n = usize::try_from(hyper::body::Body::size_hint(&b).lower()).unwrap_or(0);
+                    body::holding(b, buffers.take(n))
+                })
+            }
             // Only a panic gets here. Its claim stays in progress and its lease runs out
             // to `unknown`, so nothing is executed twice.
             Err(e) => {
@@ -543,7 +597,17 @@ impl Proxy {
                 Outcome::InProgress,
             ),
             Ok(Claim::Claimed) => return self.forward_claimed(protected).await,
-            Ok(Claim::Replay(stored)) => (replay(stored), Outcome::Replayed),
+            // A replay's body counts against the buffer budget until it is written: clients
+            // that stop reading a large answer must not hold memory without bound.
+            Ok(Claim::Replay(stored)) => {
+                let mut held = self.shared.buffers.hold();
+                if held.grow(stored.body.len()).is_err() {
+                    let res = self.overloaded(Refusal::BuffersFull, &self.shared.protected);
+                    (res, Outcome::Overloaded)
+                } else {
+                    (replay(stored).map(|b| body::holding(b, held)), Outcome::Replayed)
+                }
+            }
             Ok(Claim::NotKept { status }) => (
                 Problem::ResponseNotStored.response(
                     format!("this request was executed once and answered with status {status}, but the answer was larger than max_response_bytes (or did not fit in the store) and was not kept, so it cannot be replayed; it will not be sent again"),
@@ -621,7 +685,15 @@ impl Proxy {
                     let claim = &protected.claim;
                     release_in_background(&self.shared, id, claim.owner.clone(), claim.retention);
                 }
-                if matches!(e, StoreError::Full(_)) || protected.policy.on_store_error == OnStoreError::Reject {
+                if let StoreError::Full(why) = &e {
+                    let wait = self.room_after(&protected.policy);
+                    let res = Problem::StoreUnavailable.response(
+                        format!("the idempotency store is full ({why}); the request was not forwarded, retry after the Retry-After"),
+                        Some(&id),
+                        Some(wait),
+                    );
+                    (res, Outcome::StoreError)
+                } else if protected.policy.on_store_error == OnStoreError::Reject {
                     let res = Problem::StoreUnavailable.response(
                         "the idempotency store did not answer; the request was not forwarded",
                         Some(&id),
@@ -678,13 +750,42 @@ impl Proxy {
         }
     }
 
-    /// Buffers a protected body up to `max` bytes within the body read timeout.
+    /// Seconds until a full store should have room: the route's typical upstream time when
+    /// requests in flight hold reserved room, else the soonest expiry (at most a day), else 1.
+    fn room_after(&self, policy: &Policy) -> u64 {
+        match self.shared.store.room_after() {
+            Some(d) if d.is_zero() => policy
+                .upstream_time
+                .get()
+                .map_or(1, |t| t.as_secs_f64().ceil() as u64)
+                .max(1),
+            Some(d) => (d.as_secs_f64().ceil() as u64).clamp(1, 86_400),
+            None => 1,
+        }
+    }
+
+    /// The 503 of a request not admitted: nothing was buffered beyond what the refusal
+    /// needed, nothing claimed.
+    fn overloaded(&self, why: Refusal, slots: &Slots) -> Response<Body> {
+        let detail = match why {
+            Refusal::QueueFull => "too many requests are in progress and waiting; nothing was done, retry later",
+            Refusal::QueueTimeout => "too many requests are in progress; this one waited queue_timeout for its turn; nothing was done, retry later",
+            Refusal::BuffersFull => "too many request and answer bodies are held in memory (max_buffered_bytes); nothing was done, retry later",
+        };
+        if why != Refusal::BuffersFull {
+            self.shared.metrics.refused(why).inc();
+        }
+        Problem::Overloaded.response(detail, None, Some(slots.retry_after()))
+    }
+
+    /// Buffers a protected body up to `max` bytes within the body read timeout, its bytes
+    /// taken from the budget of bodies being buffered (503 `overloaded` when it is spent).
     async fn read_body(
         &self,
         headers: &hyper::HeaderMap,
         incoming: Incoming,
         max: u64,
-    ) -> Result<Bytes, Response<Body>> {
+    ) -> Result<(Bytes, Buffered), Response<Body>> {
         let too_large = || {
             Problem::BodyTooLarge.response(
                 format!("protected request bodies are limited to {max} bytes"),
@@ -699,22 +800,74 @@ impl Proxy {
         if declared.is_some_and(|n| n > max) {
             return Err(too_large());
         }
+        let mut held = self.shared.buffers.hold();
+        let full = || self.overloaded(Refusal::BuffersFull, &self.shared.protected);
+        // A declared length is taken at once: one check instead of one per chunk.
+        let mut reserved = declared.map_or(0, |n| n as usize);
+        if held.grow(reserved).is_err() {
+            return Err(full());
+        }
         let limit = usize::try_from(max).unwrap_or(usize::MAX);
-        let read = Limited::new(incoming, limit).collect();
-        match tokio::time::timeout(self.shared.settings.config.body_read_timeout, read).await {
-            // A trailer (a checksum, a signature) is part of what the upstream acts on but
-            // not of the fingerprint: forwarded, a retry with another would replay the
-            // first; dropped, the upstream would act on a request the client did not send.
-            Ok(Ok(collected)) if collected.trailers().is_some_and(|t| !t.is_empty()) => {
-                Err(Problem::TrailersNotSupported.response(
-                    "protected requests cannot carry trailer fields; send them as headers",
-                    None,
-                    None,
-                ))
+        enum Ended {
+            Full,
+            Trailers,
+            TooLarge,
+            Broken,
+        }
+        let read = async {
+            let mut body = Limited::new(incoming, limit);
+            let mut chunks: Vec<Bytes> = Vec::new();
+            let mut received = 0usize;
+            while let Some(frame) = body.frame().await {
+                let frame = match frame {
+                    Ok(f) => f,
+                    Err(e) if e.is::<LengthLimitError>() => return Err(Ended::TooLarge),
+                    Err(_) => return Err(Ended::Broken),
+                };
+                match frame.into_data() {
+                    Ok(data) => {
+                        received += data.len();
+                        if received > reserved {
+                            if held.grow(received - reserved).is_err() {
+                                return Err(Ended::Full);
+                            }
+                            reserved = received;
+                        }
+                        chunks.push(data);
+                    }
+                    // A trailer (a checksum, a signature) is part of what the upstream acts
+                    // on but not of the fingerprint: forwarded, a retry with another would
+                    // replay the first; dropped, the upstream would act on a request the
+                    // client did not send.
+                    Err(frame) => {
+                        if frame.trailers_ref().is_some_and(|t| !t.is_empty()) {
+                            return Err(Ended::Trailers);
+                        }
+                    }
+                }
             }
-            Ok(Ok(collected)) => Ok(collected.to_bytes()),
-            Ok(Err(e)) if e.is::<LengthLimitError>() => Err(too_large()),
-            Ok(Err(_)) => Err(Problem::BodyUnreadable.response(
+            Ok(match chunks.len() {
+                0 => Bytes::new(),
+                1 => chunks.pop().unwrap_or_default(),
+                _ => {
+                    let mut all = bytes::BytesMut::with_capacity(received);
+                    for c in chunks {
+                        all.extend_from_slice(&c);
+                    }
+                    all.freeze()
+                }
+            })
+        };
+        match tokio::time::timeout(self.shared.settings.config.body_read_timeout, read).await {
+            Ok(Ok(bytes)) => Ok((bytes, held)),
+            Ok(Err(Ended::Full)) => Err(full()),
+            Ok(Err(Ended::Trailers)) => Err(Problem::TrailersNotSupported.response(
+                "protected requests cannot carry trailer fields; send them as headers",
+                None,
+                None,
+            )),
+            Ok(Err(Ended::TooLarge)) => Err(too_large()),
+            Ok(Err(Ended::Broken)) => Err(Problem::BodyUnreadable.response(
                 "the request body ended early or was malformed",
                 None,
                 None,
@@ -734,6 +887,12 @@ impl Proxy {
         peer: SocketAddr,
         timeout: Duration,
     ) -> Response<Body> {
+        // Its own share of the upstream connections, held until the answer's body is done:
+        // pass-through traffic cannot take what protected requests need, nor the other way.
+        let slot = match self.shared.passing.admit().await {
+            Ok(slot) => slot,
+            Err(why) => return self.overloaded(why, &self.shared.passing),
+        };
         upstream::prepare(&mut req, &self.shared.settings.upstream, peer);
         let sent = Instant::now();
         let answer = tokio::time::timeout(timeout, self.shared.client.request(req)).await;
@@ -744,7 +903,7 @@ impl Proxy {
                 let (mut parts, body) = res.into_parts();
                 upstream::strip_hop_by_hop(&mut parts.headers);
                 parts.extensions.insert(latency);
-                Response::from_parts(parts, body::boxed(body))
+                Response::from_parts(parts, body::holding(body::boxed(body), slot))
             }
             Ok(Err(e)) => match upstream::classify(&e) {
                 Failure::NotSent => Problem::UpstreamUnreachable.response(
@@ -867,7 +1026,7 @@ struct Protected {
     request_id: HeaderValue,
     span: Span,
     started: Instant,
-    permit: OwnedSemaphorePermit,
+    slot: Slot,
 }
 
 /// A claim on its way to the store. Dropped armed (its request's future was dropped: the
@@ -894,6 +1053,18 @@ impl Drop for PendingClaim<'_> {
             release_in_background(self.shared, self.id, self.owner.clone(), self.linger);
         }
     }
+}
+
+/// Room for a recorded answer's head: its status, and headers as hyper's client reads them
+/// at most (its read buffer is 400 KiB; answers with more than 64 KiB of headers are rare
+/// enough to be recorded without their body).
+const ANSWER_HEAD_ROOM: usize = 64 * 1024;
+
+/// What a claim reserves in a store with a byte cap: the largest answer the route records.
+fn answer_room(policy: &Policy) -> usize {
+    usize::try_from(policy.max_response_bytes)
+        .unwrap_or(usize::MAX)
+        .saturating_add(ANSWER_HEAD_ROOM)
 }
 
 /// How long after a claim its owner may still be working on it: the claim's answer (at
@@ -980,7 +1151,7 @@ async fn exchange(
         owner,
         policy,
         mut request,
-        _permit: permit,
+        slot,
         span,
     } = claimed;
     upstream::prepare(&mut request, &shared.settings.upstream, peer);
@@ -1067,7 +1238,7 @@ async fn exchange(
                     record_answer(shared, &id, &owner, &stored, &span, upstream_timeout).await;
                 }
                 // The client's answer goes out now; the record is written meanwhile, in a
-                // task that shutdown waits for and that keeps the in-flight permit until it
+                // task that shutdown waits for and that keeps the in-flight slot until it
                 // is done. Until it lands, the claim stays in progress under its lease: a
                 // retry gets 409, and should this process die first, the lease runs out to
                 // `unknown`. Never a second execution.
@@ -1075,12 +1246,12 @@ async fn exchange(
                     let (shared, span) = (Arc::clone(shared), span.clone());
                     shared.tasks.clone().spawn(async move {
                         record_answer(&shared, &id, &owner, &stored, &span, upstream_timeout).await;
-                        drop(permit);
+                        drop(slot);
                     });
                 }
             }
             (
-                Response::from_parts(parts, body::full(bytes)),
+                Response::from_parts(parts, body::chunked(bytes)),
                 Outcome::Forwarded,
             )
         }
@@ -1226,7 +1397,7 @@ async fn renewing_lease<T>(
 
 /// Builds the replay of a stored response.
 fn replay(stored: StoredResponse) -> Response<Body> {
-    let mut res = Response::new(body::full(stored.body));
+    let mut res = Response::new(body::chunked(stored.body));
     *res.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::BAD_GATEWAY);
     let h = res.headers_mut();
     for (name, value) in stored.headers {

@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin::Admin;
 use crate::config::{Config, ConfigError, Settings};
-use crate::connection::{Deadlines, Watch, Watched};
+use crate::connection::{Closed, Deadlines, Watch, Watched};
 use crate::metrics::{self, Instrumented, Metrics};
 use crate::operator::Resolver;
 use crate::proxy::Proxy;
@@ -278,12 +278,52 @@ pub async fn bind(settings: &Settings) -> Result<(TcpListener, Option<TcpListene
         ),
         None => None,
     };
+    check_file_limit(c);
     if let Some(addr) = c.admin_listen {
         if !addr.ip().is_loopback() && c.admin_token.is_none() {
             tracing::warn!(%addr, "the admin listener is reachable from other hosts without admin_token: anyone who reaches it can release records");
         }
     }
     Ok((listener, admin))
+}
+
+/// File descriptors beyond the client and upstream connections: the listeners, the store's
+/// connections (Redis, its replica-acknowledgement links, PostgreSQL, SQLite's files), the
+/// runtime's own and the log.
+const OTHER_FILES: u64 = 128;
+
+/// Raises the soft limit on open files to the hard one (as Go's runtime and nginx's
+/// `worker_rlimit_nofile` do), and warns when the connection limits still cannot fit: past
+/// it, accept fails with "Too many open files" and new clients get no answer at all.
+fn check_file_limit(c: &Config) {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let mut lim = getrlimit(Resource::Nofile);
+    if let (Some(cur), Some(max)) = (lim.current, lim.maximum) {
+        if cur < max {
+            let raised = Rlimit {
+                current: Some(max),
+                maximum: Some(max),
+            };
+            if setrlimit(Resource::Nofile, raised).is_ok() {
+                lim = raised;
+            }
+        }
+    }
+    let Some(limit) = lim.current else {
+        return;
+    };
+    let needed = (c.max_connections + c.max_upstream_connections + ADMIN_MAX_CONNECTIONS) as u64
+        + OTHER_FILES;
+    if limit < needed {
+        tracing::warn!(
+            limit,
+            needed,
+            max_connections = c.max_connections,
+            max_upstream_connections = c.max_upstream_connections,
+            admin_connections = ADMIN_MAX_CONNECTIONS,
+            "the open-file limit (ulimit -n) is below what the connection limits can use; lower max_connections and max_upstream_connections, or raise the limit"
+        );
+    }
 }
 
 /// Opens the store and serves until `shutdown` resolves (what the binary runs).
@@ -459,17 +499,19 @@ async fn serve_on(
     let c = &settings.config;
     let grace = c.shutdown_grace;
     let store_timeout = c.store_timeout;
+    let metrics = Arc::new(Metrics::new());
     let limits = ConnLimits {
         deadlines: Deadlines {
             header: c.header_read_timeout,
             idle: c.idle_timeout,
+            send: c.send_timeout,
         },
         max_connections: c.max_connections,
         h2_max_streams: c.h2_max_concurrent_streams,
+        send_timeouts: metrics.send_timeouts(),
     };
     // One cap on open connections for all serving threads.
     let open = Arc::new(Semaphore::new(limits.max_connections));
-    let metrics = Arc::new(Metrics::new());
     let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, metrics.clone(), store_timeout));
     let restarted = Arc::new(tokio::sync::Notify::new());
     let watcher = tokio::spawn(metrics::watch_store(
@@ -514,7 +556,7 @@ async fn serve_on(
                 header: limits.deadlines.header.min(ADMIN_HEAD_TIMEOUT),
                 ..limits.deadlines
             },
-            ..limits
+            ..limits.clone()
         };
         tokio::spawn(accept_loop(
             l,
@@ -551,7 +593,7 @@ async fn serve_on(
             tasks: tasks.clone(),
             stop: stop.clone(),
             end: end_rx.clone(),
-            limits,
+            limits: limits.clone(),
             open: open.clone(),
             balance,
         });
@@ -619,8 +661,10 @@ const ADMIN_HEAD_TIMEOUT: Duration = Duration::from_secs(1);
 const ADMIN_MAX_CONNECTIONS: usize = 64;
 
 /// What a listener's connections may hold.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct ConnLimits {
+    // Counts connections closed by the send deadline.
+    send_timeouts: prometheus_client::metrics::counter::Counter,
     deadlines: Deadlines,
     max_connections: usize,
     // Streams one h2 connection may have open at once.
@@ -711,6 +755,7 @@ async fn accept_loop<F, Fut>(
             }
         });
         let io = TokioIo::new(Watched::new(stream, watch.clone()));
+        let (deadlines, send_timeouts) = (limits.deadlines, limits.send_timeouts.clone());
         let conn = builder.serve_connection(io, svc).into_owned();
         // Boxed with its output type spelled out: without it, the compiler cannot prove the
         // spawned future `Send` for every lifetime of hyper's boxed error.
@@ -718,13 +763,17 @@ async fn accept_loop<F, Fut>(
             Box<dyn Future<Output = Result<(), crate::body::BoxError>> + Send>,
         > = Box::pin(graceful.watch(conn));
         tokio::spawn(async move {
-            match watch.supervise(limits.deadlines, conn).await {
-                Some(Err(e)) => {
+            match watch.supervise(deadlines, conn).await {
+                Ok(Err(e)) => {
                     tracing::debug!(error = %e, peer = %peer, "connection ended with an error")
                 }
-                Some(Ok(())) => {}
-                None => {
+                Ok(Ok(())) => {}
+                Err(Closed::Quiet) => {
                     tracing::debug!(peer = %peer, "connection closed: no request head in time, or idle")
+                }
+                Err(Closed::SendTimeout) => {
+                    send_timeouts.inc();
+                    tracing::info!(peer = %peer, send_timeout = ?deadlines.send, "connection closed: the client read nothing of its answer for send_timeout");
                 }
             }
             drop(permit);

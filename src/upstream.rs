@@ -48,13 +48,20 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// closed before any byte of the request went out, are retried on another connection by
 /// hyper-util (`retry_canceled_requests`, on by default, and left on: those are provably
 /// unsent).
-pub fn client(connect_timeout: Duration, idle_timeout: Duration) -> UpstreamClient {
+pub fn client(
+    connect_timeout: Duration,
+    idle_timeout: Duration,
+    max_idle: usize,
+) -> UpstreamClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(connect_timeout));
     connector.enforce_http(true);
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(idle_timeout)
+        // Requests in use are bounded by their slots; idle connections beyond them would
+        // hold file descriptors past `max_upstream_connections`.
+        .pool_max_idle_per_host(max_idle)
         .retry_canceled_requests(true)
         .build(connector)
 }

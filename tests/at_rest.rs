@@ -248,6 +248,7 @@ async fn memory_usage(
         lease: Duration::from_secs(10),
         retention: Duration::from_secs(86400),
         busy_for: Duration::from_secs(31),
+        answer_room: 0,
     };
     store.claim(&claim).await.unwrap();
     let answer = StoredResponse {

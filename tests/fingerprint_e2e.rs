@@ -256,6 +256,7 @@ async fn a_record_of_an_unknown_fingerprint_version_is_never_a_422() {
         lease: Duration::from_secs(10),
         retention: Duration::from_secs(60),
         busy_for: Duration::from_secs(10),
+        answer_room: 0,
     };
     store.claim(&planted).await.unwrap();
     let app = spawn_app(redis_config(&up, &redis)).await;

@@ -466,6 +466,7 @@ async fn the_sweeper_drops_expired_records() {
             lease: Duration::from_millis(100),
             retention: Duration::from_millis(200),
             busy_for: Duration::from_millis(100),
+            answer_room: 0,
         };
         store.claim(&req).await.unwrap();
     }

@@ -16,7 +16,7 @@ use idemgate::Config;
 
 on_both_stores!(
     a_large_answer_reaches_its_client_and_its_retry_never_executes,
-    a_burst_beyond_max_in_flight_is_refused_at_once_and_claims_nothing,
+    a_burst_beyond_max_in_flight_and_the_queue_is_refused_at_once_and_claims_nothing,
 );
 
 /// The tests that load the machine most (hundreds of connections, hundreds of megabytes,
@@ -429,10 +429,14 @@ async fn a_large_answer_reaches_its_client_and_its_retry_never_executes(backend:
     app.shutdown().await;
 }
 
-async fn a_burst_beyond_max_in_flight_is_refused_at_once_and_claims_nothing(backend: Backend) {
+async fn a_burst_beyond_max_in_flight_and_the_queue_is_refused_at_once_and_claims_nothing(
+    backend: Backend,
+) {
     let up = Upstream::start().await;
     let mut c = config(&up, &backend);
     c.max_in_flight = 2;
+    // No room to wait: refused at once (tests/overload.rs covers the queue).
+    c.max_queued = 0;
     let app = spawn_app(c).await;
     let client = client();
     let slow = |key: &'static str| {
@@ -701,6 +705,7 @@ async fn large_answers_on_redis_do_not_hold_up_other_keys() {
         lease: Duration::from_secs(10),
         retention: Duration::from_secs(60),
         busy_for: Duration::from_secs(10),
+        answer_room: 0,
     };
     let big = StoredResponse {
         status: 201,

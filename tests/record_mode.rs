@@ -48,6 +48,8 @@ async fn rig(mode: RecordMode) -> Rig {
     // One protected request at a time: shows whether a record still being written holds
     // its in-flight permit.
     cfg.max_in_flight = 1;
+    // No queue: a request beyond the one slot is refused at once, which shows the slot held.
+    cfg.max_queued = 0;
     cfg.defaults.record_mode = mode;
     let app = spawn_app(cfg).await;
     let other = spawn_app(redis_config(&up, &redis)).await;

@@ -155,6 +155,10 @@ impl Store for Tracked {
         self.inner.kind()
     }
 
+    fn room_after(&self) -> Option<std::time::Duration> {
+        self.inner.room_after()
+    }
+
     fn meta<'a>(
         &'a self,
         name: &'a str,

@@ -44,6 +44,8 @@ struct Inner {
     // The other cap: records are not all the same size, and a few large answers would hold
     // more memory than a million small ones.
     max_bytes: usize,
+    // Records holding reserved room for an answer (in progress).
+    rooms: AtomicUsize,
     // What an operator's walk ([`Store::list`]) measures expiry instants from, so that its
     // cursor can name a place in a shard's expiry index.
     epoch: Instant,
@@ -167,9 +169,10 @@ impl Records {
     /// Removes up to `limit` records expired at `now`, soonest first; returns how many index
     /// items it took (fewer than `limit` means none expired at `now` are left) and the bytes
     /// the removed records held.
-    fn remove_expired(&mut self, now: Instant, limit: usize) -> (usize, usize) {
+    fn remove_expired(&mut self, now: Instant, limit: usize) -> (usize, usize, usize) {
         let mut taken = 0;
         let mut freed = 0;
+        let mut rooms = 0;
         while taken < limit {
             let Some(&(expires, id)) = self.by_expiry.first() else {
                 break;
@@ -183,10 +186,13 @@ impl Records {
             // its own expiry anyway means an item that somehow outlived its entry can never
             // take a live record with it.
             if self.map.get(&id).is_some_and(|e| e.expires <= now) {
-                freed += self.map.remove(&id).map_or(0, |e| e.size());
+                if let Some(e) = self.map.remove(&id) {
+                    freed += e.size();
+                    rooms += usize::from(e.room > 0);
+                }
             }
         }
-        (taken, freed)
+        (taken, freed, rooms)
     }
 
     fn len(&self) -> usize {
@@ -216,11 +222,11 @@ impl Shard<'_> {
         self.records.map.get_mut(id).map(|e| &mut **e)
     }
 
-    /// Takes a slot and [`RECORD_UPKEEP`] bytes for a record about to be inserted, if both
-    /// caps leave room. Relaxed is enough: the counts order nothing else (the maps have
+    /// Takes a slot and [`RECORD_UPKEEP`] bytes, and `room` bytes for its answer, for a
+    /// record about to be inserted, if both caps leave room. Relaxed is enough: the counts order nothing else (the maps have
     /// their locks), and the read-modify-writes of one atomic are totally ordered whatever
     /// the ordering, so two claims can never both take the last slot or the last bytes.
-    fn reserve(&self) -> Result<(), Cap> {
+    fn reserve(&self, room: usize) -> Result<(), Cap> {
         let max = self.inner.max_records;
         let taken = self
             .inner
@@ -231,10 +237,13 @@ impl Shard<'_> {
         if taken.is_err() {
             return Err(Cap::Records);
         }
-        if !self.inner.reserve_bytes(RECORD_UPKEEP) {
+        if !self.inner.reserve_bytes(RECORD_UPKEEP.saturating_add(room)) {
             self.inner.held.fetch_sub(1, Ordering::Relaxed);
             return Err(Cap::Bytes);
         }
+        self.inner
+            .rooms
+            .fetch_add(usize::from(room > 0), Ordering::Relaxed);
         Ok(())
     }
 
@@ -246,6 +255,9 @@ impl Shard<'_> {
         if let Some(old) = self.records.insert(id, entry) {
             self.inner.held.fetch_sub(1, Ordering::Relaxed);
             self.inner.bytes.fetch_sub(old.size(), Ordering::Relaxed);
+            self.inner
+                .rooms
+                .fetch_sub(usize::from(old.room > 0), Ordering::Relaxed);
         }
     }
 
@@ -253,17 +265,21 @@ impl Shard<'_> {
         let e = self.records.remove(id)?;
         self.inner.held.fetch_sub(1, Ordering::Relaxed);
         self.inner.bytes.fetch_sub(e.size(), Ordering::Relaxed);
+        self.inner
+            .rooms
+            .fetch_sub(usize::from(e.room > 0), Ordering::Relaxed);
         Some(e)
     }
 
     /// As [`Records::remove_expired`]; returns how many index items it took.
     fn remove_expired(&mut self, now: Instant, limit: usize) -> usize {
         let before = self.records.len();
-        let (taken, freed) = self.records.remove_expired(now, limit);
+        let (taken, freed, rooms) = self.records.remove_expired(now, limit);
         self.inner
             .held
             .fetch_sub(before - self.records.len(), Ordering::Relaxed);
         self.inner.bytes.fetch_sub(freed, Ordering::Relaxed);
+        self.inner.rooms.fetch_sub(rooms, Ordering::Relaxed);
         taken
     }
 
@@ -283,11 +299,13 @@ impl Shard<'_> {
         if e.expires <= now || e.owner != *owner {
             return Ok(false);
         }
-        let (old, new) = (e.state.size(), state.size());
+        // The answer's reserved room is part of what the old state holds.
+        let (old, new) = (e.state.size() + e.room, state.size());
         if new > old && !inner.reserve_bytes(new - old) {
             return Err(Cap::Bytes);
         }
         e.state = state;
+        inner.give_back_room(e);
         if old > new {
             inner.bytes.fetch_sub(old - new, Ordering::Relaxed);
         }
@@ -338,6 +356,9 @@ struct Entry {
     expires: Instant,
     // Until when the owner may still be working on it (see `ClaimRequest::busy_for`).
     busy_until: Instant,
+    // Bytes reserved for the answer (`ClaimRequest::answer_room`) while the record is in
+    // progress, counted against `memory_max_bytes`; given back when its state changes.
+    room: usize,
 }
 
 enum State {
@@ -371,11 +392,19 @@ impl State {
 impl Entry {
     /// What the record counts against `memory_max_bytes`.
     fn size(&self) -> usize {
-        RECORD_UPKEEP + self.state.size()
+        RECORD_UPKEEP + self.state.size() + self.room
     }
 }
 
 impl Inner {
+    /// Forgets an entry's reserved room (its bytes are the caller's to account for).
+    fn give_back_room(&self, e: &mut Entry) {
+        if e.room > 0 {
+            e.room = 0;
+            self.rooms.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     /// Takes `n` bytes if the byte cap leaves room.
     fn reserve_bytes(&self, n: usize) -> bool {
         let max = self.max_bytes;
@@ -403,6 +432,7 @@ impl MemoryStore {
                 max_records,
                 bytes: AtomicUsize::new(0),
                 max_bytes,
+                rooms: AtomicUsize::new(0),
                 meta: Mutex::default(),
                 epoch: Instant::now(),
             }),
@@ -512,23 +542,23 @@ impl MemoryStore {
         if let Some(found) = records.look_up(req, now) {
             return Ok(found);
         }
-        if records.reserve().is_err() {
+        if records.reserve(req.answer_room).is_err() {
             // Soonest expiry first: if any record in this shard has expired, this frees at
             // least one slot. Bounded, so a flood at the cap costs each claim at most one
             // batch here.
             records.remove_expired(now, EXPIRE_BATCH);
-            if records.reserve().is_err() {
+            if records.reserve(req.answer_room).is_err() {
                 // The expired records may all be in other shards. Their locks are taken only
                 // with this one let go: two claims doing this from two shards would
                 // otherwise each hold the lock the other waits for.
                 drop(records);
-                self.remove_expired_elsewhere(shard, now);
+                self.remove_expired_elsewhere(shard, now, req.answer_room);
                 records = self.lock(shard);
                 // While the lock was let go, another claim may have made this record.
                 if let Some(found) = records.look_up(req, now) {
                     return Ok(found);
                 }
-                if let Err(cap) = records.reserve() {
+                if let Err(cap) = records.reserve(req.answer_room) {
                     return Err(self.full(cap));
                 }
             }
@@ -545,6 +575,7 @@ impl MemoryStore {
                 created: SystemTime::now(),
                 expires: now + req.retention,
                 busy_until: now + req.busy_for,
+                room: req.answer_room,
             }),
         );
         Ok(Claim::Claimed)
@@ -568,11 +599,11 @@ impl MemoryStore {
     /// free, at most [`EXPIRE_BATCH`] in all. A shard with none expired costs one short lock
     /// hold and one look at its index, so a flood of new keys at a cap full of live records
     /// costs each claim [`SHARDS`] of those: microseconds.
-    fn remove_expired_elsewhere(&self, skip: usize, now: Instant) {
+    fn remove_expired_elsewhere(&self, skip: usize, now: Instant, answer_room: usize) {
         let mut budget = EXPIRE_BATCH;
         for shard in (1..SHARDS).map(|k| (skip + k) % SHARDS) {
             let room = self.len() < self.inner.max_records
-                && self.bytes() + RECORD_UPKEEP <= self.inner.max_bytes;
+                && self.bytes() + RECORD_UPKEEP + answer_room <= self.inner.max_bytes;
             if budget == 0 || room {
                 return;
             }
@@ -744,10 +775,14 @@ impl Store for MemoryStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let inner = &*self.inner;
         ready(Ok(self.with_owned(id, owner, |e, _| match e.state {
             State::Completed(_) | State::NotKept { .. } => false,
             _ => {
                 e.state = State::Unknown;
+                // No answer will come: its room goes back.
+                inner.bytes.fetch_sub(e.room, Ordering::Relaxed);
+                inner.give_back_room(e);
                 true
             }
         })))
@@ -812,12 +847,14 @@ impl Store for MemoryStore {
                     headers: response.headers.clone(),
                     body: Bytes::copy_from_slice(&response.body),
                 });
-                // Counted against `memory_max_bytes` like the upstream's answer.
-                let (old, new) = (e.state.size(), state.size());
+                // Counted against `memory_max_bytes` like the upstream's answer, in the room
+                // its claim reserved if it is still there.
+                let (old, new) = (e.state.size() + e.room, state.size());
                 if new > old && !inner.reserve_bytes(new - old) {
                     return ready(Err(self.full(Cap::Bytes)));
                 }
                 e.state = state;
+                inner.give_back_room(e);
                 if old > new {
                     inner.bytes.fetch_sub(old - new, Ordering::Relaxed);
                 }
@@ -866,6 +903,17 @@ impl Store for MemoryStore {
 
     fn kind(&self) -> &'static str {
         "memory"
+    }
+
+    fn room_after(&self) -> Option<Duration> {
+        if self.inner.rooms.load(Ordering::Relaxed) > 0 {
+            return Some(Duration::ZERO);
+        }
+        let now = Instant::now();
+        (0..SHARDS)
+            .filter_map(|s| self.lock(s).by_expiry.first().map(|(t, _)| *t))
+            .min()
+            .map(|t| t.saturating_duration_since(now))
     }
 
     fn meta<'a>(
@@ -966,6 +1014,7 @@ mod tests {
             lease: Duration::from_secs(10),
             retention: Duration::from_secs(60),
             busy_for: Duration::from_secs(10),
+            answer_room: 0,
         };
         assert_eq!(store.claim(&req).await.ok(), Some(Claim::Claimed));
         let buffer = Bytes::from(vec![b'x'; 8192]);
@@ -1000,6 +1049,7 @@ mod tests {
             lease: Duration::from_secs(10),
             retention,
             busy_for: Duration::from_secs(10),
+            answer_room: 0,
         }
     }
 

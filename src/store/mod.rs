@@ -80,6 +80,10 @@ pub struct ClaimRequest {
     /// waiting for the upstream, recording the answer), lease or no lease: an operator's
     /// release within this time could let a retry execute while the first call completes.
     pub busy_for: Duration,
+    /// Bytes the answer may take (the route's `max_response_bytes` and room for its head):
+    /// a store with a byte cap (the embedded one's `memory_max_bytes`) reserves them with
+    /// the claim, so that the answer of a request it admitted always fits. Others ignore it.
+    pub answer_room: usize,
 }
 
 /// A response as recorded, and replayed byte for byte.
@@ -366,6 +370,13 @@ pub trait Store: Send + Sync + 'static {
                 .ok_or_else(|| StoreError::Corrupt("the scope secret is not 64 hex digits".into()))
         })
     }
+    /// After [`StoreError::Full`], when room is expected: `Some(ZERO)` when requests in
+    /// flight hold reserved room (it comes back as their answers land), otherwise when the
+    /// soonest record expires; `None` when the store cannot tell.
+    fn room_after(&self) -> Option<Duration> {
+        None
+    }
+
     /// What the server says about itself, for metrics; `None` for a store without a
     /// server (the embedded one).
     fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {

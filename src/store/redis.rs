@@ -1556,6 +1556,7 @@ return 1
             lease: Duration::from_secs(10),
             retention: Duration::from_secs(60),
             busy_for: Duration::from_secs(10),
+            answer_room: 0,
         }
     }
 

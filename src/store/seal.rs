@@ -463,6 +463,10 @@ impl Store for Enveloped {
         self.inner.kind()
     }
 
+    fn room_after(&self) -> Option<std::time::Duration> {
+        self.inner.room_after()
+    }
+
     fn meta<'a>(
         &'a self,
         name: &'a str,

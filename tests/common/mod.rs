@@ -652,8 +652,32 @@ impl Gate {
         panic!("idemgate did not become healthy:\n{}", gate.log());
     }
 
+    /// As [`start`](Self::start) on the embedded store, under `ulimit -n nofile`.
+    pub fn start_with_nofile(upstream: &str, nofile: u32, env: &[(&str, &str)]) -> Gate {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!("ulimit -n {nofile} && exec \"$0\""))
+            .arg(env!("CARGO_BIN_EXE_idemgate"));
+        let (cmd, addr, admin, dir) = Self::command_of(cmd, upstream, "", env);
+        Self::launch(cmd, addr, admin, dir)
+    }
+
     /// The command line for the binary, with fresh ports and a log file in a new directory.
     pub fn command(
+        upstream: &str,
+        redis_url: &str,
+        env: &[(&str, &str)],
+    ) -> (Command, SocketAddr, SocketAddr, tempfile::TempDir) {
+        Self::command_of(
+            Command::new(env!("CARGO_BIN_EXE_idemgate")),
+            upstream,
+            redis_url,
+            env,
+        )
+    }
+
+    fn command_of(
+        mut cmd: Command,
         upstream: &str,
         redis_url: &str,
         env: &[(&str, &str)],
@@ -662,7 +686,6 @@ impl Gate {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let log = std::fs::File::create(dir.path().join("idemgate.log")).expect("log file");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemgate"));
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("RUST_LOG", "info")

@@ -1,0 +1,391 @@
+//! Who gets to run now, who waits, and who is told to come back: the slots of
+//! `max_in_flight` (protected requests) and of the pass-through share of
+//! `max_upstream_connections`, each with a bounded FIFO queue in front, and the byte budget
+//! of bodies being buffered or written (`max_buffered_bytes`).
+//!
+//! An upstream outage is when every client times out and retries at once. Refusing at once
+//! beyond the limit made that worse: a refusal cost nearly what an admitted request costs,
+//! and clients that retry at once came straight back, so goodput fell to an eighth of its
+//! best at 8x the limit's worth of clients. Here a request beyond the limit waits for a
+//! slot, at most `queue_timeout` and behind at most `max_queued` others; only beyond that
+//! is it refused, before its body is read, with a `Retry-After` from the queue (how many
+//! wait, over how many finish a second).
+//!
+//! The queue is first in, first out (tokio's fair semaphore). CoDel's short timeouts and
+//! adaptive LIFO (Facebook's RPC servers) serve the newest first once a queue stands, on
+//! the bet that the oldest waiters' clients have given up; here `queue_timeout` (1 s) is
+//! shorter than the client timeouts of payment APIs, a queued request of a client that
+//! hung up is dropped from the queue with its connection, and under LIFO the oldest
+//! retries (the payments waiting longest) would be the ones starved. Envoy's adaptive
+//! concurrency would move `max_in_flight` with the upstream's latency; it stays a fixed
+//! setting here, measured in `bench/saturation`.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// All slots busy and `max_queued` requests waiting already.
+    QueueFull,
+    /// Waited `queue_timeout` without a slot.
+    QueueTimeout,
+    /// Bodies being buffered or written hold `max_buffered_bytes`.
+    BuffersFull,
+}
+
+impl Refusal {
+    /// The `reason` label of `idemgate_refused_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::QueueFull => "queue_full",
+            Refusal::QueueTimeout => "queue_timeout",
+            Refusal::BuffersFull => "buffers_full",
+        }
+    }
+}
+
+/// What one class of requests exports.
+#[derive(Clone, Default)]
+pub struct Gauges {
+    /// Requests holding a slot.
+    pub in_flight: Gauge,
+    /// Requests waiting for one.
+    pub queued: Gauge,
+    /// How long admitted requests waited.
+    pub wait: Option<Histogram>,
+}
+
+/// The slots of one class of requests and the queue in front of them.
+pub struct Slots {
+    slots: Arc<Semaphore>,
+    max_queued: usize,
+    queue_timeout: Duration,
+    queued: AtomicUsize,
+    rate: Completions,
+    gauges: Gauges,
+}
+
+/// A slot, held for as long as its request runs (a detached exchange included).
+pub struct Slot {
+    _permit: OwnedSemaphorePermit,
+    owner: Arc<Slots>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.owner.rate.tick();
+        self.owner.gauges.in_flight.dec();
+    }
+}
+
+impl Slots {
+    /// `size` slots, at most `max_queued` waiting for one, each for at most `queue_timeout`.
+    pub fn new(size: usize, max_queued: usize, queue_timeout: Duration, gauges: Gauges) -> Slots {
+        Slots {
+            slots: Arc::new(Semaphore::new(size)),
+            max_queued,
+            queue_timeout,
+            queued: AtomicUsize::new(0),
+            rate: Completions::default(),
+            gauges,
+        }
+    }
+
+    /// Whether a request arriving now would be refused at once: no slot free and the
+    /// queue full. Asked before a body is read, so that such a refusal costs no buffering.
+    pub fn would_refuse(&self) -> bool {
+        self.slots.available_permits() == 0
+            && self.queued.load(Ordering::Relaxed) >= self.max_queued
+    }
+
+    /// A slot now, or after waiting in the queue; `Err` if the queue is full or the wait
+    /// passes `queue_timeout`. Dropping the future (the client hung up) leaves the queue.
+    pub async fn admit(self: &Arc<Self>) -> Result<Slot, Refusal> {
+        if let Ok(p) = self.slots.clone().try_acquire_owned() {
+            if let Some(h) = &self.gauges.wait {
+                h.observe(0.0);
+            }
+            return Ok(self.slot(p));
+        }
+        let taken = self
+            .queued
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.max_queued).then_some(n + 1)
+            });
+        if taken.is_err() {
+            return Err(Refusal::QueueFull);
+        }
+        let _queued = Queued(self);
+        self.gauges.queued.inc();
+        let started = Instant::now();
+        let got =
+            tokio::time::timeout(self.queue_timeout, self.slots.clone().acquire_owned()).await;
+        match got {
+            Ok(Ok(p)) => {
+                if let Some(h) = &self.gauges.wait {
+                    h.observe(started.elapsed().as_secs_f64());
+                }
+                Ok(self.slot(p))
+            }
+            // The semaphore is never closed; a timeout is the only way here.
+            _ => Err(Refusal::QueueTimeout),
+        }
+    }
+
+    fn slot(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> Slot {
+        self.gauges.in_flight.inc();
+        Slot {
+            _permit: permit,
+            owner: self.clone(),
+        }
+    }
+
+    /// Seconds a refused client should wait: the queue's length over the slots' recent
+    /// completions per second, rounded up, from 1 to 60.
+    pub fn retry_after(&self) -> u64 {
+        let queued = self.queued.load(Ordering::Relaxed) as u64;
+        let per_sec = self.rate.per_second().max(1);
+        queued.div_ceil(per_sec).clamp(1, 60)
+    }
+
+    /// Requests waiting now.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+}
+
+/// Leaves the queue when dropped: admitted, timed out, or dropped with its connection.
+struct Queued<'a>(&'a Slots);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::Relaxed);
+        self.0.gauges.queued.dec();
+    }
+}
+
+/// Completions per second: counts in whole seconds since start, the last full second read.
+#[derive(Default)]
+struct Completions {
+    // (second << 32) | count in that second; the previous second's count beside it.
+    current: AtomicU64,
+    previous: AtomicU64,
+}
+
+fn now_second() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_secs()
+}
+
+impl Completions {
+    fn tick(&self) {
+        let sec = now_second() & 0xffff_ffff;
+        let _ = self
+            .current
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                if v >> 32 == sec {
+                    Some(v + 1)
+                } else {
+                    // A new second: the one before it becomes the estimate (zero if it was
+                    // not the second just before).
+                    let count = if (v >> 32) + 1 == sec {
+                        v & 0xffff_ffff
+                    } else {
+                        0
+                    };
+                    self.previous.store(count, Ordering::Relaxed);
+                    Some((sec << 32) | 1)
+                }
+            });
+    }
+
+    fn per_second(&self) -> u64 {
+        let sec = now_second() & 0xffff_ffff;
+        let v = self.current.load(Ordering::Relaxed);
+        let current = if v >> 32 == sec { v & 0xffff_ffff } else { 0 };
+        let previous = if v >> 32 == sec {
+            self.previous.load(Ordering::Relaxed)
+        } else if (v >> 32) + 1 == sec {
+            v & 0xffff_ffff
+        } else {
+            0
+        };
+        previous.max(current)
+    }
+}
+
+/// Bytes of bodies being buffered (a protected request's until it is admitted) or written
+/// to a client (an answer, until its last byte is handed to the socket), at most
+/// `max_buffered_bytes`. An answer of a request that ran is always taken (it cannot be
+/// refused any more); everything else is refused beyond the budget.
+pub struct Buffers {
+    used: AtomicUsize,
+    max: usize,
+    refused: Counter,
+    gauge: Gauge,
+}
+
+/// Bytes taken from [`Buffers`], given back when dropped.
+pub struct Buffered {
+    owner: Arc<Buffers>,
+    bytes: usize,
+}
+
+impl Buffers {
+    /// A budget of `max` bytes.
+    pub fn new(max: usize, refused: Counter, gauge: Gauge) -> Buffers {
+        Buffers {
+            used: AtomicUsize::new(0),
+            max,
+            refused,
+            gauge,
+        }
+    }
+
+    /// An empty holding, to grow with [`Buffered::grow`].
+    pub fn hold(self: &Arc<Self>) -> Buffered {
+        Buffered {
+            owner: self.clone(),
+            bytes: 0,
+        }
+    }
+
+    /// Takes `n` bytes whatever the budget says (an answer of a request that ran).
+    pub fn take(self: &Arc<Self>, n: usize) -> Buffered {
+        self.used.fetch_add(n, Ordering::Relaxed);
+        self.gauge.inc_by(n as i64);
+        Buffered {
+            owner: self.clone(),
+            bytes: n,
+        }
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+}
+
+impl Buffered {
+    /// Takes `n` more bytes if the budget has room.
+    pub fn grow(&mut self, n: usize) -> Result<(), Refusal> {
+        let max = self.owner.max;
+        let grown = self
+            .owner
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                u.checked_add(n).filter(|t| *t <= max)
+            });
+        match grown {
+            Ok(_) => {
+                self.bytes += n;
+                self.owner.gauge.inc_by(n as i64);
+                Ok(())
+            }
+            Err(_) => {
+                self.owner.refused.inc();
+                Err(Refusal::BuffersFull)
+            }
+        }
+    }
+}
+
+impl Drop for Buffered {
+    fn drop(&mut self) {
+        self.owner.used.fetch_sub(self.bytes, Ordering::Relaxed);
+        self.owner.gauge.dec_by(self.bytes as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slots(size: usize, queued: usize, timeout_ms: u64) -> Arc<Slots> {
+        Arc::new(Slots::new(
+            size,
+            queued,
+            Duration::from_millis(timeout_ms),
+            Gauges::default(),
+        ))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_beyond_the_slots_waits_for_one_in_order() {
+        let s = slots(1, 2, 1000);
+        let first = s.admit().await.expect("a free slot");
+        let (a, b) = (s.clone(), s.clone());
+        let second = tokio::spawn(async move { a.admit().await.map(|_| Instant::now()) });
+        tokio::task::yield_now().await;
+        let third = tokio::spawn(async move { b.admit().await.map(|_| Instant::now()) });
+        tokio::task::yield_now().await;
+        assert_eq!(s.queued(), 2);
+        assert!(s.would_refuse(), "slots busy, queue full");
+        assert_eq!(s.admit().await.err(), Some(Refusal::QueueFull));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(first);
+        let t2 = second.await.unwrap().expect("second admitted");
+        let t3 = third.await.unwrap().expect("third admitted");
+        assert!(t2 <= t3, "first in, first out");
+        assert_eq!(s.queued(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_ends_at_the_queue_timeout() {
+        let s = slots(1, 8, 250);
+        let _held = s.admit().await.expect("a free slot");
+        let started = Instant::now();
+        assert_eq!(s.admit().await.err(), Some(Refusal::QueueTimeout));
+        assert_eq!(started.elapsed(), Duration::from_millis(250));
+        assert_eq!(s.queued(), 0, "left the queue");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_waiter_leaves_the_queue() {
+        let s = slots(1, 1, 10_000);
+        let _held = s.admit().await.expect("a free slot");
+        let a = s.clone();
+        let waiter = tokio::spawn(async move { a.admit().await.is_ok() });
+        tokio::task::yield_now().await;
+        assert_eq!(s.queued(), 1);
+        waiter.abort();
+        let _ = waiter.await;
+        assert_eq!(s.queued(), 0);
+        assert!(!s.would_refuse());
+    }
+
+    #[test]
+    fn retry_after_is_the_queue_over_the_completion_rate() {
+        let s = slots(1, 100, 1000);
+        assert_eq!(s.retry_after(), 1, "nothing queued");
+        s.queued.store(90, Ordering::Relaxed);
+        // No completions measured yet: one a second assumed, capped at 60.
+        assert_eq!(s.retry_after(), 60);
+        for _ in 0..30 {
+            s.rate.tick();
+        }
+        assert_eq!(s.retry_after(), 3);
+    }
+
+    #[test]
+    fn buffers_refuse_beyond_the_budget_but_answers_are_always_taken() {
+        let b = Arc::new(Buffers::new(100, Counter::default(), Gauge::default()));
+        let mut body = b.hold();
+        body.grow(60).expect("room");
+        let mut other = b.hold();
+        assert_eq!(other.grow(50), Err(Refusal::BuffersFull));
+        let answer = b.take(500);
+        assert_eq!(b.used(), 560);
+        drop(answer);
+        drop(body);
+        assert_eq!(b.used(), 0);
+        other.grow(100).expect("room again");
+    }
+}
