@@ -5,22 +5,26 @@
 //! Clients send retried transfers through two idemgate instances on that Redis, with the
 //! upstream resetting or hanging and clients hanging up, as in `tests/history.rs`.
 //!
-//! Besides at most one execution per scoped key, answers that match their execution, and
-//! statuses from the failure table, the checker asserts that `unknown` means "may have
-//! executed": every scoped key whose final answer is 409 `outcome-unknown` has an upstream
-//! execution or a 504 in its history. A claim that never reached the upstream must end
-//! released, whatever happened to the store connection in between.
+//! An operation is a tenant's key, named by the client in its `x-test-op` header. Besides
+//! at most one execution per operation, answers that match their execution, and statuses
+//! from the failure table, the checker asserts that `unknown` means "may have executed":
+//! every operation whose final answer is 409 `outcome-unknown` has an upstream execution or
+//! a 504 in its history. A claim that never reached the upstream must end released,
+//! whatever happened to the store connection in between.
+//!
+//! The clients, the last read and the checker are `tests/common/history.rs`; this file is
+//! the topology and the fault injector.
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::faultproxy::FaultProxy;
+use common::history::*;
 use common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -34,22 +38,6 @@ const RUN_FOR: Duration = Duration::from_secs(12);
 /// How long after the faults have stopped an `outcome-unknown` counts as a key's final
 /// answer.
 const UNKNOWN_LASTS: Duration = Duration::from_secs(4);
-
-#[derive(Debug, Clone)]
-struct Event {
-    tenant: String,
-    key: String,
-    body: String,
-    fault: &'static str,
-    /// `None`: the client hung up or the connection failed.
-    status: Option<u16>,
-    replayed: bool,
-    answer: Vec<u8>,
-}
-
-fn body_for(key: &str) -> String {
-    format!("{{\"key\":\"{key}\",\"amount\":{}}}", key.len() * 100 + 7)
-}
 
 /// The store-side faults, by kind: how many of each were injected.
 #[derive(Debug, Default)]
@@ -177,238 +165,61 @@ async fn history_with_wire_faults_never_strands_a_key_that_did_not_run() {
         })
     };
 
-    let started = Instant::now();
-    let client_faults = Arc::new(AtomicUsize::new(0));
-    let mut clients = tokio::task::JoinSet::new();
-    for n in 0..CLIENTS {
-        let addrs = addrs.clone();
-        let client_faults = client_faults.clone();
-        clients.spawn(async move {
-            let mut rng = StdRng::seed_from_u64(seed + n as u64);
-            let c = client();
+    let clients = Clients {
+        seed,
+        clients: CLIENTS,
+        keys: KEYS_PER_CLIENT,
+        stop: Stop::After(RUN_FOR),
+        attempts: ATTEMPTS,
+        faults: &[("reset", 10), ("hang", 3), ("hangup", 12), ("double", 10)],
+        addrs: vec![addrs],
+        paths: &["/v1/transfers"],
+        transport: Transport::Reqwest,
+        upstream_delay_ms: Some(0..150),
+        retry_pause_ms: 20..200,
+        key_pause_ms: None,
+        intent: Arc::new(|n, k, _| {
             let tenant = format!("Bearer tenant-{}", n % TENANTS);
-            let mut log = Vec::new();
-            for k in 0..KEYS_PER_CLIENT {
-                if started.elapsed() > RUN_FOR {
-                    break;
-                }
-                // Keys repeat across clients, so tenants collide on purpose.
-                let key = format!("h-{}-{k}", n / TENANTS);
-                let body = body_for(&key);
-                for _ in 0..ATTEMPTS {
-                    let roll = rng.random_range(0..100);
-                    let fault: &'static str = match roll {
-                        0..=9 => "reset",
-                        10..=12 => "hang",
-                        13..=24 => "hangup",
-                        25..=34 => "double",
-                        _ => "none",
-                    };
-                    if fault != "none" {
-                        client_faults.fetch_add(1, Ordering::SeqCst);
-                    }
-                    let sends = if fault == "double" { 2 } else { 1 };
-                    let mut pending = Vec::new();
-                    for _ in 0..sends {
-                        let addr = addrs[rng.random_range(0..addrs.len())];
-                        let delay = rng.random_range(0..150u64).to_string();
-                        let mut req = c
-                            .post(format!("http://{addr}/v1/transfers"))
-                            .header("content-type", "application/json")
-                            .header("authorization", &tenant)
-                            .header("idempotency-key", &key)
-                            .header(DELAY_MS, delay)
-                            .body(body.clone());
-                        if fault == "reset" || fault == "hang" {
-                            req = req.header(FAULT, fault);
-                        }
-                        let limit = if fault == "hangup" {
-                            Duration::from_millis(rng.random_range(1..120))
-                        } else {
-                            Duration::from_secs(10)
-                        };
-                        pending.push(async move {
-                            let res = tokio::time::timeout(limit, async {
-                                let r = req.send().await.ok()?;
-                                let status = r.status().as_u16();
-                                let replayed = r.headers().contains_key("idempotent-replayed");
-                                let bytes = r.bytes().await.ok()?;
-                                Some((status, replayed, bytes.to_vec()))
-                            })
-                            .await;
-                            res.ok().flatten()
-                        });
-                    }
-                    let results = futures_join_all(pending).await;
-                    let mut done = false;
-                    for r in results {
-                        let (status, replayed, answer) = match r {
-                            Some((s, rp, a)) => (Some(s), rp, a),
-                            None => (None, false, Vec::new()),
-                        };
-                        done |= status == Some(201);
-                        log.push(Event {
-                            tenant: tenant.clone(),
-                            key: key.clone(),
-                            body: body.clone(),
-                            fault,
-                            status,
-                            replayed,
-                            answer,
-                        });
-                    }
-                    if done {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(rng.random_range(20..200))).await;
-                }
+            // Keys repeat across clients, so tenants collide on purpose.
+            let key = format!("h-{}-{k}", n / TENANTS);
+            Intent {
+                service: 0,
+                op: format!("{tenant}/{key}"),
+                body: body_for(&key),
+                key,
+                credentials: vec![tenant.clone()],
+                final_credential: tenant,
             }
-            log
-        });
-    }
-    let mut history = Vec::new();
-    while let Some(log) = clients.join_next().await {
-        history.extend(log.unwrap());
-    }
+        }),
+    };
+    let mut history = run(&clients).await;
     stop.store(true, Ordering::SeqCst);
     let (redis, injected) = injector.await.unwrap();
-    let calm = Instant::now();
 
-    // A last, fault-free read of every key once things have settled: it must also agree.
-    let c = client();
-    let mut scoped: Vec<(String, String)> = history
-        .iter()
-        .map(|e| (e.tenant.clone(), e.key.clone()))
-        .collect();
-    scoped.sort();
-    scoped.dedup();
-    for (tenant, key) in &scoped {
-        let body = body_for(key);
-        let until = Instant::now() + Duration::from_secs(10);
-        loop {
-            let r = post_url(
-                &c,
-                &format!("http://{}/v1/transfers", addrs[0]),
-                Some(key),
-                &body,
-                &[("authorization", tenant)],
-            )
-            .await;
-            // A claim that was never forwarded may still be being taken back (its release
-            // retried with pauses of up to a second) when the faults stop; its lease may
-            // have run out meanwhile. It must free the key within seconds, so an
-            // `outcome-unknown` counts as final only once it has lasted.
-            let settled = !(r.status == 503
-                || (r.status == 409 && r.problem_type().ends_with("/in-progress"))
-                || (r.problem_type().ends_with("/outcome-unknown")
-                    && calm.elapsed() < UNKNOWN_LASTS));
-            if settled || Instant::now() > until {
-                history.push(Event {
-                    tenant: tenant.clone(),
-                    key: key.clone(),
-                    body,
-                    fault: "final",
-                    status: Some(r.status),
-                    replayed: r.replayed(),
-                    answer: r.body.to_vec(),
-                });
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    // The checker.
-    let executions = up.seen();
-    let mut by_scope: HashMap<(String, String), Vec<usize>> = HashMap::new();
-    let mut by_number: HashMap<usize, (String, String, Vec<u8>)> = HashMap::new();
-    for s in &executions {
-        let tenant = s.headers["authorization"][0].clone();
-        let key = s.headers["idempotency-key"][0].clone();
-        by_scope
-            .entry((tenant.clone(), key.clone()))
-            .or_default()
-            .push(s.execution);
-        let answer = execution_body(s.execution, &s.method, s.body.len()).into_bytes();
-        by_number.insert(s.execution, (tenant, key, answer));
-    }
-    let mut violations = Vec::new();
-    for (scope, runs) in &by_scope {
-        if runs.len() > 1 {
-            violations.push(format!("{scope:?} executed {} times: {runs:?}", runs.len()));
-        }
-    }
-    let timed_out: HashSet<(String, String)> = history
-        .iter()
-        .filter(|e| e.status == Some(504))
-        .map(|e| (e.tenant.clone(), e.key.clone()))
-        .collect();
-    let mut statuses: HashMap<String, usize> = HashMap::new();
-    let mut by_fault: HashMap<&str, usize> = HashMap::new();
-    let (mut replays, mut unknown_finals) = (0, 0);
-    for e in &history {
-        let label = e.status.map_or("no answer".to_string(), |s| s.to_string());
-        *statuses.entry(label).or_default() += 1;
-        *by_fault.entry(e.fault).or_default() += 1;
-        match e.status {
-            Some(201) => {
-                replays += usize::from(e.replayed);
-                let n = serde_json::from_slice::<serde_json::Value>(&e.answer)
-                    .ok()
-                    .and_then(|v| v["execution"].as_u64())
-                    .map(|n| n as usize);
-                match n.and_then(|n| by_number.get(&n)) {
-                    Some((t, k, answer)) if *t == e.tenant && *k == e.key => {
-                        if *answer != e.answer {
-                            violations.push(format!("{e:?}: answer differs from the execution's"));
-                        }
-                    }
-                    other => violations.push(format!(
-                        "{e:?}: 201 that matches no execution of its scoped key ({other:?})"
-                    )),
-                }
-            }
-            Some(409 | 502 | 503 | 504) | None => {}
-            Some(s) => violations.push(format!("{e:?}: status {s} outside the failure table")),
-        }
-        // `unknown` means "may have executed".
-        let unknown = e.status == Some(409)
-            && serde_json::from_slice::<serde_json::Value>(&e.answer)
-                .ok()
-                .and_then(|v| v["type"].as_str().map(|t| t.ends_with("/outcome-unknown")))
-                .unwrap_or(false);
-        if e.fault == "final" && unknown {
-            unknown_finals += 1;
-            let scope = (e.tenant.clone(), e.key.clone());
-            if !by_scope.contains_key(&scope) && !timed_out.contains(&scope) {
-                violations.push(format!(
-                    "{scope:?}: final answer outcome-unknown, but never executed and never a 504"
-                ));
-            }
-        }
-        assert_eq!(e.body, body_for(&e.key));
-    }
-    let mut statuses: Vec<_> = statuses.into_iter().collect();
-    statuses.sort();
-    let mut by_fault: Vec<_> = by_fault.into_iter().collect();
-    by_fault.sort();
+    // A last, fault-free read of every operation once things have settled: it must also
+    // agree. A claim that was never forwarded may still be being taken back (its release
+    // retried with pauses of up to a second) when the faults stop; its lease may have run
+    // out meanwhile. It must free the key within seconds, so an `outcome-unknown` counts as
+    // final only once it has lasted.
+    settle(&clients, &mut history, Some(UNKNOWN_LASTS)).await;
+    let verdict = check(
+        &history,
+        Check {
+            upstreams: std::slice::from_ref(&up),
+            allowed: FAILURE_TABLE,
+            problems: None,
+            unknown_means_may_have_run: true,
+        },
+    );
     println!(
-        "history with wire faults: seed {seed}; {} requests ({} replayed answers), {} scoped keys, {} upstream executions, {unknown_finals} keys finally outcome-unknown; store faults {injected:?} (proxy cuts {}, replies swallowed {}); client-side faults {}; requests by client-side fault {by_fault:?}; statuses {statuses:?}; violations: {}",
-        history.len(),
-        replays,
-        scoped.len(),
-        executions.len(),
+        "history with wire faults: seed {seed}; {verdict}; store faults {injected:?} (proxy cuts {}, replies swallowed {}); client-side faults {}",
         proxy.cuts(),
         proxy.replies_dropped(),
-        client_faults.load(Ordering::SeqCst),
-        violations.len()
+        history.client_faults,
     );
-    for v in &violations {
-        println!("violation: {v}");
-    }
-    assert!(violations.is_empty(), "{} violations", violations.len());
+    verdict.assert_clean();
     assert!(
-        executions.len() >= scoped.len() / 2,
+        verdict.executions >= verdict.operations / 2,
         "too few executions to mean anything"
     );
     assert_eq!(injected.total(), faults.load(Ordering::SeqCst));
@@ -420,22 +231,4 @@ async fn history_with_wire_faults_never_strands_a_key_that_did_not_run() {
         app.shutdown().await;
     }
     drop(redis);
-}
-
-/// Awaits all futures concurrently (two at most here), in order.
-async fn futures_join_all<F: std::future::Future>(fs: Vec<F>) -> Vec<F::Output> {
-    let mut handles: Vec<_> = fs.into_iter().map(Box::pin).collect();
-    let mut out = Vec::new();
-    if handles.len() == 2 {
-        let b = handles.pop().unwrap();
-        let a = handles.pop().unwrap();
-        let (x, y) = tokio::join!(a, b);
-        out.push(x);
-        out.push(y);
-    } else {
-        for h in handles {
-            out.push(h.await);
-        }
-    }
-    out
 }

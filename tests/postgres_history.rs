@@ -11,17 +11,20 @@
 //! for byte, and no status outside the README's failure table. `HISTORY_ON_AMBIGUOUS=release`
 //! gives up at-most-once for ambiguous outcomes: the checker must then report double
 //! executions, which shows it can fail.
+//!
+//! The clients, the last read and the checker are `tests/common/history.rs`; this file is
+//! the topology and the fault injector.
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::faultproxy::FaultProxy;
+use common::history::*;
 use common::postgres::PgServer;
 use common::*;
 use rand::rngs::StdRng;
@@ -33,50 +36,6 @@ const ATTEMPTS: usize = 4;
 const PRINCIPALS: usize = 3;
 /// Clients start no new key after this.
 const RUN_FOR: Duration = Duration::from_secs(10);
-const OP: &str = "x-test-op";
-
-#[derive(Debug, Clone)]
-struct Event {
-    op: String,
-    status: Option<u16>,
-    problem: Option<String>,
-    replayed: bool,
-    answer: Vec<u8>,
-}
-
-fn body_for(key: &str) -> String {
-    format!("{{\"key\":\"{key}\",\"amount\":{}}}", key.len() * 100 + 7)
-}
-
-/// One exchange with a deadline: status, `idemgate-error`, replayed, body; `None` on a
-/// hang-up or a broken connection.
-async fn send(
-    c: &reqwest::Client,
-    addr: std::net::SocketAddr,
-    headers: &[(&str, &str)],
-    body: &str,
-    limit: Duration,
-) -> Option<(u16, Option<String>, bool, Vec<u8>)> {
-    let mut req = c
-        .post(format!("http://{addr}/v1/transfers"))
-        .header("content-type", "application/json")
-        .timeout(limit)
-        .body(body.to_string());
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let res = req.send().await.ok()?;
-    let status = res.status().as_u16();
-    let header = |name: &str| {
-        res.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-    };
-    let problem = header("idemgate-error");
-    let replayed = header("idempotent-replayed").as_deref() == Some("true");
-    Some((status, problem, replayed, res.bytes().await.ok()?.to_vec()))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_on_postgres_under_faults_has_no_double_execution() {
@@ -137,197 +96,54 @@ async fn history_on_postgres_under_faults_has_no_double_execution() {
         })
     };
 
-    let started = Instant::now();
-    let mut clients = tokio::task::JoinSet::new();
-    for n in 0..CLIENTS {
-        let addrs = addrs.clone();
-        clients.spawn(async move {
-            let c = reqwest::Client::builder()
-                .pool_max_idle_per_host(0)
-                .build()
-                .unwrap();
-            let mut rng = StdRng::seed_from_u64(seed + n as u64);
-            let principal = n % PRINCIPALS;
-            let auth = format!("Bearer principal-{principal}");
-            let mut log = Vec::new();
-            for k in 0..KEYS_PER_CLIENT {
-                if started.elapsed() > RUN_FOR {
-                    break;
-                }
-                // Keys and bodies repeat across principals on purpose.
-                let key = format!("h-{}-{k}", n / PRINCIPALS);
-                let body = body_for(&key);
-                let op = format!("principal-{principal}/{key}");
-                for _ in 0..ATTEMPTS {
-                    let fault = match rng.random_range(0..100) {
-                        0..=9 => "reset",
-                        10..=21 => "hangup",
-                        22..=31 => "double",
-                        _ => "none",
-                    };
-                    let sends = if fault == "double" { 2 } else { 1 };
-                    let mut pending = Vec::new();
-                    for _ in 0..sends {
-                        let addr = addrs[rng.random_range(0..addrs.len())];
-                        let delay = rng.random_range(0..150u64).to_string();
-                        let limit = if fault == "hangup" {
-                            Duration::from_millis(rng.random_range(1..120))
-                        } else {
-                            Duration::from_secs(10)
-                        };
-                        let (c, body, key, op, auth) = (
-                            c.clone(),
-                            body.clone(),
-                            key.clone(),
-                            op.clone(),
-                            auth.clone(),
-                        );
-                        pending.push(tokio::spawn(async move {
-                            let mut headers = vec![
-                                ("authorization", auth.as_str()),
-                                ("idempotency-key", key.as_str()),
-                                (OP, op.as_str()),
-                                (DELAY_MS, delay.as_str()),
-                            ];
-                            if fault == "reset" {
-                                headers.push((FAULT, "reset"));
-                            }
-                            send(&c, addr, &headers, &body, limit).await
-                        }));
-                    }
-                    let mut done = false;
-                    for p in pending {
-                        let r = p.await.unwrap();
-                        let (status, problem, replayed, answer) = match r {
-                            Some((s, p, rp, a)) => (Some(s), p, rp, a),
-                            None => (None, None, false, Vec::new()),
-                        };
-                        done |= status == Some(201);
-                        log.push(Event {
-                            op: op.clone(),
-                            status,
-                            problem,
-                            replayed,
-                            answer,
-                        });
-                    }
-                    if done {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(rng.random_range(20..200))).await;
-                }
+    let clients = Clients {
+        seed,
+        clients: CLIENTS,
+        keys: KEYS_PER_CLIENT,
+        stop: Stop::After(RUN_FOR),
+        attempts: ATTEMPTS,
+        faults: &[("reset", 10), ("hangup", 12), ("double", 10)],
+        addrs: vec![addrs],
+        paths: &["/v1/transfers"],
+        transport: Transport::Reqwest,
+        upstream_delay_ms: Some(0..150),
+        retry_pause_ms: 20..200,
+        key_pause_ms: None,
+        intent: Arc::new(|n, k, _| {
+            let principal = format!("principal-{}", n % PRINCIPALS);
+            // Keys and bodies repeat across principals on purpose.
+            let key = format!("h-{}-{k}", n / PRINCIPALS);
+            Intent {
+                service: 0,
+                op: format!("{principal}/{key}"),
+                body: body_for(&key),
+                key,
+                credentials: vec![format!("Bearer {principal}")],
+                final_credential: format!("Bearer {principal}"),
             }
-            log
-        });
-    }
-    let mut history = Vec::new();
-    while let Some(log) = clients.join_next().await {
-        history.extend(log.unwrap());
-    }
+        }),
+    };
+    let mut history = run(&clients).await;
     stop.store(true, Ordering::SeqCst);
     let (pg, restarted, cut, refused) = injector.await.unwrap();
 
     // A last, fault-free read of every operation once things have settled.
-    let c = client();
-    let mut ops: Vec<String> = history.iter().map(|e| e.op.clone()).collect();
-    ops.sort();
-    ops.dedup();
-    for op in &ops {
-        let (principal, key) = op.split_once('/').unwrap();
-        let auth = format!("Bearer {principal}");
-        let body = body_for(key);
-        let until = Instant::now() + Duration::from_secs(10);
-        loop {
-            let headers = [
-                ("authorization", auth.as_str()),
-                ("idempotency-key", key),
-                (OP, op.as_str()),
-            ];
-            let r = send(&c, addrs[0], &headers, &body, Duration::from_secs(10)).await;
-            let settled = match &r {
-                Some((503, ..)) | None => false,
-                Some((409, Some(p), ..)) => p != "in-progress",
-                Some(_) => true,
-            };
-            if settled || Instant::now() > until {
-                let (status, problem, replayed, answer) = match r {
-                    Some((s, p, rp, a)) => (Some(s), p, rp, a),
-                    None => (None, None, false, Vec::new()),
-                };
-                history.push(Event {
-                    op: op.clone(),
-                    status,
-                    problem,
-                    replayed,
-                    answer,
-                });
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    // The checker: executions are attributed to operations by the client's own header.
-    let mut by_op: HashMap<String, Vec<usize>> = HashMap::new();
-    let mut by_number: HashMap<usize, (String, Vec<u8>)> = HashMap::new();
-    for s in up.seen() {
-        let op = s.headers[OP][0].clone();
-        by_op.entry(op.clone()).or_default().push(s.execution);
-        let answer = execution_body(s.execution, &s.method, s.body.len()).into_bytes();
-        by_number.insert(s.execution, (op, answer));
-    }
-    let mut violations = Vec::new();
-    for (op, runs) in &by_op {
-        if runs.len() > 1 {
-            violations.push(format!("{op} executed {} times: {runs:?}", runs.len()));
-        }
-    }
-    let mut statuses: HashMap<String, usize> = HashMap::new();
-    let mut replays = 0;
-    for e in &history {
-        let label = match (e.status, &e.problem) {
-            (None, _) => "no answer".to_string(),
-            (Some(s), None) => s.to_string(),
-            (Some(s), Some(p)) => format!("{s} {p}"),
-        };
-        *statuses.entry(label).or_default() += 1;
-        match e.status {
-            Some(201) => {
-                replays += usize::from(e.replayed);
-                let n = serde_json::from_slice::<serde_json::Value>(&e.answer)
-                    .ok()
-                    .and_then(|v| v["execution"].as_u64())
-                    .map(|n| n as usize);
-                match n.and_then(|n| by_number.get(&n)) {
-                    Some((op, answer)) if *op == e.op => {
-                        if *answer != e.answer {
-                            violations.push(format!("{e:?}: answer differs from the execution's"));
-                        }
-                    }
-                    other => violations.push(format!(
-                        "{e:?}: a 201 that is the answer of another operation's execution ({other:?})"
-                    )),
-                }
-            }
-            Some(409 | 502 | 503 | 504) | None => {}
-            Some(s) => violations.push(format!("{e:?}: status {s} outside the failure table")),
-        }
-    }
-    let mut statuses: Vec<_> = statuses.into_iter().collect();
-    statuses.sort();
-    let executions: usize = by_op.values().map(Vec::len).sum();
-    println!(
-        "history on PostgreSQL: seed {seed}; {} requests ({replays} replayed answers), {} operations, {executions} upstream executions; database restarted {restarted}, connections cut {cut}, reconnections refused {refused}; statuses {statuses:?}; violations: {}",
-        history.len(),
-        ops.len(),
-        violations.len()
+    settle(&clients, &mut history, None).await;
+    let verdict = check(
+        &history,
+        Check {
+            upstreams: std::slice::from_ref(&up),
+            allowed: FAILURE_TABLE,
+            problems: None,
+            unknown_means_may_have_run: false,
+        },
     );
-    for v in &violations {
-        println!("violation: {v}");
-    }
-    assert!(violations.is_empty(), "{} violations", violations.len());
+    println!(
+        "history on PostgreSQL: seed {seed}; {verdict}; database restarted {restarted}, connections cut {cut}, reconnections refused {refused}"
+    );
+    verdict.assert_clean();
     assert!(
-        executions >= ops.len() / 2,
+        verdict.executions >= verdict.operations / 2,
         "too few executions to mean anything"
     );
     assert!(restarted + cut + refused > 0, "no store fault was injected");
