@@ -5,6 +5,7 @@
 //!
 //! ```sh
 //! cargo run --release --example bench_upstream -- 127.0.0.1:9000
+//! BENCH_UPSTREAM_DELAY_MS=20 cargo run --release --example bench_upstream  # a 20 ms upstream
 //! ```
 
 use std::convert::Infallible;
@@ -23,11 +24,27 @@ const BODY: &[u8] = br#"{"id":"tr_1","status":"accepted","amount":1250,"currency
 async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     // Read the request body, as a real API would, before answering.
     let _ = req.into_body().collect().await;
+    let delay = delay();
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
     let res = Response::builder()
         .status(201)
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from_static(BODY)));
     Ok(res.unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))))
+}
+
+/// How long each answer takes (`BENCH_UPSTREAM_DELAY_MS`, 0 by default).
+fn delay() -> std::time::Duration {
+    static DELAY: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| {
+        let ms = std::env::var("BENCH_UPSTREAM_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        std::time::Duration::from_millis(ms)
+    })
 }
 
 #[tokio::main]

@@ -274,14 +274,16 @@ impl Buffers {
 }
 
 impl Buffered {
-    /// Takes `n` more bytes if the budget has room.
+    /// Takes `n` more bytes if the budget has room, or if nothing else is held: one body
+    /// larger than the whole budget (an 80 MiB answer under 64 MiB) is still served, alone.
     pub fn grow(&mut self, n: usize) -> Result<(), Refusal> {
         let max = self.owner.max;
+        let mine = self.bytes;
         let grown = self
             .owner
             .used
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
-                u.checked_add(n).filter(|t| *t <= max)
+                u.checked_add(n).filter(|t| *t <= max || u == mine)
             });
         match grown {
             Ok(_) => {
@@ -322,9 +324,16 @@ mod tests {
         let s = slots(1, 2, 1000);
         let first = s.admit().await.expect("a free slot");
         let (a, b) = (s.clone(), s.clone());
-        let second = tokio::spawn(async move { a.admit().await.map(|_| Instant::now()) });
+        let second = tokio::spawn(async move {
+            let slot = a.admit().await;
+            let at = tokio::time::Instant::now();
+            // Held a moment, so the third is admitted only after the second lets go.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            slot.map(|_| at)
+        });
         tokio::task::yield_now().await;
-        let third = tokio::spawn(async move { b.admit().await.map(|_| Instant::now()) });
+        let third =
+            tokio::spawn(async move { b.admit().await.map(|_| tokio::time::Instant::now()) });
         tokio::task::yield_now().await;
         assert_eq!(s.queued(), 2);
         assert!(s.would_refuse(), "slots busy, queue full");
@@ -333,7 +342,7 @@ mod tests {
         drop(first);
         let t2 = second.await.unwrap().expect("second admitted");
         let t3 = third.await.unwrap().expect("third admitted");
-        assert!(t2 <= t3, "first in, first out");
+        assert!(t2 < t3, "first in, first out");
         assert_eq!(s.queued(), 0);
     }
 
@@ -341,7 +350,7 @@ mod tests {
     async fn a_wait_ends_at_the_queue_timeout() {
         let s = slots(1, 8, 250);
         let _held = s.admit().await.expect("a free slot");
-        let started = Instant::now();
+        let started = tokio::time::Instant::now();
         assert_eq!(s.admit().await.err(), Some(Refusal::QueueTimeout));
         assert_eq!(started.elapsed(), Duration::from_millis(250));
         assert_eq!(s.queued(), 0, "left the queue");
@@ -387,5 +396,11 @@ mod tests {
         drop(body);
         assert_eq!(b.used(), 0);
         other.grow(100).expect("room again");
+        drop(other);
+        // Alone, a body larger than the whole budget is served; beside it, nothing more.
+        let mut huge = b.hold();
+        huge.grow(80).expect("alone");
+        huge.grow(900).expect("still alone");
+        assert_eq!(b.hold().grow(1), Err(Refusal::BuffersFull));
     }
 }
