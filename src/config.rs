@@ -345,6 +345,13 @@ pub struct Defaults {
     /// Answers with these statuses reach the client and release the claim instead of being
     /// recorded, so a retry executes: for upstreams that answer them without doing any work.
     pub release_on_status: Vec<u16>,
+    /// Answers with these statuses show that nothing ran (authentication and authorization
+    /// refusals): recorded, but kept only `short_retention`, and at the embedded store's
+    /// record cap they make room before a new key is refused.
+    pub short_retention_statuses: Vec<u16>,
+    /// How long answers with a `short_retention_statuses` status are kept.
+    #[serde(with = "humantime_serde")]
+    pub short_retention: Duration,
 }
 
 /// One `[[routes]]` entry: a path prefix and the settings it overrides.
@@ -376,6 +383,9 @@ pub struct Route {
     pub fingerprint_ignore: Option<Vec<String>>,
     pub key_headers: Option<Vec<String>>,
     pub release_on_status: Option<Vec<u16>>,
+    pub short_retention_statuses: Option<Vec<u16>>,
+    #[serde(default, with = "humantime_serde")]
+    pub short_retention: Option<Duration>,
 }
 
 /// The default of [`Config::upstream_idle_timeout`]: half of the shortest keep-alive
@@ -476,6 +486,8 @@ impl Default for Defaults {
             fingerprint_ignore: Vec::new(),
             key_headers: vec![crate::key::HEADER.into()],
             release_on_status: Vec::new(),
+            short_retention_statuses: vec![401, 403, 407],
+            short_retention: Duration::from_secs(60),
         }
     }
 }
@@ -694,6 +706,10 @@ pub struct Policy {
     pub key_headers: Vec<HeaderName>,
     /// Statuses whose answers are passed on and not recorded (the claim is released).
     pub release_on_status: Vec<u16>,
+    /// Statuses whose records are kept only `short_retention`.
+    pub short_retention_statuses: Vec<u16>,
+    #[allow(missing_docs)]
+    pub short_retention: Duration,
     /// How long this route's upstream typically takes (measured while running), for the
     /// `Retry-After` of a 409 in-progress.
     pub upstream_time: Arc<TypicalTime>,
@@ -1249,6 +1265,19 @@ fn resolve(
             format!("{bad}: only 4xx and 5xx answers can say that nothing was done"),
         ));
     }
+    let short_retention_statuses = r
+        .short_retention_statuses
+        .clone()
+        .unwrap_or_else(|| d.short_retention_statuses.clone());
+    if let Some(bad) = short_retention_statuses
+        .iter()
+        .find(|s| !(400..=499).contains(*s))
+    {
+        return Err(invalid(
+            key_of("short_retention_statuses"),
+            format!("{bad}: only 4xx answers can show that nothing ran"),
+        ));
+    }
     let p = Policy {
         route,
         methods,
@@ -1268,8 +1297,16 @@ fn resolve(
         fingerprint_ignore,
         key_headers,
         release_on_status,
+        short_retention_statuses,
+        short_retention: r.short_retention.unwrap_or(d.short_retention),
         upstream_time: Arc::default(),
     };
+    if p.short_retention.is_zero() {
+        return Err(invalid(
+            key_of("short_retention"),
+            "must be greater than zero (remove the status from short_retention_statuses to keep its answers for retention)",
+        ));
+    }
     if p.lease < Duration::from_millis(100) {
         return Err(invalid(key_of("lease"), "must be at least 100ms"));
     }
@@ -1308,6 +1345,8 @@ fn matches_override(r: &Route, name: &str) -> bool {
         "fingerprint_ignore" => r.fingerprint_ignore.is_some(),
         "key_headers" => r.key_headers.is_some(),
         "release_on_status" => r.release_on_status.is_some(),
+        "short_retention_statuses" => r.short_retention_statuses.is_some(),
+        "short_retention" => r.short_retention.is_some(),
         "lease" => r.lease.is_some(),
         "upstream_timeout" => r.upstream_timeout.is_some(),
         "retention" => r.retention.is_some(),

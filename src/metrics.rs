@@ -453,6 +453,16 @@ impl Store for Instrumented {
         self.timed(StoreOp::Record, self.store_timeout, call)
     }
 
+    fn shorten<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        retain: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let call = self.inner.shorten(id, owner, retain);
+        self.timed(StoreOp::Record, self.store_timeout, call)
+    }
+
     fn record_not_kept<'a>(
         &'a self,
         id: &'a RecordId,

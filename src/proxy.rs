@@ -1233,9 +1233,25 @@ async fn exchange(
                     .collect(),
                 body: bytes.clone(),
             };
+            // An answer that shows nothing ran (401, 403, 407 by default) is kept only
+            // briefly: a flood of made-up credentials, each a tenant of its own, must not
+            // hold the store for a day.
+            let retain = policy
+                .short_retention_statuses
+                .contains(&stored.status)
+                .then_some(policy.short_retention);
             match policy.record_mode {
                 RecordMode::BeforeResponse => {
-                    record_answer(shared, &id, &owner, &stored, &span, upstream_timeout).await;
+                    record_answer(
+                        shared,
+                        &id,
+                        &owner,
+                        &stored,
+                        &span,
+                        upstream_timeout,
+                        retain,
+                    )
+                    .await;
                 }
                 // The client's answer goes out now; the record is written meanwhile, in a
                 // task that shutdown waits for and that keeps the in-flight slot until it
@@ -1245,7 +1261,16 @@ async fn exchange(
                 RecordMode::AfterResponse => {
                     let (shared, span) = (Arc::clone(shared), span.clone());
                     shared.tasks.clone().spawn(async move {
-                        record_answer(&shared, &id, &owner, &stored, &span, upstream_timeout).await;
+                        record_answer(
+                            &shared,
+                            &id,
+                            &owner,
+                            &stored,
+                            &span,
+                            upstream_timeout,
+                            retain,
+                        )
+                        .await;
                         drop(slot);
                     });
                 }
@@ -1312,6 +1337,7 @@ async fn record_answer(
     stored: &StoredResponse,
     span: &Span,
     upstream_timeout: Duration,
+    retain: Option<Duration>,
 ) {
     let store_timeout = shared.settings.config.store_timeout;
     let limit = record_deadline(store_timeout, upstream_timeout, stored.body.len());
@@ -1319,7 +1345,17 @@ async fn record_answer(
     let recorded = deadline(limit, shared.store.record(id, owner, stored)).await;
     drop(record_span);
     match recorded {
-        Ok(true) => {}
+        Ok(true) => {
+            let Some(retain) = retain else { return };
+            // Failing, the record keeps the route's retention: it holds room longer, and
+            // nothing runs twice.
+            match deadline(store_timeout, shared.store.shorten(id, owner, retain)).await {
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(record = %id, error = %e, "could not shorten the retention of an answer that shows nothing ran; it is kept for the route's retention")
+                }
+            }
+        }
         // No room for this answer (the embedded store's byte cap, Redis out of memory): the
         // status alone still keeps retries from executing again.
         Err(StoreError::Full(e)) => {

@@ -460,3 +460,115 @@ async fn file_descriptors_stay_under_the_limit_with_h2_clients() {
     assert!(!log.contains("Too many open files"), "{log}");
     assert!(up.most_in_flight() <= 64, "{}", up.most_in_flight());
 }
+
+/// Made-up credentials are each a tenant of their own, and the upstream answers them 401:
+/// with `memory_max_records = 200`, 400 such keyed POSTs, then a real tenant's 40 new
+/// keys all get 201. Answers that show nothing ran (401, 403, 407) are kept only
+/// `short_retention`, and at the record cap they make room first. (With
+/// `short_retention_statuses = []`, key 0 of the real tenant got 503.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_credentials_answered_401_cannot_fill_the_store_for_real_tenants() {
+    let up = Upstream::start().await;
+    let gate = Gate::start(&up.url(), "", &[("IDEMGATE_MEMORY_MAX_RECORDS", "200")]);
+    let c = client();
+    let url = gate.url("/v1/transfers");
+    for i in 0..400 {
+        let a = c
+            .post(&url)
+            .header("idempotency-key", format!("flood-{i}"))
+            .header("authorization", format!("Bearer made-up-{i}"))
+            .header("content-type", "application/json")
+            .header(STATUS, "401")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(a.status().as_u16(), 401, "flood {i}");
+    }
+    for i in 0..40 {
+        let a = c
+            .post(&url)
+            .header("idempotency-key", format!("real-{i}"))
+            .header("authorization", "Bearer the-real-tenant")
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            a.status().as_u16(),
+            201,
+            "real tenant key {i}: {:?}",
+            a.text().await
+        );
+    }
+    // The real tenant's answers are kept (their retention is the route's).
+    let again = c
+        .post(&url)
+        .header("idempotency-key", "real-0")
+        .header("authorization", "Bearer the-real-tenant")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        again
+            .headers()
+            .get("idempotent-replayed")
+            .map(|v| v.as_bytes()),
+        Some(&b"true"[..])
+    );
+}
+
+/// Through the binary: a 401 is replayed while its short retention lasts and executes
+/// again after it, while a 201 keeps replaying.
+async fn short_retention_on(gate: &Gate, up: &Upstream) {
+    let c = client();
+    let url = gate.url("/v1/transfers");
+    let send = |key: &'static str, status: Option<&'static str>| {
+        let mut r = c
+            .post(&url)
+            .header("idempotency-key", key)
+            .header("authorization", "Bearer t")
+            .header("content-type", "application/json")
+            .body("{}");
+        if let Some(s) = status {
+            r = r.header(STATUS, s);
+        }
+        r.send()
+    };
+    assert_eq!(send("denied", Some("401")).await.unwrap().status(), 401);
+    assert_eq!(send("paid", None).await.unwrap().status(), 201);
+    let replayed = send("denied", Some("401")).await.unwrap();
+    assert_eq!(replayed.status(), 401);
+    assert!(replayed.headers().contains_key("idempotent-replayed"));
+    assert_eq!(up.hits(), 2);
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let again = send("denied", Some("401")).await.unwrap();
+    assert_eq!(again.status(), 401);
+    assert!(
+        !again.headers().contains_key("idempotent-replayed"),
+        "executed again"
+    );
+    let paid = send("paid", None).await.unwrap();
+    assert!(
+        paid.headers().contains_key("idempotent-replayed"),
+        "kept for retention"
+    );
+    assert_eq!(up.hits(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_retention_on_redis_and_sqlite() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let env = [("IDEMGATE_DEFAULTS__SHORT_RETENTION", "1s")];
+    let gate = Gate::start(&up.url(), &redis.url(), &env);
+    short_retention_on(&gate, &up).await;
+    drop(gate);
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Gate::start_on_disk(&up.url(), dir.path(), &env);
+    short_retention_on(&gate, &up).await;
+}

@@ -150,6 +150,7 @@ contract!(
     mark_unknown_holds_and_delete_frees,
     release_frees_the_key_for_a_new_claim,
     retention_expires_records,
+    shorten_brings_expiry_forward_and_never_back,
     concurrent_claims_have_one_winner,
     inspect_shows_state_without_body_unless_asked,
     an_answer_not_kept_completes_the_record_with_its_status_alone,
@@ -467,6 +468,55 @@ async fn retention_expires_records(f: Fixture) {
         f.store.claim(&claim("k", 2, 100)).await.unwrap(),
         Claim::Claimed
     );
+}
+
+async fn shorten_brings_expiry_forward_and_never_back(f: Fixture) {
+    // Recorded under a long retention, then shortened: gone after the short one.
+    let a = claim("short", 1, 100);
+    f.store.claim(&a).await.unwrap();
+    assert!(f
+        .store
+        .record(&a.id, &a.owner, &response("r"))
+        .await
+        .unwrap());
+    let other = OwnerToken::random();
+    assert!(
+        !f.store
+            .shorten(&a.id, &other, Duration::from_millis(1))
+            .await
+            .unwrap(),
+        "only the owner shortens"
+    );
+    assert!(f
+        .store
+        .shorten(&a.id, &a.owner, Duration::from_millis(300))
+        .await
+        .unwrap());
+    assert!(matches!(
+        f.store.claim(&claim("short", 1, 100)).await.unwrap(),
+        Claim::Replay(_)
+    ));
+    // Never later than the retention it had: a record kept 300 ms is not lengthened.
+    let mut b = claim("brief", 1, 100);
+    b.retention = Duration::from_millis(300);
+    f.store.claim(&b).await.unwrap();
+    assert!(f
+        .store
+        .record(&b.id, &b.owner, &response("r"))
+        .await
+        .unwrap());
+    f.store
+        .shorten(&b.id, &b.owner, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for key in ["short", "brief"] {
+        assert_eq!(
+            f.store.claim(&claim(key, 2, 100)).await.unwrap(),
+            Claim::Claimed,
+            "{key} expired"
+        );
+    }
 }
 
 async fn concurrent_claims_have_one_winner(f: Fixture) {

@@ -78,6 +78,15 @@ impl Store for Tracked {
         self.inner.record(id, owner, response)
     }
 
+    fn shorten<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        retain: std::time::Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.shorten(id, owner, retain)
+    }
+
     fn record_not_kept<'a>(
         &'a self,
         id: &'a RecordId,

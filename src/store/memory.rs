@@ -118,6 +118,9 @@ struct Records {
     /// arrive after its owner's release, and this list is kept only so that both stores
     /// honour the same contract; it is short-lived and capped at [`WITHDRAWN_MAX`].
     withdrawn: VecDeque<(Instant, RecordId, OwnerToken)>,
+    /// `(expires, id)` of the entries whose answer showed nothing ran ([`Store::shorten`]):
+    /// at the record cap the soonest of them make room before any new key is refused.
+    disposable: BTreeSet<(Instant, RecordId)>,
 }
 
 /// The most withdrawals a shard remembers; beyond that the oldest is forgotten (see
@@ -130,7 +133,32 @@ impl Records {
             map: HashMap::new(),
             by_expiry: BTreeSet::new(),
             withdrawn: VecDeque::new(),
+            disposable: BTreeSet::new(),
         }
+    }
+
+    /// Brings `id`'s expiry forward to `until` (never later) and marks it disposable.
+    fn shorten(&mut self, id: RecordId, until: Instant) {
+        let Some(e) = self.map.get_mut(&id) else {
+            return;
+        };
+        let old = e.expires;
+        if e.disposable {
+            self.disposable.remove(&(old, id));
+        }
+        if until < old {
+            self.by_expiry.remove(&(old, id));
+            self.by_expiry.insert((until, id));
+            e.expires = until;
+        }
+        e.disposable = true;
+        self.disposable.insert((e.expires, id));
+    }
+
+    /// Removes the disposable entry that expires soonest, if any.
+    fn evict_disposable(&mut self) -> Option<Box<Entry>> {
+        let (_, id) = self.disposable.pop_first()?;
+        self.remove(&id)
     }
 
     /// Remembers until `until` that `owner` withdrew its claim on `id`.
@@ -155,6 +183,9 @@ impl Records {
         let old = self.map.insert(id, entry);
         if let Some(old) = &old {
             self.by_expiry.remove(&(old.expires, id));
+            if old.disposable {
+                self.disposable.remove(&(old.expires, id));
+            }
         }
         self.by_expiry.insert((expires, id));
         old
@@ -163,6 +194,9 @@ impl Records {
     fn remove(&mut self, id: &RecordId) -> Option<Box<Entry>> {
         let e = self.map.remove(id)?;
         self.by_expiry.remove(&(e.expires, *id));
+        if e.disposable {
+            self.disposable.remove(&(e.expires, *id));
+        }
         Some(e)
     }
 
@@ -187,6 +221,9 @@ impl Records {
             // take a live record with it.
             if self.map.get(&id).is_some_and(|e| e.expires <= now) {
                 if let Some(e) = self.map.remove(&id) {
+                    if e.disposable {
+                        self.disposable.remove(&(expires, id));
+                    }
                     freed += e.size();
                     rooms += usize::from(e.room > 0);
                 }
@@ -271,6 +308,19 @@ impl Shard<'_> {
         Some(e)
     }
 
+    /// Removes the disposable record that expires soonest; whether there was one.
+    fn evict_disposable(&mut self) -> bool {
+        let Some(e) = self.records.evict_disposable() else {
+            return false;
+        };
+        self.inner.held.fetch_sub(1, Ordering::Relaxed);
+        self.inner.bytes.fetch_sub(e.size(), Ordering::Relaxed);
+        self.inner
+            .rooms
+            .fetch_sub(usize::from(e.room > 0), Ordering::Relaxed);
+        true
+    }
+
     /// As [`Records::remove_expired`]; returns how many index items it took.
     fn remove_expired(&mut self, now: Instant, limit: usize) -> usize {
         let before = self.records.len();
@@ -350,10 +400,13 @@ struct Entry {
     fingerprint_version: u16,
     owner: OwnerToken,
     created: SystemTime,
-    // Retention: the record is gone (as if never made) from this instant. Set only when the
-    // entry is made: the expiry index holds a copy, so changing it in place would leave the
-    // index pointing at the wrong instant.
+    // Retention: the record is gone (as if never made) from this instant. Set when the
+    // entry is made, and brought forward only through `Records::shorten`: the expiry index
+    // holds a copy, so changing it in place would leave the index pointing at the wrong
+    // instant.
     expires: Instant,
+    // Its answer showed nothing ran (`Store::shorten`): at the record cap it makes room.
+    disposable: bool,
     // Until when the owner may still be working on it (see `ClaimRequest::busy_for`).
     busy_until: Instant,
     // Bytes reserved for the answer (`ClaimRequest::answer_room`) while the record is in
@@ -542,25 +595,33 @@ impl MemoryStore {
         if let Some(found) = records.look_up(req, now) {
             return Ok(found);
         }
-        if records.reserve(req.answer_room).is_err() {
+        let room = req.answer_room;
+        let mut reserved = records.reserve(room).is_ok();
+        if !reserved {
             // Soonest expiry first: if any record in this shard has expired, this frees at
             // least one slot. Bounded, so a flood at the cap costs each claim at most one
             // batch here.
             records.remove_expired(now, EXPIRE_BATCH);
-            if records.reserve(req.answer_room).is_err() {
-                // The expired records may all be in other shards. Their locks are taken only
-                // with this one let go: two claims doing this from two shards would
-                // otherwise each hold the lock the other waits for.
-                drop(records);
-                self.remove_expired_elsewhere(shard, now, req.answer_room);
-                records = self.lock(shard);
-                // While the lock was let go, another claim may have made this record.
-                if let Some(found) = records.look_up(req, now) {
-                    return Ok(found);
-                }
-                if let Err(cap) = records.reserve(req.answer_room) {
-                    return Err(self.full(cap));
-                }
+            reserved = records.reserve(room).is_ok();
+        }
+        // Then records whose answer showed nothing ran (the 401s of made-up credentials):
+        // a flood of them must not refuse real tenants' new keys.
+        while !reserved && records.evict_disposable() {
+            reserved = records.reserve(room).is_ok();
+        }
+        if !reserved {
+            // The expired and disposable records may all be in other shards. Their locks
+            // are taken only with this one let go: two claims doing this from two shards
+            // would otherwise each hold the lock the other waits for.
+            drop(records);
+            self.remove_expired_elsewhere(shard, now, room);
+            records = self.lock(shard);
+            // While the lock was let go, another claim may have made this record.
+            if let Some(found) = records.look_up(req, now) {
+                return Ok(found);
+            }
+            if let Err(cap) = records.reserve(room) {
+                return Err(self.full(cap));
             }
         }
         records.insert_reserved(
@@ -576,6 +637,7 @@ impl MemoryStore {
                 expires: now + req.retention,
                 busy_until: now + req.busy_for,
                 room: req.answer_room,
+                disposable: false,
             }),
         );
         Ok(Claim::Claimed)
@@ -601,13 +663,20 @@ impl MemoryStore {
     /// costs each claim [`SHARDS`] of those: microseconds.
     fn remove_expired_elsewhere(&self, skip: usize, now: Instant, answer_room: usize) {
         let mut budget = EXPIRE_BATCH;
+        let room = || {
+            self.len() < self.inner.max_records
+                && self.bytes() + RECORD_UPKEEP + answer_room <= self.inner.max_bytes
+        };
         for shard in (1..SHARDS).map(|k| (skip + k) % SHARDS) {
-            let room = self.len() < self.inner.max_records
-                && self.bytes() + RECORD_UPKEEP + answer_room <= self.inner.max_bytes;
-            if budget == 0 || room {
+            if budget == 0 || room() {
                 return;
             }
-            budget -= self.lock(shard).remove_expired(now, budget);
+            let mut records = self.lock(shard);
+            budget -= records.remove_expired(now, budget);
+            // Disposable records too, within the same budget.
+            while budget > 0 && !room() && records.evict_disposable() {
+                budget -= 1;
+            }
         }
     }
 
@@ -738,6 +807,21 @@ impl Store for MemoryStore {
             .lock_for(id)
             .set_owned_state(id, owner, now, State::Completed(stored));
         ready(set.map_err(|cap| self.full(cap)))
+    }
+
+    fn shorten<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        retain: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let now = Instant::now();
+        let mut records = self.lock_for(id);
+        let owned = matches!(records.map.get(id), Some(e) if e.expires > now && e.owner == *owner);
+        if owned {
+            records.records.shorten(*id, now + retain);
+        }
+        ready(Ok(owned))
     }
 
     fn record_not_kept<'a>(

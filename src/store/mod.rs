@@ -275,6 +275,17 @@ pub trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
     /// Completes the record without its headers and body (the answer was too large to
     /// keep) if `owner` still owns it. `Ok(false)`: it does not.
+    /// Brings the record's expiry forward to `retain` from now (never later), if `owner`
+    /// owns it: for an answer that shows nothing ran (`short_retention_statuses`), kept
+    /// only `short_retention`. The embedded store also lets such records make room at its
+    /// record cap before it refuses a new key.
+    fn shorten<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        retain: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    /// Records that the request was executed and answered with `status`, without the answer.
     fn record_not_kept<'a>(
         &'a self,
         id: &'a RecordId,

@@ -110,6 +110,13 @@ UPDATE idemgate_records SET lease_until = clock_timestamp() + $3::bigint * inter
 WHERE id = $1 AND owner = $2 AND state = 0 AND expires > clock_timestamp()
 ";
 
+/// An answer that shows nothing ran: its expiry brought forward (never later).
+const SHORTEN: &str = "
+UPDATE idemgate_records
+SET expires = LEAST(expires, clock_timestamp() + $3::bigint * interval '1 millisecond')
+WHERE id = $1 AND owner = $2 AND expires > clock_timestamp()
+";
+
 const MARK_UNKNOWN: &str = "
 UPDATE idemgate_records SET state = 2
 WHERE id = $1 AND owner = $2 AND state <> 1 AND expires > clock_timestamp()
@@ -225,6 +232,7 @@ struct Conn {
     record: Statement,
     renew: Statement,
     mark_unknown: Statement,
+    shorten: Statement,
     release: Statement,
     delete: Statement,
     inspect: Statement,
@@ -317,6 +325,7 @@ impl PostgresStore {
             record: p(RECORD).await?,
             renew: p(RENEW).await?,
             mark_unknown: p(MARK_UNKNOWN).await?,
+            shorten: p(SHORTEN).await?,
             release: p(RELEASE).await?,
             delete: p(DELETE).await?,
             inspect: p(INSPECT).await?,
@@ -532,6 +541,24 @@ impl Store for PostgresStore {
             let budget = super::record_budget(self.inner.statement_timeout, response.body.len());
             let client = self.open_with(budget).await?;
             Ok(client.execute(RECORD, &params).await.map_err(pg)? == 1)
+        })
+    }
+
+    fn shorten<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        retain: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let ms = i64::try_from(retain.as_millis()).unwrap_or(i64::MAX);
+            let n = self
+                .execute(
+                    |c| &c.shorten,
+                    &[&id.as_bytes().as_slice(), &owner.as_str(), &ms],
+                )
+                .await?;
+            Ok(n == 1)
         })
     }
 

@@ -186,6 +186,15 @@ redis.call('HDEL', KEYS[1], 'lu', 'bd')
 return 1
 "#;
 
+// Owner-checked: the record's expiry brought forward to ARGV[2] ms from now, never later
+// (an answer that shows nothing ran, kept only `short_retention`).
+const SHORTEN: &str = r#"
+if redis.call('HGET', KEYS[1], 'ow') ~= ARGV[1] then return 0 end
+local left = redis.call('PTTL', KEYS[1])
+if left < 0 or left > tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 1
+"#;
+
 const RENEW: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'ow', 'st')
 if r[1] ~= ARGV[1] or r[2] ~= 'p' then return 0 end
@@ -402,6 +411,7 @@ struct Scripts {
     claim: Script,
     record: Script,
     record_not_kept: Script,
+    shorten: Script,
     write_chunk: Script,
     record_large: Script,
     renew: Script,
@@ -483,6 +493,7 @@ impl RedisStore {
             claim: Script::new(&format!("{NOW_MS}{CLAIM}")),
             record: Script::new(RECORD),
             record_not_kept: Script::new(&format!("{DROP_PIECES}{RECORD_NOT_KEPT}")),
+            shorten: Script::new(SHORTEN),
             write_chunk: Script::new(WRITE_CHUNK),
             record_large: Script::new(RECORD_LARGE),
             renew: Script::new(&format!("{NOW_MS}{NOW}{RENEW}")),
@@ -1085,6 +1096,20 @@ impl Store for RedisStore {
             let headers = response.encode_headers();
             let args: [&[u8]; 3] = [status.as_bytes(), &headers, &response.body];
             self.owner_checked(&self.scripts.record, id, owner, &args, Some("record"))
+                .await
+        })
+    }
+
+    fn shorten<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        retain: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let ms = retain.as_millis().max(1).to_string();
+            let args: [&[u8]; 1] = [ms.as_bytes()];
+            self.owner_checked(&self.scripts.shorten, id, owner, &args, None)
                 .await
         })
     }

@@ -369,6 +369,15 @@ impl Store for Enveloped {
         })
     }
 
+    fn shorten<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        retain: std::time::Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        self.inner.shorten(id, owner, retain)
+    }
+
     fn record_not_kept<'a>(
         &'a self,
         id: &'a RecordId,

@@ -448,6 +448,29 @@ impl Store for SqliteStore {
         })
     }
 
+    fn shorten<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        retain: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let (id, owner) = (*id, owner.clone());
+        let ms = i64::try_from(retain.as_millis()).unwrap_or(i64::MAX);
+        self.run(move |c| {
+            let now = now_ms();
+            let n = c
+                .prepare_cached(
+                    "UPDATE records SET expires = MIN(expires, ?3 + ?4)
+                     WHERE id = ?1 AND owner = ?2 AND expires > ?3",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![id.as_bytes().as_slice(), owner.as_str(), now, ms])
+                })
+                .map_err(backend)?;
+            Ok(n == 1)
+        })
+    }
+
     fn record_not_kept<'a>(
         &'a self,
         id: &'a RecordId,
