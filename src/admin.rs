@@ -159,6 +159,13 @@ impl Admin {
                     ),
                 }
             }
+            // What observe-mode routes would have done (behind admin_token when set).
+            (&Method::GET, "/observe") => {
+                let mut res = Response::new(body::full(self.metrics.observations_json()));
+                res.headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                res
+            }
             (&Method::GET, "/metrics") => {
                 let mut res = Response::new(body::full(self.metrics.encode()));
                 res.headers_mut().insert(

@@ -54,6 +54,18 @@ pub enum RecordMode {
     AfterResponse,
 }
 
+/// Whether a route acts on what it decides, or only counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Refuse, replay and answer 409/422 as the flow decides (default).
+    Enforce,
+    /// Forward every request as if idemgate were not there, while claiming and recording
+    /// as when enforcing, and count what enforcing would have done
+    /// (`idemgate_observed_total`, `GET /observe`): the first step of a rollout.
+    Observe,
+}
+
 /// What a protected request without a tenant gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -337,6 +349,8 @@ pub struct Defaults {
     pub on_ambiguous: OnAmbiguous,
     /// See [`RecordMode`].
     pub record_mode: RecordMode,
+    /// See [`Mode`].
+    pub mode: Mode,
     /// JSON pointers left out of the fingerprint.
     pub fingerprint_ignore: Vec<String>,
     /// Headers that carry the key, in order of preference (aliases such as
@@ -380,6 +394,7 @@ pub struct Route {
     pub on_store_error: Option<OnStoreError>,
     pub on_ambiguous: Option<OnAmbiguous>,
     pub record_mode: Option<RecordMode>,
+    pub mode: Option<Mode>,
     pub fingerprint_ignore: Option<Vec<String>>,
     pub key_headers: Option<Vec<String>>,
     pub release_on_status: Option<Vec<u16>>,
@@ -483,6 +498,7 @@ impl Default for Defaults {
             on_store_error: OnStoreError::Reject,
             on_ambiguous: OnAmbiguous::Hold,
             record_mode: RecordMode::BeforeResponse,
+            mode: Mode::Enforce,
             fingerprint_ignore: Vec::new(),
             key_headers: vec![crate::key::HEADER.into()],
             release_on_status: Vec::new(),
@@ -701,6 +717,8 @@ pub struct Policy {
     #[allow(missing_docs)]
     pub record_mode: RecordMode,
     #[allow(missing_docs)]
+    pub mode: Mode,
+    #[allow(missing_docs)]
     pub fingerprint_ignore: Vec<JsonPointer>,
     /// Headers that carry the key, the preferred first.
     pub key_headers: Vec<HeaderName>,
@@ -758,6 +776,16 @@ pub struct Settings {
     // Whether any policy protects a method: decides between 400 and pass-through for a
     // path that cannot be normalized (and so matched to a route).
     protected_methods: Vec<Method>,
+}
+
+impl Settings {
+    /// Each route's configured path (`default` for the defaults) and its mode.
+    pub fn modes(&self) -> Vec<(String, Mode)> {
+        std::iter::once(&self.default_policy)
+            .chain(self.routes.iter().map(|(_, p)| p))
+            .map(|p| (p.route.clone().unwrap_or_else(|| "default".into()), p.mode))
+            .collect()
+    }
 }
 
 /// Where a request's path led: its policy, and the path's normal form when it differs from
@@ -1294,6 +1322,7 @@ fn resolve(
         on_store_error: r.on_store_error.unwrap_or(d.on_store_error),
         on_ambiguous: r.on_ambiguous.unwrap_or(d.on_ambiguous),
         record_mode: r.record_mode.unwrap_or(d.record_mode),
+        mode: r.mode.unwrap_or(d.mode),
         fingerprint_ignore,
         key_headers,
         release_on_status,
@@ -1644,5 +1673,147 @@ mod tests {
         let d = s.route("/other").unwrap().policy;
         assert_eq!(d.tenant, TenantSource::JwtClaim("sub".into()));
         assert!(s.route("/a%2fb").is_err());
+    }
+}
+
+/// Every setting with its default, as TOML, then the settings without a default (absent
+/// unless set) as comments: what `idemgate config defaults` prints.
+pub fn defaults_toml() -> Result<String, String> {
+    let value = serde_json::to_value(Config::default()).map_err(|e| e.to_string())?;
+    let mut unset = Vec::new();
+    unset_keys(&value, "", &mut unset);
+    let mut out = to_toml(value)?;
+    out.push_str("\n# Without a default (absent unless set):\n");
+    for key in unset {
+        out.push_str(&format!("# {key}\n"));
+    }
+    Ok(out)
+}
+
+/// The configuration as TOML with its secrets replaced by placeholders that still pass
+/// validation (so the output is a configuration `idemgate config check` accepts): what
+/// `idemgate config check` prints.
+pub fn redacted_toml(config: &Config) -> Result<String, String> {
+    let mut value = serde_json::to_value(config).map_err(|e| e.to_string())?;
+    if let serde_json::Value::Object(map) = &mut value {
+        for (key, placeholder) in [
+            ("admin_token", REDACTED_TOKEN),
+            ("jwt_hs256_secret", REDACTED_JWT),
+            ("redis_password", REDACTED),
+            ("scope_secret", REDACTED_SCOPE),
+        ] {
+            if map.get(key).is_some_and(|v| !v.is_null()) {
+                map.insert(key.into(), serde_json::Value::String(placeholder.into()));
+            }
+        }
+        if let Some(serde_json::Value::Array(keys)) = map.get_mut("encryption_keys") {
+            for k in keys.iter_mut() {
+                if let serde_json::Value::String(s) = k {
+                    let id = s.split(':').next().unwrap_or("").to_string();
+                    *s = format!("{id}:{REDACTED_KEY}");
+                }
+            }
+        }
+        for key in ["redis_url", "postgres_url"] {
+            if let Some(serde_json::Value::String(s)) = map.get_mut(key) {
+                *s = redact_url(s);
+            }
+        }
+    }
+    let mut out = String::from(
+        "# The effective configuration. Secrets that are set are shown as placeholders\n# (REDACTED..., an all-zero scope secret and all-zero encryption keys).\n",
+    );
+    out.push_str(&to_toml(value)?);
+    Ok(out)
+}
+
+const REDACTED: &str = "REDACTED";
+const REDACTED_TOKEN: &str = "REDACTED-REDACTED-REDACTED";
+const REDACTED_JWT: &str = "REDACTED-REDACTED-REDACTED-REDACTED";
+const REDACTED_SCOPE: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+const REDACTED_KEY: &str = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+
+/// A URL's password (`scheme://user:password@host`, `password=` in a query or in a
+/// key=value connection string) replaced by `REDACTED`.
+fn redact_url(url: &str) -> String {
+    let mut out = url.to_string();
+    if let Some(scheme_end) = out.find("://") {
+        let rest = scheme_end + 3;
+        let authority_end = out[rest..]
+            .find(['/', '?', '#'])
+            .map_or(out.len(), |i| rest + i);
+        if let Some(at) = out[rest..authority_end].rfind('@') {
+            let userinfo = &out[rest..rest + at];
+            if let Some(colon) = userinfo.find(':') {
+                let (start, end) = (rest + colon + 1, rest + at);
+                out.replace_range(start..end, REDACTED);
+            }
+        }
+    }
+    let mut searched = 0;
+    while let Some(i) = out[searched..].find("password=") {
+        let start = searched + i + "password=".len();
+        let end = out[start..]
+            .find(['&', ' ', '#'])
+            .map_or(out.len(), |j| start + j);
+        out.replace_range(start..end, REDACTED);
+        searched = start + REDACTED.len();
+    }
+    out
+}
+
+/// Dotted names of the settings that are absent (`null`) in `value`.
+fn unset_keys(value: &serde_json::Value, prefix: &str, out: &mut Vec<String>) {
+    if let serde_json::Value::Object(map) = value {
+        for (k, v) in map {
+            let name = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                serde_json::Value::Null => out.push(name),
+                serde_json::Value::Object(_) => unset_keys(v, &name, out),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// `value` without its nulls, as TOML.
+fn to_toml(mut value: serde_json::Value) -> Result<String, String> {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                map.retain(|_, v| !v.is_null());
+                map.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    strip(&mut value);
+    toml::to_string(&value).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::*;
+
+    #[test]
+    fn passwords_in_urls_are_redacted() {
+        assert_eq!(
+            redact_url("rediss://idemgate:s3cret@redis:6380/0"),
+            "rediss://idemgate:REDACTED@redis:6380/0"
+        );
+        assert_eq!(redact_url("redis://redis:6379/0"), "redis://redis:6379/0");
+        assert_eq!(
+            redact_url("postgres://app:p%40ss@db/pay?sslmode=disable"),
+            "postgres://app:REDACTED@db/pay?sslmode=disable"
+        );
+        assert_eq!(
+            redact_url("host=db user=app password=hunter2 dbname=pay"),
+            "host=db user=app password=REDACTED dbname=pay"
+        );
     }
 }

@@ -42,12 +42,35 @@ enum Command {
     Lab(LabArgs),
     /// GET an admin URL and exit 0 on a 2xx answer, 1 otherwise: a health check for images
     /// without curl. Sends IDEMGATE_ADMIN_TOKEN as a bearer token when it is set.
+    /// The configuration without running: every setting's default, or a check of a file.
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
     Probe {
         /// e.g. http://127.0.0.1:9901/readyz
         url: String,
         /// How long to wait for the answer.
         #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = humantime::parse_duration)]
         timeout: std::time::Duration,
+    },
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum ConfigAction {
+    /// Print every setting with its default, as TOML; settings without a default are
+    /// listed as comments.
+    Defaults,
+    /// Run every start-up check that needs no network on FILE (or --config /
+    /// IDEMGATE_CONFIG) with the IDEMGATE_ environment, with start-up's messages, and print
+    /// the effective configuration as TOML, secrets redacted. Exits 0 when idemgate would
+    /// start, 64 when not (69 when --connect cannot reach the store).
+    Check {
+        /// TOML configuration file (else --config or IDEMGATE_CONFIG, else none).
+        file: Option<PathBuf>,
+        /// Also open the store and run its start-up checks (Redis, PostgreSQL, SQLite).
+        #[arg(long)]
+        connect: bool,
     },
 }
 
@@ -264,6 +287,9 @@ fn main() -> ExitCode {
         Some(Command::Bank { listen }) => return bank(listen),
         Some(Command::Lab(args)) => return lab(args),
         Some(Command::Probe { url, timeout }) => return probe(&url, timeout),
+        Some(Command::Config { action }) => {
+            return config_command(action, cli.config, &cli.overrides)
+        }
         None => {}
     }
     let figment = Config::figment(cli.config.as_deref()).merge(Serialized::globals(&cli.overrides));
@@ -304,6 +330,71 @@ fn main() -> ExitCode {
         telemetry.shutdown(left_of(grace, &signaled));
     }
     code
+}
+
+/// `idemgate config defaults` and `idemgate config check`.
+fn config_command(
+    action: ConfigAction,
+    config: Option<PathBuf>,
+    overrides: &Overrides,
+) -> ExitCode {
+    match action {
+        ConfigAction::Defaults => match idemgate::config::defaults_toml() {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("idemgate config defaults: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        ConfigAction::Check { file, connect } => {
+            let file = file.or(config);
+            let figment = Config::figment(file.as_deref()).merge(Serialized::globals(overrides));
+            let settings = match Config::load(figment) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("idemgate: configuration error: {e}");
+                    return ExitCode::from(64);
+                }
+            };
+            let unknown = idemgate::config::unknown_env();
+            if !unknown.is_empty() {
+                eprintln!(
+                    "idemgate config check: ignored (name no setting): {}",
+                    unknown.join(", ")
+                );
+            }
+            if connect {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        eprintln!("idemgate config check: cannot start a runtime: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                };
+                let opened = runtime.block_on(idemgate::server::open_store(&settings));
+                if let Err(e) = opened {
+                    eprintln!("idemgate: {e}");
+                    return ExitCode::from(e.exit_code() as u8);
+                }
+            }
+            match idemgate::config::redacted_toml(&settings.config) {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("idemgate config check: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
 }
 
 /// What is left of `grace` since the shutdown signal (all of it if none came).

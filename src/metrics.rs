@@ -29,7 +29,7 @@ use crate::store::{
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Every outcome, in declaration order (`Outcome as usize` indexes this).
-const OUTCOMES: [Outcome; 13] = [
+const OUTCOMES: [Outcome; 14] = [
     Outcome::Forwarded,
     Outcome::Replayed,
     Outcome::InProgress,
@@ -43,6 +43,7 @@ const OUTCOMES: [Outcome; 13] = [
     Outcome::NotStored,
     Outcome::Overloaded,
     Outcome::Released,
+    Outcome::Observed,
 ];
 
 /// A store operation, the `op` label of the store metrics.
@@ -139,6 +140,37 @@ pub struct Metrics {
     refused: Family<ReasonLabel, Counter>,
     send_timeouts: Counter,
     buffered_bytes: Gauge,
+    observed: Family<ObservedLabel, Counter>,
+    route_mode: Family<RouteModeLabel, Gauge>,
+    // What `GET /observe` shows: since when, and per route what enforcing would have done.
+    observations: std::sync::Mutex<Observations>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ObservedLabel {
+    route: String,
+    would: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteModeLabel {
+    route: String,
+    mode: &'static str,
+}
+
+/// Per route: its mode, what enforcing would have done, and the duplicates let through.
+#[derive(Default, serde::Serialize)]
+pub struct Observations {
+    since_ms: u64,
+    routes: Vec<RouteObservations>,
+}
+
+#[derive(serde::Serialize)]
+struct RouteObservations {
+    route: String,
+    mode: &'static str,
+    would: std::collections::BTreeMap<&'static str, u64>,
+    duplicates_let_through: u64,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -186,6 +218,18 @@ impl Metrics {
         let refused = Family::<ReasonLabel, Counter>::default();
         let send_timeouts = Counter::default();
         let buffered_bytes = Gauge::default();
+        let observed = Family::<ObservedLabel, Counter>::default();
+        let route_mode = Family::<RouteModeLabel, Gauge>::default();
+        registry.register(
+            "idemgate_observed",
+            "Requests on routes in observe mode, forwarded whatever enforcing would have done, by route and by what that would have been (would)",
+            observed.clone(),
+        );
+        registry.register(
+            "idemgate_route_mode",
+            "1 for each route's mode (enforce or observe)",
+            route_mode.clone(),
+        );
         registry.register(
             "idemgate_in_flight",
             "Requests holding a slot: class=protected (max_in_flight) or pass_through (the rest of max_upstream_connections)",
@@ -292,7 +336,59 @@ impl Metrics {
             refused,
             send_timeouts,
             buffered_bytes,
+            observed,
+            route_mode,
+            observations: std::sync::Mutex::new(Observations {
+                since_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+                routes: Vec::new(),
+            }),
         }
+    }
+
+    /// Declares the routes and their modes (`idemgate_route_mode`, `GET /observe`).
+    pub fn routes(&self, routes: &[(String, crate::config::Mode)]) {
+        let mut o = self.observations.lock().unwrap_or_else(|p| p.into_inner());
+        for (route, mode) in routes {
+            let mode = mode_name(*mode);
+            self.route_mode
+                .get_or_create(&RouteModeLabel {
+                    route: route.clone(),
+                    mode,
+                })
+                .set(1);
+            if !o.routes.iter().any(|r| r.route == *route) {
+                o.routes.push(RouteObservations {
+                    route: route.clone(),
+                    mode,
+                    would: std::collections::BTreeMap::new(),
+                    duplicates_let_through: 0,
+                });
+            }
+        }
+    }
+
+    /// Counts what enforcing would have done with a request on an observed route, and
+    /// whether forwarding it let a duplicate through (a 2xx answer to a key that had one).
+    pub fn observed(&self, route: &str, would: &'static str, duplicate_let_through: bool) {
+        self.observed
+            .get_or_create(&ObservedLabel {
+                route: route.to_string(),
+                would,
+            })
+            .inc();
+        let mut o = self.observations.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = o.routes.iter_mut().find(|r| r.route == route) {
+            *r.would.entry(would).or_default() += 1;
+            r.duplicates_let_through += u64::from(duplicate_let_through);
+        }
+    }
+
+    /// What `GET /observe` returns.
+    pub fn observations_json(&self) -> String {
+        let o = self.observations.lock().unwrap_or_else(|p| p.into_inner());
+        serde_json::to_string(&*o).unwrap_or_else(|_| "{}".into())
     }
 
     /// The gauges of one class of slots (`protected`, `pass_through`).
@@ -634,6 +730,13 @@ pub async fn watch_store(
     }
 }
 
+fn mode_name(mode: crate::config::Mode) -> &'static str {
+    match mode {
+        crate::config::Mode::Enforce => "enforce",
+        crate::config::Mode::Observe => "observe",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -660,7 +763,8 @@ mod tests {
             | Outcome::Ambiguous
             | Outcome::NotStored
             | Outcome::Overloaded
-            | Outcome::Released => (),
+            | Outcome::Released
+            | Outcome::Observed => (),
         };
     }
 

@@ -30,7 +30,7 @@ use tracing::Span;
 use crate::admission::{Buffered, Buffers, Refusal, Slot, Slots};
 use crate::answer::{self, Answer};
 use crate::body::{self, Body};
-use crate::config::{OnAmbiguous, OnStoreError, Policy, RecordMode, Settings};
+use crate::config::{Mode, OnAmbiguous, OnStoreError, Policy, RecordMode, Settings};
 use crate::fingerprint::{self, RequestParts, FINGERPRINT_VERSION};
 use crate::key::{self, RecordId};
 use crate::metrics::Metrics;
@@ -78,6 +78,9 @@ pub enum Outcome {
     /// Sent; the upstream's answer has a `release_on_status` status: passed on, not
     /// recorded, the claim released.
     Released,
+    /// On a route in `mode = "observe"`: forwarded whatever enforcing would have done
+    /// (what that was is counted in `idemgate_observed_total`).
+    Observed,
 }
 
 impl Outcome {
@@ -97,6 +100,7 @@ impl Outcome {
             Outcome::NotStored => "not_stored",
             Outcome::Overloaded => "overloaded",
             Outcome::Released => "released",
+            Outcome::Observed => "observed",
         }
     }
 }
@@ -131,6 +135,10 @@ struct Shared {
     passing: Arc<Slots>,
     // Bodies being buffered or written (`max_buffered_bytes`).
     buffers: Arc<Buffers>,
+    // Observe mode: a store that just failed is not waited on again for a moment, and
+    // would-be refusals are logged at a bounded rate.
+    store_failing: Arc<Breaker>,
+    observe_log: Arc<RateLimit>,
     // Claims never forwarded whose release has not landed yet; one set per instance.
     releases: Arc<Releases>,
     // Off once this instance's scope secret disagrees with the store's: its record ids
@@ -166,6 +174,7 @@ impl Proxy {
         releases: Arc<Releases>,
         secret: Arc<SecretHealth>,
     ) -> Proxy {
+        metrics.routes(&settings.modes());
         let c = &settings.config;
         let protected = Arc::new(Slots::new(
             c.max_in_flight,
@@ -194,6 +203,8 @@ impl Proxy {
                 protected,
                 passing,
                 buffers,
+                store_failing: Arc::default(),
+                observe_log: Arc::default(),
                 settings,
                 store,
                 scoper,
@@ -222,6 +233,8 @@ impl Proxy {
                 protected: s.protected.clone(),
                 passing: s.passing.clone(),
                 buffers: s.buffers.clone(),
+                store_failing: s.store_failing.clone(),
+                observe_log: s.observe_log.clone(),
                 settings: s.settings.clone(),
                 store,
                 scoper: s.scoper.clone(),
@@ -310,6 +323,16 @@ impl Proxy {
             return res;
         }
         let policy = policy.clone();
+        if policy.mode == Mode::Observe {
+            let scope_path = routed
+                .normalized
+                .as_deref()
+                .unwrap_or(req.uri().path())
+                .to_string();
+            return self
+                .observe(req, peer, request_id, policy, scope_path, started)
+                .await;
+        }
         let method = req.method().clone();
         let span = telemetry::request_span(
             req.headers(),
@@ -479,6 +502,7 @@ impl Proxy {
             span,
             started,
             slot,
+            observed: false,
         };
         self.settle(found, protected).await
     }
@@ -532,6 +556,7 @@ impl Proxy {
             span,
             started,
             slot,
+            observed,
         } = protected;
         let id = claim.id;
         let claimed = Claimed {
@@ -547,6 +572,7 @@ impl Proxy {
         // moves an unboxed future by value into the task and out again.
         let task = self.shared.tasks.spawn(Box::pin(async move {
             let (res, outcome) = exchange(&this.shared, claimed, peer).await;
+            let outcome = if observed { Outcome::Observed } else { outcome };
             let metrics = &this.shared.metrics;
             let line = Line {
                 method: &method,
@@ -747,6 +773,237 @@ impl Proxy {
                 );
                 Err(res)
             }
+        }
+    }
+
+    /// A protected request on a route in `mode = "observe"`: decided as when enforcing
+    /// (key, tenant, admission, fingerprint, claim), then forwarded whatever the decision,
+    /// which is counted (`idemgate_observed_total{route, would}`) and, for a refusal or a
+    /// replay, logged. A won claim is forwarded and recorded as when enforcing, so that
+    /// switching the route to `enforce` replays what was seen here; everything else goes
+    /// out as pass-through, with the path as the client sent it.
+    async fn observe(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        request_id: HeaderValue,
+        policy: Arc<Policy>,
+        scope_path: String,
+        started: Instant,
+    ) -> Response<Body> {
+        let route = policy.route.clone().unwrap_or_else(|| "default".into());
+        let timeout = policy.upstream_timeout;
+        let method = req.method().clone();
+        let line = |res: &Response<Body>| {
+            let line = Line {
+                method: &method,
+                policy: &policy,
+                request_id: &request_id,
+                span: &Span::none(),
+                started,
+            };
+            log_request(&self.shared.metrics, res, Outcome::Observed, None, &line);
+        };
+        // Forwarded as pass-through (streamed, unclaimed), counted as `would`.
+        macro_rules! forward_as_is {
+            ($req:expr, $would:expr, $id:expr, $duplicate:expr) => {{
+                let res = self.pass_through($req, peer, timeout).await;
+                let dup = $duplicate && res.status().is_success();
+                self.observed(&route, $would, $id, dup);
+                line(&res);
+                return res;
+            }};
+        }
+        let key = match key::parse_any(req.headers(), &policy.key_headers, policy.max_key_length) {
+            Ok(Some(key)) => key,
+            Ok(None) => {
+                let would = if policy.require_key {
+                    "missing_key"
+                } else {
+                    "unprotected"
+                };
+                forward_as_is!(req.map(body::boxed), would, None, false)
+            }
+            Err(_) => forward_as_is!(req.map(body::boxed), "invalid_key", None, false),
+        };
+        let tenant = match self.tenant(req.headers(), &policy) {
+            Ok(t) => t,
+            Err(res) => {
+                let would = if res.status() == StatusCode::UNAUTHORIZED {
+                    "invalid_token"
+                } else {
+                    "missing_tenant"
+                };
+                forward_as_is!(req.map(body::boxed), would, None, false)
+            }
+        };
+        if self.shared.protected.would_refuse() {
+            forward_as_is!(req.map(body::boxed), "overloaded", None, false)
+        }
+        let declared = req
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > policy.max_body_bytes) {
+            forward_as_is!(req.map(body::boxed), "body_too_large", None, false)
+        }
+        // The body is read up to `max_body_bytes` within `body_read_timeout`; one that
+        // grows beyond, breaks or stalls goes on, what was read first, as it came.
+        let (parts, mut incoming) = req.into_parts();
+        let mut chunks: Vec<Bytes> = Vec::new();
+        let mut received = 0u64;
+        let mut held = self.shared.buffers.hold();
+        let read = tokio::time::timeout(self.shared.settings.config.body_read_timeout, async {
+            loop {
+                match incoming.frame().await {
+                    None => return Ok(()),
+                    Some(Ok(frame)) => match frame.into_data() {
+                        Ok(data) => {
+                            received += data.len() as u64;
+                            if held.grow(data.len()).is_err() {
+                                chunks.push(data);
+                                return Err("buffers_full");
+                            }
+                            chunks.push(data);
+                            if received > policy.max_body_bytes {
+                                return Err("body_too_large");
+                            }
+                        }
+                        Err(f) if f.trailers_ref().is_some_and(|t| !t.is_empty()) => {
+                            return Err("trailers_not_supported")
+                        }
+                        Err(_) => {}
+                    },
+                    Some(Err(_)) => return Err("body_unreadable"),
+                }
+            }
+        })
+        .await
+        .unwrap_or(Err("body_timeout"));
+        if let Err(would) = read {
+            let req = Request::from_parts(parts, body::prefixed(chunks, incoming));
+            forward_as_is!(req, would, None, false)
+        }
+        drop(incoming);
+        let body_bytes = match chunks.len() {
+            0 => Bytes::new(),
+            1 => chunks.pop().unwrap_or_default(),
+            _ => {
+                let mut all = bytes::BytesMut::with_capacity(received as usize);
+                for c in &chunks {
+                    all.extend_from_slice(c);
+                }
+                all.freeze()
+            }
+        };
+        let slot = match self.shared.protected.admit().await {
+            Ok(slot) => slot,
+            Err(_) => {
+                let req = Request::from_parts(parts, body::full(body_bytes));
+                forward_as_is!(req, "overloaded", None, false)
+            }
+        };
+        drop(held);
+        let fp = fingerprint::fingerprint(
+            &RequestParts {
+                method: parts.method.as_str(),
+                path: &scope_path,
+                query: parts.uri.query(),
+                content_type: parts
+                    .headers
+                    .get(CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok()),
+                body: &body_bytes,
+            },
+            &policy.fingerprint_ignore,
+        );
+        let id = self
+            .shared
+            .scoper
+            .record_id(&tenant, parts.method.as_str(), &scope_path, &key);
+        let request = Request::from_parts(parts, body::full(body_bytes.clone()));
+        if !self.shared.secret.agreed() {
+            drop(slot);
+            forward_as_is!(request, "store_unavailable", Some(id), false)
+        }
+        // A store that just failed is not asked again for a second: during an outage an
+        // observed request waits at most one `store_timeout` a second, not each.
+        if self.shared.store_failing.is_failing() {
+            drop(slot);
+            forward_as_is!(request, "store_unavailable", Some(id), false)
+        }
+        let mut claim = ClaimRequest {
+            id,
+            fingerprint: fp,
+            fingerprint_version: FINGERPRINT_VERSION,
+            owner: OwnerToken::random(),
+            lease: policy.lease,
+            retention: policy.retention,
+            busy_for: busy_for(&policy, self.shared.settings.config.store_timeout),
+            answer_room: answer_room(&policy),
+        };
+        let pending = PendingClaim {
+            shared: &self.shared,
+            id,
+            owner: claim.owner.clone(),
+            linger: claim.retention,
+            armed: true,
+        };
+        let found = self
+            .claim(&mut claim, &request, &scope_path, &body_bytes, &policy)
+            .await;
+        pending.disarm();
+        let (would, duplicate) = match &found {
+            Ok(Claim::Claimed) => {
+                self.observed(&route, "execute", Some(id), false);
+                let protected = Protected {
+                    claim,
+                    request,
+                    policy: policy.clone(),
+                    peer,
+                    method: method.clone(),
+                    request_id: request_id.clone(),
+                    span: Span::none(),
+                    started,
+                    slot,
+                    observed: true,
+                };
+                return self.forward_claimed(protected).await;
+            }
+            Ok(Claim::Replay(_)) => ("replay", true),
+            Ok(Claim::InFlight { .. }) | Ok(Claim::OtherVersion(_)) => ("in_progress", true),
+            Ok(Claim::Mismatch) => ("mismatch", false),
+            Ok(Claim::Unknown) => ("unknown", true),
+            Ok(Claim::NotKept { .. }) => ("response_not_stored", true),
+            // Nothing was created (a claim of this very owner was taken back): as a store
+            // failure would be, nothing is known of the key.
+            Ok(Claim::Withdrawn) => ("store_unavailable", false),
+            Err(StoreError::Unreadable(_)) => ("record_unreadable", true),
+            Err(e) => {
+                if !matches!(e, StoreError::Full(_)) {
+                    self.shared.store_failing.failed();
+                    release_in_background(&self.shared, id, claim.owner.clone(), claim.retention);
+                }
+                ("store_unavailable", false)
+            }
+        };
+        drop(slot);
+        forward_as_is!(request, would, Some(id), duplicate)
+    }
+
+    /// Counts (and, for what would have been refused or replayed, logs at most a few
+    /// lines a second) what enforcing would have done on an observed route.
+    fn observed(&self, route: &str, would: &'static str, id: Option<RecordId>, duplicate: bool) {
+        self.shared.metrics.observed(route, would, duplicate);
+        if !matches!(would, "execute" | "unprotected") && self.shared.observe_log.allow() {
+            tracing::info!(
+                route,
+                would,
+                record = id.map(|i| i.to_string()).as_deref().unwrap_or("-"),
+                duplicate_let_through = duplicate,
+                "observe mode: forwarded a request that enforcing would not have"
+            );
         }
     }
 
@@ -1027,6 +1284,8 @@ struct Protected {
     span: Span,
     started: Instant,
     slot: Slot,
+    // On an observed route: logged and counted as `observed`.
+    observed: bool,
 }
 
 /// A claim on its way to the store. Dropped armed (its request's future was dropped: the
@@ -1450,4 +1709,52 @@ fn replay(stored: StoredResponse) -> Response<Body> {
     }
     h.insert(REPLAYED, HeaderValue::from_static("true"));
     res
+}
+
+/// Whether the store failed within the last second.
+#[derive(Default)]
+struct Breaker(std::sync::atomic::AtomicU64);
+
+/// Milliseconds since the first call in this process (0 means "never" below, so 1 + that).
+fn now_ms() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    1 + START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+impl Breaker {
+    fn failed(&self) {
+        self.0.store(now_ms(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn is_failing(&self) -> bool {
+        let at = self.0.load(std::sync::atomic::Ordering::Relaxed);
+        at != 0 && now_ms().saturating_sub(at) < 1000
+    }
+}
+
+/// At most [`RateLimit::PER_SECOND`] events a second.
+#[derive(Default)]
+struct RateLimit(std::sync::atomic::AtomicU64);
+
+impl RateLimit {
+    const PER_SECOND: u64 = 10;
+
+    fn allow(&self) -> bool {
+        let sec = now_ms() / 1000;
+        let r = self.0.fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |v| {
+                let (s, n) = (v >> 16, v & 0xffff);
+                if s != sec {
+                    Some((sec << 16) | 1)
+                } else if n < Self::PER_SECOND {
+                    Some(v + 1)
+                } else {
+                    None
+                }
+            },
+        );
+        r.is_ok()
+    }
 }

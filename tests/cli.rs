@@ -286,3 +286,87 @@ fn redis_without_a_namespace_exits_64_naming_the_key() {
     assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
     assert!(stderr(&o).contains("namespace"), "{}", stderr(&o));
 }
+
+/// `config defaults` prints every setting with its default, and `config check` accepts
+/// that output as a file.
+#[test]
+fn config_defaults_print_every_setting_and_check_accepts_them() {
+    let out = idemgate(&["config", "defaults"], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    for line in [
+        "max_in_flight = 1024",
+        "max_queued = 1024",
+        "queue_timeout = \"1s\"",
+        "send_timeout = \"1m\"",
+        "retention = \"1day\"",
+        "short_retention_statuses = [401, 403, 407]",
+        "# redis_url",
+        "# defaults.tenant_jwt_claim",
+    ] {
+        assert!(text.contains(line), "no `{line}` in\n{text}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("defaults.toml");
+    std::fs::write(&file, &text).unwrap();
+    let check = idemgate(&["config", "check", file.to_str().unwrap()], &[]);
+    assert!(check.status.success(), "{}", stderr(&check));
+}
+
+/// `config check` runs start-up's checks with start-up's messages and exit code, and
+/// prints the effective configuration with its secrets redacted, as a file it accepts.
+#[test]
+fn config_check_reports_like_start_up_and_redacts_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "max_in_flight = 0\n").unwrap();
+    let out = idemgate(&["config", "check", bad.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    assert!(stderr(&out).contains("max_in_flight"), "{}", stderr(&out));
+
+    let good = dir.path().join("good.toml");
+    std::fs::write(
+        &good,
+        "redis_url = \"redis://idemgate:hunter2-in-url@127.0.0.1:1/0\"\nnamespace = \"payments\"\n",
+    )
+    .unwrap();
+    let token = "an-admin-token-that-must-not-show";
+    let secret = "a-jwt-secret-that-must-not-show-0123456789";
+    let scope = "ab".repeat(32);
+    let out = idemgate(
+        &["config", "check", good.to_str().unwrap()],
+        &[
+            ("IDEMGATE_ADMIN_TOKEN", token),
+            ("IDEMGATE_JWT_HS256_SECRET", secret),
+            ("IDEMGATE_SCOPE_SECRET", &scope),
+            ("IDEMGATE_REDIS_PASSWORD", "a-redis-password"),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    for leaked in [
+        token,
+        secret,
+        scope.as_str(),
+        "a-redis-password",
+        "hunter2-in-url",
+    ] {
+        assert!(!text.contains(leaked), "{leaked} printed:\n{text}");
+    }
+    assert!(text.contains("namespace = \"payments\""), "{text}");
+    assert!(
+        text.contains("redis://idemgate:REDACTED@127.0.0.1:1/0"),
+        "{text}"
+    );
+    // Without network, an unreachable Redis is not checked...
+    let printed = dir.path().join("printed.toml");
+    std::fs::write(&printed, &text).unwrap();
+    let again = idemgate(&["config", "check", printed.to_str().unwrap()], &[]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    // ... and with --connect it is, with start-up's exit code.
+    let connect = idemgate(
+        &["config", "check", "--connect", good.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(connect.status.code(), Some(69), "{}", stderr(&connect));
+}
