@@ -161,7 +161,8 @@ impl Admin {
             }
             // What observe-mode routes would have done (behind admin_token when set).
             (&Method::GET, "/observe") => {
-                let mut res = Response::new(body::full(self.metrics.observations_json()));
+                let records = has_param(&req, "records=1");
+                let mut res = Response::new(body::full(self.metrics.observations_json(records)));
                 res.headers_mut()
                     .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
                 res

@@ -91,6 +91,10 @@ struct LabArgs {
     /// Print the figures as JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// `observe`: run the idemgate column with the route in observe mode; the lab then
+    /// checks that idemgate's duplicates let through equal the auditor's double transfers.
+    #[arg(long, value_name = "MODE", default_value = "enforce", value_parser = ["enforce", "observe"])]
+    mode: String,
 }
 
 /// Flags that override the file and the environment. Their defaults are the
@@ -243,6 +247,7 @@ fn lab(args: LabArgs) -> ExitCode {
         concurrency: args.concurrency,
         redis_url: args.redis_url,
         progress: !args.json,
+        observe: args.mode == "observe",
         ..idemgate::lab::LabOptions::default()
     };
     match rt.block_on(idemgate::lab::run_lab(opts)) {

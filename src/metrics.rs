@@ -144,7 +144,13 @@ pub struct Metrics {
     route_mode: Family<RouteModeLabel, Gauge>,
     // What `GET /observe` shows: since when, and per route what enforcing would have done.
     observations: std::sync::Mutex<Observations>,
+    // 2xx answers forwarded per record on observed routes (at most OBSERVED_RECORDS).
+    answers: std::sync::Mutex<std::collections::HashMap<RecordId, u32>>,
 }
+
+/// Records whose 2xx answers observe mode counts; beyond, new records are not followed
+/// (their duplicates go uncounted, and `GET /observe` says so in `records_not_followed`).
+const OBSERVED_RECORDS: usize = 200_000;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ObservedLabel {
@@ -163,6 +169,7 @@ struct RouteModeLabel {
 pub struct Observations {
     since_ms: u64,
     routes: Vec<RouteObservations>,
+    records_not_followed: u64,
 }
 
 #[derive(serde::Serialize)]
@@ -343,7 +350,9 @@ impl Metrics {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as u64),
                 routes: Vec::new(),
+                records_not_followed: 0,
             }),
+            answers: std::sync::Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -369,9 +378,8 @@ impl Metrics {
         }
     }
 
-    /// Counts what enforcing would have done with a request on an observed route, and
-    /// whether forwarding it let a duplicate through (a 2xx answer to a key that had one).
-    pub fn observed(&self, route: &str, would: &'static str, duplicate_let_through: bool) {
+    /// Counts what enforcing would have done with a request on an observed route.
+    pub fn observed(&self, route: &str, would: &'static str) {
         self.observed
             .get_or_create(&ObservedLabel {
                 route: route.to_string(),
@@ -381,14 +389,61 @@ impl Metrics {
         let mut o = self.observations.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(r) = o.routes.iter_mut().find(|r| r.route == route) {
             *r.would.entry(would).or_default() += 1;
-            r.duplicates_let_through += u64::from(duplicate_let_through);
         }
     }
 
-    /// What `GET /observe` returns.
-    pub fn observations_json(&self) -> String {
+    /// Takes in the status of an answer forwarded on an observed route for record `id`:
+    /// each 2xx beyond the record's first is a duplicate let through (what enforcing
+    /// would have replayed instead of executing again). Returns whether this one was.
+    pub fn observed_answer(&self, route: &str, id: RecordId, status: u16) -> bool {
+        if !(200..300).contains(&status) {
+            return false;
+        }
+        let duplicate = {
+            let mut answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
+            let full = answers.len() >= OBSERVED_RECORDS;
+            match answers.get_mut(&id) {
+                Some(n) => {
+                    *n += 1;
+                    Some(true)
+                }
+                None if full => None,
+                None => {
+                    answers.insert(id, 1);
+                    Some(false)
+                }
+            }
+        };
+        let mut o = self.observations.lock().unwrap_or_else(|p| p.into_inner());
+        match duplicate {
+            None => {
+                o.records_not_followed += 1;
+                false
+            }
+            Some(d) => {
+                if let Some(r) = o.routes.iter_mut().find(|r| r.route == route) {
+                    r.duplicates_let_through += u64::from(d);
+                }
+                d
+            }
+        }
+    }
+
+    /// What `GET /observe` returns; with `records`, also the 2xx answers forwarded per
+    /// record that had more than one (`{"<id>": n}`).
+    pub fn observations_json(&self, records: bool) -> String {
         let o = self.observations.lock().unwrap_or_else(|p| p.into_inner());
-        serde_json::to_string(&*o).unwrap_or_else(|_| "{}".into())
+        let mut v = serde_json::to_value(&*o).unwrap_or_default();
+        if records {
+            let answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
+            let more: serde_json::Map<String, serde_json::Value> = answers
+                .iter()
+                .filter(|(_, n)| **n > 1)
+                .map(|(id, n)| (id.to_string(), serde_json::Value::from(*n)))
+                .collect();
+            v["records"] = serde_json::Value::Object(more);
+        }
+        v.to_string()
     }
 
     /// The gauges of one class of slots (`protected`, `pass_through`).

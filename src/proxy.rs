@@ -572,7 +572,17 @@ impl Proxy {
         // moves an unboxed future by value into the task and out again.
         let task = self.shared.tasks.spawn(Box::pin(async move {
             let (res, outcome) = exchange(&this.shared, claimed, peer).await;
-            let outcome = if observed { Outcome::Observed } else { outcome };
+            let outcome = if observed {
+                // Counted here, where the exchange ends whether or not its client waited:
+                // the record's first 2xx, against which later ones are duplicates.
+                let route = policy.route.as_deref().unwrap_or("default");
+                this.shared
+                    .metrics
+                    .observed_answer(route, id, res.status().as_u16());
+                Outcome::Observed
+            } else {
+                outcome
+            };
             let metrics = &this.shared.metrics;
             let line = Line {
                 method: &method,
@@ -804,12 +814,45 @@ impl Proxy {
             };
             log_request(&self.shared.metrics, res, Outcome::Observed, None, &line);
         };
-        // Forwarded as pass-through (streamed, unclaimed), counted as `would`.
+        // Forwarded as pass-through (streamed, unclaimed), counted as `would`; a 2xx
+        // answer for a record that had one is a duplicate let through.
         macro_rules! forward_as_is {
             ($req:expr, $would:expr, $id:expr, $duplicate:expr) => {{
-                let res = self.pass_through($req, peer, timeout).await;
-                let dup = $duplicate && res.status().is_success();
-                self.observed(&route, $would, $id, dup);
+                let id: Option<RecordId> = $id;
+                let res = match id.filter(|_| $duplicate) {
+                    // A request that may run a record a second time runs in a task of its
+                    // own, as a claimed one does: its answer is counted even when its client
+                    // hangs up first (the upstream still runs it).
+                    Some(id) => {
+                        let this = self.clone();
+                        let (req, in_task) = ($req, route.clone());
+                        let task = self.shared.tasks.spawn(async move {
+                            let res = this.pass_through(req, peer, timeout).await;
+                            let dup = this.shared.metrics.observed_answer(
+                                &in_task,
+                                id,
+                                res.status().as_u16(),
+                            );
+                            (res, dup)
+                        });
+                        match task.await {
+                            Ok((res, dup)) => {
+                                self.observed(&route, $would, Some(id), dup);
+                                res
+                            }
+                            Err(_) => Problem::UpstreamTimeout.response(
+                                "internal error; the outcome is unknown",
+                                Some(&id),
+                                None,
+                            ),
+                        }
+                    }
+                    None => {
+                        let res = self.pass_through($req, peer, timeout).await;
+                        self.observed(&route, $would, id, false);
+                        res
+                    }
+                };
                 line(&res);
                 return res;
             }};
@@ -973,7 +1016,9 @@ impl Proxy {
             }
             Ok(Claim::Replay(_)) => ("replay", true),
             Ok(Claim::InFlight { .. }) | Ok(Claim::OtherVersion(_)) => ("in_progress", true),
-            Ok(Claim::Mismatch) => ("mismatch", false),
+            // The same record (same key, tenant, method and path) with another request: if it
+            // runs, it is that record's second execution too.
+            Ok(Claim::Mismatch) => ("mismatch", true),
             Ok(Claim::Unknown) => ("unknown", true),
             Ok(Claim::NotKept { .. }) => ("response_not_stored", true),
             // Nothing was created (a claim of this very owner was taken back): as a store
@@ -995,7 +1040,7 @@ impl Proxy {
     /// Counts (and, for what would have been refused or replayed, logs at most a few
     /// lines a second) what enforcing would have done on an observed route.
     fn observed(&self, route: &str, would: &'static str, id: Option<RecordId>, duplicate: bool) {
-        self.shared.metrics.observed(route, would, duplicate);
+        self.shared.metrics.observed(route, would);
         if !matches!(would, "execute" | "unprotected") && self.shared.observe_log.allow() {
             tracing::info!(
                 route,

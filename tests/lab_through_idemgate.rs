@@ -88,3 +88,30 @@ async fn through_idemgate_on_redis_nothing_moves_twice() {
         );
     }
 }
+
+/// `--mode observe`: the traffic is unchanged (the bank behind idemgate shows double
+/// transfers too), and idemgate's count of duplicates it let through equals the auditor's
+/// double transfers, in total and key by key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observed_the_day_is_unchanged_and_its_duplicates_are_counted_exactly() {
+    for redis in [None, Some(common::RedisServer::start())] {
+        let opts = LabOptions {
+            observe: true,
+            redis_url: redis.as_ref().map(|r| r.url()),
+            ..LabOptions::small()
+        };
+        let report = run_lab(opts).await.expect("lab runs");
+        let table = report.table();
+        let through = &report.idemgate;
+        assert!(through.audit.double_transfers > 0, "{table}");
+        let observed = through.observed.expect("observed figures");
+        assert_eq!(
+            observed.duplicates_let_through, through.audit.double_transfers,
+            "{table}"
+        );
+        assert_eq!(observed.keys_disagreeing, 0, "{table}");
+        assert_eq!(through.clients.replays, 0, "observe never replays: {table}");
+        assert!(report.passed(), "{table}");
+        assert!(report.to_json().contains("\"duplicates let through\""));
+    }
+}

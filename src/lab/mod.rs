@@ -19,8 +19,9 @@
 
 pub mod auditor;
 pub mod bank;
+pub mod observe;
 pub mod report;
-pub mod tracked;
+mod tracked;
 pub mod traffic;
 
 use std::io::IsTerminal;
@@ -56,6 +57,8 @@ pub struct LabOptions {
     pub client_timeout: Duration,
     /// How both banks answer.
     pub bank: BankOptions,
+    /// Run the idemgate column with the route in `mode = "observe"`.
+    pub observe: bool,
 }
 
 impl Default for LabOptions {
@@ -69,6 +72,7 @@ impl Default for LabOptions {
             progress: true,
             client_timeout: Duration::from_millis(100),
             bank: BankOptions::default(),
+            observe: false,
         }
     }
 }
@@ -111,10 +115,11 @@ pub async fn run_lab(opts: LabOptions) -> Result<LabReport, LabError> {
     }
     let plan = DayPlan::generate(opts.intents, opts.seed);
     let direct = run_day(&plan, &opts, Through::Direct).await?;
-    let through = if opts.redis_url.is_some() {
-        Through::Idemgate("idemgate (redis)")
-    } else {
-        Through::Idemgate("idemgate (embedded)")
+    let through = match (opts.redis_url.is_some(), opts.observe) {
+        (true, false) => Through::Idemgate("idemgate (redis)"),
+        (false, false) => Through::Idemgate("idemgate (embedded)"),
+        (true, true) => Through::Idemgate("observe (redis)"),
+        (false, true) => Through::Idemgate("observe (embedded)"),
     };
     let idemgate = run_day(&plan, &opts, through).await?;
     Ok(LabReport {
@@ -153,14 +158,16 @@ async fn run_day(
 
     let (label, target, proxy) = match through {
         Through::Direct => ("direct", bank_addr, None),
-        Through::Idemgate(label) => match start_idemgate(bank_addr, opts.redis_url.clone()).await {
-            Ok((addr, handle)) => (label, addr, Some(handle)),
-            Err(err) => {
-                let _ = stop_bank.send(());
-                let _ = server.await;
-                return Err(LabError::Proxy(err));
+        Through::Idemgate(label) => {
+            match start_idemgate(bank_addr, opts.redis_url.clone(), opts.observe).await {
+                Ok((addr, handle)) => (label, addr, Some(handle)),
+                Err(err) => {
+                    let _ = stop_bank.send(());
+                    let _ = server.await;
+                    return Err(LabError::Proxy(err));
+                }
             }
-        },
+        }
     };
 
     let client = traffic::LabClient {
@@ -178,8 +185,29 @@ async fn run_day(
     let wall_time = started.elapsed();
     progress.finish_and_clear();
 
+    // In observe mode, idemgate's count is read once the bank is idle (every forwarded
+    // request has its answer) and before idemgate stops (its admin listener with it).
+    let mut observed_ids = None;
+    if let (true, Some((running, _))) = (opts.observe, &proxy) {
+        let _ = bank.quiesce(SETTLE_LIMIT).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        observed_ids = running.admin_addr();
+    }
+    let observed_json = match observed_ids {
+        Some(admin) => Some(observe::fetch(admin).await.map_err(LabError::Proxy)?),
+        None => None,
+    };
     // idemgate drains the upstream calls its clients walked away from; then the bank's own
     // abandoned requests finish, and only then is the ledger final.
+    let mut lookups = None;
+    if let (Some(_), Some(admin)) = (&observed_json, observed_ids) {
+        let ledger = bank.snapshot();
+        lookups = Some(
+            observe::record_ids(admin, &ledger)
+                .await
+                .map_err(LabError::Proxy)?,
+        );
+    }
     if let Some((proxy, records)) = proxy {
         proxy.shutdown().await;
         // A lab on someone's Redis leaves nothing behind: every record it claimed goes.
@@ -207,12 +235,14 @@ async fn run_day(
         tracing::warn!(error = %err, "lab: bank server ended with an error");
     }
 
+    let observed = observed_json.map(|o| observe::compare(&o, lookups.as_ref(), &ledger));
     Ok(RunFigures {
         label: label.to_owned(),
         intents: plan.intents.len() as u64,
         wall_time_secs: wall_time.as_secs_f64(),
         clients,
         audit: auditor::audit(plan, &ledger),
+        observed,
     })
 }
 
@@ -221,8 +251,13 @@ async fn run_day(
 async fn start_idemgate(
     upstream: SocketAddr,
     redis_url: Option<String>,
+    observe: bool,
 ) -> Result<(SocketAddr, (crate::Running, Arc<tracked::Tracked>)), String> {
     let mut config = crate::Config::for_upstream(&format!("http://{upstream}"));
+    if observe {
+        // Where the lab reads what idemgate let through (loopback, no token needed).
+        config.admin_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    }
     if redis_url.is_some() {
         config.namespace = Some("lab".into());
     }
@@ -233,6 +268,7 @@ async fn start_idemgate(
         path: "/transfers".into(),
         require_key: Some(true),
         anonymous: Some(crate::config::Anonymous::Shared),
+        mode: observe.then_some(crate::config::Mode::Observe),
         ..Default::default()
     });
     let mut records = None;

@@ -20,6 +20,18 @@ pub struct RunFigures {
     pub clients: ClientTally,
     /// What the auditor found in the bank's ledger.
     pub audit: Audit,
+    /// Observe mode: idemgate's count of duplicates it let through, and how many keys'
+    /// counts differ from the auditor's double transfers for that key.
+    pub observed: Option<Observed>,
+}
+
+/// What idemgate said it let through in observe mode, against the auditor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Observed {
+    /// `duplicates_let_through` from `GET /observe`.
+    pub duplicates_let_through: u64,
+    /// Keys whose double transfers (ledger) and duplicates let through (idemgate) differ.
+    pub keys_disagreeing: u64,
 }
 
 /// Both runs of the same day.
@@ -41,6 +53,15 @@ impl LabReport {
     /// replay of the old transfer.
     pub fn passed(&self) -> bool {
         let through = &self.idemgate;
+        // Observe mode changes nothing about the traffic, so the bank behind idemgate shows
+        // double transfers too: the lab passes when idemgate counted exactly those, in
+        // total and key by key.
+        if let Some(o) = through.observed {
+            return self.direct.audit.double_transfers > 0
+                && through.audit.double_transfers > 0
+                && o.duplicates_let_through == through.audit.double_transfers
+                && o.keys_disagreeing == 0;
+        }
         self.direct.audit.double_transfers > 0
             && through.audit.double_transfers == 0
             && through.audit.balance_mismatches == 0
@@ -49,6 +70,15 @@ impl LabReport {
 
     /// `lab: direct double_transfers=N; idemgate double_transfers=M balance_mismatches=K`.
     pub fn summary_line(&self) -> String {
+        if let Some(o) = self.idemgate.observed {
+            return format!(
+                "lab: direct double_transfers={}; observed double_transfers={} duplicates_let_through={} keys_disagreeing={}",
+                self.direct.audit.double_transfers,
+                self.idemgate.audit.double_transfers,
+                o.duplicates_let_through,
+                o.keys_disagreeing,
+            );
+        }
         format!(
             "lab: direct double_transfers={}; idemgate double_transfers={} balance_mismatches={}",
             self.direct.audit.double_transfers,
@@ -99,6 +129,20 @@ impl LabReport {
             ("unresolved intents", n(|r| r.clients.unresolved)),
             ("wall time", runs.map(|r| Cell::Seconds(r.wall_time_secs))),
         ]
+        .into_iter()
+        .chain(self.idemgate.observed.is_some().then(|| {
+            (
+                "duplicates let through",
+                runs.map(|r| Cell::Count(r.observed.map_or(0, |o| o.duplicates_let_through))),
+            )
+        }))
+        .chain(self.idemgate.observed.is_some().then(|| {
+            (
+                "keys disagreeing",
+                runs.map(|r| Cell::Count(r.observed.map_or(0, |o| o.keys_disagreeing))),
+            )
+        }))
+        .collect()
     }
 
     /// An aligned text table, one column per run.
@@ -223,6 +267,7 @@ mod tests {
             intents: 10,
             wall_time_secs: 1.5,
             clients: ClientTally::default(),
+            observed: None,
             audit: Audit {
                 double_transfers: doubles,
                 balance_mismatches: mismatches,

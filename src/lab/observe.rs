@@ -1,0 +1,137 @@
+//! Observe mode in the lab: what idemgate says it let through, against the auditor.
+//!
+//! idemgate counts, per record, the 2xx answers it forwarded beyond the first
+//! (`GET /observe?records=1`); the auditor counts, per key, the executions beyond the first
+//! in the bank's ledger. The lab maps each key the ledger executed twice to its record id
+//! with the operator API's lookup (`POST /records/lookup`), as an operator would, and the
+//! two counts must agree key by key and in total.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use super::bank::LedgerSnapshot;
+use super::report::Observed;
+
+async fn call(
+    admin: SocketAddr,
+    method: Method,
+    path: &str,
+    body: String,
+) -> Result<serde_json::Value, String> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let req = Request::builder()
+        .method(method)
+        .uri(format!("http://{admin}{path}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| e.to_string())?;
+    let res = client
+        .request(req)
+        .await
+        .map_err(|e| format!("admin {path}: {e}"))?;
+    let status = res.status();
+    let bytes = res
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("admin {path}: {e}"))?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(format!(
+            "admin {path}: {status}: {}",
+            String::from_utf8_lossy(&bytes)
+        ));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| format!("admin {path}: {e}"))
+}
+
+/// `GET /observe?records=1`.
+pub async fn fetch(admin: SocketAddr) -> Result<serde_json::Value, String> {
+    call(admin, Method::GET, "/observe?records=1", String::new()).await
+}
+
+/// The record id of every key the ledger executed more than once.
+pub async fn record_ids(
+    admin: SocketAddr,
+    ledger: &LedgerSnapshot,
+) -> Result<BTreeMap<String, String>, String> {
+    let mut ids = BTreeMap::new();
+    for key in executions_per_key(ledger)
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(k, _)| k)
+    {
+        let body = serde_json::json!({"method": "POST", "path": "/transfers", "key": key});
+        let found = call(admin, Method::POST, "/records/lookup", body.to_string()).await?;
+        let id = found["id"]
+            .as_str()
+            .ok_or_else(|| format!("lookup of {key}: no id in {found}"))?;
+        ids.insert(key, id.to_owned());
+    }
+    Ok(ids)
+}
+
+fn executions_per_key(ledger: &LedgerSnapshot) -> BTreeMap<String, u64> {
+    let mut per_key = BTreeMap::new();
+    for row in &ledger.transfers {
+        if let Some(k) = &row.idempotency_key {
+            *per_key.entry(k.clone()).or_default() += 1;
+        }
+    }
+    per_key
+}
+
+/// idemgate's figures against the ledger's.
+pub fn compare(
+    observed: &serde_json::Value,
+    ids: Option<&BTreeMap<String, String>>,
+    ledger: &LedgerSnapshot,
+) -> Observed {
+    let duplicates_let_through = observed["routes"]
+        .as_array()
+        .map(|routes| {
+            routes
+                .iter()
+                .filter_map(|r| r["duplicates_let_through"].as_u64())
+                .sum()
+        })
+        .unwrap_or(0);
+    let records = observed["records"].as_object();
+    let forwarded = |id: &str| {
+        records
+            .and_then(|m| m.get(id))
+            .and_then(|n| n.as_u64())
+            .unwrap_or(1)
+    };
+    let mut keys_disagreeing = 0;
+    let mut matched = std::collections::BTreeSet::new();
+    if let Some(ids) = ids {
+        for (key, executions) in executions_per_key(ledger) {
+            if executions < 2 {
+                continue;
+            }
+            let Some(id) = ids.get(&key) else {
+                keys_disagreeing += 1;
+                continue;
+            };
+            matched.insert(id.clone());
+            if forwarded(id).saturating_sub(1) != executions - 1 {
+                keys_disagreeing += 1;
+            }
+        }
+    }
+    // Records idemgate says ran twice that the ledger does not show twice.
+    if let Some(m) = records {
+        keys_disagreeing += m.keys().filter(|id| !matched.contains(*id)).count() as u64;
+    }
+    Observed {
+        duplicates_let_through,
+        keys_disagreeing,
+    }
+}
