@@ -14,7 +14,7 @@ use hyper::header::HeaderName;
 use hyper::{Method, Uri};
 use serde::{Deserialize, Serialize};
 
-use crate::fingerprint::JsonPointer;
+use crate::fingerprint::{JsonPointer, QueryOrder, Rules};
 use crate::retry_after::TypicalTime;
 use crate::scope::jwt::JwtVerifier;
 use crate::scope::{path, PathError, PathRules, ScopeSecret, TenantSource};
@@ -339,6 +339,8 @@ pub struct Defaults {
     pub record_mode: RecordMode,
     /// JSON pointers left out of the fingerprint.
     pub fingerprint_ignore: Vec<String>,
+    /// Whether the order of the query's pairs counts in the fingerprint.
+    pub query_order: QueryOrder,
     /// Headers that carry the key, in order of preference (aliases such as
     /// `PayPal-Request-Id`): the first present is the key.
     pub key_headers: Vec<String>,
@@ -381,6 +383,7 @@ pub struct Route {
     pub on_ambiguous: Option<OnAmbiguous>,
     pub record_mode: Option<RecordMode>,
     pub fingerprint_ignore: Option<Vec<String>>,
+    pub query_order: Option<QueryOrder>,
     pub key_headers: Option<Vec<String>>,
     pub release_on_status: Option<Vec<u16>>,
     pub short_retention_statuses: Option<Vec<u16>>,
@@ -484,6 +487,7 @@ impl Default for Defaults {
             on_ambiguous: OnAmbiguous::Hold,
             record_mode: RecordMode::BeforeResponse,
             fingerprint_ignore: Vec::new(),
+            query_order: QueryOrder::Sorted,
             key_headers: vec![crate::key::HEADER.into()],
             release_on_status: Vec::new(),
             short_retention_statuses: vec![401, 403, 407],
@@ -702,6 +706,8 @@ pub struct Policy {
     pub record_mode: RecordMode,
     #[allow(missing_docs)]
     pub fingerprint_ignore: Vec<JsonPointer>,
+    #[allow(missing_docs)]
+    pub query_order: QueryOrder,
     /// Headers that carry the key, the preferred first.
     pub key_headers: Vec<HeaderName>,
     /// Statuses whose answers are passed on and not recorded (the claim is released).
@@ -716,6 +722,14 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// This route's settings of the fingerprint.
+    pub fn fingerprint_rules(&self) -> Rules<'_> {
+        Rules {
+            ignore: &self.fingerprint_ignore,
+            query_order: self.query_order,
+        }
+    }
+
     /// Whether requests with this method are protected.
     pub fn protects(&self, method: &Method) -> bool {
         self.methods.contains(method)
@@ -1295,6 +1309,7 @@ fn resolve(
         on_ambiguous: r.on_ambiguous.unwrap_or(d.on_ambiguous),
         record_mode: r.record_mode.unwrap_or(d.record_mode),
         fingerprint_ignore,
+        query_order: r.query_order.unwrap_or(d.query_order),
         key_headers,
         release_on_status,
         short_retention_statuses,
