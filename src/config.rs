@@ -1428,6 +1428,25 @@ mod tests {
     }
 
     #[test]
+    fn query_order_is_a_route_setting() {
+        let s = settings(
+            r#"
+            [defaults]
+            query_order = "significant"
+            [[routes]]
+            path = "/v1/sorted"
+            query_order = "sorted"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(s.policy_for("/v1/x").query_order, QueryOrder::Significant);
+        assert_eq!(s.policy_for("/v1/sorted").query_order, QueryOrder::Sorted);
+        let s = settings("").unwrap();
+        assert_eq!(s.policy_for("/").query_order, QueryOrder::Sorted);
+        assert!(settings("[defaults]\nquery_order = \"random\"").is_err());
+    }
+
+    #[test]
     fn bad_values_name_their_key() {
         for (toml, key) in [
             ("upstream = \"https://x:1\"", "upstream"),

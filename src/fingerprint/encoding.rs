@@ -167,7 +167,7 @@ mod tests {
     fn brotli_stored(data: &[u8]) -> Vec<u8> {
         assert!(!data.is_empty() && data.len() <= 1 << 16);
         let mut bits: Vec<bool> = Vec::new();
-        let mut put = |v: u32, n: u32, bits: &mut Vec<bool>| {
+        let put = |v: u32, n: u32, bits: &mut Vec<bool>| {
             for i in 0..n {
                 bits.push(v >> i & 1 == 1);
             }
@@ -177,7 +177,7 @@ mod tests {
         put(0, 2, &mut bits); // MNIBBLES = 4
         put(data.len() as u32 - 1, 16, &mut bits); // MLEN - 1
         put(1, 1, &mut bits); // ISUNCOMPRESSED
-        while bits.len() % 8 != 0 {
+        while !bits.len().is_multiple_of(8) {
             bits.push(false);
         }
         let mut out: Vec<u8> = bits
