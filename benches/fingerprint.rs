@@ -91,6 +91,7 @@ fn bench(c: &mut Criterion) {
                             query: None,
                             content_type: Some("application/json"),
                             body,
+                            ..Default::default()
                         }),
                         &ignore,
                     )

@@ -14,7 +14,7 @@ use hyper::header::HeaderName;
 use hyper::{Method, Uri};
 use serde::{Deserialize, Serialize};
 
-use crate::fingerprint::JsonPointer;
+use crate::fingerprint::{JsonPointer, QueryOrder, Rules};
 use crate::retry_after::TypicalTime;
 use crate::scope::jwt::JwtVerifier;
 use crate::scope::{path, PathError, PathRules, ScopeSecret, TenantSource};
@@ -353,6 +353,8 @@ pub struct Defaults {
     pub mode: Mode,
     /// JSON pointers left out of the fingerprint.
     pub fingerprint_ignore: Vec<String>,
+    /// Whether the order of the query's pairs counts in the fingerprint.
+    pub query_order: QueryOrder,
     /// Headers that carry the key, in order of preference (aliases such as
     /// `PayPal-Request-Id`): the first present is the key.
     pub key_headers: Vec<String>,
@@ -396,6 +398,7 @@ pub struct Route {
     pub record_mode: Option<RecordMode>,
     pub mode: Option<Mode>,
     pub fingerprint_ignore: Option<Vec<String>>,
+    pub query_order: Option<QueryOrder>,
     pub key_headers: Option<Vec<String>>,
     pub release_on_status: Option<Vec<u16>>,
     pub short_retention_statuses: Option<Vec<u16>>,
@@ -500,6 +503,7 @@ impl Default for Defaults {
             record_mode: RecordMode::BeforeResponse,
             mode: Mode::Enforce,
             fingerprint_ignore: Vec::new(),
+            query_order: QueryOrder::Sorted,
             key_headers: vec![crate::key::HEADER.into()],
             release_on_status: Vec::new(),
             short_retention_statuses: vec![401, 403, 407],
@@ -720,6 +724,8 @@ pub struct Policy {
     pub mode: Mode,
     #[allow(missing_docs)]
     pub fingerprint_ignore: Vec<JsonPointer>,
+    #[allow(missing_docs)]
+    pub query_order: QueryOrder,
     /// Headers that carry the key, the preferred first.
     pub key_headers: Vec<HeaderName>,
     /// Statuses whose answers are passed on and not recorded (the claim is released).
@@ -734,6 +740,14 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// This route's settings of the fingerprint.
+    pub fn fingerprint_rules(&self) -> Rules<'_> {
+        Rules {
+            ignore: &self.fingerprint_ignore,
+            query_order: self.query_order,
+        }
+    }
+
     /// Whether requests with this method are protected.
     pub fn protects(&self, method: &Method) -> bool {
         self.methods.contains(method)
@@ -1324,6 +1338,7 @@ fn resolve(
         record_mode: r.record_mode.unwrap_or(d.record_mode),
         mode: r.mode.unwrap_or(d.mode),
         fingerprint_ignore,
+        query_order: r.query_order.unwrap_or(d.query_order),
         key_headers,
         release_on_status,
         short_retention_statuses,
@@ -1439,6 +1454,25 @@ mod tests {
         assert!(s.policy_for("/v1/x").require_key);
         assert_eq!(s.policy_for("/v2").route, None);
         assert_eq!(s.policy_for("/v1/transfers").methods, vec![Method::POST]);
+    }
+
+    #[test]
+    fn query_order_is_a_route_setting() {
+        let s = settings(
+            r#"
+            [defaults]
+            query_order = "significant"
+            [[routes]]
+            path = "/v1/sorted"
+            query_order = "sorted"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(s.policy_for("/v1/x").query_order, QueryOrder::Significant);
+        assert_eq!(s.policy_for("/v1/sorted").query_order, QueryOrder::Sorted);
+        let s = settings("").unwrap();
+        assert_eq!(s.policy_for("/").query_order, QueryOrder::Sorted);
+        assert!(settings("[defaults]\nquery_order = \"random\"").is_err());
     }
 
     #[test]

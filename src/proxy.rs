@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, DATE, SET_COOKIE};
+use hyper::header::{
+    HeaderName, HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, DATE, SET_COOKIE,
+};
 use hyper::{Request, Response, StatusCode};
 use tokio_util::task::TaskTracker;
 use tracing::Span;
@@ -436,7 +438,19 @@ impl Proxy {
         };
         // Admitted: the body now counts against `max_in_flight`, not the arrival budget.
         drop(buffered);
-        let fp = fingerprint::fingerprint(
+        // The fingerprint is taken over a coded body's content; the upstream still gets the
+        // body as sent.
+        let content_encoding = joined(&parts.headers, CONTENT_ENCODING);
+        let decoded =
+            match decode_body(content_encoding.as_deref(), &body, policy.max_body_bytes).await {
+                Ok(decoded) => decoded,
+                Err(res) => {
+                    log(&res, Outcome::Rejected, &policy);
+                    return res;
+                }
+            };
+        let rules = policy.fingerprint_rules();
+        let fp = fingerprint::fingerprint_with(
             &RequestParts {
                 method: parts.method.as_str(),
                 path: &scope_path,
@@ -445,9 +459,11 @@ impl Proxy {
                     .headers
                     .get(CONTENT_TYPE)
                     .and_then(|v| v.to_str().ok()),
+                content_encoding: content_encoding.as_deref(),
                 body: &body,
+                decoded: decoded.as_deref(),
             },
-            &policy.fingerprint_ignore,
+            &rules,
         );
         let id = self
             .shared
@@ -487,9 +503,15 @@ impl Proxy {
             armed: true,
         };
         let claim_span = telemetry::child(&span, Step::Claim);
+        let content = Content {
+            encoding: content_encoding.as_deref(),
+            body: &body,
+            decoded: decoded.as_deref(),
+        };
         let found = self
-            .claim(&mut claim, &request, &scope_path, &body, &policy)
+            .claim(&mut claim, &request, &scope_path, content, &policy)
             .await;
+        drop(decoded);
         drop(claim_span);
         pending.disarm();
         let protected = Protected {
@@ -514,7 +536,7 @@ impl Proxy {
         claim: &mut ClaimRequest,
         request: &Request<Body>,
         scope_path: &str,
-        body: &Bytes,
+        content: Content<'_>,
         policy: &Policy,
     ) -> Result<Claim, StoreError> {
         let store_timeout = self.shared.settings.config.store_timeout;
@@ -530,9 +552,11 @@ impl Proxy {
                 .headers()
                 .get(CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok()),
-            body,
+            content_encoding: content.encoding,
+            body: content.body,
+            decoded: content.decoded,
         };
-        match fingerprint::fingerprint_as(version, &parts, &policy.fingerprint_ignore) {
+        match fingerprint::fingerprint_as(version, &parts, &policy.fingerprint_rules()) {
             Some(fp) => {
                 claim.fingerprint = fp;
                 claim.fingerprint_version = version;
@@ -1303,6 +1327,59 @@ fn millis(d: Duration) -> f64 {
 }
 
 /// Replaces a URI's path, keeping its query.
+/// What the fingerprint takes of a request's body: as sent, its codings, and its content
+/// when decoded.
+#[derive(Clone, Copy)]
+struct Content<'a> {
+    encoding: Option<&'a str>,
+    body: &'a [u8],
+    decoded: Option<&'a [u8]>,
+}
+
+/// The values of every `name` header line as one list (`None` without any).
+fn joined(headers: &hyper::HeaderMap, name: HeaderName) -> Option<String> {
+    let mut values = headers.get_all(name).iter().peekable();
+    values.peek()?;
+    let all: Vec<_> = values
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .collect();
+    Some(all.join(","))
+}
+
+/// A coded body's content for its fingerprint (`None` when it has no codings, or is
+/// fingerprinted raw), decoded under `max` bytes: beyond it, 413, having held at most `max`.
+/// Decoding that may take long runs off the serving thread; it runs with a slot held, so at
+/// most `max_in_flight` bodies are being decoded at once.
+async fn decode_body(
+    encoding: Option<&str>,
+    body: &Bytes,
+    max: u64,
+) -> Result<Option<Vec<u8>>, Response<Body>> {
+    let limit = usize::try_from(max).unwrap_or(usize::MAX);
+    let decoded = if fingerprint::decoding_is_heavy(encoding, body, limit) {
+        let (owned, body) = (encoding.map(str::to_owned), body.clone());
+        tokio::task::spawn_blocking(move || {
+            fingerprint::decode_content(owned.as_deref(), &body, limit)
+        })
+        .await
+        // A decoder that panicked: the body is fingerprinted as sent.
+        .unwrap_or(Ok(fingerprint::Decoded::Raw))
+    } else {
+        fingerprint::decode_content(encoding, body, limit)
+    };
+    match decoded {
+        Ok(fingerprint::Decoded::Content(content)) => Ok(Some(content)),
+        Ok(fingerprint::Decoded::Identity | fingerprint::Decoded::Raw) => Ok(None),
+        Err(fingerprint::TooLarge) => Err(Problem::BodyTooLarge.response(
+            format!(
+                "protected request bodies are limited to {max} bytes, decoded (Content-Encoding)"
+            ),
+            None,
+            None,
+        )),
+    }
+}
+
 fn set_path(uri: &mut hyper::Uri, path: &str) {
     let pq = match uri.query() {
         Some(q) => format!("{path}?{q}"),

@@ -240,6 +240,7 @@ async fn memory_usage(
                 query: None,
                 content_type: Some("application/json"),
                 body: b"{}",
+                ..Default::default()
             },
             &[],
         ),

@@ -43,6 +43,7 @@ fn check(input: &[u8]) -> Result<(), TestCaseError> {
             query: None,
             content_type: Some(ct),
             body: input,
+            ..Default::default()
         };
         fingerprint(&parts, &pointers);
     }

@@ -275,3 +275,80 @@ async fn a_record_of_an_unknown_fingerprint_version_is_never_a_422() {
     assert_eq!(up.hits(), 0);
     app.shutdown().await;
 }
+
+/// A record made by an instance of the previous release (fingerprint version 1, the raw
+/// query) during a rolling upgrade: compared in version 1, so the identical retry replays;
+/// a reordered retry was never the same request in version 1 and stays a 422, for such
+/// records only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_of_the_previous_version_compares_in_that_version() {
+    use bytes::Bytes;
+    use idemgate::fingerprint::{fingerprint_as, RequestParts, Rules};
+    use idemgate::scope::{Scoper, Tenant};
+    use idemgate::store::{ClaimRequest, OwnerToken, RedisStore, Store, StoredResponse};
+    use std::time::Duration;
+
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let store = RedisStore::connect(&redis.url(), Duration::from_secs(1), Duration::from_secs(1))
+        .await
+        .unwrap();
+    let secret = store.scope_secret().await.unwrap();
+    let scoper = Scoper::new(&secret, NAMESPACE);
+    let body = br#"{"amount":1}"#;
+    let mut ids = Vec::new();
+    for key in ["old-1", "old-2"] {
+        let mut h = hyper::HeaderMap::new();
+        h.insert(
+            "idempotency-key",
+            hyper::header::HeaderValue::from_str(key).unwrap(),
+        );
+        let key = idemgate::key::parse(&h, 255).unwrap().unwrap();
+        let id = scoper.record_id(&Tenant::anonymous(), "POST", "/v1/transfers", &key);
+        let parts = RequestParts {
+            method: "POST",
+            path: "/v1/transfers",
+            query: Some("a=1&b=2"),
+            content_type: Some("application/json"),
+            body,
+            ..Default::default()
+        };
+        let claim = ClaimRequest {
+            id,
+            fingerprint: fingerprint_as(1, &parts, &Rules::default()).unwrap(),
+            fingerprint_version: 1,
+            owner: OwnerToken::random(),
+            lease: Duration::from_secs(10),
+            retention: Duration::from_secs(60),
+            busy_for: Duration::from_secs(10),
+            answer_room: 0,
+        };
+        store.claim(&claim).await.unwrap();
+        let answer = StoredResponse {
+            status: 201,
+            headers: vec![(
+                "content-type".into(),
+                Bytes::from_static(b"application/json"),
+            )],
+            body: Bytes::from_static(b"{\"execution\":0}"),
+        };
+        assert!(store.record(&id, &claim.owner, &answer).await.unwrap());
+        ids.push(id);
+    }
+    let app = spawn_app(redis_config(&up, &redis)).await;
+    let c = client();
+    let body = std::str::from_utf8(body).unwrap();
+    let same = post(&c, &app, "/v1/transfers?a=1&b=2", Some("old-1"), body, &[]).await;
+    assert_eq!(same.status, 201, "{:?}", same.body);
+    assert!(same.replayed());
+    assert_eq!(&same.body[..], b"{\"execution\":0}");
+    let reordered = post(&c, &app, "/v1/transfers?b=2&a=1", Some("old-2"), body, &[]).await;
+    assert_eq!(reordered.status, 422, "{:?}", reordered.body);
+    // A record this version makes takes the reordered retry as the same request.
+    let new = post(&c, &app, "/v1/transfers?a=1&b=2", Some("new-1"), body, &[]).await;
+    assert_eq!((new.status, new.replayed()), (201, false));
+    let retry = post(&c, &app, "/v1/transfers?b=2&a=1", Some("new-1"), body, &[]).await;
+    assert_eq!((retry.status, retry.replayed()), (201, true));
+    assert_eq!(up.hits(), 1);
+    app.shutdown().await;
+}

@@ -462,6 +462,7 @@ fn fp(body: &str) -> Fingerprint {
             query: None,
             content_type: Some("application/json"),
             body: body.as_bytes(),
+            ..Default::default()
         },
         &[],
     )

@@ -54,6 +54,7 @@ fuzz_target!(|data: &[u8]| {
             query: None,
             content_type: Some(content_type),
             body: data,
+            ..Default::default()
         };
         fingerprint(&parts, &pointers);
     }

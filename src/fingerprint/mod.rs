@@ -4,43 +4,64 @@
 //! canonical inputs); `hex` for the text form stored and logged.
 //!
 //! The digest input is a versioned, length-prefixed tuple, so no two different tuples share a
-//! byte string:
+//! byte string. Version 2 (the current one):
 //!
 //! ```text
 //! "idemgate-fp" | version u16 BE
 //! | field(method) | field(path)
-//! | presence(query) field(query or "")
+//! | presence(query) field(canonical query or "")
 //! | presence(content-type) field(essence or "")
+//! | presence(codings) field(codings or "")
 //! | body kind u8 | field(body)
 //! field(x) = u64 BE length of x | x;   presence = 0 absent, 1 present
 //! ```
 //!
+//! The query is its decoded pairs, stable-sorted by name (or in the order sent, for a route
+//! with `query_order = "significant"`), re-encoded as form bodies are; a query without pairs
+//! (`?`, `?&`) is absent. A `Content-Encoding`d body is decoded first (gzip, deflate, br; see
+//! [`decode_content`]) and then canonicalized as the same body sent unencoded; the codings are
+//! present only for a body fingerprinted raw under them (an unknown coding, a body that does
+//! not decode), so that such a body never equals the same bytes sent unencoded.
+//!
 //! The body is the RFC 8785 form under the exactness rule for JSON content types (with the
-//! route's `fingerprint_ignore` pointers applied), the canonical pair list for form bodies, and
-//! the raw bytes otherwise, including JSON bodies that are not I-JSON. The body kind keeps a raw
-//! body from ever equalling a canonical one.
+//! route's `fingerprint_ignore` pointers applied), the canonical pair list for form bodies, the
+//! parts for `multipart/form-data` (see `multipart`), and the raw bytes otherwise, including
+//! JSON and multipart bodies that do not parse. The body kind keeps a raw body from ever
+//! equalling a canonical one.
+//!
+//! Version 1 (before the query, multipart and encoded bodies were canonicalized) had the raw
+//! query, no codings field, and no multipart kind; [`fingerprint_as`] still computes it, so
+//! records made by instances of the previous release are compared like with like.
 
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+mod encoding;
 mod form;
 pub mod jcs;
+mod multipart;
 mod number;
 mod pointer;
 
+pub use encoding::{decode as decode_content, is_heavy as decoding_is_heavy, Decoded, TooLarge};
 pub use jcs::JcsError;
 pub use pointer::{JsonPointer, PointerError};
 
 /// Part of the digest input: a change to any canonical form or to the layout must bump it, so
 /// stored records made under another version never match by accident.
-pub const FINGERPRINT_VERSION: u16 = 1;
+pub const FINGERPRINT_VERSION: u16 = 2;
+
+/// The version before [`FINGERPRINT_VERSION`], still computed for the records it made.
+pub const PREVIOUS_FINGERPRINT_VERSION: u16 = 1;
 
 const DOMAIN_TAG: &[u8] = b"idemgate-fp";
 
 const BODY_RAW: u8 = 0;
 const BODY_JSON: u8 = 1;
 const BODY_FORM: u8 = 2;
+const BODY_MULTIPART: u8 = 3;
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct Fingerprint(pub [u8; 32]);
@@ -66,13 +87,38 @@ impl fmt::Display for Fingerprint {
 }
 
 /// The parts of a request that make up its fingerprint.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct RequestParts<'a> {
     pub method: &'a str,
     pub path: &'a str,
     pub query: Option<&'a str>,
     pub content_type: Option<&'a str>,
+    /// The `Content-Encoding` as sent (several header lines joined with `,`).
+    pub content_encoding: Option<&'a str>,
+    /// The body as sent.
     pub body: &'a [u8],
+    /// The body's content when [`decode_content`] decoded it ([`Decoded::Content`]).
+    pub decoded: Option<&'a [u8]>,
+}
+
+/// Whether the order of a query's pairs counts (a route's `query_order`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueryOrder {
+    /// Pairs are compared stable-sorted by name: `?a=1&b=2` and `?b=2&a=1` are one request;
+    /// the values of one name keep their order (default).
+    #[default]
+    Sorted,
+    /// Pairs are compared in the order sent, for upstreams that read it.
+    Significant,
+}
+
+/// A route's settings that the fingerprint depends on.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Rules<'a> {
+    /// `fingerprint_ignore`: JSON pointers left out (only of JSON bodies that canonicalize).
+    pub ignore: &'a [JsonPointer],
+    pub query_order: QueryOrder,
 }
 
 /// The fingerprint of a request under the input format `version`, so that a record made
@@ -81,20 +127,86 @@ pub struct RequestParts<'a> {
 pub fn fingerprint_as(
     version: u16,
     parts: &RequestParts<'_>,
-    ignore: &[JsonPointer],
+    rules: &Rules<'_>,
 ) -> Option<Fingerprint> {
     match version {
-        FINGERPRINT_VERSION => Some(fingerprint(parts, ignore)),
+        FINGERPRINT_VERSION => Some(fingerprint_with(parts, rules)),
+        PREVIOUS_FINGERPRINT_VERSION => Some(fingerprint_v1(parts, rules.ignore)),
         _ => None,
     }
 }
 
-/// Version-1 fingerprint; `ignore` = route's fingerprint_ignore pointers (apply only to JSON
-/// bodies that canonicalize).
+/// The current version's fingerprint with the default rules but `ignore`.
 pub fn fingerprint(parts: &RequestParts<'_>, ignore: &[JsonPointer]) -> Fingerprint {
+    fingerprint_with(
+        parts,
+        &Rules {
+            ignore,
+            ..Rules::default()
+        },
+    )
+}
+
+/// The current version's ([`FINGERPRINT_VERSION`]) fingerprint.
+pub fn fingerprint_with(parts: &RequestParts<'_>, rules: &Rules<'_>) -> Fingerprint {
     let mut h = Sha256::new();
     h.update(DOMAIN_TAG);
     h.update(FINGERPRINT_VERSION.to_be_bytes());
+    field(&mut h, parts.method.as_bytes());
+    field(&mut h, parts.path.as_bytes());
+    let query = parts.query.map(|q| match rules.query_order {
+        QueryOrder::Sorted => form::canonicalize(q.as_bytes()),
+        QueryOrder::Significant => form::canonicalize_in_order(q.as_bytes()),
+    });
+    optional_field(&mut h, query.as_deref().filter(|q| !q.is_empty()));
+    let essence = parts.content_type.map(content_type_essence);
+    optional_field(&mut h, essence.as_deref().map(str::as_bytes));
+
+    // The content: decoded, or the body as sent when it has no codings. A body that has
+    // codings and was not decoded is raw, with its codings.
+    let codings = encoding::codings(parts.content_encoding);
+    let content = match parts.decoded {
+        Some(decoded) => Some(decoded),
+        None if codings.is_empty() => Some(parts.body),
+        None => None,
+    };
+    let coded = content.is_none().then(|| codings.join(","));
+    optional_field(&mut h, coded.as_deref().map(str::as_bytes));
+
+    let canonical = content.and_then(|body| {
+        let kind = essence.as_deref().map_or(BodyKind::Raw, body_kind);
+        match kind {
+            BodyKind::Json => jcs::canonicalize_exact(body, rules.ignore)
+                .ok()
+                .map(|c| (BODY_JSON, c)),
+            BodyKind::Form => Some((BODY_FORM, form::canonicalize(body))),
+            BodyKind::Multipart => parts
+                .content_type
+                .and_then(multipart::boundary)
+                .and_then(|b| multipart::canonicalize(body, &b))
+                .map(|c| (BODY_MULTIPART, c)),
+            BodyKind::Raw => None,
+        }
+    });
+    match &canonical {
+        Some((kind, body)) => {
+            h.update([*kind]);
+            field(&mut h, body);
+        }
+        None => {
+            h.update([BODY_RAW]);
+            field(&mut h, content.unwrap_or(parts.body));
+        }
+    }
+    Fingerprint(h.finalize().into())
+}
+
+/// Version 1, exactly as the previous release computed it: the raw query, `Content-Encoding`
+/// and `decoded` not looked at, multipart bodies raw.
+fn fingerprint_v1(parts: &RequestParts<'_>, ignore: &[JsonPointer]) -> Fingerprint {
+    let mut h = Sha256::new();
+    h.update(DOMAIN_TAG);
+    h.update(PREVIOUS_FINGERPRINT_VERSION.to_be_bytes());
     field(&mut h, parts.method.as_bytes());
     field(&mut h, parts.path.as_bytes());
     optional_field(&mut h, parts.query.map(str::as_bytes));
@@ -107,7 +219,7 @@ pub fn fingerprint(parts: &RequestParts<'_>, ignore: &[JsonPointer]) -> Fingerpr
             .ok()
             .map(|c| (BODY_JSON, c)),
         BodyKind::Form => Some((BODY_FORM, form::canonicalize(parts.body))),
-        BodyKind::Raw => None,
+        BodyKind::Multipart | BodyKind::Raw => None,
     };
     match &canonical {
         Some((kind, body)) => {
@@ -144,13 +256,18 @@ fn content_type_essence(content_type: &str) -> String {
 enum BodyKind {
     Json,
     Form,
+    Multipart,
     Raw,
 }
 
-/// `application/json` and any `type/subtype+json` are JSON; the form type is a form.
+/// `application/json` and any `type/subtype+json` are JSON; the form type is a form;
+/// `multipart/form-data` is multipart.
 fn body_kind(essence: &str) -> BodyKind {
     if essence == "application/x-www-form-urlencoded" {
         return BodyKind::Form;
+    }
+    if essence == "multipart/form-data" {
+        return BodyKind::Multipart;
     }
     match essence.split_once('/') {
         Some(("application", "json")) => BodyKind::Json,
@@ -171,7 +288,9 @@ mod tests {
             path: "/v1/charges",
             query: None,
             content_type: ct,
+            content_encoding: None,
             body,
+            decoded: None,
         }
     }
 
@@ -201,37 +320,105 @@ mod tests {
         assert_eq!(Fingerprint::from_hex(&"g".repeat(64)), None);
     }
 
-    #[test]
-    fn layout_is_pinned() {
-        // Recomputes the documented layout by hand; a mismatch means the format changed and
-        // FINGERPRINT_VERSION must be bumped.
+    /// The documented layout, recomputed by hand: `fields` are (presence, bytes) in order
+    /// after the method and path; the body kind and body close it.
+    fn by_hand(version: u16, fields: &[Option<&[u8]>], kind: u8, body: &[u8]) -> Fingerprint {
         let mut h = Sha256::new();
-        h.update(b"idemgate-fp\x00\x01");
+        h.update(b"idemgate-fp");
+        h.update(version.to_be_bytes());
         for f in [&b"POST"[..], b"/p"] {
             h.update((f.len() as u64).to_be_bytes());
             h.update(f);
         }
-        h.update([1]);
-        h.update(3u64.to_be_bytes());
-        h.update(b"x=1");
-        h.update([1]);
-        h.update(16u64.to_be_bytes());
-        h.update(b"application/json");
-        h.update([BODY_JSON]);
-        h.update(7u64.to_be_bytes());
-        h.update(br#"{"a":1}"#);
-        let expected = Fingerprint(h.finalize().into());
-        let got = fingerprint(
-            &RequestParts {
-                method: "POST",
-                path: "/p",
-                query: Some("x=1"),
-                content_type: Some("Application/JSON; charset=utf-8"),
-                body: b"{ \"a\" : 1.0 }",
-            },
-            &[],
+        for f in fields {
+            h.update([u8::from(f.is_some())]);
+            let f = f.unwrap_or_default();
+            h.update((f.len() as u64).to_be_bytes());
+            h.update(f);
+        }
+        h.update([kind]);
+        h.update((body.len() as u64).to_be_bytes());
+        h.update(body);
+        Fingerprint(h.finalize().into())
+    }
+
+    const PINNED: RequestParts<'static> = RequestParts {
+        method: "POST",
+        path: "/p",
+        query: Some("y=2&x=1"),
+        content_type: Some("Application/JSON; charset=utf-8"),
+        content_encoding: None,
+        body: b"{ \"a\" : 1.0 }",
+        decoded: None,
+    };
+
+    #[test]
+    fn layout_is_pinned() {
+        // A mismatch means the format changed and FINGERPRINT_VERSION must be bumped.
+        let expected = by_hand(
+            2,
+            &[Some(b"x=1&y=2"), Some(b"application/json"), None],
+            BODY_JSON,
+            br#"{"a":1}"#,
         );
-        assert_eq!(got, expected);
+        assert_eq!(fingerprint(&PINNED, &[]), expected);
+        assert_eq!(
+            fingerprint_as(FINGERPRINT_VERSION, &PINNED, &Rules::default()),
+            Some(expected)
+        );
+        // Raw under codings that were not decoded.
+        let coded = RequestParts {
+            content_encoding: Some("GZIP, x-unknown"),
+            body: b"\x1f\x8b??",
+            ..PINNED
+        };
+        let expected = by_hand(
+            2,
+            &[
+                Some(b"x=1&y=2"),
+                Some(b"application/json"),
+                Some(b"gzip,x-unknown"),
+            ],
+            BODY_RAW,
+            b"\x1f\x8b??",
+        );
+        assert_eq!(fingerprint(&coded, &[]), expected);
+    }
+
+    /// Computed from the version-1 layout outside this code.
+    const V1_PINNED: &str = "41c89ae98e14da1af966224c50897b4e07a86de613e9b38a6e9480c3a622b6dd";
+
+    #[test]
+    fn version_1_is_unchanged() {
+        // The previous release's layout, byte for byte: raw query, no codings field.
+        let expected = by_hand(
+            1,
+            &[Some(b"y=2&x=1"), Some(b"application/json")],
+            BODY_JSON,
+            br#"{"a":1}"#,
+        );
+        assert_eq!(
+            fingerprint_as(1, &PINNED, &Rules::default()),
+            Some(expected)
+        );
+        // The previous release's own digest of this request (computed with it).
+        assert_eq!(
+            fingerprint_as(1, &PINNED, &Rules::default()).map(|f| f.to_hex()),
+            Some(V1_PINNED.to_string())
+        );
+        // Version 1 never looked at codings, decoded content or query order.
+        let coded = RequestParts {
+            content_encoding: Some("gzip"),
+            decoded: Some(b"[]"),
+            ..PINNED
+        };
+        let significant = Rules {
+            query_order: QueryOrder::Significant,
+            ..Rules::default()
+        };
+        assert_eq!(fingerprint_as(1, &coded, &significant), Some(expected));
+        assert_eq!(fingerprint_as(3, &PINNED, &Rules::default()), None);
+        assert_eq!(fingerprint_as(0, &PINNED, &Rules::default()), None);
     }
 
     #[test]
@@ -242,6 +429,7 @@ mod tests {
             query: Some("q=1"),
             content_type: JSON,
             body: b"{}",
+            ..RequestParts::default()
         };
         let f = fingerprint(&base, &[]);
         assert_ne!(
@@ -301,7 +489,12 @@ mod tests {
     fn absent_differs_from_empty() {
         let mut p = parts(None, b"");
         let absent = fingerprint(&p, &[]);
-        p.query = Some("");
+        // A query without pairs is no query (since version 2).
+        for empty in ["", "&", "&&"] {
+            p.query = Some(empty);
+            assert_eq!(absent, fingerprint(&p, &[]), "{empty:?}");
+        }
+        p.query = Some("=");
         assert_ne!(absent, fingerprint(&p, &[]));
         p.query = None;
         p.content_type = Some("");
@@ -316,6 +509,7 @@ mod tests {
             query: Some("c"),
             content_type: None,
             body: b"",
+            ..RequestParts::default()
         };
         let b = RequestParts {
             path: "/a",
@@ -386,22 +580,20 @@ mod tests {
         // Whitespace matters once the body is raw.
         assert_ne!(fp(JSON, r#"{"a":1,"a":2}"#), fp(JSON, r#"{"a":1, "a":2}"#));
         // A raw body never equals a canonical one with the same bytes.
-        let raw = fingerprint(&parts(JSON, br#"{"a":1,"a":2}"#), &[]);
-        let mut h = Sha256::new();
-        h.update(b"idemgate-fp\x00\x01");
-        for f in [&b"POST"[..], b"/v1/charges"] {
-            h.update((f.len() as u64).to_be_bytes());
-            h.update(f);
-        }
-        h.update([0]);
-        h.update(0u64.to_be_bytes());
-        h.update([1]);
-        h.update(16u64.to_be_bytes());
-        h.update(b"application/json");
-        h.update([BODY_RAW]);
-        h.update(13u64.to_be_bytes());
-        h.update(br#"{"a":1,"a":2}"#);
-        assert_eq!(raw, Fingerprint(h.finalize().into()));
+        let raw = fingerprint(
+            &RequestParts {
+                path: "/p",
+                ..parts(JSON, br#"{"a":1,"a":2}"#)
+            },
+            &[],
+        );
+        let by_hand = by_hand(
+            2,
+            &[None, Some(b"application/json"), None],
+            BODY_RAW,
+            br#"{"a":1,"a":2}"#,
+        );
+        assert_eq!(raw, by_hand);
         // Other refusals also fall back to the raw bytes.
         for bad in ["\u{feff}{}", "{} x", r#""\ud800""#, "[1,]", ""] {
             assert_eq!(fp(JSON, bad), fp(JSON, bad));
@@ -446,5 +638,243 @@ mod tests {
         assert_eq!(fp(form, "a=1&b=2"), fp(form, "b=2&a=1"));
         assert_ne!(fp(form, "a=1&a=2"), fp(form, "a=2&a=1"));
         assert_eq!(fp(form, "a=%41"), fp(form, "a=A"));
+    }
+}
+
+#[cfg(test)]
+mod version_2_tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::io::Write;
+
+    fn with_query(q: Option<&str>, order: QueryOrder) -> Fingerprint {
+        let parts = RequestParts {
+            method: "POST",
+            path: "/p",
+            query: q,
+            content_type: Some("application/json"),
+            body: b"{}",
+            ..RequestParts::default()
+        };
+        fingerprint_with(
+            &parts,
+            &Rules {
+                query_order: order,
+                ..Rules::default()
+            },
+        )
+    }
+
+    fn sorted(q: Option<&str>) -> Fingerprint {
+        with_query(q, QueryOrder::Sorted)
+    }
+
+    #[test]
+    fn queries_compare_as_sorted_pairs() {
+        assert_eq!(sorted(Some("a=1&b=2")), sorted(Some("b=2&a=1")));
+        assert_eq!(sorted(Some("a=%31&b=x+y")), sorted(Some("b=x%20y&a=1")));
+        assert_ne!(sorted(Some("a=1&a=2")), sorted(Some("a=2&a=1")));
+        assert_ne!(sorted(Some("a=1")), sorted(Some("a=2")));
+        assert_eq!(sorted(Some("")), sorted(None));
+        assert_ne!(sorted(Some("a")), sorted(None));
+        let significant = |q| with_query(Some(q), QueryOrder::Significant);
+        assert_ne!(significant("a=1&b=2"), significant("b=2&a=1"));
+        assert_eq!(significant("a=%31"), significant("a=1"));
+        assert_eq!(with_query(Some(""), QueryOrder::Significant), sorted(None));
+        // A query already in order is the same request under either setting.
+        assert_eq!(significant("a=1&b=2"), sorted(Some("b=2&a=1")));
+    }
+
+    #[test]
+    fn a_version_1_record_compares_in_version_1() {
+        // The running fleet's records: an identical retry matches in version 1, a
+        // reordered one does not (only for records made before the upgrade).
+        let parts = |q| RequestParts {
+            method: "POST",
+            path: "/p",
+            query: Some(q),
+            content_type: Some("application/json"),
+            body: b"{}",
+            ..RequestParts::default()
+        };
+        let rules = Rules::default();
+        let recorded = fingerprint_as(1, &parts("a=1&b=2"), &rules);
+        assert_eq!(fingerprint_as(1, &parts("a=1&b=2"), &rules), recorded);
+        assert_ne!(fingerprint_as(1, &parts("b=2&a=1"), &rules), recorded);
+        // Under version 2 both are one request, and never equal a version-1 digest.
+        let v2 = fingerprint_as(2, &parts("a=1&b=2"), &rules);
+        assert_eq!(fingerprint_as(2, &parts("b=2&a=1"), &rules), v2);
+        assert_ne!(v2, recorded);
+    }
+
+    fn multipart(boundary: &str, amount: &str) -> (String, Vec<u8>) {
+        let ct = format!("multipart/form-data; boundary={boundary}");
+        let body = multipart::tests::body(
+            boundary,
+            &[
+                ("Content-Disposition: form-data; name=\"amount\"", amount),
+                (
+                    "Content-Disposition: form-data; name=\"f\"; filename=\"a.csv\"\r\nContent-Type: text/csv",
+                    "x,y\r\n1,2",
+                ),
+            ],
+        );
+        (ct, body)
+    }
+
+    fn fp_of(ct: &str, body: &[u8]) -> Fingerprint {
+        fingerprint(
+            &RequestParts {
+                method: "POST",
+                path: "/p",
+                content_type: Some(ct),
+                body,
+                ..RequestParts::default()
+            },
+            &[],
+        )
+    }
+
+    #[test]
+    fn multipart_compares_by_parts() {
+        let (ct1, b1) = multipart("----a1", "100");
+        let (ct2, b2) = multipart("xyz", "100");
+        let (ct3, b3) = multipart("xyz", "101");
+        assert_ne!(b1, b2);
+        assert_eq!(fp_of(&ct1, &b1), fp_of(&ct2, &b2));
+        assert_ne!(fp_of(&ct1, &b1), fp_of(&ct3, &b3));
+        // Malformed (a boundary that is not the body's, none at all): raw bytes.
+        assert_ne!(
+            fp_of("multipart/form-data; boundary=q", &b1),
+            fp_of(&ct1, &b1)
+        );
+        assert_eq!(
+            fp_of("multipart/form-data; boundary=q", &b1),
+            fp_of("multipart/form-data", &b1)
+        );
+        assert_ne!(
+            fp_of("multipart/form-data; boundary=q", &b1),
+            fp_of("multipart/form-data; boundary=q", &b2)
+        );
+        // Version 1 compared them raw.
+        let v1 = |ct: &str, body: &[u8]| {
+            fingerprint_as(
+                1,
+                &RequestParts {
+                    method: "POST",
+                    path: "/p",
+                    content_type: Some(ct),
+                    body,
+                    ..RequestParts::default()
+                },
+                &Rules::default(),
+            )
+        };
+        assert_ne!(v1(&ct1, &b1), v1(&ct2, &b2));
+    }
+
+    fn gzip(data: &[u8], mtime: u32) -> Vec<u8> {
+        let mut e = flate2::GzBuilder::new()
+            .mtime(mtime)
+            .write(Vec::new(), flate2::Compression::default());
+        e.write_all(data).expect("write");
+        e.finish().expect("finish")
+    }
+
+    fn coded(encoding: Option<&str>, body: &[u8]) -> Fingerprint {
+        let decoded = match decode_content(encoding, body, 1 << 20).expect("within limit") {
+            Decoded::Content(c) => Some(c),
+            Decoded::Identity | Decoded::Raw => None,
+        };
+        fingerprint(
+            &RequestParts {
+                method: "POST",
+                path: "/p",
+                content_type: Some("application/json"),
+                content_encoding: encoding,
+                body,
+                decoded: decoded.as_deref(),
+                ..RequestParts::default()
+            },
+            &[],
+        )
+    }
+
+    #[test]
+    fn coded_bodies_compare_by_content() {
+        let json = br#"{"amount":100,"to":"x"}"#;
+        let plain = coded(None, json);
+        assert_eq!(coded(Some("gzip"), &gzip(json, 1)), plain);
+        assert_eq!(coded(Some("gzip"), &gzip(json, 2)), plain);
+        // Canonicalized as the same body unencoded would be.
+        let respelled = br#"{ "to": "x", "amount": 1e2 }"#;
+        assert_eq!(coded(Some("GZIP"), &gzip(respelled, 5)), plain);
+        assert_ne!(coded(Some("gzip"), &gzip(br#"{"amount":101}"#, 1)), plain);
+        // Unknown codings and bodies that do not decode: raw, never equal to the same bytes
+        // unencoded.
+        assert_ne!(coded(Some("zstd"), json), coded(None, json));
+        assert_ne!(coded(Some("gzip"), json), coded(None, json));
+        assert_eq!(coded(Some("zstd"), json), coded(Some(" ZSTD"), json));
+        assert_eq!(coded(Some("identity"), json), plain);
+    }
+
+    fn pair() -> impl Strategy<Value = (String, String)> {
+        ("[a-c%+]{0,3}", "[0-2%+ =]{0,3}")
+    }
+
+    proptest! {
+        /// Moving pairs of different names around never changes a sorted query's
+        /// fingerprint; the relative order of each name's values is all that counts.
+        #[test]
+        fn reordering_distinct_names_keeps_the_fingerprint(
+            pairs in prop::collection::vec(pair(), 0..6),
+            seed in any::<u64>(),
+        ) {
+            let q = |ps: &[(String, String)]| {
+                ps.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&")
+            };
+            // A stable sort by the decoded name of a permutation gives the same list.
+            let mut shuffled: Vec<(usize, (String, String))> =
+                pairs.iter().cloned().enumerate().collect();
+            let mut s = seed;
+            for i in (1..shuffled.len()).rev() {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let j = (s >> 33) as usize % (i + 1);
+                shuffled.swap(i, j);
+            }
+            // Restore each name's own order: only pairs of different names moved.
+            let name = |k: &str| form::canonicalize(format!("{k}=").as_bytes());
+            let mut by_name: std::collections::BTreeMap<Vec<u8>, Vec<usize>> = Default::default();
+            for (i, (k, _)) in pairs.iter().enumerate() {
+                by_name.entry(name(k)).or_default().push(i);
+            }
+            let mut next: std::collections::BTreeMap<Vec<u8>, usize> = Default::default();
+            let reordered: Vec<(String, String)> = shuffled
+                .iter()
+                .map(|(_, (k, _))| {
+                    let n = name(k);
+                    let slot = next.entry(n.clone()).or_default();
+                    let i = by_name[&n][*slot];
+                    *slot += 1;
+                    pairs[i].clone()
+                })
+                .collect();
+            prop_assert_eq!(sorted(Some(&q(&pairs))), sorted(Some(&q(&reordered))));
+        }
+
+        /// Any gzip header (mtime) and level give the content's fingerprint.
+        #[test]
+        fn gzip_is_its_content(body in prop::collection::vec(any::<u8>(), 0..200), mtime in any::<u32>()) {
+            prop_assert_eq!(coded(Some("gzip"), &gzip(&body, mtime)), coded(None, &body));
+        }
+
+        /// A multipart body fingerprints the same under any boundary that does not occur
+        /// in its parts.
+        #[test]
+        fn any_boundary_gives_the_same_parts(amount in "[0-9]{1,6}", a in "[a-zA-Z0-9]{1,20}", b in "[a-zA-Z0-9]{1,20}") {
+            let (ct1, b1) = multipart(&format!("=_{a}"), &amount);
+            let (ct2, b2) = multipart(&format!("=_{b}"), &amount);
+            prop_assert_eq!(fp_of(&ct1, &b1), fp_of(&ct2, &b2));
+        }
     }
 }

@@ -1,0 +1,252 @@
+//! `Content-Encoding`d bodies: the fingerprint is taken over the decoded content, so a gzip
+//! body whose header says another mtime, or the same JSON sent unencoded, is the same request.
+//!
+//! Crates: `flate2` (pure-Rust miniz_oxide backend) for gzip and deflate, `brotli-decompressor`
+//! for br. Every decoder is read in a loop into a buffer that never grows past the limit
+//! (`max_body_bytes`), so a small bomb is refused having cost at most that much memory.
+
+use std::io::{self, Read};
+
+/// Decoding would produce more than the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooLarge;
+
+/// What [`decode`] made of a body.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decoded {
+    /// No coding but `identity`: the body is its content.
+    Identity,
+    /// Every coding was known and the content decoded, within the limit.
+    Content(Vec<u8>),
+    /// A coding this build does not know, or a body that does not decode under its codings:
+    /// fingerprinted over its raw bytes, with the codings.
+    Raw,
+}
+
+/// The codings of a `Content-Encoding` value, in the order they were applied: tokens
+/// trimmed and lowercased, `identity` and empty list members dropped.
+pub(crate) fn codings(content_encoding: Option<&str>) -> Vec<String> {
+    content_encoding
+        .unwrap_or_default()
+        .split(',')
+        .map(|t| {
+            t.trim_matches(|c| c == ' ' || c == '\t')
+                .to_ascii_lowercase()
+        })
+        .filter(|t| !t.is_empty() && t != "identity")
+        .collect()
+}
+
+/// Whether [`decode`] may take long enough to belong off the serving thread: what it costs
+/// grows with its output, which a small body can make as large as the limit.
+pub fn is_heavy(content_encoding: Option<&str>, body: &[u8], limit: usize) -> bool {
+    const OFF_THREAD: usize = 64 * 1024;
+    const INLINE_OUTPUT: usize = 1024 * 1024;
+    (body.len() > OFF_THREAD || limit > INLINE_OUTPUT) && !codings(content_encoding).is_empty()
+}
+
+/// Undoes the codings of `content_encoding` (last applied first), never holding more than
+/// `limit` bytes of output at any step.
+pub fn decode(
+    content_encoding: Option<&str>,
+    body: &[u8],
+    limit: usize,
+) -> Result<Decoded, TooLarge> {
+    let codings = codings(content_encoding);
+    if codings.is_empty() {
+        return Ok(Decoded::Identity);
+    }
+    if !codings.iter().all(|c| known(c)) {
+        return Ok(Decoded::Raw);
+    }
+    let mut content: Option<Vec<u8>> = None;
+    for coding in codings.iter().rev() {
+        let input = content.as_deref().unwrap_or(body);
+        match decode_one(coding, input, limit) {
+            Ok(out) => content = Some(out),
+            Err(Failure::TooLarge) => return Err(TooLarge),
+            Err(Failure::Corrupt) => return Ok(Decoded::Raw),
+        }
+    }
+    Ok(content.map_or(Decoded::Identity, Decoded::Content))
+}
+
+fn known(coding: &str) -> bool {
+    matches!(coding, "gzip" | "x-gzip" | "deflate" | "br")
+}
+
+enum Failure {
+    TooLarge,
+    Corrupt,
+}
+
+fn decode_one(coding: &str, input: &[u8], limit: usize) -> Result<Vec<u8>, Failure> {
+    match coding {
+        // Concatenated members are one gzip body (RFC 1952 section 2.2).
+        "gzip" | "x-gzip" => read_bounded(flate2::read::MultiGzDecoder::new(input), limit),
+        // RFC 9110 says zlib (RFC 1950); many clients send a raw deflate stream (RFC 1951)
+        // instead. A zlib stream starts with a header whose check bits a raw one's first
+        // block almost never has; when it has, and zlib fails, raw is tried too.
+        "deflate" => {
+            if looks_like_zlib(input) {
+                match read_bounded(flate2::read::ZlibDecoder::new(input), limit) {
+                    Err(Failure::Corrupt) => {}
+                    done => return done,
+                }
+            }
+            read_bounded(flate2::read::DeflateDecoder::new(input), limit)
+        }
+        "br" => read_bounded(
+            brotli_decompressor::Decompressor::new(input, 16 * 1024),
+            limit,
+        ),
+        _ => Err(Failure::Corrupt),
+    }
+}
+
+/// CM = 8 (deflate), a window of at most 32 KiB, and the header check (RFC 1950 section 2.2).
+fn looks_like_zlib(input: &[u8]) -> bool {
+    match input {
+        [cmf, flg, ..] => {
+            cmf & 0x0f == 8 && cmf >> 4 <= 7 && (u16::from(*cmf) << 8 | u16::from(*flg)) % 31 == 0
+        }
+        _ => false,
+    }
+}
+
+/// Reads `r` to its end, refusing as soon as more than `limit` bytes came out: the output
+/// never holds more than `limit` bytes (plus one chunk of the stack buffer).
+fn read_bounded(mut r: impl Read, limit: usize) -> Result<Vec<u8>, Failure> {
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        match r.read(&mut chunk) {
+            Ok(0) => return Ok(out),
+            Ok(n) => {
+                if out.len() + n > limit {
+                    return Err(Failure::TooLarge);
+                }
+                out.extend_from_slice(&chunk[..n]);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return Err(Failure::Corrupt),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    const LIMIT: usize = 1 << 20;
+
+    pub(crate) fn gzip(data: &[u8], mtime: u32) -> Vec<u8> {
+        let mut e = flate2::GzBuilder::new()
+            .mtime(mtime)
+            .write(Vec::new(), flate2::Compression::default());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    }
+
+    fn zlib(data: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    }
+
+    fn raw_deflate(data: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    }
+
+    /// A brotli stream of `data` as one uncompressed meta-block (RFC 7932 section 9.2), so
+    /// the tests need no encoder: WBITS 16, then ISLAST=0, MNIBBLES=4, MLEN-1, ISUNCOMPRESSED=1,
+    /// byte-aligned data, then an empty last meta-block.
+    fn brotli_stored(data: &[u8]) -> Vec<u8> {
+        assert!(!data.is_empty() && data.len() <= 1 << 16);
+        let mut bits: Vec<bool> = Vec::new();
+        let put = |v: u32, n: u32, bits: &mut Vec<bool>| {
+            for i in 0..n {
+                bits.push(v >> i & 1 == 1);
+            }
+        };
+        put(0, 1, &mut bits); // WBITS = 16
+        put(0, 1, &mut bits); // ISLAST = 0
+        put(0, 2, &mut bits); // MNIBBLES = 4
+        put(data.len() as u32 - 1, 16, &mut bits); // MLEN - 1
+        put(1, 1, &mut bits); // ISUNCOMPRESSED
+        while !bits.len().is_multiple_of(8) {
+            bits.push(false);
+        }
+        let mut out: Vec<u8> = bits
+            .chunks(8)
+            .map(|b| b.iter().rev().fold(0u8, |a, &x| a << 1 | u8::from(x)))
+            .collect();
+        out.extend_from_slice(data);
+        out.push(0b11); // ISLAST = 1, ISLASTEMPTY = 1
+        out
+    }
+
+    #[test]
+    fn codings_are_normalized() {
+        assert!(codings(None).is_empty());
+        assert!(codings(Some("")).is_empty());
+        assert!(codings(Some(" identity ")).is_empty());
+        assert_eq!(codings(Some("GZip, ,br")), ["gzip", "br"]);
+    }
+
+    #[test]
+    fn known_codings_decode() {
+        let data = br#"{"amount":100}"#;
+        let want = Decoded::Content(data.to_vec());
+        assert_eq!(decode(Some("gzip"), &gzip(data, 1), LIMIT), Ok(want));
+        let want = || Decoded::Content(data.to_vec());
+        assert_eq!(decode(Some("x-gzip"), &gzip(data, 9), LIMIT), Ok(want()));
+        assert_eq!(decode(Some("deflate"), &zlib(data), LIMIT), Ok(want()));
+        assert_eq!(
+            decode(Some("deflate"), &raw_deflate(data), LIMIT),
+            Ok(want())
+        );
+        assert_eq!(decode(Some("br"), &brotli_stored(data), LIMIT), Ok(want()));
+        // Applied in order, so undone last first.
+        let both = brotli_stored(&gzip(data, 3));
+        assert_eq!(decode(Some("gzip, br"), &both, LIMIT), Ok(want()));
+        assert_eq!(decode(Some("identity"), data, LIMIT), Ok(Decoded::Identity));
+        assert_eq!(decode(None, data, LIMIT), Ok(Decoded::Identity));
+    }
+
+    #[test]
+    fn unknown_or_corrupt_is_raw() {
+        let data = b"hello";
+        assert_eq!(decode(Some("zstd"), data, LIMIT), Ok(Decoded::Raw));
+        assert_eq!(
+            decode(Some("gzip, zstd"), &gzip(data, 0), LIMIT),
+            Ok(Decoded::Raw)
+        );
+        assert_eq!(decode(Some("gzip"), data, LIMIT), Ok(Decoded::Raw));
+        let mut cut = gzip(data, 0);
+        cut.truncate(cut.len() - 4);
+        assert_eq!(decode(Some("gzip"), &cut, LIMIT), Ok(Decoded::Raw));
+        assert_eq!(decode(Some("br"), b"\xff\xff\xff", LIMIT), Ok(Decoded::Raw));
+    }
+
+    #[test]
+    fn a_bomb_stops_at_the_limit() {
+        let zeros = vec![0u8; 10 << 20];
+        let bomb = gzip(&zeros, 0);
+        assert!(bomb.len() < 20 * 1024, "{}", bomb.len());
+        assert_eq!(decode(Some("gzip"), &bomb, LIMIT), Err(TooLarge));
+        let exact = gzip(&zeros[..LIMIT], 0);
+        assert_eq!(
+            decode(Some("gzip"), &exact, LIMIT),
+            Ok(Decoded::Content(zeros[..LIMIT].to_vec()))
+        );
+        assert_eq!(decode(Some("gzip"), &exact, LIMIT - 1), Err(TooLarge));
+        assert!(is_heavy(Some("gzip"), &vec![0; 65 * 1024], LIMIT));
+        assert!(!is_heavy(None, &vec![0; 65 * 1024], LIMIT));
+        assert!(!is_heavy(Some("gzip"), &bomb, LIMIT));
+        assert!(is_heavy(Some("gzip"), &bomb, 8 * LIMIT));
+    }
+}
