@@ -972,7 +972,23 @@ impl Proxy {
             }
         };
         drop(held);
-        let fp = fingerprint::fingerprint(
+        let content_encoding = joined(&parts.headers, CONTENT_ENCODING);
+        let decoded = match decode_body(
+            content_encoding.as_deref(),
+            &body_bytes,
+            policy.max_body_bytes,
+        )
+        .await
+        {
+            Ok(decoded) => decoded,
+            Err(_) => {
+                drop(slot);
+                let req = Request::from_parts(parts, body::full(body_bytes));
+                forward_as_is!(req, "body_too_large", None, false)
+            }
+        };
+        let rules = policy.fingerprint_rules();
+        let fp = fingerprint::fingerprint_with(
             &RequestParts {
                 method: parts.method.as_str(),
                 path: &scope_path,
@@ -981,9 +997,11 @@ impl Proxy {
                     .headers
                     .get(CONTENT_TYPE)
                     .and_then(|v| v.to_str().ok()),
+                content_encoding: content_encoding.as_deref(),
                 body: &body_bytes,
+                decoded: decoded.as_deref(),
             },
-            &policy.fingerprint_ignore,
+            &rules,
         );
         let id = self
             .shared
@@ -1017,9 +1035,15 @@ impl Proxy {
             linger: claim.retention,
             armed: true,
         };
+        let content = Content {
+            encoding: content_encoding.as_deref(),
+            body: &body_bytes,
+            decoded: decoded.as_deref(),
+        };
         let found = self
-            .claim(&mut claim, &request, &scope_path, &body_bytes, &policy)
+            .claim(&mut claim, &request, &scope_path, content, &policy)
             .await;
+        drop(decoded);
         pending.disarm();
         let (would, duplicate) = match &found {
             Ok(Claim::Claimed) => {
