@@ -825,7 +825,8 @@ impl Proxy {
         scope_path: String,
         started: Instant,
     ) -> Response<Body> {
-        let route = policy.route.clone().unwrap_or_else(|| "default".into());
+        let policy_for_route = policy.clone();
+        let route: &str = policy_for_route.route.as_deref().unwrap_or("default");
         let timeout = policy.upstream_timeout;
         let method = req.method().clone();
         let line = |res: &Response<Body>| {
@@ -849,7 +850,7 @@ impl Proxy {
                     // hangs up first (the upstream still runs it).
                     Some(id) => {
                         let this = self.clone();
-                        let (req, in_task) = ($req, route.clone());
+                        let (req, in_task) = ($req, route.to_string());
                         let task = self.shared.tasks.spawn(async move {
                             let res = this.pass_through(req, peer, timeout).await;
                             let dup = this.shared.metrics.observed_answer(
@@ -861,7 +862,7 @@ impl Proxy {
                         });
                         match task.await {
                             Ok((res, dup)) => {
-                                self.observed(&route, $would, Some(id), dup);
+                                self.observed(route, $would, Some(id), dup);
                                 res
                             }
                             Err(_) => Problem::UpstreamTimeout.response(
@@ -873,7 +874,7 @@ impl Proxy {
                     }
                     None => {
                         let res = self.pass_through($req, peer, timeout).await;
-                        self.observed(&route, $would, id, false);
+                        self.observed(route, $would, id, false);
                         res
                     }
                 };
@@ -1047,7 +1048,7 @@ impl Proxy {
         pending.disarm();
         let (would, duplicate) = match &found {
             Ok(Claim::Claimed) => {
-                self.observed(&route, "execute", Some(id), false);
+                self.observed(route, "execute", Some(id), false);
                 let protected = Protected {
                     claim,
                     request,
