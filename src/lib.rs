@@ -52,6 +52,7 @@ pub mod lab;
 pub mod metrics;
 pub mod operator;
 pub mod probe;
+pub mod records_cli;
 pub mod problem;
 pub mod proxy;
 pub mod releases;
