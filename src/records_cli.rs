@@ -256,7 +256,12 @@ impl AdminApi {
         })
     }
 
-    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<Answer, Failure> {
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Answer, Failure> {
         let url = format!("{}{path}", self.base);
         let mut req = Request::builder().method(method).uri(&url);
         if let Some(t) = &self.token {
@@ -280,7 +285,10 @@ impl AdminApi {
                     why = format!("{why}: {s}");
                     source = s.source();
                 }
-                fail(UNAVAILABLE, format!("cannot reach the admin API at {url}: {why}"))
+                fail(
+                    UNAVAILABLE,
+                    format!("cannot reach the admin API at {url}: {why}"),
+                )
             })?;
             let status = res.status();
             let body = res
@@ -295,7 +303,10 @@ impl AdminApi {
             Ok(answer) => answer,
             Err(_) => Err(fail(
                 UNAVAILABLE,
-                format!("the admin API at {url} did not answer within {:?}", self.timeout),
+                format!(
+                    "the admin API at {url} did not answer within {:?}",
+                    self.timeout
+                ),
             )),
         }
     }
@@ -332,7 +343,10 @@ fn check_id(id: &str) -> Result<(), Failure> {
     if id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
         Ok(())
     } else {
-        Err(fail(USAGE, format!("`{id}` is not a record id (64 hex characters)")))
+        Err(fail(
+            USAGE,
+            format!("`{id}` is not a record id (64 hex characters)"),
+        ))
     }
 }
 
@@ -368,7 +382,9 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
         } => {
             let headers: BTreeMap<String, String> = headers.into_iter().collect();
             let body = json!({"method": method, "path": path, "key": key, "headers": headers});
-            let answer = api.call(Method::POST, "/records/lookup", Some(body)).await?;
+            let answer = api
+                .call(Method::POST, "/records/lookup", Some(body))
+                .await?;
             if !answer.status.is_success() {
                 return Err(refusal(&answer, json));
             }
@@ -393,7 +409,13 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
             };
             let answer = api.call(Method::DELETE, &path, None).await?;
             if !answer.status.is_success() {
-                return Err(refusal(&answer, json));
+                let mut failure = refusal(&answer, json);
+                if answer.status == StatusCode::CONFLICT {
+                    failure
+                        .message
+                        .push_str(" [here: `idemgate records release ID --force`]");
+                }
+                return Err(failure);
             }
             let v = answer.json()?;
             if json {
@@ -648,9 +670,18 @@ mod tests {
         let t = table(&records, 61_000);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);
-        assert!(lines[0].starts_with("ID    STATE      STATUS  AGE   TTL   BUSY"), "{t}");
-        assert!(lines[1].starts_with("a     unknown    -       1m0s  1d0h  owner 500ms"), "{t}");
-        assert!(lines[2].starts_with("bbbb  completed  201     1m0s  5s    -"), "{t}");
+        assert!(
+            lines[0].starts_with("ID    STATE      STATUS  AGE   TTL   BUSY"),
+            "{t}"
+        );
+        assert!(
+            lines[1].starts_with("a     unknown    -       1m0s  1d0h  owner 500ms"),
+            "{t}"
+        );
+        assert!(
+            lines[2].starts_with("bbbb  completed  201     1m0s  5s    -"),
+            "{t}"
+        );
     }
 
     #[test]
