@@ -335,6 +335,19 @@ fn nothing_listening_is_69_and_bad_usage_is_64() {
     let r = records(&["show", &"a".repeat(64)], &[("IDEMGATE_ADMIN_URL", &url)]);
     assert_eq!(r.code, 69, "{r}");
 
+    // A listener that never answers: 69 once --timeout has passed.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    let started = Instant::now();
+    let r = records(
+        &["--admin-url", &silent_url, "--timeout", "300ms", "list"],
+        &[],
+    );
+    assert_eq!(r.code, 69, "{r}");
+    assert!(r.stderr.contains("did not answer within"), "{r}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(silent);
+
     let id = "a".repeat(64);
     for args in [
         vec![],
