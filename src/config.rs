@@ -585,6 +585,7 @@ const NOT_SETTINGS: &[&str] = &[
     "CONFIG",
     "LOG_FORMAT",
     "ADMIN_TOKEN",
+    "ADMIN_URL",
     "JWT_HS256_SECRET",
     "NAMESPACE",
     "ENCRYPTION_KEYS",

@@ -54,6 +54,7 @@ pub mod operator;
 pub mod probe;
 pub mod problem;
 pub mod proxy;
+pub mod records_cli;
 pub mod releases;
 pub mod request_id;
 pub mod retry_after;

@@ -40,13 +40,22 @@ enum Command {
     /// Replay a day of retrying transfer traffic against a bank, directly and through
     /// idemgate, and audit both ledgers for double transfers.
     Lab(LabArgs),
-    /// GET an admin URL and exit 0 on a 2xx answer, 1 otherwise: a health check for images
-    /// without curl. Sends IDEMGATE_ADMIN_TOKEN as a bearer token when it is set.
     /// The configuration without running: every setting's default, or a check of a file.
     Config {
         #[command(subcommand)]
         action: ConfigAction,
     },
+    /// Records through the admin API: list (--state unknown), show, lookup, release,
+    /// complete. `idemgate records --help` for its flags; exit codes 0 done, 1 not found,
+    /// 2 refused, 64 usage, 69 unreachable, 77 unauthorized.
+    #[command(disable_help_flag = true)]
+    Records {
+        /// Parsed by `idemgate records` itself (so that its usage errors exit 64).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
+    /// GET an admin URL and exit 0 on a 2xx answer, 1 otherwise: a health check for images
+    /// without curl. Sends IDEMGATE_ADMIN_TOKEN as a bearer token when it is set.
     Probe {
         /// e.g. http://127.0.0.1:9901/readyz
         url: String,
@@ -292,6 +301,9 @@ fn main() -> ExitCode {
         Some(Command::Bank { listen }) => return bank(listen),
         Some(Command::Lab(args)) => return lab(args),
         Some(Command::Probe { url, timeout }) => return probe(&url, timeout),
+        Some(Command::Records { args }) => {
+            return ExitCode::from(idemgate::records_cli::main(args))
+        }
         Some(Command::Config { action }) => {
             return config_command(action, cli.config, &cli.overrides)
         }

@@ -1,0 +1,696 @@
+//! `idemgate records`: the admin API's record endpoints from a shell, for whoever reconciles
+//! `unknown` records. Each command is one or a few admin requests (`GET /records`,
+//! `GET /records/{id}`, `POST /records/lookup`, `DELETE /records/{id}`,
+//! `POST /records/{id}/complete`); the answer is printed as a table, or as the API's JSON
+//! with `--json`.
+//!
+//! Exit codes: 0 done; 1 no such record; 2 refused (the owner may still be working on it,
+//! the record already holds an answer); 64 usage (bad flags, or a request the API calls
+//! malformed); 69 the admin API cannot be reached, or its store is unavailable (which
+//! includes listing on Redis Cluster: the reason is printed); 70 an answer the CLI does not
+//! understand; 77 the admin token is missing or wrong.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+
+/// Done.
+pub const OK: u8 = 0;
+/// No such record.
+pub const NOT_FOUND: u8 = 1;
+/// Refused: the owner may still be working on it, or the record already holds an answer.
+pub const REFUSED: u8 = 2;
+/// Bad flags, or a request the admin API calls malformed.
+pub const USAGE: u8 = 64;
+/// The admin API cannot be reached, or answers that its store is unavailable.
+pub const UNAVAILABLE: u8 = 69;
+/// An answer the CLI does not understand.
+pub const SOFTWARE: u8 = 70;
+/// The admin token is missing or wrong.
+pub const UNAUTHORIZED: u8 = 77;
+
+/// Records of the admin API: list, show, look up, release, complete.
+#[derive(Parser, Debug)]
+#[command(name = "idemgate records")]
+pub struct RecordsCli {
+    /// The admin listener's base URL (plain http).
+    #[arg(
+        long,
+        env = "IDEMGATE_ADMIN_URL",
+        value_name = "URL",
+        default_value = "http://127.0.0.1:9901",
+        global = true
+    )]
+    admin_url: String,
+    /// The admin token (`admin_token`), sent as a bearer token.
+    #[arg(
+        long,
+        env = "IDEMGATE_ADMIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true,
+        global = true
+    )]
+    token: Option<String>,
+    /// Print the admin API's JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    /// How long to wait for each answer of the admin API.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration, global = true)]
+    timeout: Duration,
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Action {
+    /// Every record (of a state), following the listing's cursor to its end. Not available
+    /// on Redis Cluster (the admin API says why).
+    List {
+        /// Only records in this state.
+        #[arg(long, value_parser = ["unknown", "in_progress", "completed"])]
+        state: Option<String>,
+        /// Stop after this many records.
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
+    },
+    /// One record.
+    Show {
+        /// The record id (64 hex characters).
+        id: String,
+        /// Also show the recorded body.
+        #[arg(long)]
+        body: bool,
+    },
+    /// The id and state of a request's record, computed as the proxy computes it.
+    Lookup {
+        /// The request's method, as the client sent it.
+        #[arg(long, default_value = "POST")]
+        method: String,
+        /// The request's path, as the client sent it.
+        #[arg(long)]
+        path: String,
+        /// The request's idempotency key.
+        #[arg(long)]
+        key: String,
+        /// A header that names the tenant, as the client sent it (`Authorization: Bearer
+        /// x`, the route's `tenant_headers`); repeatable.
+        #[arg(long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
+        headers: Vec<(String, String)>,
+    },
+    /// Deletes a record, so that the client's next retry executes (refused while its owner
+    /// may still be working on it, unless forced).
+    Release {
+        /// The record id.
+        id: String,
+        /// Release even though its owner may still be working on it (only when that
+        /// idemgate instance is known to be gone).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Records the answer an `unknown` record's request got, which its retries then get
+    /// replayed.
+    Complete {
+        /// The record id.
+        id: String,
+        /// The status retries get.
+        #[arg(long, value_name = "N")]
+        status: u16,
+        /// The body retries get (`-`: standard input); none without it.
+        #[arg(long, value_name = "FILE")]
+        body_file: Option<PathBuf>,
+        /// A header retries get; repeatable.
+        #[arg(long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
+        headers: Vec<(String, String)>,
+        /// Complete it even while it is `in_progress`.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+fn parse_header(s: &str) -> Result<(String, String), String> {
+    let (name, value) = s
+        .split_once(':')
+        .ok_or_else(|| format!("`{s}` is not `Name: value`"))?;
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(format!("`{s}` has no header name"));
+    }
+    Ok((name.to_string(), value.trim().to_string()))
+}
+
+/// Runs `idemgate records ARGS...` (`args` without the program name and `records`) and
+/// returns the exit code.
+pub fn main(args: Vec<std::ffi::OsString>) -> u8 {
+    let argv = std::iter::once(std::ffi::OsString::from("idemgate records")).chain(args);
+    let cli = match RecordsCli::try_parse_from(argv) {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            let _ = e.print();
+            return match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => OK,
+                _ => USAGE,
+            };
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("idemgate records: cannot start a runtime: {e}");
+            return 71;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(Failure { code, message }) => {
+            eprintln!("idemgate records: {message}");
+            code
+        }
+    }
+}
+
+/// Why a command did not finish: the exit code and what to tell.
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+fn fail(code: u8, message: impl Into<String>) -> Failure {
+    Failure {
+        code,
+        message: message.into(),
+    }
+}
+
+/// The admin listener, as the flags name it.
+struct AdminApi {
+    base: String,
+    token: Option<String>,
+    timeout: Duration,
+    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+}
+
+/// One answer of the admin API.
+struct Answer {
+    status: StatusCode,
+    body: Bytes,
+}
+
+impl Answer {
+    fn json(&self) -> Result<Value, Failure> {
+        serde_json::from_slice(&self.body).map_err(|_| {
+            fail(
+                SOFTWARE,
+                format!(
+                    "the admin API answered {} with a body that is not JSON: {}",
+                    self.status,
+                    String::from_utf8_lossy(&self.body).trim()
+                ),
+            )
+        })
+    }
+
+    /// What the API said was wrong: a problem document's `detail`, an `error`, or the text.
+    fn reason(&self) -> String {
+        if let Ok(v) = serde_json::from_slice::<Value>(&self.body) {
+            for field in ["detail", "error"] {
+                if let Some(s) = v.get(field).and_then(Value::as_str) {
+                    return s.to_string();
+                }
+            }
+        }
+        String::from_utf8_lossy(&self.body).trim().to_string()
+    }
+}
+
+impl AdminApi {
+    fn new(cli: &RecordsCli) -> Result<AdminApi, Failure> {
+        let base = cli.admin_url.trim_end_matches('/').to_string();
+        let uri: hyper::Uri = base
+            .parse()
+            .map_err(|_| fail(USAGE, format!("--admin-url `{base}` is not a URL")))?;
+        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+            return Err(fail(
+                USAGE,
+                format!("--admin-url `{base}` is not an http://host:port URL (the admin listener speaks plain HTTP)"),
+            ));
+        }
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        Ok(AdminApi {
+            base,
+            token: cli.token.clone().filter(|t| !t.is_empty()),
+            timeout: cli.timeout,
+            client,
+        })
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Answer, Failure> {
+        let url = format!("{}{path}", self.base);
+        let mut req = Request::builder().method(method).uri(&url);
+        if let Some(t) = &self.token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let body = match body {
+            Some(v) => {
+                req = req.header("content-type", "application/json");
+                Bytes::from(v.to_string())
+            }
+            None => Bytes::new(),
+        };
+        let req = req
+            .body(Full::new(body))
+            .map_err(|e| fail(USAGE, format!("{url}: {e}")))?;
+        let exchange = async {
+            let res = self.client.request(req).await.map_err(|e| {
+                let mut why = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    why = format!("{why}: {s}");
+                    source = s.source();
+                }
+                fail(
+                    UNAVAILABLE,
+                    format!("cannot reach the admin API at {url}: {why}"),
+                )
+            })?;
+            let status = res.status();
+            let body = res
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| fail(UNAVAILABLE, format!("{url}: the answer broke off: {e}")))?
+                .to_bytes();
+            Ok(Answer { status, body })
+        };
+        match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(answer) => answer,
+            Err(_) => Err(fail(
+                UNAVAILABLE,
+                format!(
+                    "the admin API at {url} did not answer within {:?}",
+                    self.timeout
+                ),
+            )),
+        }
+    }
+}
+
+/// The exit code and message of an answer that is not a success.
+fn refusal(answer: &Answer, json: bool) -> Failure {
+    if json {
+        if let Ok(v) = serde_json::from_slice::<Value>(&answer.body) {
+            println!("{v}");
+        }
+    }
+    let reason = answer.reason();
+    let code = match answer.status {
+        StatusCode::NOT_FOUND => NOT_FOUND,
+        StatusCode::CONFLICT => REFUSED,
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+            return fail(
+                UNAUTHORIZED,
+                format!(
+                    "the admin API refused the token ({}): set --token or IDEMGATE_ADMIN_TOKEN to the proxy's admin_token",
+                    answer.status
+                ),
+            )
+        }
+        StatusCode::BAD_REQUEST => USAGE,
+        StatusCode::SERVICE_UNAVAILABLE => UNAVAILABLE,
+        _ => SOFTWARE,
+    };
+    fail(code, format!("{}: {reason}", answer.status.as_u16()))
+}
+
+fn check_id(id: &str) -> Result<(), Failure> {
+    if id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(())
+    } else {
+        Err(fail(
+            USAGE,
+            format!("`{id}` is not a record id (64 hex characters)"),
+        ))
+    }
+}
+
+async fn run(cli: RecordsCli) -> Result<u8, Failure> {
+    let api = AdminApi::new(&cli)?;
+    let json = cli.json;
+    match cli.action {
+        Action::List { state, limit } => list(&api, state.as_deref(), limit, json).await,
+        Action::Show { id, body } => {
+            check_id(&id)?;
+            let path = if body {
+                format!("/records/{id}?body=1")
+            } else {
+                format!("/records/{id}")
+            };
+            let answer = api.call(Method::GET, &path, None).await?;
+            if !answer.status.is_success() {
+                return Err(refusal(&answer, json));
+            }
+            let v = answer.json()?;
+            if json {
+                println!("{v}");
+            } else {
+                print!("{}", record_block(&v, now_ms()));
+            }
+            Ok(OK)
+        }
+        Action::Lookup {
+            method,
+            path,
+            key,
+            headers,
+        } => {
+            let headers: BTreeMap<String, String> = headers.into_iter().collect();
+            let body = json!({"method": method, "path": path, "key": key, "headers": headers});
+            let answer = api
+                .call(Method::POST, "/records/lookup", Some(body))
+                .await?;
+            if !answer.status.is_success() {
+                return Err(refusal(&answer, json));
+            }
+            let v = answer.json()?;
+            let found = !v["record"].is_null();
+            if json {
+                println!("{v}");
+            } else if found {
+                print!("{}", record_block(&v["record"], now_ms()));
+            } else {
+                println!("id     {}", text(&v["id"]));
+                println!("state  - (no record: the request was never claimed, or its record expired or was released)");
+            }
+            Ok(if found { OK } else { NOT_FOUND })
+        }
+        Action::Release { id, force } => {
+            check_id(&id)?;
+            let path = if force {
+                format!("/records/{id}?force=true")
+            } else {
+                format!("/records/{id}")
+            };
+            let answer = api.call(Method::DELETE, &path, None).await?;
+            if !answer.status.is_success() {
+                let mut failure = refusal(&answer, json);
+                if answer.status == StatusCode::CONFLICT {
+                    failure
+                        .message
+                        .push_str(" [here: `idemgate records release ID --force`]");
+                }
+                return Err(failure);
+            }
+            let v = answer.json()?;
+            if json {
+                println!("{v}");
+            } else {
+                let was = v["released"]["state"].as_str().unwrap_or("-");
+                println!("released {id} (was {was}); the client's next retry executes");
+            }
+            Ok(OK)
+        }
+        Action::Complete {
+            id,
+            status,
+            body_file,
+            headers,
+            force,
+        } => {
+            check_id(&id)?;
+            let bytes = match &body_file {
+                None => Vec::new(),
+                Some(p) if p.as_os_str() == "-" => {
+                    use std::io::Read;
+                    let mut buf = Vec::new();
+                    std::io::stdin()
+                        .read_to_end(&mut buf)
+                        .map_err(|e| fail(USAGE, format!("--body-file -: {e}")))?;
+                    buf
+                }
+                Some(p) => std::fs::read(p)
+                    .map_err(|e| fail(USAGE, format!("--body-file {}: {e}", p.display())))?,
+            };
+            let headers: BTreeMap<String, String> = headers.into_iter().collect();
+            let mut outcome = json!({"status": status, "headers": headers});
+            match String::from_utf8(bytes) {
+                Ok(text) => outcome["body"] = Value::String(text),
+                Err(e) => {
+                    outcome["body_base64"] = Value::String(
+                        base64::engine::general_purpose::STANDARD.encode(e.into_bytes()),
+                    )
+                }
+            }
+            let path = if force {
+                format!("/records/{id}/complete?force=true")
+            } else {
+                format!("/records/{id}/complete")
+            };
+            let answer = api.call(Method::POST, &path, Some(outcome)).await?;
+            if !answer.status.is_success() {
+                return Err(refusal(&answer, json));
+            }
+            let v = answer.json()?;
+            if json {
+                println!("{v}");
+            } else {
+                let was = v["was"]["state"].as_str().unwrap_or("-");
+                println!("completed {id} (was {was}); its retries get {status} replayed");
+            }
+            Ok(OK)
+        }
+    }
+}
+
+/// `list`: every page of `GET /records`, up to `limit` records.
+async fn list(
+    api: &AdminApi,
+    state: Option<&str>,
+    limit: Option<usize>,
+    json: bool,
+) -> Result<u8, Failure> {
+    let mut records: Vec<Value> = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut query: Vec<(&str, &str)> = Vec::new();
+        if let Some(s) = state {
+            query.push(("state", s));
+        }
+        if let Some(c) = cursor.as_deref() {
+            query.push(("cursor", c));
+        }
+        let query: String = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(query)
+            .finish();
+        let path = if query.is_empty() {
+            "/records".to_string()
+        } else {
+            format!("/records?{query}")
+        };
+        let answer = api.call(Method::GET, &path, None).await?;
+        if !answer.status.is_success() {
+            let mut failure = refusal(&answer, json);
+            if answer.status == StatusCode::SERVICE_UNAVAILABLE {
+                failure.message = format!("cannot list: {}", failure.message);
+            }
+            return Err(failure);
+        }
+        let page = answer.json()?;
+        let Some(page_records) = page["records"].as_array() else {
+            return Err(fail(SOFTWARE, format!("not a page of records: {page}")));
+        };
+        records.extend(page_records.iter().cloned());
+        cursor = page["cursor"].as_str().map(str::to_string);
+        if let Some(n) = limit {
+            if records.len() >= n {
+                records.truncate(n);
+                break;
+            }
+        }
+        if cursor.is_none() {
+            break;
+        }
+    }
+    if json {
+        println!("{}", json!({"records": records, "cursor": cursor}));
+    } else {
+        print!("{}", table(&records, now_ms()));
+    }
+    Ok(OK)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::Null => "-".to_string(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Milliseconds as a short duration: `850ms`, `12s`, `3m20s`, `5h2m`, `2d3h`.
+fn short(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        _ if ms < 1000 => format!("{ms}ms"),
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{}s", s / 60, s % 60),
+        3600..86400 => format!("{}h{}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{}h", s / 86400, s % 86400 / 3600),
+    }
+}
+
+fn ms_field(v: &Value, name: &str) -> String {
+    v[name].as_u64().map_or_else(|| "-".to_string(), short)
+}
+
+/// How long ago the store created it (by this machine's clock against the store's).
+fn age(v: &Value, now_ms: u64) -> String {
+    v["created_ms"]
+        .as_u64()
+        .map_or_else(|| "-".to_string(), |c| short(now_ms.saturating_sub(c)))
+}
+
+/// What holds a record back from a plain release: its live lease, or its owner's wait for
+/// the upstream.
+fn busy(v: &Value) -> String {
+    match (v["lease_left_ms"].as_u64(), v["owner_busy_ms"].as_u64()) {
+        (Some(ms), _) => format!("lease {}", short(ms)),
+        (None, Some(ms)) => format!("owner {}", short(ms)),
+        (None, None) => "-".to_string(),
+    }
+}
+
+/// One line per record, in aligned columns.
+fn table(records: &[Value], now_ms: u64) -> String {
+    let mut rows = vec![[
+        "ID".to_string(),
+        "STATE".to_string(),
+        "STATUS".to_string(),
+        "AGE".to_string(),
+        "TTL".to_string(),
+        "BUSY".to_string(),
+    ]];
+    for r in records {
+        rows.push([
+            text(&r["id"]),
+            text(&r["state"]),
+            text(&r["status"]),
+            age(r, now_ms),
+            ms_field(r, "ttl_ms"),
+            busy(r),
+        ]);
+    }
+    let mut widths = [0usize; 6];
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    for row in &rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// One record as `name  value` lines.
+fn record_block(v: &Value, now_ms: u64) -> String {
+    let mut lines = vec![
+        ("id", text(&v["id"])),
+        ("state", text(&v["state"])),
+        ("status", text(&v["status"])),
+        ("age", age(v, now_ms)),
+        ("created_ms", text(&v["created_ms"])),
+        ("ttl", ms_field(v, "ttl_ms")),
+        ("lease_left", ms_field(v, "lease_left_ms")),
+        ("owner_busy", ms_field(v, "owner_busy_ms")),
+        ("fingerprint", text(&v["fingerprint"])),
+        ("fingerprint_version", text(&v["fingerprint_version"])),
+    ];
+    if !v["body_kept"].is_null() {
+        lines.push(("body_kept", text(&v["body_kept"])));
+    }
+    if !v["body"].is_null() {
+        lines.push(("body", text(&v["body"])));
+    }
+    let width = lines.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+    lines
+        .iter()
+        .map(|(n, value)| format!("{n:<width$}  {value}\n"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_short() {
+        assert_eq!(short(850), "850ms");
+        assert_eq!(short(12_000), "12s");
+        assert_eq!(short(200_000), "3m20s");
+        assert_eq!(short(5 * 3_600_000 + 120_000), "5h2m");
+        assert_eq!(short(2 * 86_400_000 + 3 * 3_600_000), "2d3h");
+    }
+
+    #[test]
+    fn the_table_is_aligned() {
+        let records = vec![
+            json!({"id": "a", "state": "unknown", "created_ms": 1_000, "ttl_ms": 86_400_000, "status": null, "owner_busy_ms": 500}),
+            json!({"id": "bbbb", "state": "completed", "created_ms": 1_000, "ttl_ms": 5_000, "status": 201}),
+        ];
+        let t = table(&records, 61_000);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(
+            lines[0].starts_with("ID    STATE      STATUS  AGE   TTL   BUSY"),
+            "{t}"
+        );
+        assert!(
+            lines[1].starts_with("a     unknown    -       1m0s  1d0h  owner 500ms"),
+            "{t}"
+        );
+        assert!(
+            lines[2].starts_with("bbbb  completed  201     1m0s  5s    -"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn headers_are_name_colon_value() {
+        assert_eq!(
+            parse_header("Authorization: Bearer x").unwrap(),
+            ("Authorization".into(), "Bearer x".into())
+        );
+        assert!(parse_header("nothing").is_err());
+        assert!(parse_header(": v").is_err());
+    }
+}
