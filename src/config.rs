@@ -147,6 +147,12 @@ pub struct Config {
     pub jwt_hs256_secret: Option<Secret>,
     /// JWKS file with the RS256/ES256 public keys that bearer tokens are verified with.
     pub jwks_file: Option<PathBuf>,
+    /// The audience(s) a bearer token's `aud` must name (one of them); absent: `aud` is not
+    /// checked.
+    pub jwt_audience: Option<Audience>,
+    /// Verified bearer tokens kept, until their `exp`, so that a retry with the same token
+    /// is not verified again. `0`: none.
+    pub jwt_cache_entries: usize,
     /// Keys that recorded answers are sealed with at rest, `<id>:<base64 of 32 bytes>`: the
     /// first seals, every one opens. Empty: answers are stored in clear.
     pub encryption_keys: Vec<Secret>,
@@ -297,6 +303,26 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// `jwt_audience`: one audience or a list of them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Audience {
+    /// One audience.
+    One(String),
+    /// Any of these.
+    Any(Vec<String>),
+}
+
+impl Audience {
+    /// The audiences, as a list.
+    pub fn list(&self) -> Vec<String> {
+        match self {
+            Audience::One(a) => vec![a.clone()],
+            Audience::Any(v) => v.clone(),
+        }
+    }
+}
+
 /// Policy for protected requests, as written under `[defaults]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -352,6 +378,11 @@ pub struct Defaults {
     /// How long answers with a `short_retention_statuses` status are kept.
     #[serde(with = "humantime_serde")]
     pub short_retention: Duration,
+    /// Method-override headers (`X-HTTP-Method-Override`...) that the upstream honours: a
+    /// request is scoped, fingerprinted and protected as the method they name. Empty: a
+    /// request that names another method in an override header or `_method` gets 400
+    /// `invalid-method-override` where either method is protected.
+    pub method_override_headers: Vec<String>,
 }
 
 /// One `[[routes]]` entry: a path prefix and the settings it overrides.
@@ -386,6 +417,7 @@ pub struct Route {
     pub short_retention_statuses: Option<Vec<u16>>,
     #[serde(default, with = "humantime_serde")]
     pub short_retention: Option<Duration>,
+    pub method_override_headers: Option<Vec<String>>,
 }
 
 /// The default of [`Config::upstream_idle_timeout`]: half of the shortest keep-alive
@@ -420,6 +452,8 @@ impl Default for Config {
             namespace: None,
             jwt_hs256_secret: None,
             jwks_file: None,
+            jwt_audience: None,
+            jwt_cache_entries: 10_000,
             encryption_keys: Vec::new(),
             encryption_keys_file: None,
             compress_min_bytes: None,
@@ -488,6 +522,7 @@ impl Default for Defaults {
             release_on_status: Vec::new(),
             short_retention_statuses: vec![401, 403, 407],
             short_retention: Duration::from_secs(60),
+            method_override_headers: Vec::new(),
         }
     }
 }
@@ -710,6 +745,8 @@ pub struct Policy {
     pub short_retention_statuses: Vec<u16>,
     #[allow(missing_docs)]
     pub short_retention: Duration,
+    /// Override headers the upstream honours (`method_override_headers`), lowercase.
+    pub method_override_headers: Vec<HeaderName>,
     /// How long this route's upstream typically takes (measured while running), for the
     /// `Retry-After` of a 409 in-progress.
     pub upstream_time: Arc<TypicalTime>,
@@ -1278,6 +1315,32 @@ fn resolve(
             format!("{bad}: only 4xx answers can show that nothing ran"),
         ));
     }
+    let mut method_override_headers: Vec<HeaderName> = Vec::new();
+    for h in r
+        .method_override_headers
+        .as_ref()
+        .unwrap_or(&d.method_override_headers)
+    {
+        let name = HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+            invalid(
+                key_of("method_override_headers"),
+                format!("`{h}` is not a header name"),
+            )
+        })?;
+        if method_override_headers.contains(&name) {
+            return Err(invalid(
+                key_of("method_override_headers"),
+                format!("`{h}` is listed twice"),
+            ));
+        }
+        if key_headers.contains(&name) || name == hyper::header::AUTHORIZATION {
+            return Err(invalid(
+                key_of("method_override_headers"),
+                format!("`{h}` already carries the key or the credential"),
+            ));
+        }
+        method_override_headers.push(name);
+    }
     let p = Policy {
         route,
         methods,
@@ -1299,6 +1362,7 @@ fn resolve(
         release_on_status,
         short_retention_statuses,
         short_retention: r.short_retention.unwrap_or(d.short_retention),
+        method_override_headers,
         upstream_time: Arc::default(),
     };
     if p.short_retention.is_zero() {
@@ -1347,6 +1411,7 @@ fn matches_override(r: &Route, name: &str) -> bool {
         "release_on_status" => r.release_on_status.is_some(),
         "short_retention_statuses" => r.short_retention_statuses.is_some(),
         "short_retention" => r.short_retention.is_some(),
+        "method_override_headers" => r.method_override_headers.is_some(),
         "lease" => r.lease.is_some(),
         "upstream_timeout" => r.upstream_timeout.is_some(),
         "retention" => r.retention.is_some(),
