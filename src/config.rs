@@ -943,12 +943,34 @@ impl Settings {
                 .jwt_hs256_secret
                 .as_ref()
                 .map(|s| s.expose().as_bytes());
-            let verifier =
+            let mut verifier =
                 JwtVerifier::new(secret, jwks.as_deref()).map_err(|e| invalid("jwks_file", e))?;
-            Some(Arc::new(verifier))
+            if let Some(aud) = &config.jwt_audience {
+                let list = aud.list();
+                if list.is_empty() || list.iter().any(|a| a.is_empty()) {
+                    return Err(invalid(
+                        "jwt_audience",
+                        "must be a non-empty audience or a list of them",
+                    ));
+                }
+                verifier = verifier.with_audience(list);
+            }
+            Some(Arc::new(verifier.with_cache(config.jwt_cache_entries)))
         } else {
             None
         };
+        if config.jwt_audience.is_some() && jwt.is_none() {
+            return Err(invalid(
+                "jwt_audience",
+                "needs keys to verify tokens with: set jwt_hs256_secret and/or jwks_file",
+            ));
+        }
+        if config.jwt_cache_entries > 10_000_000 {
+            return Err(invalid(
+                "jwt_cache_entries",
+                "must be at most 10000000 (each entry may hold a 4 KiB token)",
+            ));
+        }
         let envelope = envelope(&config)?;
         let d = &config.defaults;
         let default_policy = Arc::new(resolve(
