@@ -230,14 +230,10 @@ fn bad_jwt_settings_stop_start_up() {
             "jwt_cache_entries",
         ),
     ] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
-            .env_clear()
-            .env("IDEMGATE_UPSTREAM", "http://127.0.0.1:9")
-            .envs(env)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(64), "{err}");
+        let mut all = vec![("IDEMGATE_UPSTREAM", "http://127.0.0.1:9")];
+        all.extend(env);
+        let (code, err) = start_up_failure(&all);
+        assert_eq!(code, Some(64), "{err}");
         assert!(err.contains(key), "{err}");
         assert!(!err.contains(SECRET), "{err}");
     }

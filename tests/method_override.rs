@@ -176,17 +176,14 @@ async fn a_declared_override_header_is_the_method_of_scope_and_fingerprint() {
 
 #[test]
 fn a_bad_override_header_name_stops_start_up() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
-        .env_clear()
-        .env("IDEMGATE_UPSTREAM", "http://127.0.0.1:9")
-        .env(
+    let (code, err) = start_up_failure(&[
+        ("IDEMGATE_UPSTREAM", "http://127.0.0.1:9"),
+        (
             "IDEMGATE_DEFAULTS__METHOD_OVERRIDE_HEADERS",
             r#"["bad header"]"#,
-        )
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(64), "{err}");
+        ),
+    ]);
+    assert_eq!(code, Some(64), "{err}");
     assert!(
         err.contains("invalid configuration value for `defaults.method_override_headers`"),
         "{err}"
