@@ -64,9 +64,16 @@ struct Verified {
     exp: u64,
 }
 
+/// A kept token: what was verified, and the principals already computed from it, per claim
+/// name (a hit then costs no hashing).
+struct Entry {
+    verified: Verified,
+    principals: Vec<(Box<str>, Option<[u8; 32]>)>,
+}
+
 struct Cache {
     capacity: usize,
-    entries: HashMap<Box<str>, std::sync::Arc<Verified>>,
+    entries: HashMap<Box<str>, Entry>,
     // No sweep of expired entries before this (seconds since the epoch): a full cache of
     // live tokens is not scanned on every new one.
     next_sweep: u64,
@@ -191,14 +198,26 @@ impl JwtVerifier {
     /// `iss`, the claim's JSON value). `Ok(None)` when the token is valid but lacks the
     /// claim (or it is null or an empty string).
     pub fn principal(&self, token: &str, claim: &str) -> Result<Option<[u8; 32]>, JwtError> {
-        let verified = match self.cached(token) {
-            Some(v) => v,
-            None => {
-                let v = std::sync::Arc::new(self.verify_signed(token)?);
-                self.keep(token, &v);
-                v
+        let at = now();
+        if let Some(mut cache) = self.cache.as_ref().and_then(|c| c.lock().ok()) {
+            // A map lookup compares the whole token string, not only its hash.
+            if let Some(e) = cache.entries.get_mut(token).filter(|e| at < e.verified.exp) {
+                if let Some((_, p)) = e.principals.iter().find(|(n, _)| &**n == claim) {
+                    return Ok(*p);
+                }
+                let p = self.principal_of(&e.verified, claim)?;
+                e.principals.push((claim.into(), p));
+                return Ok(p);
             }
-        };
+        }
+        let verified = self.verify_signed(token)?;
+        let p = self.principal_of(&verified, claim)?;
+        self.keep(token, verified, claim, p, at);
+        Ok(p)
+    }
+
+    /// The principal of a verified token for `claim`.
+    fn principal_of(&self, verified: &Verified, claim: &str) -> Result<Option<[u8; 32]>, JwtError> {
         let value = match verified.claims.get(claim) {
             None | Some(serde_json::Value::Null) => return Ok(None),
             Some(serde_json::Value::String(s)) if s.is_empty() => return Ok(None),
@@ -222,22 +241,22 @@ impl JwtVerifier {
         Ok(Some(h.finalize().into()))
     }
 
-    fn cached(&self, token: &str) -> Option<std::sync::Arc<Verified>> {
-        let cache = self.cache.as_ref()?.lock().ok()?;
-        let v = cache.entries.get(token)?;
-        (now() < v.exp).then(|| v.clone())
-    }
-
-    fn keep(&self, token: &str, v: &std::sync::Arc<Verified>) {
+    fn keep(
+        &self,
+        token: &str,
+        verified: Verified,
+        claim: &str,
+        principal: Option<[u8; 32]>,
+        at: u64,
+    ) {
         let Some(cache) = &self.cache else { return };
-        let at = now();
-        if token.len() > CACHE_MAX_TOKEN_BYTES || v.exp <= at {
+        if token.len() > CACHE_MAX_TOKEN_BYTES || verified.exp <= at {
             return;
         }
         let Ok(mut cache) = cache.lock() else { return };
         if cache.entries.len() >= cache.capacity {
             if at >= cache.next_sweep {
-                cache.entries.retain(|_, e| e.exp > at);
+                cache.entries.retain(|_, e| e.verified.exp > at);
                 cache.next_sweep = at + 1;
             }
             while cache.entries.len() >= cache.capacity {
@@ -247,7 +266,11 @@ impl JwtVerifier {
                 cache.entries.remove(&k);
             }
         }
-        cache.entries.insert(token.into(), v.clone());
+        let entry = Entry {
+            verified,
+            principals: vec![(claim.into(), principal)],
+        };
+        cache.entries.insert(token.into(), entry);
     }
 
     /// The signature and claim checks, without the cache.
