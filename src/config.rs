@@ -159,6 +159,12 @@ pub struct Config {
     pub jwt_hs256_secret: Option<Secret>,
     /// JWKS file with the RS256/ES256 public keys that bearer tokens are verified with.
     pub jwks_file: Option<PathBuf>,
+    /// The audience(s) a bearer token's `aud` must name (one of them); absent: `aud` is not
+    /// checked.
+    pub jwt_audience: Option<Audience>,
+    /// Verified bearer tokens kept, until their `exp`, so that a retry with the same token
+    /// is not verified again. `0`: none.
+    pub jwt_cache_entries: usize,
     /// Keys that recorded answers are sealed with at rest, `<id>:<base64 of 32 bytes>`: the
     /// first seals, every one opens. Empty: answers are stored in clear.
     pub encryption_keys: Vec<Secret>,
@@ -309,6 +315,26 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// `jwt_audience`: one audience or a list of them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Audience {
+    /// One audience.
+    One(String),
+    /// Any of these.
+    Any(Vec<String>),
+}
+
+impl Audience {
+    /// The audiences, as a list.
+    pub fn list(&self) -> Vec<String> {
+        match self {
+            Audience::One(a) => vec![a.clone()],
+            Audience::Any(v) => v.clone(),
+        }
+    }
+}
+
 /// Policy for protected requests, as written under `[defaults]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -368,6 +394,11 @@ pub struct Defaults {
     /// How long answers with a `short_retention_statuses` status are kept.
     #[serde(with = "humantime_serde")]
     pub short_retention: Duration,
+    /// Method-override headers (`X-HTTP-Method-Override`...) that the upstream honours: a
+    /// request is scoped, fingerprinted and protected as the method they name. Empty: a
+    /// request that names another method in an override header or `_method` gets 400
+    /// `invalid-method-override` where either method is protected.
+    pub method_override_headers: Vec<String>,
 }
 
 /// One `[[routes]]` entry: a path prefix and the settings it overrides.
@@ -404,6 +435,7 @@ pub struct Route {
     pub short_retention_statuses: Option<Vec<u16>>,
     #[serde(default, with = "humantime_serde")]
     pub short_retention: Option<Duration>,
+    pub method_override_headers: Option<Vec<String>>,
 }
 
 /// The default of [`Config::upstream_idle_timeout`]: half of the shortest keep-alive
@@ -438,6 +470,8 @@ impl Default for Config {
             namespace: None,
             jwt_hs256_secret: None,
             jwks_file: None,
+            jwt_audience: None,
+            jwt_cache_entries: 10_000,
             encryption_keys: Vec::new(),
             encryption_keys_file: None,
             compress_min_bytes: None,
@@ -508,6 +542,7 @@ impl Default for Defaults {
             release_on_status: Vec::new(),
             short_retention_statuses: vec![401, 403, 407],
             short_retention: Duration::from_secs(60),
+            method_override_headers: Vec::new(),
         }
     }
 }
@@ -735,6 +770,8 @@ pub struct Policy {
     pub short_retention_statuses: Vec<u16>,
     #[allow(missing_docs)]
     pub short_retention: Duration,
+    /// Override headers the upstream honours (`method_override_headers`), lowercase.
+    pub method_override_headers: Vec<HeaderName>,
     /// How long this route's upstream typically takes (measured while running), for the
     /// `Retry-After` of a 409 in-progress.
     pub upstream_time: Arc<TypicalTime>,
@@ -949,12 +986,34 @@ impl Settings {
                 .jwt_hs256_secret
                 .as_ref()
                 .map(|s| s.expose().as_bytes());
-            let verifier =
+            let mut verifier =
                 JwtVerifier::new(secret, jwks.as_deref()).map_err(|e| invalid("jwks_file", e))?;
-            Some(Arc::new(verifier))
+            if let Some(aud) = &config.jwt_audience {
+                let list = aud.list();
+                if list.is_empty() || list.iter().any(|a| a.is_empty()) {
+                    return Err(invalid(
+                        "jwt_audience",
+                        "must be a non-empty audience or a list of them",
+                    ));
+                }
+                verifier = verifier.with_audience(list);
+            }
+            Some(Arc::new(verifier.with_cache(config.jwt_cache_entries)))
         } else {
             None
         };
+        if config.jwt_audience.is_some() && jwt.is_none() {
+            return Err(invalid(
+                "jwt_audience",
+                "needs keys to verify tokens with: set jwt_hs256_secret and/or jwks_file",
+            ));
+        }
+        if config.jwt_cache_entries > 10_000_000 {
+            return Err(invalid(
+                "jwt_cache_entries",
+                "must be at most 10000000 (each entry may hold a 4 KiB token)",
+            ));
+        }
         let envelope = envelope(&config)?;
         let d = &config.defaults;
         let default_policy = Arc::new(resolve(
@@ -1321,6 +1380,32 @@ fn resolve(
             format!("{bad}: only 4xx answers can show that nothing ran"),
         ));
     }
+    let mut method_override_headers: Vec<HeaderName> = Vec::new();
+    for h in r
+        .method_override_headers
+        .as_ref()
+        .unwrap_or(&d.method_override_headers)
+    {
+        let name = HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+            invalid(
+                key_of("method_override_headers"),
+                format!("`{h}` is not a header name"),
+            )
+        })?;
+        if method_override_headers.contains(&name) {
+            return Err(invalid(
+                key_of("method_override_headers"),
+                format!("`{h}` is listed twice"),
+            ));
+        }
+        if key_headers.contains(&name) || name == hyper::header::AUTHORIZATION {
+            return Err(invalid(
+                key_of("method_override_headers"),
+                format!("`{h}` already carries the key or the credential"),
+            ));
+        }
+        method_override_headers.push(name);
+    }
     let p = Policy {
         route,
         methods,
@@ -1344,6 +1429,7 @@ fn resolve(
         release_on_status,
         short_retention_statuses,
         short_retention: r.short_retention.unwrap_or(d.short_retention),
+        method_override_headers,
         upstream_time: Arc::default(),
     };
     if p.short_retention.is_zero() {
@@ -1392,6 +1478,7 @@ fn matches_override(r: &Route, name: &str) -> bool {
         "release_on_status" => r.release_on_status.is_some(),
         "short_retention_statuses" => r.short_retention_statuses.is_some(),
         "short_retention" => r.short_retention.is_some(),
+        "method_override_headers" => r.method_override_headers.is_some(),
         "lease" => r.lease.is_some(),
         "upstream_timeout" => r.upstream_timeout.is_some(),
         "retention" => r.retention.is_some(),

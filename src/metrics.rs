@@ -167,7 +167,7 @@ struct RouteModeLabel {
 }
 
 /// What enforcing would have done, the `would` label of `idemgate_observed_total`.
-pub const WOULDS: [&str; 20] = [
+pub const WOULDS: [&str; 21] = [
     "execute",
     "replay",
     "in_progress",
@@ -187,6 +187,7 @@ pub const WOULDS: [&str; 20] = [
     "body_unreadable",
     "trailers_not_supported",
     "buffers_full",
+    "invalid_method_override",
     "other",
 ];
 

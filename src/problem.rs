@@ -30,6 +30,10 @@ pub enum Problem {
     /// A protected request's path cannot be normalized safely (an encoded `/`, dot segments
     /// above the root, broken percent-encoding).
     InvalidPath,
+    /// A protected request names another method in a method-override header or `_method`
+    /// that its route does not declare (`method_override_headers`), or its override is
+    /// malformed: what the upstream would execute is not what idemgate would scope.
+    InvalidMethodOverride,
     /// The body is larger than `max_body_bytes`.
     BodyTooLarge,
     /// The client stopped sending the body, or sent it too slowly.
@@ -70,6 +74,7 @@ impl Problem {
             Problem::MissingTenant => "missing-tenant",
             Problem::InvalidToken => "invalid-token",
             Problem::InvalidPath => "invalid-path",
+            Problem::InvalidMethodOverride => "invalid-method-override",
             Problem::BodyTooLarge => "body-too-large",
             Problem::BodyTimeout => "body-timeout",
             Problem::BodyUnreadable => "body-unreadable",
@@ -93,7 +98,8 @@ impl Problem {
             Problem::MissingKey
             | Problem::InvalidKey
             | Problem::MissingTenant
-            | Problem::InvalidPath => StatusCode::BAD_REQUEST,
+            | Problem::InvalidPath
+            | Problem::InvalidMethodOverride => StatusCode::BAD_REQUEST,
             Problem::InvalidToken => StatusCode::UNAUTHORIZED,
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -118,6 +124,9 @@ impl Problem {
             Problem::MissingTenant => "The request does not say whose it is",
             Problem::InvalidToken => "The bearer token was refused",
             Problem::InvalidPath => "The request path cannot be normalized safely",
+            Problem::InvalidMethodOverride => {
+                "The request names another method in a method override this route does not declare"
+            }
             Problem::BodyTooLarge => "The request body is too large",
             Problem::BodyTimeout => "The request body did not arrive in time",
             Problem::BodyUnreadable => "The request body could not be read",

@@ -40,7 +40,7 @@ use crate::problem::Problem;
 use crate::releases::Releases;
 use crate::request_id::{self, X_REQUEST_ID};
 use crate::retry_after;
-use crate::scope::{path, PathRules, Scoper, Tenant, TenantSource};
+use crate::scope::{method, path, PathRules, Scoper, Tenant, TenantSource};
 use crate::secret::SecretHealth;
 use crate::store::{deadline, Claim, ClaimRequest, OwnerToken, Store, StoreError, StoredResponse};
 use crate::telemetry::{self, Step};
@@ -280,7 +280,16 @@ impl Proxy {
                     span: &Span::none(),
                     started,
                 };
-                if settings.protects_anywhere(&method) {
+                // An override naming a method that is protected somewhere counts too: the
+                // upstream would run that method.
+                let overridden = method::read(&method, req.headers(), req.uri().query(), &[])
+                    .map(|o| {
+                        o.unseen
+                            .iter()
+                            .any(|m| m.as_ref().is_some_and(|m| settings.protects_anywhere(m)))
+                    })
+                    .unwrap_or(false);
+                if settings.protects_anywhere(&method) || overridden {
                     let res = Problem::InvalidPath.response(e.to_string(), None, None);
                     log_request(metrics, &res, Outcome::Rejected, None, &line);
                     return res;
@@ -293,8 +302,69 @@ impl Proxy {
             }
         };
         let policy = routed.policy;
-        if !policy.protects(req.method()) {
-            let (timeout, method) = (policy.upstream_timeout, req.method().clone());
+        // The method the upstream will run. Which requests an unseen override refuses: those
+        // where the request's method *or* a method an override names is protected on this
+        // route. idemgate cannot know which of the two the upstream runs, and if either is
+        // protected, scoping by one of them could be wrong: by the request's method, `POST`
+        // + `X-HTTP-Method-Override: DELETE` would replay a `POST`'s answer for a `DELETE`;
+        // ignoring the header, `GET` + `X-HTTP-Method-Override: POST` would run a protected
+        // `POST` unprotected. Where neither is protected, whatever the upstream runs passes
+        // through anyway, as it would without idemgate.
+        let overrides = match method::read(
+            req.method(),
+            req.headers(),
+            req.uri().query(),
+            &policy.method_override_headers,
+        ) {
+            Ok(o) => o,
+            // A declared header that names no method, or two: what runs is unknown.
+            Err(_) if !policy.methods.is_empty() && policy.mode == Mode::Observe => {
+                return self
+                    .observe_unseen(req, peer, policy, &request_id, started)
+                    .await;
+            }
+            Err(e) if !policy.methods.is_empty() => {
+                return self.refuse_override(
+                    e.to_string(),
+                    policy,
+                    req.method(),
+                    &request_id,
+                    started,
+                );
+            }
+            Err(_) => method::Overrides {
+                declared: None,
+                unseen: Vec::new(),
+            },
+        };
+        let effective = overrides.effective(req.method()).clone();
+        if !overrides.unseen.is_empty() {
+            let protected = policy.protects(&effective)
+                || overrides.unseen.iter().any(|m| match m {
+                    Some(m) => policy.protects(m),
+                    None => !policy.methods.is_empty(),
+                });
+            if protected && policy.mode == Mode::Observe {
+                return self
+                    .observe_unseen(req, peer, policy, &request_id, started)
+                    .await;
+            }
+            if protected {
+                let named: Vec<&str> = overrides
+                    .unseen
+                    .iter()
+                    .map(|m| m.as_ref().map_or("(not a method)", |m| m.as_str()))
+                    .collect();
+                let detail = format!(
+                    "this request is {} but a method override names {}; this route does not declare that override (method_override_headers), so idemgate cannot tell which method the upstream runs: send the method itself",
+                    effective,
+                    named.join(", ")
+                );
+                return self.refuse_override(detail, policy, &effective, &request_id, started);
+            }
+        }
+        if !policy.protects(&effective) {
+            let (timeout, method) = (policy.upstream_timeout, effective);
             // A key on a method that is not protected is a client that expects protection
             // and does not get it (`post` is not `POST`: methods are case-sensitive).
             let keyed = policy
@@ -325,6 +395,7 @@ impl Proxy {
             return res;
         }
         let policy = policy.clone();
+        let method = effective;
         if policy.mode == Mode::Observe {
             let scope_path = routed
                 .normalized
@@ -332,10 +403,9 @@ impl Proxy {
                 .unwrap_or(req.uri().path())
                 .to_string();
             return self
-                .observe(req, peer, request_id, policy, scope_path, started)
+                .observe(req, peer, request_id, policy, (method, scope_path), started)
                 .await;
         }
-        let method = req.method().clone();
         let span = telemetry::request_span(
             req.headers(),
             &method,
@@ -452,7 +522,7 @@ impl Proxy {
         let rules = policy.fingerprint_rules();
         let fp = fingerprint::fingerprint_with(
             &RequestParts {
-                method: parts.method.as_str(),
+                method: method.as_str(),
                 path: &scope_path,
                 query: parts.uri.query(),
                 content_type: parts
@@ -468,7 +538,7 @@ impl Proxy {
         let id = self
             .shared
             .scoper
-            .record_id(&tenant, parts.method.as_str(), &scope_path, &key);
+            .record_id(&tenant, method.as_str(), &scope_path, &key);
         // Checked at the last moment before the claim: a disagreement found while the body
         // was arriving still refuses this request.
         if !self.shared.secret.agreed() {
@@ -509,7 +579,7 @@ impl Proxy {
             decoded: decoded.as_deref(),
         };
         let found = self
-            .claim(&mut claim, &request, &scope_path, content, &policy)
+            .claim(&mut claim, &request, &method, &scope_path, content, &policy)
             .await;
         drop(decoded);
         drop(claim_span);
@@ -535,6 +605,7 @@ impl Proxy {
         &self,
         claim: &mut ClaimRequest,
         request: &Request<Body>,
+        method: &hyper::Method,
         scope_path: &str,
         content: Content<'_>,
         policy: &Policy,
@@ -545,7 +616,7 @@ impl Proxy {
             return found;
         };
         let parts = RequestParts {
-            method: request.method().as_str(),
+            method: method.as_str(),
             path: scope_path,
             query: request.uri().query(),
             content_type: request
@@ -778,6 +849,54 @@ impl Proxy {
         res
     }
 
+    /// 400 `invalid-method-override`: nothing claimed or forwarded.
+    /// On an observed route, a request enforcing would refuse for its method override:
+    /// forwarded as pass-through and counted.
+    async fn observe_unseen(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        policy: &Arc<Policy>,
+        request_id: &HeaderValue,
+        started: Instant,
+    ) -> Response<Body> {
+        let route = policy.route.as_deref().unwrap_or("default");
+        let method = req.method().clone();
+        let res = self
+            .pass_through(req.map(body::boxed), peer, policy.upstream_timeout)
+            .await;
+        self.observed(route, "invalid_method_override", None, false);
+        let line = Line {
+            method: &method,
+            policy,
+            request_id,
+            span: &Span::none(),
+            started,
+        };
+        log_request(&self.shared.metrics, &res, Outcome::Observed, None, &line);
+        res
+    }
+
+    fn refuse_override(
+        &self,
+        detail: String,
+        policy: &Policy,
+        method: &hyper::Method,
+        request_id: &HeaderValue,
+        started: Instant,
+    ) -> Response<Body> {
+        let res = Problem::InvalidMethodOverride.response(detail, None, None);
+        let line = Line {
+            method,
+            policy,
+            request_id,
+            span: &Span::none(),
+            started,
+        };
+        log_request(&self.shared.metrics, &res, Outcome::Rejected, None, &line);
+        res
+    }
+
     /// The tenant of a protected request, or the response that refuses it.
     #[allow(clippy::result_large_err)]
     fn tenant(
@@ -822,13 +941,14 @@ impl Proxy {
         peer: SocketAddr,
         request_id: HeaderValue,
         policy: Arc<Policy>,
-        scope_path: String,
+        // The method the upstream runs (an override's, where declared) and the path's
+        // normal form: what the record is scoped and fingerprinted by.
+        (method, scope_path): (hyper::Method, String),
         started: Instant,
     ) -> Response<Body> {
         let policy_for_route = policy.clone();
         let route: &str = policy_for_route.route.as_deref().unwrap_or("default");
         let timeout = policy.upstream_timeout;
-        let method = req.method().clone();
         let line = |res: &Response<Body>| {
             let line = Line {
                 method: &method,
@@ -991,7 +1111,7 @@ impl Proxy {
         let rules = policy.fingerprint_rules();
         let fp = fingerprint::fingerprint_with(
             &RequestParts {
-                method: parts.method.as_str(),
+                method: method.as_str(),
                 path: &scope_path,
                 query: parts.uri.query(),
                 content_type: parts
@@ -1007,7 +1127,7 @@ impl Proxy {
         let id = self
             .shared
             .scoper
-            .record_id(&tenant, parts.method.as_str(), &scope_path, &key);
+            .record_id(&tenant, method.as_str(), &scope_path, &key);
         let request = Request::from_parts(parts, body::full(body_bytes.clone()));
         if !self.shared.secret.agreed() {
             drop(slot);
@@ -1042,7 +1162,7 @@ impl Proxy {
             decoded: decoded.as_deref(),
         };
         let found = self
-            .claim(&mut claim, &request, &scope_path, content, &policy)
+            .claim(&mut claim, &request, &method, &scope_path, content, &policy)
             .await;
         drop(decoded);
         pending.disarm();

@@ -177,3 +177,23 @@ async fn back_in_observe_mode_held_records_refuse_nothing() {
     let would = &o["routes"][0]["would"];
     assert!(would["unknown"] == 1 || would["in_progress"] == 1, "{o}");
 }
+
+/// What enforcing refuses for an unseen method override is forwarded and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_forwards_an_unseen_method_override() {
+    let up = Upstream::start().await;
+    let gate = Gate::start(&up.url(), "", &OBSERVE);
+    let a = client()
+        .post(gate.url("/v1/transfers"))
+        .header("idempotency-key", "ov-1")
+        .header("x-http-method-override", "DELETE")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(a.status().as_u16(), 201);
+    assert_eq!(up.hits(), 1);
+    let o = observe_json(&gate);
+    assert_eq!(o["routes"][0]["would"]["invalid_method_override"], 1, "{o}");
+}

@@ -515,7 +515,9 @@ async fn jwks_keys_verify_rs256_and_es256_tokens() {
     cfg.defaults.tenant_jwt_claim = Some("sub".into());
     let app = spawn_app(cfg).await;
     let c = client();
-    let claims = serde_json::json!({"sub": "carol", "exp": now() + 600});
+    // Two keys: `iss` is required.
+    let claims =
+        serde_json::json!({"iss": "https://idp.example", "sub": "carol", "exp": now() + 600});
     let mut rs = Header::new(Algorithm::RS256);
     rs.kid = Some("rsa-1".into());
     let mut es = Header::new(Algorithm::ES256);
@@ -541,10 +543,19 @@ async fn jwks_keys_verify_rs256_and_es256_tokens() {
     )
     .await;
     assert_eq!((a.status, b.status), (201, 201), "{:?}", b.body);
-    assert!(
-        b.replayed(),
-        "one principal, whichever key signed its token"
-    );
+    // The key that verified a token is part of its principal: whoever holds one key can
+    // sign any `iss` and `sub`.
+    assert!(!b.replayed(), "two keys, two principals");
+    let again = post(
+        &c,
+        &app,
+        "/pay",
+        Some("k"),
+        TRANSFER,
+        &[("authorization", &rs_token)],
+    )
+    .await;
+    assert!(again.replayed());
     // An RS256 header naming the EC key's id finds no key; an HS256 token signed with
     // anything is refused: no HS256 secret is configured.
     rs.kid = Some("ec-1".into());
@@ -570,7 +581,7 @@ async fn jwks_keys_verify_rs256_and_es256_tokens() {
     )
     .await;
     assert_eq!(r.status, 401);
-    assert_eq!(up.hits(), 1);
+    assert_eq!(up.hits(), 2);
     app.shutdown().await;
 }
 

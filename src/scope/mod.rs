@@ -5,6 +5,7 @@
 //! - [`tenant`]: the principal behind a request (a trusted header, a verified JWT claim, or
 //!   by default the credential itself).
 //! - [`jwt`]: verifying bearer tokens for `tenant_jwt_claim`.
+//! - [`method`]: the method the upstream will run (method-override headers).
 //!
 //! The record id is HMAC-SHA-256 under a [`ScopeSecret`] that every instance on one store
 //! shares (the store creates it once and keeps it), so an id shown in a 409, a 422 or a log
@@ -19,6 +20,7 @@ use sha2::Sha256;
 use crate::key::{IdempotencyKey, RecordId};
 
 pub mod jwt;
+pub mod method;
 pub mod path;
 pub mod tenant;
 

@@ -8,7 +8,8 @@
 //!   case-insensitively (`bearer x` and `Bearer x` are one tenant), but a refreshed token is
 //!   another tenant, so a retry made with a new token is a new operation.
 //! - [`TenantSource::JwtClaim`] (`tenant_jwt_claim`): a claim of the bearer token, which must
-//!   pass verification; a token that does not never reaches a record.
+//!   pass verification; a token that does not never reaches a record. The principal is
+//!   (the key that verified it, its `iss`, the claim's JSON value): see [`super::jwt`].
 //!
 //! A request from which no tenant can be read resolves to `None`; the proxy refuses it
 //! unless its route shares one anonymous scope (`anonymous = "shared"`).
@@ -95,14 +96,8 @@ pub fn resolve(
                 return Ok(None);
             };
             let verifier = jwt.ok_or(TenantError::NoKeys)?;
-            let Some(value) = verifier.verify(token, claim)? else {
-                return Ok(None);
-            };
-            let mut h = Sha256::new();
-            h.update(b"idemgate-tenant\x00\x02jwt");
-            part(&mut h, claim.as_bytes());
-            part(&mut h, value.as_bytes());
-            Ok(Some(Tenant(h.finalize().into())))
+            // (key source, issuer, the claim's JSON value), hashed by the verifier.
+            Ok(verifier.principal(token, claim)?.map(Tenant))
         }
     }
 }

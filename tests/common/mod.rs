@@ -934,3 +934,38 @@ impl RawUpstream {
         format!("http://{}", self.addr)
     }
 }
+
+/// Runs the binary with only `env` (and `PATH`), expecting it to stop at start-up: its exit
+/// code and stderr. One that keeps running after 10 s is killed and fails the test.
+pub fn start_up_failure(env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err_path = dir.path().join("stderr");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("IDEMGATE_LISTEN", "127.0.0.1:0")
+        .env(
+            "IDEMGATE_ADMIN_LISTEN",
+            format!("127.0.0.1:{}", free_port()),
+        )
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_path).expect("stderr file"))
+        .spawn()
+        .expect("idemgate binary");
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+            return (status.code(), err);
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+            panic!("idemgate started instead of refusing its configuration:\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
