@@ -179,9 +179,15 @@ struct Completions {
     previous: AtomicU64,
 }
 
-fn now_second() -> u64 {
+/// Milliseconds since this process first asked, plus one (so that 0 can mean "never"):
+/// the clock of the per-second counters here and in the proxy.
+pub(crate) fn process_ms() -> u64 {
     static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_secs()
+    1 + START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+fn now_second() -> u64 {
+    process_ms() / 1000
 }
 
 impl Completions {

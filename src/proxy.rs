@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{
     HeaderName, HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, DATE, SET_COOKIE,
@@ -520,19 +520,13 @@ impl Proxy {
                 }
             };
         let rules = policy.fingerprint_rules();
+        let content = Content {
+            encoding: content_encoding.as_deref(),
+            body: &body,
+            decoded: decoded.as_deref(),
+        };
         let fp = fingerprint::fingerprint_with(
-            &RequestParts {
-                method: method.as_str(),
-                path: &scope_path,
-                query: parts.uri.query(),
-                content_type: parts
-                    .headers
-                    .get(CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok()),
-                content_encoding: content_encoding.as_deref(),
-                body: &body,
-                decoded: decoded.as_deref(),
-            },
+            &request_parts(&method, &scope_path, &parts.uri, &parts.headers, content),
             &rules,
         );
         let id = self
@@ -550,16 +544,7 @@ impl Proxy {
             log(&res, Outcome::StoreError, &policy);
             return res;
         }
-        let mut claim = ClaimRequest {
-            id,
-            fingerprint: fp,
-            fingerprint_version: FINGERPRINT_VERSION,
-            owner: OwnerToken::random(),
-            lease: policy.lease,
-            retention: policy.retention,
-            busy_for: busy_for(&policy, self.shared.settings.config.store_timeout),
-            answer_room: answer_room(&policy),
-        };
+        let mut claim = new_claim(id, fp, &policy, self.shared.settings.config.store_timeout);
         let request = Request::from_parts(parts, body::full(body.clone()));
         // The claim runs on the connection's own task: a replay, a 409 or a 422 costs no
         // task of its own. A client that hangs up while the claim is in flight drops this
@@ -573,11 +558,6 @@ impl Proxy {
             armed: true,
         };
         let claim_span = telemetry::child(&span, Step::Claim);
-        let content = Content {
-            encoding: content_encoding.as_deref(),
-            body: &body,
-            decoded: decoded.as_deref(),
-        };
         let found = self
             .claim(&mut claim, &request, &method, &scope_path, content, &policy)
             .await;
@@ -615,18 +595,13 @@ impl Proxy {
         let Ok(Claim::OtherVersion(version)) = found else {
             return found;
         };
-        let parts = RequestParts {
-            method: method.as_str(),
-            path: scope_path,
-            query: request.uri().query(),
-            content_type: request
-                .headers()
-                .get(CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok()),
-            content_encoding: content.encoding,
-            body: content.body,
-            decoded: content.decoded,
-        };
+        let parts = request_parts(
+            method,
+            scope_path,
+            request.uri(),
+            request.headers(),
+            content,
+        );
         match fingerprint::fingerprint_as(version, &parts, &policy.fingerprint_rules()) {
             Some(fp) => {
                 claim.fingerprint = fp;
@@ -1039,52 +1014,16 @@ impl Proxy {
         // The body is read up to `max_body_bytes` within `body_read_timeout`; one that
         // grows beyond, breaks or stalls goes on, what was read first, as it came.
         let (parts, mut incoming) = req.into_parts();
-        let mut chunks: Vec<Bytes> = Vec::new();
-        let mut received = 0u64;
         let mut held = self.shared.buffers.hold();
-        let read = tokio::time::timeout(self.shared.settings.config.body_read_timeout, async {
-            loop {
-                match incoming.frame().await {
-                    None => return Ok(()),
-                    Some(Ok(frame)) => match frame.into_data() {
-                        Ok(data) => {
-                            received += data.len() as u64;
-                            if held.grow(data.len()).is_err() {
-                                chunks.push(data);
-                                return Err("buffers_full");
-                            }
-                            chunks.push(data);
-                            if received > policy.max_body_bytes {
-                                return Err("body_too_large");
-                            }
-                        }
-                        Err(f) if f.trailers_ref().is_some_and(|t| !t.is_empty()) => {
-                            return Err("trailers_not_supported")
-                        }
-                        Err(_) => {}
-                    },
-                    Some(Err(_)) => return Err("body_unreadable"),
-                }
-            }
-        })
-        .await
-        .unwrap_or(Err("body_timeout"));
-        if let Err(would) = read {
-            let req = Request::from_parts(parts, body::prefixed(chunks, incoming));
-            forward_as_is!(req, would, None, false)
+        let limit = usize::try_from(policy.max_body_bytes).unwrap_or(usize::MAX);
+        let timeout_read = self.shared.settings.config.body_read_timeout;
+        let (read, ended) = read_up_to(&mut incoming, limit, &mut held, 0, timeout_read).await;
+        if let Err(end) = ended {
+            let req = Request::from_parts(parts, body::prefixed(read.chunks, incoming));
+            forward_as_is!(req, end.would(), None, false)
         }
         drop(incoming);
-        let body_bytes = match chunks.len() {
-            0 => Bytes::new(),
-            1 => chunks.pop().unwrap_or_default(),
-            _ => {
-                let mut all = bytes::BytesMut::with_capacity(received as usize);
-                for c in &chunks {
-                    all.extend_from_slice(c);
-                }
-                all.freeze()
-            }
-        };
+        let body_bytes = read.into_bytes();
         let slot = match self.shared.protected.admit().await {
             Ok(slot) => slot,
             Err(_) => {
@@ -1109,19 +1048,13 @@ impl Proxy {
             }
         };
         let rules = policy.fingerprint_rules();
+        let content = Content {
+            encoding: content_encoding.as_deref(),
+            body: &body_bytes,
+            decoded: decoded.as_deref(),
+        };
         let fp = fingerprint::fingerprint_with(
-            &RequestParts {
-                method: method.as_str(),
-                path: &scope_path,
-                query: parts.uri.query(),
-                content_type: parts
-                    .headers
-                    .get(CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok()),
-                content_encoding: content_encoding.as_deref(),
-                body: &body_bytes,
-                decoded: decoded.as_deref(),
-            },
+            &request_parts(&method, &scope_path, &parts.uri, &parts.headers, content),
             &rules,
         );
         let id = self
@@ -1139,27 +1072,13 @@ impl Proxy {
             drop(slot);
             forward_as_is!(request, "store_unavailable", Some(id), false)
         }
-        let mut claim = ClaimRequest {
-            id,
-            fingerprint: fp,
-            fingerprint_version: FINGERPRINT_VERSION,
-            owner: OwnerToken::random(),
-            lease: policy.lease,
-            retention: policy.retention,
-            busy_for: busy_for(&policy, self.shared.settings.config.store_timeout),
-            answer_room: answer_room(&policy),
-        };
+        let mut claim = new_claim(id, fp, &policy, self.shared.settings.config.store_timeout);
         let pending = PendingClaim {
             shared: &self.shared,
             id,
             owner: claim.owner.clone(),
             linger: claim.retention,
             armed: true,
-        };
-        let content = Content {
-            encoding: content_encoding.as_deref(),
-            body: &body_bytes,
-            decoded: decoded.as_deref(),
         };
         let found = self
             .claim(&mut claim, &request, &method, &scope_path, content, &policy)
@@ -1274,76 +1193,29 @@ impl Proxy {
         let mut held = self.shared.buffers.hold();
         let full = || self.overloaded(Refusal::BuffersFull, &self.shared.protected);
         // A declared length is taken at once: one check instead of one per chunk.
-        let mut reserved = declared.map_or(0, |n| n as usize);
+        let reserved = declared.map_or(0, |n| n as usize);
         if held.grow(reserved).is_err() {
             return Err(full());
         }
         let limit = usize::try_from(max).unwrap_or(usize::MAX);
-        enum Ended {
-            Full,
-            Trailers,
-            TooLarge,
-            Broken,
-        }
-        let read = async {
-            let mut body = Limited::new(incoming, limit);
-            let mut chunks: Vec<Bytes> = Vec::new();
-            let mut received = 0usize;
-            while let Some(frame) = body.frame().await {
-                let frame = match frame {
-                    Ok(f) => f,
-                    Err(e) if e.is::<LengthLimitError>() => return Err(Ended::TooLarge),
-                    Err(_) => return Err(Ended::Broken),
-                };
-                match frame.into_data() {
-                    Ok(data) => {
-                        received += data.len();
-                        if received > reserved {
-                            if held.grow(received - reserved).is_err() {
-                                return Err(Ended::Full);
-                            }
-                            reserved = received;
-                        }
-                        chunks.push(data);
-                    }
-                    // A trailer (a checksum, a signature) is part of what the upstream acts
-                    // on but not of the fingerprint: forwarded, a retry with another would
-                    // replay the first; dropped, the upstream would act on a request the
-                    // client did not send.
-                    Err(frame) => {
-                        if frame.trailers_ref().is_some_and(|t| !t.is_empty()) {
-                            return Err(Ended::Trailers);
-                        }
-                    }
-                }
-            }
-            Ok(match chunks.len() {
-                0 => Bytes::new(),
-                1 => chunks.pop().unwrap_or_default(),
-                _ => {
-                    let mut all = bytes::BytesMut::with_capacity(received);
-                    for c in chunks {
-                        all.extend_from_slice(&c);
-                    }
-                    all.freeze()
-                }
-            })
-        };
-        match tokio::time::timeout(self.shared.settings.config.body_read_timeout, read).await {
-            Ok(Ok(bytes)) => Ok((bytes, held)),
-            Ok(Err(Ended::Full)) => Err(full()),
-            Ok(Err(Ended::Trailers)) => Err(Problem::TrailersNotSupported.response(
+        let mut incoming = incoming;
+        let timeout = self.shared.settings.config.body_read_timeout;
+        let (read, ended) = read_up_to(&mut incoming, limit, &mut held, reserved, timeout).await;
+        match ended {
+            Ok(()) => Ok((read.into_bytes(), held)),
+            Err(BodyEnd::BuffersFull) => Err(full()),
+            Err(BodyEnd::Trailers) => Err(Problem::TrailersNotSupported.response(
                 "protected requests cannot carry trailer fields; send them as headers",
                 None,
                 None,
             )),
-            Ok(Err(Ended::TooLarge)) => Err(too_large()),
-            Ok(Err(Ended::Broken)) => Err(Problem::BodyUnreadable.response(
+            Err(BodyEnd::TooLarge) => Err(too_large()),
+            Err(BodyEnd::Broken) => Err(Problem::BodyUnreadable.response(
                 "the request body ended early or was malformed",
                 None,
                 None,
             )),
-            Err(_) => Err(Problem::BodyTimeout.response(
+            Err(BodyEnd::Timeout) => Err(Problem::BodyTimeout.response(
                 "the request body did not arrive within body_read_timeout",
                 None,
                 None,
@@ -1472,6 +1344,45 @@ fn millis(d: Duration) -> f64 {
 }
 
 /// Replaces a URI's path, keeping its query.
+/// What the fingerprint reads of a request: the method it is scoped by, the path's normal
+/// form, its query, its content type and its body's content.
+fn request_parts<'a>(
+    method: &'a hyper::Method,
+    scope_path: &'a str,
+    uri: &'a hyper::Uri,
+    headers: &'a hyper::HeaderMap,
+    content: Content<'a>,
+) -> RequestParts<'a> {
+    RequestParts {
+        method: method.as_str(),
+        path: scope_path,
+        query: uri.query(),
+        content_type: headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()),
+        content_encoding: content.encoding,
+        body: content.body,
+        decoded: content.decoded,
+    }
+}
+
+/// A new claim on record `id` under `policy`, with a fresh owner.
+fn new_claim(
+    id: RecordId,
+    fingerprint: fingerprint::Fingerprint,
+    policy: &Policy,
+    store_timeout: Duration,
+) -> ClaimRequest {
+    ClaimRequest {
+        id,
+        fingerprint,
+        fingerprint_version: FINGERPRINT_VERSION,
+        owner: OwnerToken::random(),
+        lease: policy.lease,
+        retention: policy.retention,
+        busy_for: busy_for(policy, store_timeout),
+        answer_room: answer_room(policy),
+    }
+}
+
 /// What the fingerprint takes of a request's body: as sent, its codings, and its content
 /// when decoded.
 #[derive(Clone, Copy)]
@@ -1982,20 +1893,17 @@ fn replay(stored: StoredResponse) -> Response<Body> {
 #[derive(Default)]
 struct Breaker(std::sync::atomic::AtomicU64);
 
-/// Milliseconds since the first call in this process (0 means "never" below, so 1 + that).
-fn now_ms() -> u64 {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    1 + START.get_or_init(Instant::now).elapsed().as_millis() as u64
-}
-
 impl Breaker {
     fn failed(&self) {
-        self.0.store(now_ms(), std::sync::atomic::Ordering::Relaxed);
+        self.0.store(
+            crate::admission::process_ms(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     fn is_failing(&self) -> bool {
         let at = self.0.load(std::sync::atomic::Ordering::Relaxed);
-        at != 0 && now_ms().saturating_sub(at) < 1000
+        at != 0 && crate::admission::process_ms().saturating_sub(at) < 1000
     }
 }
 
@@ -2007,7 +1915,7 @@ impl RateLimit {
     const PER_SECOND: u64 = 10;
 
     fn allow(&self) -> bool {
-        let sec = now_ms() / 1000;
+        let sec = crate::admission::process_ms() / 1000;
         let r = self.0.fetch_update(
             std::sync::atomic::Ordering::Relaxed,
             std::sync::atomic::Ordering::Relaxed,
@@ -2024,4 +1932,105 @@ impl RateLimit {
         );
         r.is_ok()
     }
+}
+
+/// Why a protected body was not read whole.
+#[derive(Clone, Copy, Debug)]
+enum BodyEnd {
+    /// Bodies held for clients reached `max_buffered_bytes`.
+    BuffersFull,
+    /// It carries trailer fields. A trailer (a checksum, a signature) is part of what the
+    /// upstream acts on but not of the fingerprint: forwarded, a retry with another would
+    /// replay the first; dropped, the upstream would act on a request the client did not
+    /// send.
+    Trailers,
+    /// Longer than the limit.
+    TooLarge,
+    /// It ended early or was malformed.
+    Broken,
+    /// Not complete within `body_read_timeout`.
+    Timeout,
+}
+
+impl BodyEnd {
+    /// The `would` of observe mode.
+    fn would(self) -> &'static str {
+        match self {
+            BodyEnd::BuffersFull => "buffers_full",
+            BodyEnd::Trailers => "trailers_not_supported",
+            BodyEnd::TooLarge => "body_too_large",
+            BodyEnd::Broken => "body_unreadable",
+            BodyEnd::Timeout => "body_timeout",
+        }
+    }
+}
+
+/// What was read of a body: all of it, or its chunks up to where reading stopped (every
+/// chunk that arrived, so that observe mode can forward them with the rest).
+struct ReadBody {
+    chunks: Vec<Bytes>,
+    received: usize,
+}
+
+impl ReadBody {
+    fn into_bytes(mut self) -> Bytes {
+        match self.chunks.len() {
+            0 => Bytes::new(),
+            1 => self.chunks.pop().unwrap_or_default(),
+            _ => {
+                let mut all = bytes::BytesMut::with_capacity(self.received);
+                for c in &self.chunks {
+                    all.extend_from_slice(c);
+                }
+                all.freeze()
+            }
+        }
+    }
+}
+
+/// Reads `incoming` up to `max` bytes within `timeout`, taking what arrives beyond
+/// `reserved` bytes from `held` (the budget of bodies held for clients).
+async fn read_up_to(
+    incoming: &mut Incoming,
+    max: usize,
+    held: &mut Buffered,
+    mut reserved: usize,
+    timeout: Duration,
+) -> (ReadBody, Result<(), BodyEnd>) {
+    let mut read = ReadBody {
+        chunks: Vec::new(),
+        received: 0,
+    };
+    let frames = async {
+        while let Some(frame) = incoming.frame().await {
+            let Ok(frame) = frame else {
+                return Err(BodyEnd::Broken);
+            };
+            match frame.into_data() {
+                Ok(data) => {
+                    read.received += data.len();
+                    read.chunks.push(data);
+                    if read.received > reserved {
+                        if held.grow(read.received - reserved).is_err() {
+                            return Err(BodyEnd::BuffersFull);
+                        }
+                        reserved = read.received;
+                    }
+                    if read.received > max {
+                        return Err(BodyEnd::TooLarge);
+                    }
+                }
+                Err(frame) => {
+                    if frame.trailers_ref().is_some_and(|t| !t.is_empty()) {
+                        return Err(BodyEnd::Trailers);
+                    }
+                }
+            }
+        }
+        Ok(())
+    };
+    let ended = tokio::time::timeout(timeout, frames)
+        .await
+        .unwrap_or(Err(BodyEnd::Timeout));
+    (read, ended)
 }
