@@ -381,6 +381,12 @@ pub struct Defaults {
     pub fingerprint_ignore: Vec<String>,
     /// Whether the order of the query's pairs counts in the fingerprint.
     pub query_order: QueryOrder,
+    /// See [`PathParams`].
+    pub path_params: PathParams,
+    /// Format suffixes (`".json"`) that are the same operation as the route's path without
+    /// them (`/v1/transfers.json` is `/v1/transfers`). Other suffixes of 1 to 5 letters or
+    /// digits on a route's last segment are refused on protected methods.
+    pub format_suffixes: Vec<String>,
     /// Headers that carry the key, in order of preference (aliases such as
     /// `PayPal-Request-Id`): the first present is the key.
     pub key_headers: Vec<String>,
@@ -399,6 +405,20 @@ pub struct Defaults {
     /// request that names another method in an override header or `_method` gets 400
     /// `invalid-method-override` where either method is protected.
     pub method_override_headers: Vec<String>,
+}
+
+/// What a route does with `;` path parameters (`/v1/transfers;jsessionid=A`), which servlet
+/// containers (Jetty, Tomcat) cut off each segment before they route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PathParams {
+    /// Protected requests whose path has them get 400 `invalid-path` (default): with them,
+    /// a request could reach the handler under a spelling that is another operation.
+    #[default]
+    Refuse,
+    /// Left out of route matching, scope and fingerprint, and forwarded as sent: for
+    /// upstreams whose clients put `;jsessionid=` into links.
+    Strip,
 }
 
 /// One `[[routes]]` entry: a path prefix and the settings it overrides.
@@ -430,6 +450,8 @@ pub struct Route {
     pub mode: Option<Mode>,
     pub fingerprint_ignore: Option<Vec<String>>,
     pub query_order: Option<QueryOrder>,
+    pub path_params: Option<PathParams>,
+    pub format_suffixes: Option<Vec<String>>,
     pub key_headers: Option<Vec<String>>,
     pub release_on_status: Option<Vec<u16>>,
     pub short_retention_statuses: Option<Vec<u16>>,
@@ -538,6 +560,8 @@ impl Default for Defaults {
             mode: Mode::Enforce,
             fingerprint_ignore: Vec::new(),
             query_order: QueryOrder::Sorted,
+            path_params: PathParams::Refuse,
+            format_suffixes: Vec::new(),
             key_headers: vec![crate::key::HEADER.into()],
             release_on_status: Vec::new(),
             short_retention_statuses: vec![401, 403, 407],
@@ -762,6 +786,10 @@ pub struct Policy {
     pub fingerprint_ignore: Vec<JsonPointer>,
     #[allow(missing_docs)]
     pub query_order: QueryOrder,
+    #[allow(missing_docs)]
+    pub path_params: PathParams,
+    /// `format_suffixes` without their dots (lower case on a case-insensitive route).
+    pub format_suffixes: Vec<String>,
     /// Headers that carry the key, the preferred first.
     pub key_headers: Vec<HeaderName>,
     /// Statuses whose answers are passed on and not recorded (the claim is released).
@@ -849,6 +877,25 @@ pub struct Routed<'a> {
     /// The path in the normal form of that policy's rules (what scope and fingerprint
     /// use); `None` when that is the path as sent.
     pub normalized: Option<String>,
+    /// What the upstream gets instead of `normalized`, where the two differ: the client's
+    /// letter case on a case-insensitive route, the `;` parameters a `strip` route leaves out
+    /// of the scope, a folded format suffix.
+    pub forward: Forward,
+    /// A spelling this route refuses on the methods it protects (`;` parameters where
+    /// `path_params = "refuse"`, a format suffix it does not list). The path was routed
+    /// as if it had none: a request on an unprotected method passes through as sent.
+    pub refused: Option<PathError>,
+}
+
+/// The path a protected request is forwarded with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Forward {
+    /// `Routed::normalized` (or the path as sent when that is `None`).
+    Normalized,
+    /// The path as sent: it already is the form to forward.
+    AsSent,
+    /// This path.
+    Path(String),
 }
 
 impl Settings {
@@ -1114,29 +1161,67 @@ impl Settings {
             // Two booleans make four rule sets, so a slot was free or matched above.
             Err(PathError::NotAbsolute)
         }
+        // Longest prefix first; a route also takes its own path plus a format suffix
+        // (`/v1/transfers.json`), which frameworks such as Rails route to the same
+        // handler: it must not fall through to a shorter route or the defaults.
         let mut chosen = None;
         for (prefix, policy) in &self.routes {
             let i = form_for(&mut forms, raw, policy.path_rules)?;
-            let matches = forms[i]
-                .as_ref()
-                .is_some_and(|(_, form)| prefix_matches(prefix, form));
-            if matches {
-                chosen = Some((policy, i));
+            let Some((_, form)) = forms[i].as_ref() else {
+                continue;
+            };
+            if prefix_matches(prefix, form) {
+                chosen = Some((policy, i, None));
+                break;
+            }
+            if let Some(ext) = format_suffix(prefix, form) {
+                chosen = Some((policy, i, Some(ext)));
                 break;
             }
         }
-        let (policy, i) = match chosen {
+        let (policy, i, suffix) = match chosen {
             Some(c) => c,
             None => (
                 &self.default_policy,
                 form_for(&mut forms, raw, self.default_policy.path_rules)?,
+                None,
             ),
         };
-        let normalized = match forms[i].take() {
+        let rules = policy.path_rules;
+        let mut refused = None;
+        // `;` is never in a normal form: a raw one is a parameter, left out above.
+        let params = raw.contains(';');
+        if params && policy.path_params == PathParams::Refuse {
+            refused = Some(PathError::PathParams);
+        }
+        let mut normalized = match forms[i].take() {
             Some((_, Cow::Owned(s))) => Some(s),
             _ => None,
         };
-        Ok(Routed { policy, normalized })
+        let mut fold_suffix = false;
+        if let Some(ext) = suffix {
+            if policy.format_suffixes.iter().any(|f| f == ext.as_str()) {
+                fold_suffix = true;
+                let form = normalized.as_deref().unwrap_or(raw);
+                normalized = Some(form[..form.len() - ext.as_str().len() - 1].to_string());
+            } else {
+                refused = refused.or(Some(PathError::FormatSuffix(ext)));
+            }
+        }
+        let forward = if rules.case_insensitive || (params && refused.is_none()) || fold_suffix {
+            match path::forward_form(raw, rules)? {
+                Cow::Borrowed(_) => Forward::AsSent,
+                Cow::Owned(p) => Forward::Path(p),
+            }
+        } else {
+            Forward::Normalized
+        };
+        Ok(Routed {
+            policy,
+            normalized,
+            forward,
+            refused,
+        })
     }
 
     /// The policy for a path, for callers that need no normal form (a path that cannot be
@@ -1168,6 +1253,15 @@ impl Settings {
     pub fn protects_anywhere(&self, method: &Method) -> bool {
         self.protected_methods.contains(method)
     }
+}
+
+/// The format suffix of `path` when it is `prefix` (a route's path, ending in a segment)
+/// plus `.` and 1 to 5 letters or digits.
+fn format_suffix(prefix: &str, path: &str) -> Option<path::FormatExt> {
+    if prefix.ends_with('/') {
+        return None;
+    }
+    path::FormatExt::of(path.strip_prefix(prefix)?)
 }
 
 fn prefix_matches(prefix: &str, path: &str) -> bool {
@@ -1329,6 +1423,23 @@ fn resolve(
         strict: r.path_match.unwrap_or(d.path_match) == PathMatch::Strict,
         case_insensitive: r.case_insensitive_paths.unwrap_or(d.case_insensitive_paths),
     };
+    let mut format_suffixes = Vec::new();
+    for f in r.format_suffixes.as_ref().unwrap_or(&d.format_suffixes) {
+        let ext = path::FormatExt::of(f).ok_or_else(|| {
+            invalid(
+                key_of("format_suffixes"),
+                format!("`{f}` is not a format suffix: a '.' and 1 to 5 letters or digits, such as \".json\""),
+            )
+        })?;
+        let ext = if path_rules.case_insensitive {
+            ext.as_str().to_ascii_lowercase()
+        } else {
+            ext.as_str().to_string()
+        };
+        if !format_suffixes.contains(&ext) {
+            format_suffixes.push(ext);
+        }
+    }
     let fingerprint_ignore = r
         .fingerprint_ignore
         .as_ref()
@@ -1425,6 +1536,8 @@ fn resolve(
         mode: r.mode.unwrap_or(d.mode),
         fingerprint_ignore,
         query_order: r.query_order.unwrap_or(d.query_order),
+        path_params: r.path_params.unwrap_or(d.path_params),
+        format_suffixes,
         key_headers,
         release_on_status,
         short_retention_statuses,
@@ -1795,6 +1908,68 @@ mod tests {
         let d = s.route("/other").unwrap().policy;
         assert_eq!(d.tenant, TenantSource::JwtClaim("sub".into()));
         assert!(s.route("/a%2fb").is_err());
+    }
+
+    #[test]
+    fn path_parameters_and_format_suffixes_are_routed_then_refused_or_folded() {
+        let s = settings(
+            r#"
+            [[routes]]
+            path = "/v1/transfers"
+            [[routes]]
+            path = "/v1/payees"
+            path_params = "strip"
+            format_suffixes = [".json", ".XML"]
+            [[routes]]
+            path = "/v1"
+            methods = []
+            [[routes]]
+            path = "/IIS/Pay"
+            case_insensitive_paths = true
+            format_suffixes = [".JSON"]
+            "#,
+        )
+        .unwrap();
+        // Refused where the route does not accept them, after routing as if absent: never
+        // the shorter, unprotected `/v1`.
+        for p in ["/v1/transfers;jsessionid=A", "/v1;v=2/transfers"] {
+            let r = s.route(p).unwrap();
+            assert_eq!(r.policy.route.as_deref(), Some("/v1/transfers"), "{p}");
+            assert_eq!(r.refused, Some(PathError::PathParams), "{p}");
+        }
+        let r = s.route("/v1/transfers.json").unwrap();
+        assert_eq!(r.policy.route.as_deref(), Some("/v1/transfers"));
+        assert!(matches!(r.refused, Some(PathError::FormatSuffix(e)) if e.as_str() == "json"));
+        // Not a format suffix: another path under `/v1`.
+        let r = s.route("/v1/transfers.toolong").unwrap();
+        assert_eq!(r.policy.route.as_deref(), Some("/v1"));
+        assert_eq!(r.refused, None);
+        // Stripped: the scope leaves them out, the upstream gets them as sent.
+        let r = s.route("/v1//payees;jsessionid=A/7").unwrap();
+        assert_eq!(r.policy.route.as_deref(), Some("/v1/payees"));
+        assert_eq!(r.refused, None);
+        assert_eq!(r.normalized.as_deref(), Some("/v1/payees/7"));
+        assert_eq!(r.forward, Forward::Path("/v1/payees;jsessionid=A/7".into()));
+        // A listed suffix is the route's own path.
+        let r = s.route("/v1/payees.json").unwrap();
+        assert_eq!(r.refused, None);
+        assert_eq!(r.normalized.as_deref(), Some("/v1/payees"));
+        assert_eq!(r.forward, Forward::AsSent);
+        let r = s.route("/v1/payees.XML").unwrap();
+        assert_eq!(r.normalized.as_deref(), Some("/v1/payees"));
+        assert!(s.route("/v1/payees.csv").unwrap().refused.is_some());
+        // Case-insensitive: suffixes compared in lower case, trailing dots folded.
+        let r = s.route("/iis/pay.Json").unwrap();
+        assert_eq!(r.policy.route.as_deref(), Some("/IIS/Pay"));
+        assert_eq!(r.refused, None);
+        assert_eq!(r.normalized.as_deref(), Some("/iis/pay"));
+        assert_eq!(r.forward, Forward::AsSent);
+        let r = s.route("/IIS/Pay.").unwrap();
+        assert_eq!(r.normalized.as_deref(), Some("/iis/pay"));
+        assert_eq!(r.forward, Forward::Path("/IIS/Pay".into()));
+        assert!(settings("[defaults]\nformat_suffixes = [\"json\"]").is_err());
+        assert!(settings("[defaults]\nformat_suffixes = [\".toolong\"]").is_err());
+        assert!(settings("[defaults]\npath_params = \"keep\"").is_err());
     }
 }
 

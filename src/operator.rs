@@ -70,6 +70,9 @@ impl Resolver {
             .settings
             .route(path)
             .map_err(|e| format!("path: {e}"))?;
+        if let Some(e) = &routed.refused {
+            return Err(format!("path: {e}"));
+        }
         let policy = routed.policy;
         let mut headers = HeaderMap::new();
         for (name, value) in &req.headers {

@@ -32,7 +32,7 @@ use tracing::Span;
 use crate::admission::{Buffered, Buffers, Refusal, Slot, Slots};
 use crate::answer::{self, Answer};
 use crate::body::{self, Body};
-use crate::config::{Mode, OnAmbiguous, OnStoreError, Policy, RecordMode, Settings};
+use crate::config::{Forward, Mode, OnAmbiguous, OnStoreError, Policy, RecordMode, Settings};
 use crate::fingerprint::{self, RequestParts, FINGERPRINT_VERSION};
 use crate::key::{self, RecordId};
 use crate::metrics::Metrics;
@@ -40,7 +40,7 @@ use crate::problem::Problem;
 use crate::releases::Releases;
 use crate::request_id::{self, X_REQUEST_ID};
 use crate::retry_after;
-use crate::scope::{method, path, PathRules, Scoper, Tenant, TenantSource};
+use crate::scope::{method, Scoper, Tenant, TenantSource};
 use crate::secret::SecretHealth;
 use crate::store::{deadline, Claim, ClaimRequest, OwnerToken, Store, StoreError, StoredResponse};
 use crate::telemetry::{self, Step};
@@ -320,7 +320,14 @@ impl Proxy {
             // A declared header that names no method, or two: what runs is unknown.
             Err(_) if !policy.methods.is_empty() && policy.mode == Mode::Observe => {
                 return self
-                    .observe_unseen(req, peer, policy, &request_id, started)
+                    .observe_unseen(
+                        req,
+                        peer,
+                        policy,
+                        "invalid_method_override",
+                        &request_id,
+                        started,
+                    )
                     .await;
             }
             Err(e) if !policy.methods.is_empty() => {
@@ -346,7 +353,14 @@ impl Proxy {
                 });
             if protected && policy.mode == Mode::Observe {
                 return self
-                    .observe_unseen(req, peer, policy, &request_id, started)
+                    .observe_unseen(
+                        req,
+                        peer,
+                        policy,
+                        "invalid_method_override",
+                        &request_id,
+                        started,
+                    )
                     .await;
             }
             if protected {
@@ -362,6 +376,25 @@ impl Proxy {
                 );
                 return self.refuse_override(detail, policy, &effective, &request_id, started);
             }
+        }
+        // A spelling this route refuses (`;` parameters, an unlisted format suffix): the
+        // framework behind it may route it to the protected handler as another operation.
+        if let Some(e) = routed.refused.filter(|_| policy.protects(&effective)) {
+            if policy.mode == Mode::Observe {
+                return self
+                    .observe_unseen(req, peer, policy, "invalid_path", &request_id, started)
+                    .await;
+            }
+            let res = Problem::InvalidPath.response(e.to_string(), None, None);
+            let line = Line {
+                method: &effective,
+                policy,
+                request_id: &request_id,
+                span: &Span::none(),
+                started,
+            };
+            log_request(metrics, &res, Outcome::Rejected, None, &line);
+            return res;
         }
         if !policy.protects(&effective) {
             let (timeout, method) = (policy.upstream_timeout, effective);
@@ -451,21 +484,15 @@ impl Proxy {
             }
         };
         // Scope and fingerprint use the path's normal form; the upstream gets it too, so
-        // that what was scoped as one operation is sent as one request. Only a
-        // case-insensitive route sends its letters as the client wrote them.
+        // that what was scoped as one operation is sent as one request. Only what the
+        // route folds stays as the client wrote it: letter case on a case-insensitive
+        // route, `;` parameters where it strips them, a format suffix it lists.
         let raw_path = req.uri().path();
         let scope_path = routed.normalized.as_deref().unwrap_or(raw_path).to_string();
-        let forward_path = if policy.path_rules.case_insensitive {
-            let rules = PathRules {
-                case_insensitive: false,
-                ..policy.path_rules
-            };
-            match path::normalize(raw_path, rules) {
-                Ok(std::borrow::Cow::Owned(p)) => Some(p),
-                _ => None,
-            }
-        } else {
-            routed.normalized
+        let forward_path = match routed.forward {
+            Forward::Normalized => routed.normalized,
+            Forward::AsSent => None,
+            Forward::Path(p) => Some(p),
         };
         let (mut parts, incoming) = req.into_parts();
         if let Some(p) = forward_path {
@@ -832,6 +859,7 @@ impl Proxy {
         req: Request<Incoming>,
         peer: SocketAddr,
         policy: &Arc<Policy>,
+        would: &'static str,
         request_id: &HeaderValue,
         started: Instant,
     ) -> Response<Body> {
@@ -840,7 +868,7 @@ impl Proxy {
         let res = self
             .pass_through(req.map(body::boxed), peer, policy.upstream_timeout)
             .await;
-        self.observed(route, "invalid_method_override", None, false);
+        self.observed(route, would, None, false);
         let line = Line {
             method: &method,
             policy,

@@ -9,10 +9,20 @@
 //! a trailing slash is ignored; with `case_insensitive_paths = true` the letters are
 //! compared in lower case (percent-encodings keep their uppercase hex).
 //!
+//! Frameworks fold more than RFC 3986, and what they fold is the same handler:
+//! - `;` path parameters (`/v1/transfers;jsessionid=A`, `/v1;v=2/transfers`) are cut off
+//!   each segment by servlet containers (Jetty, Tomcat) before routing. The normal form
+//!   leaves them out; whether a route accepts them is the route's choice (`path_params`).
+//! - IIS and ASP.NET drop trailing dots and spaces of each segment (`/v1/transfers.`,
+//!   `/v1/transfers%20`): on `case_insensitive_paths` routes the normal form drops them too.
+//!   Elsewhere they are other paths, as they are to the frameworks those routes stand for.
+//!
 //! Some spellings cannot be normalized safely, because upstreams disagree on what they
-//! mean: an encoded `/` or `\` (one segment to some frameworks, two to others), dot
-//! segments that climb above the root, and broken percent-encoding. Protected requests with
-//! such a path are refused (400 `invalid-path`) instead of being guessed at.
+//! mean: an encoded `/` or `\` (one segment to some frameworks, two to others), a raw `\`,
+//! dot segments that climb above the root or carry parameters (`..;x`, a traversal to
+//! Tomcat, a name to others), segments that are only dots and spaces on a case-insensitive
+//! route, and broken percent-encoding. Protected requests with such a path are refused (400
+//! `invalid-path`) instead of being guessed at.
 
 use std::borrow::Cow;
 
@@ -45,6 +55,66 @@ pub enum PathError {
     /// Not an absolute path (`*`, or an empty path).
     #[error("the path is not absolute")]
     NotAbsolute,
+    /// A `.` or `..` segment with `;` parameters: a dot segment to servlet containers, a
+    /// name to others.
+    #[error("the path has a dot segment with ';' parameters, which upstreams read differently")]
+    DotSegmentParams,
+    /// On a case-insensitive route, a segment made only of dots and spaces beyond `.` and
+    /// `..`, which Windows servers fold to something else.
+    #[error("the path has a segment of only dots and spaces, which Windows servers fold")]
+    OnlyDots,
+    /// `;` path parameters, on a route that does not accept them (`path_params`).
+    #[error("the path has ';' parameters (servlet containers cut them off before routing); this route refuses them: send the path without them, or set path_params = \"strip\" on the route")]
+    PathParams,
+    /// A format suffix (`/v1/transfers.json`) that the route does not list.
+    #[error("the path ends in a format suffix ('.{0}') that frameworks such as Rails route to the same handler; this route does not list it in format_suffixes: send the path without it")]
+    FormatSuffix(FormatExt),
+}
+
+/// The letters or digits of a format suffix (`json` of `.json`), at most five.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FormatExt {
+    len: u8,
+    bytes: [u8; 5],
+}
+
+impl FormatExt {
+    /// The suffix of `seg` after its last `.`, when that is 1 to 5 ASCII letters or digits
+    /// and something comes before the dot.
+    pub fn of(rest: &str) -> Option<FormatExt> {
+        let ext = rest.strip_prefix('.')?;
+        if ext.is_empty() || ext.len() > 5 || !ext.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return None;
+        }
+        let mut bytes = [0u8; 5];
+        bytes[..ext.len()].copy_from_slice(ext.as_bytes());
+        Some(FormatExt {
+            len: ext.len() as u8,
+            bytes,
+        })
+    }
+
+    /// The suffix without its dot.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for FormatExt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a form keeps of a path's parameters and letters.
+#[derive(Debug, Clone, Copy)]
+struct Form {
+    rules: PathRules,
+    /// Lower-case letters (the matching form of a case-insensitive route).
+    fold_case: bool,
+    /// Keep `;` parameters (the form the upstream gets on a `path_params = "strip"`
+    /// route) instead of leaving them out.
+    keep_params: bool,
 }
 
 fn is_unreserved(b: u8) -> bool {
@@ -63,23 +133,30 @@ fn hex_val(b: u8) -> Option<u8> {
 /// Whether `path` is already in normal form under `rules`, checked in one pass without
 /// allocating: the common case, so a request pays for a copy only when its client spelled
 /// the path unusually.
-fn is_normal(path: &str, rules: PathRules) -> bool {
+fn is_normal(path: &str, form: Form) -> bool {
+    let rules = form.rules;
     let b = path.as_bytes();
     if b.first() != Some(&b'/') {
         return false;
     }
-    // An escape to normalize, a byte that must become one (a raw non-ASCII byte), or a
-    // backslash to refuse.
-    if b.iter().any(|&c| c == b'%' || c == b'\\' || c >= 0x80) {
+    // An escape to normalize, a byte that must become one (a raw non-ASCII byte), a
+    // backslash to refuse, or parameters to take off.
+    if b.iter()
+        .any(|&c| c == b'%' || c == b'\\' || c >= 0x80 || c == b';')
+    {
         return false;
     }
-    if rules.case_insensitive && b.iter().any(u8::is_ascii_uppercase) {
+    if form.fold_case && b.iter().any(u8::is_ascii_uppercase) {
         return false;
     }
-    // Dot segments, and (unless strict) empty segments: look at each segment.
+    // Dot segments, (unless strict) empty segments, and trailing dots where they are
+    // folded: look at each segment.
     let mut segments = path[1..].split('/').peekable();
     while let Some(seg) = segments.next() {
         if seg == "." || seg == ".." {
+            return false;
+        }
+        if rules.case_insensitive && seg.ends_with('.') {
             return false;
         }
         if !rules.strict && seg.is_empty() {
@@ -92,15 +169,44 @@ fn is_normal(path: &str, rules: PathRules) -> bool {
     true
 }
 
-/// Normalizes an absolute request path (without its query) under `rules`.
+/// Normalizes an absolute request path (without its query) under `rules`: the form that
+/// route matching, the scope and the fingerprint use. `;` parameters are left out (whether
+/// the route accepts a path that had them is the caller's: the raw path contains `;`).
 pub fn normalize(path: &str, rules: PathRules) -> Result<Cow<'_, str>, PathError> {
-    if is_normal(path, rules) {
+    normalize_as(
+        path,
+        Form {
+            rules,
+            fold_case: rules.case_insensitive,
+            keep_params: false,
+        },
+    )
+}
+
+/// The form a protected path is sent upstream in: the normal form with the client's letter
+/// case and its `;` parameters kept (trailing dots and spaces still folded on a
+/// case-insensitive route), so the upstream runs what was scoped.
+pub fn forward_form(path: &str, rules: PathRules) -> Result<Cow<'_, str>, PathError> {
+    normalize_as(
+        path,
+        Form {
+            rules,
+            fold_case: false,
+            keep_params: true,
+        },
+    )
+}
+
+fn normalize_as(path: &str, form: Form) -> Result<Cow<'_, str>, PathError> {
+    let rules = form.rules;
+    if is_normal(path, form) {
         return Ok(Cow::Borrowed(path));
     }
     if !path.starts_with('/') {
         return Err(PathError::NotAbsolute);
     }
-    // 6.2.2.1 and 6.2.2.2: percent-encodings.
+    // 6.2.2.1 and 6.2.2.2: percent-encodings. An encoded `;` stays encoded (it is
+    // reserved), so a raw `;` in `decoded` is one the client sent raw: a parameter.
     let b = path.as_bytes();
     let mut decoded = String::with_capacity(path.len());
     let mut i = 0;
@@ -140,11 +246,29 @@ pub fn normalize(path: &str, rules: PathRules) -> Result<Cow<'_, str>, PathError
             i += 1;
         }
     }
-    // 6.2.2.3: dot segments (5.2.4), and the slash rules.
-    let mut out: Vec<&str> = Vec::new();
+    // 6.2.2.3: dot segments (5.2.4), and the slash rules; parameters and trailing dots
+    // come off each segment first, as the frameworks that fold them do before they route.
+    let mut out: Vec<(&str, &str)> = Vec::new();
     let mut ends_in_dir = false;
     for seg in decoded[1..].split('/') {
-        match seg {
+        let (name, params) = match seg.find(';') {
+            Some(at) => seg.split_at(at),
+            None => (seg, ""),
+        };
+        if !params.is_empty() && (name == "." || name == "..") {
+            return Err(PathError::DotSegmentParams);
+        }
+        let name = if rules.case_insensitive && name != "." && name != ".." {
+            let kept = trim_dots_and_spaces(name);
+            if kept.is_empty() && !name.is_empty() {
+                return Err(PathError::OnlyDots);
+            }
+            kept
+        } else {
+            name
+        };
+        let params = if form.keep_params { params } else { "" };
+        match name {
             "." => ends_in_dir = true,
             ".." => {
                 if out.pop().is_none() {
@@ -152,27 +276,41 @@ pub fn normalize(path: &str, rules: PathRules) -> Result<Cow<'_, str>, PathError
                 }
                 ends_in_dir = true;
             }
-            "" if !rules.strict => {}
+            "" if !rules.strict && params.is_empty() => {}
             s => {
-                out.push(s);
+                out.push((s, params));
                 ends_in_dir = false;
             }
         }
     }
     let mut normal = String::with_capacity(decoded.len());
-    for seg in &out {
+    for (seg, params) in &out {
         normal.push('/');
         normal.push_str(seg);
+        normal.push_str(params);
     }
     // Strict paths keep the directory form that 5.2.4 leaves (`/a/.` is `/a/`); an empty
     // last segment of a strict path was pushed above and already gives its slash.
     if normal.is_empty() || (rules.strict && ends_in_dir) {
         normal.push('/');
     }
-    if rules.case_insensitive {
+    if form.fold_case {
         lowercase_outside_escapes(&mut normal);
     }
     Ok(Cow::Owned(normal))
+}
+
+/// A segment without its trailing dots and (encoded) spaces, as Windows servers read it.
+fn trim_dots_and_spaces(mut seg: &str) -> &str {
+    loop {
+        if let Some(s) = seg.strip_suffix('.') {
+            seg = s;
+        } else if let Some(s) = seg.strip_suffix("%20") {
+            seg = s;
+        } else {
+            return seg;
+        }
+    }
 }
 
 /// ASCII letters to lower case, except the hex digits of percent-encodings, which RFC 3986
@@ -303,6 +441,75 @@ mod tests {
         assert_eq!(n("/a%3a", NOCASE).unwrap(), "/a%3A");
         assert_eq!(n("/%41", NOCASE).unwrap(), "/a");
         assert_eq!(n("/V1/Transfers", LENIENT).unwrap(), "/V1/Transfers");
+    }
+
+    #[test]
+    fn path_parameters_are_left_out_and_kept_for_forwarding() {
+        for p in [
+            "/v1/transfers;jsessionid=ABC123",
+            "/v1;v=2/transfers",
+            "/v1;/transfers;",
+            "/v1/transfers;a=1;b=2/",
+        ] {
+            assert_eq!(n(p, LENIENT).unwrap(), "/v1/transfers", "{p}");
+        }
+        assert_eq!(
+            forward_form("/v1//transfers;jsessionid=A", LENIENT).unwrap(),
+            "/v1/transfers;jsessionid=A"
+        );
+        assert_eq!(
+            forward_form("/V1;v=2/Transfers", NOCASE).unwrap(),
+            "/V1;v=2/Transfers"
+        );
+        // An encoded `;` is a character of the segment, not a parameter.
+        assert_eq!(n("/v1/a%3bb", LENIENT).unwrap(), "/v1/a%3Bb");
+        // Dot segments with parameters: a traversal to servlet containers.
+        for p in ["/v1/..;x/transfers", "/v1/.;x/transfers", "/a/..;/b"] {
+            assert_eq!(n(p, LENIENT), Err(PathError::DotSegmentParams), "{p}");
+            assert_eq!(forward_form(p, LENIENT), Err(PathError::DotSegmentParams));
+        }
+    }
+
+    #[test]
+    fn case_insensitive_routes_drop_trailing_dots_and_spaces() {
+        for p in [
+            "/v1/transfers.",
+            "/V1/Transfers..",
+            "/v1/transfers%20",
+            "/v1/transfers.%20.",
+            "/v1./transfers",
+            "/v1%20/transfers/",
+            "/v1/transfers%2e",
+        ] {
+            assert_eq!(n(p, NOCASE).unwrap(), "/v1/transfers", "{p}");
+        }
+        assert_eq!(
+            forward_form("/V1/Transfers.", NOCASE).unwrap(),
+            "/V1/Transfers"
+        );
+        // Elsewhere they are other paths.
+        assert_eq!(n("/v1/transfers.", LENIENT).unwrap(), "/v1/transfers.");
+        assert_eq!(n("/v1/transfers%20", LENIENT).unwrap(), "/v1/transfers%20");
+        // Only dots and spaces: folded to something else by Windows, refused.
+        for p in ["/v1/.../x", "/v1/%20", "/v1/.%20"] {
+            assert_eq!(n(p, NOCASE), Err(PathError::OnlyDots), "{p}");
+        }
+        assert_eq!(n("/v1/x/..", NOCASE).unwrap(), "/v1");
+    }
+
+    #[test]
+    fn format_suffixes_are_one_to_five_letters_or_digits() {
+        assert_eq!(
+            FormatExt::of(".json").map(|e| e.to_string()),
+            Some("json".into())
+        );
+        assert_eq!(
+            FormatExt::of(".v2").map(|e| e.to_string()),
+            Some("v2".into())
+        );
+        for rest in ["", ".", ".toolong", ".js-n", "json", "/x.json", ".a.b"] {
+            assert_eq!(FormatExt::of(rest), None, "{rest}");
+        }
     }
 
     #[test]
