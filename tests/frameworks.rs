@@ -1,0 +1,354 @@
+//! Real frameworks as upstreams: Express 5, Flask 3.1 and Debian's Jetty 9.4, each with a
+//! transfer handler at `/v1/transfers` that counts its executions, behind the binary with a
+//! route that protects it (`require_key = true`). Every spelling of the corpus
+//! (`tests/frameworks/spellings.txt`) is sent as raw bytes, directly (what the framework
+//! routes to the handler) and through idemgate, and the handler's own count is the oracle:
+//! under one key it runs at most once whatever the spelling, and never without a key.
+//!
+//! The frameworks are installed, pinned, by `tests/frameworks/install.sh` (which `.ci/run`
+//! runs too) into the target directory. `docs/path-spellings.md` holds the table this test
+//! makes: it fails when the table there differs; `IDEMGATE_WRITE_DOCS=1` rewrites it.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BODY: &str = r#"{"amount":10,"to":"acct-2"}"#;
+
+/// A framework's server process, killed on drop.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Reply {
+    status: u16,
+    problem: Option<String>,
+    replayed: bool,
+}
+
+/// Sends `POST target` (its bytes as they are) with `headers`; `None` when the connection
+/// broke before an answer.
+fn post(addr: SocketAddr, target: &[u8], headers: &[(&str, &str)]) -> Option<Reply> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let mut req = b"POST ".to_vec();
+    req.extend_from_slice(target);
+    req.extend_from_slice(
+        format!(
+            " HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+            BODY.len()
+        )
+        .as_bytes(),
+    );
+    for (k, v) in headers {
+        req.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
+    }
+    req.extend_from_slice(b"\r\n");
+    req.extend_from_slice(BODY.as_bytes());
+    s.write_all(&req).ok()?;
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out);
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let head = text
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let header = |name: &str| {
+        head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+    };
+    Some(Reply {
+        status,
+        problem: header("idemgate-error"),
+        replayed: header("idempotent-replayed").as_deref() == Some("true"),
+    })
+}
+
+/// The handler's executions so far, asked of the framework directly.
+fn executions(addr: SocketAddr) -> Option<u64> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(
+        format!("GET /count HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .ok()?;
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let body = out.split("\r\n\r\n").nth(1)?;
+    let body = body.trim_start_matches(|c: char| c != '{');
+    let v: serde_json::Value = serde_json::from_str(body.split('\n').next()?.trim()).ok()?;
+    v["n"].as_u64()
+}
+
+/// The corpus, each spelling as its bytes and as written in the corpus.
+fn corpus() -> Vec<(Vec<u8>, String)> {
+    let text = include_str!("frameworks/spellings.txt");
+    text.lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let mut bytes = Vec::new();
+            let b = l.as_bytes();
+            let mut i = 0;
+            while i < b.len() {
+                if b[i] == b'\\' && b.get(i + 1) == Some(&b'\\') {
+                    bytes.push(b'\\');
+                    i += 2;
+                } else if b[i] == b'\\' && b.get(i + 1) == Some(&b'x') {
+                    let hex = std::str::from_utf8(&b[i + 2..i + 4]).unwrap();
+                    bytes.push(u8::from_str_radix(hex, 16).unwrap());
+                    i += 4;
+                } else {
+                    bytes.push(b[i]);
+                    i += 1;
+                }
+            }
+            (bytes, l.to_string())
+        })
+        .collect()
+}
+
+/// Where the frameworks are installed: beside the test binaries, in the target directory.
+fn install_dir() -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_idemgate"));
+    let target = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+    let dir = target.join("frameworks");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/frameworks/install.sh");
+    let status = Command::new("bash")
+        .arg(&script)
+        .arg(&dir)
+        .status()
+        .expect("run tests/frameworks/install.sh");
+    assert!(status.success(), "tests/frameworks/install.sh failed");
+    dir
+}
+
+fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while !ready() {
+        assert!(Instant::now() < until, "{what} did not become ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn start(framework: &str, dir: &Path) -> (Server, SocketAddr) {
+    let port = common::free_port();
+    let mut cmd = match framework {
+        "express" => {
+            let mut c = Command::new("node");
+            c.arg(dir.join("express/app.js"));
+            c
+        }
+        "flask" => {
+            let mut c = Command::new("python3");
+            c.env("PYTHONPATH", dir.join("flask/site"))
+                .arg(dir.join("flask/app.py"));
+            c
+        }
+        "jetty" => {
+            let cp = std::fs::read_to_string(dir.join("jetty/classpath")).unwrap();
+            let mut c = Command::new("java");
+            c.arg("-cp").arg(cp.trim()).arg("Transfers");
+            c
+        }
+        other => panic!("no framework {other}"),
+    };
+    let child = cmd
+        .arg(port.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {framework}: {e}"));
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let server = Server(child);
+    wait_until(framework, || executions(addr).is_some());
+    (server, addr)
+}
+
+fn start_idemgate(
+    upstream: SocketAddr,
+    route_extra: &str,
+) -> (Server, SocketAddr, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let (port, admin) = (common::free_port(), common::free_port());
+    let config = format!(
+        "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\nupstream = \"http://{upstream}\"\n\n[[routes]]\npath = \"/v1/transfers\"\nrequire_key = true\n{route_extra}\n"
+    );
+    let file = dir.path().join("idemgate.toml");
+    std::fs::write(&file, config).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .env_clear()
+        .env("IDEMGATE_CONFIG", &file)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server(child);
+    let admin: SocketAddr = format!("127.0.0.1:{admin}").parse().unwrap();
+    wait_until("idemgate", || {
+        common::http_get(admin, "/healthz").is_some_and(|r| r.starts_with("HTTP/1.1 200"))
+    });
+    (server, format!("127.0.0.1:{port}").parse().unwrap(), dir)
+}
+
+/// What one spelling did on one framework: directly, then through idemgate.
+struct Cell {
+    direct: String,
+    through: String,
+}
+
+fn describe(r: &Option<Reply>, ran: bool) -> String {
+    match r {
+        None => "no answer".into(),
+        Some(_) if ran => "runs the handler".into(),
+        Some(r) if r.replayed => "same operation (replayed)".into(),
+        Some(Reply {
+            status,
+            problem: Some(p),
+            ..
+        }) => format!("{status} {p}"),
+        Some(r) => format!("{} (not the handler)", r.status),
+    }
+}
+
+/// Runs the corpus against one framework behind a route with `route_extra`; the violations
+/// found, and the table column.
+fn run(framework: &str, route_extra: &str, dir: &Path) -> (Vec<String>, Vec<Cell>) {
+    let (_fw, fw) = start(framework, dir);
+    let (_idemgate, proxy, _config) = start_idemgate(fw, route_extra);
+    let auth = ("Authorization", "Bearer acct-1");
+    let count = || executions(fw).expect("the framework's count");
+    let mut violations = Vec::new();
+    let mut cells = Vec::new();
+    for (i, (target, written)) in corpus().into_iter().enumerate() {
+        // Directly: does the framework route this spelling to the handler?
+        let before = count();
+        let direct = post(fw, &target, &[]);
+        let routes_to_handler = count() > before;
+        // The plain spelling first, then this one, under one key: one execution.
+        let k1 = format!("{framework}-{i}-first");
+        let before = count();
+        let plain = post(proxy, b"/v1/transfers", &[auth, ("Idempotency-Key", &k1)]);
+        let after_plain = count();
+        if after_plain != before + 1 || plain.as_ref().map(|r| r.status) != Some(201) {
+            violations.push(format!(
+                "{written}: the plain spelling under a new key did not run once"
+            ));
+        }
+        let second = post(proxy, &target, &[auth, ("Idempotency-Key", &k1)]);
+        if count() != after_plain {
+            violations.push(format!(
+                "{written}: ran again under the key of `/v1/transfers` ({:?})",
+                second.as_ref().map(|r| r.status)
+            ));
+        }
+        // This spelling first, then the plain one: at most one execution.
+        let k2 = format!("{framework}-{i}-second");
+        let before = count();
+        post(proxy, &target, &[auth, ("Idempotency-Key", &k2)]);
+        post(proxy, b"/v1/transfers", &[auth, ("Idempotency-Key", &k2)]);
+        if count() > before + 1 {
+            violations.push(format!(
+                "{written}: then `/v1/transfers` under one key ran {} times",
+                count() - before
+            ));
+        }
+        // No key: `require_key` holds whatever the spelling.
+        let before = count();
+        let keyless = post(proxy, &target, &[auth]);
+        if count() != before {
+            violations.push(format!(
+                "{written}: ran without a key ({:?})",
+                keyless.as_ref().map(|r| r.status)
+            ));
+        }
+        cells.push(Cell {
+            direct: if routes_to_handler {
+                "handler".into()
+            } else {
+                direct.map_or("no answer".into(), |r| r.status.to_string())
+            },
+            through: describe(&second, false),
+        });
+    }
+    (violations, cells)
+}
+
+const COLUMNS: [(&str, &str, &str); 4] = [
+    ("Express 5.2", "express", "case_insensitive_paths = true"),
+    ("Flask 3.1", "flask", ""),
+    ("Jetty 9.4", "jetty", ""),
+    (
+        "Jetty 9.4, `path_params = \"strip\"`",
+        "jetty",
+        "path_params = \"strip\"",
+    ),
+];
+
+#[test]
+fn every_spelling_a_framework_routes_to_the_handler_is_one_operation_or_refused() {
+    let dir = install_dir();
+    let mut all_violations = Vec::new();
+    let mut columns = Vec::new();
+    for (title, framework, extra) in COLUMNS {
+        let (violations, cells) = run(framework, extra, &dir);
+        all_violations.extend(violations.into_iter().map(|v| format!("{title}: {v}")));
+        columns.push(cells);
+    }
+    assert!(
+        all_violations.is_empty(),
+        "{} violations:\n{}",
+        all_violations.len(),
+        all_violations.join("\n")
+    );
+    let table = table(&columns);
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/path-spellings.md");
+    let text = std::fs::read_to_string(&docs).unwrap_or_default();
+    let (begin, end) = ("<!-- spellings:begin -->\n", "<!-- spellings:end -->");
+    if std::env::var_os("IDEMGATE_WRITE_DOCS").is_some() {
+        let (Some(b), Some(e)) = (text.find(begin), text.find(end)) else {
+            panic!("docs/path-spellings.md has no {begin:?} ... {end:?} block");
+        };
+        let new = format!("{}{table}{}", &text[..b + begin.len()], &text[e..]);
+        std::fs::write(&docs, new).unwrap();
+    } else {
+        assert!(
+            text.contains(&format!("{begin}{table}{end}")),
+            "docs/path-spellings.md does not show what the frameworks did; run with IDEMGATE_WRITE_DOCS=1 to rewrite its table:\n{table}"
+        );
+    }
+}
+
+fn table(columns: &[Vec<Cell>]) -> String {
+    let mut out = String::from("| Spelling |");
+    for (title, _, _) in COLUMNS {
+        out.push_str(&format!(" {title} |"));
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"---|".repeat(COLUMNS.len()));
+    out.push('\n');
+    for (i, (_, written)) in corpus().iter().enumerate() {
+        out.push_str(&format!("| `{written}` |"));
+        for col in columns {
+            let c = &col[i];
+            out.push_str(&format!(" {}: {} |", c.direct, c.through));
+        }
+        out.push('\n');
+    }
+    out
+}
