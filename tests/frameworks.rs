@@ -9,6 +9,8 @@
 //! runs too) into the target directory. `docs/path-spellings.md` holds the table this test
 //! makes: it fails when the table there differs; `IDEMGATE_WRITE_DOCS=1` rewrites it.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::io::{Read, Write};
