@@ -3,8 +3,12 @@
 //! faults are injected at random: Redis frozen (SIGSTOP/SIGCONT) or killed and restarted
 //! (fsynced append-only file), the upstream breaking off mid-answer or hanging, clients
 //! hanging up. The clients vary what real clients vary: each attempt picks an instance, a
-//! spelling of the path and one of its principal's refreshed bearer tokens, and several
-//! principals reuse the same keys with the same bodies.
+//! spelling of the path (raw or encoded bytes of a non-ASCII payee, repeated slashes, dot
+//! segments, `;` path parameters, the query's pairs in another order) and one of its
+//! principal's refreshed bearer tokens; every third operation is a multipart/form-data body
+//! with a new boundary on each send; and principals reuse the same keys with the same
+//! bodies, among them principals of two issuers (an HS256 secret and an RS256 JWKS key)
+//! with the same `sub`.
 //!
 //! What one operation is comes from the clients, not from idemgate: each intent carries its
 //! own id in an `x-test-op` header (headers are not fingerprinted, so bodies stay identical
@@ -33,6 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::history::*;
+use common::idp::Idp;
 use common::*;
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use rand::rngs::StdRng;
@@ -41,30 +46,46 @@ use rand::{Rng, SeedableRng};
 const CLIENTS: usize = 8;
 const KEYS_PER_CLIENT: usize = 30;
 const ATTEMPTS: usize = 4;
-const PRINCIPALS: usize = 3;
+/// Principals: `sub` `principal-{p / 2}` of issuer `p % 2`, so each subject exists at both
+/// issuers.
+const PRINCIPALS: usize = 4;
+const ISSUERS: [&str; 2] = ["https://internal.example", "https://idp.example"];
 /// Bearer tokens minted per principal: each attempt presents one of them (a refresh).
 const TOKENS_PER_PRINCIPAL: usize = 3;
 const SERVICES: [&str; 2] = ["payments", "ledger"];
-/// Spellings of one path that a client may send (all mean `/v1/transfers`).
-const SPELLINGS: [&str; 5] = [
-    "/v1/transfers",
-    "/v1/transfers/",
-    "/v1//transfers",
-    "/v1/%74ransfers",
-    "/v1/./transfers",
+/// Spellings of one request target that a client may send (all mean
+/// `/v1/transfers/jos%C3%A9?currency=EUR&memo=rent`; `\u{e9}` goes out as its raw UTF-8
+/// bytes). The routes strip `;` parameters (`path_params = "strip"`).
+const SPELLINGS: [&str; 8] = [
+    "/v1/transfers/jos%C3%A9?currency=EUR&memo=rent",
+    "/v1/transfers/jos\u{e9}?memo=rent&currency=EUR",
+    "/v1/transfers/jos%c3%a9/?currency=EUR&memo=rent",
+    "/v1//transfers/jos%C3%A9?memo=rent&currency=EUR",
+    "/v1/%74ransfers/jos\u{e9}?currency=EUR&memo=rent",
+    "/v1/./transfers/jos%C3%A9?currency=EUR&memo=rent",
+    "/v1/transfers;jsessionid=S1/jos%C3%A9?currency=EUR&memo=rent",
+    "/v1;v=2/transfers/jos\u{e9};x?memo=rent&currency=EUR",
 ];
 /// Clients start no new key after this; the run ends a few seconds later at most.
 const RUN_FOR: Duration = Duration::from_secs(12);
 const JWT_SECRET: &str = "history-jwt-secret-0123456789abcdef";
 
-fn token(principal: usize, refresh: usize) -> String {
+fn token(idp: &Idp, principal: usize, refresh: usize) -> String {
     let exp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs()
         + 3600;
-    let claims =
-        serde_json::json!({"sub": format!("principal-{principal}"), "iat": refresh, "exp": exp});
+    let issuer = ISSUERS[principal % 2];
+    let claims = serde_json::json!({
+        "iss": issuer,
+        "sub": format!("principal-{}", principal / 2),
+        "iat": refresh,
+        "exp": exp,
+    });
+    if principal % 2 == 1 {
+        return idp.token(claims);
+    }
     let t = encode(
         &Header::new(Algorithm::HS256),
         &claims,
@@ -82,6 +103,7 @@ async fn history_under_random_faults_has_no_double_execution() {
         .unwrap_or(20240917);
     let redis = RedisServer::start_persistent();
     let ups = [Upstream::start().await, Upstream::start().await];
+    let idp = Arc::new(Idp::new());
     let mut instances = Vec::new();
     for (service, up) in SERVICES.iter().zip(&ups) {
         let mut cfg = redis_config(up, &redis);
@@ -93,6 +115,8 @@ async fn history_under_random_faults_has_no_double_execution() {
         cfg.defaults.upstream_timeout = Duration::from_millis(800);
         cfg.defaults.anonymous = idemgate::config::Anonymous::Refuse;
         cfg.jwt_hs256_secret = Some(JWT_SECRET.into());
+        cfg.jwks_file = Some(idp.jwks().into());
+        cfg.defaults.path_params = idemgate::config::PathParams::Strip;
         if std::env::var("HISTORY_TENANT").as_deref() != Ok("credential") {
             cfg.defaults.tenant_jwt_claim = Some("sub".into());
         }
@@ -154,7 +178,11 @@ async fn history_under_random_faults_has_no_double_execution() {
     };
 
     let tokens: Vec<Vec<String>> = (0..PRINCIPALS)
-        .map(|p| (0..TOKENS_PER_PRINCIPAL).map(|r| token(p, r)).collect())
+        .map(|p| {
+            (0..TOKENS_PER_PRINCIPAL)
+                .map(|r| token(&idp, p, r))
+                .collect()
+        })
         .collect();
     let clients = Clients {
         seed,
@@ -181,7 +209,8 @@ async fn history_under_random_faults_has_no_double_execution() {
                 key,
                 credentials: tokens[principal].clone(),
                 // A fresh token for the last read.
-                final_credential: token(principal, 99),
+                final_credential: token(&idp, principal, 99),
+                multipart: k % 3 == 0,
             }
         }),
     };

@@ -189,6 +189,7 @@ async fn history_with_wire_faults_never_strands_a_key_that_did_not_run() {
                 key,
                 credentials: vec![tenant.clone()],
                 final_credential: tenant,
+                multipart: false,
             }
         }),
     };

@@ -6,8 +6,8 @@
 
 mod common;
 
+use common::idp::Idp;
 use common::*;
-use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 
 const SECRET: &str = "jwt-secret-for-tests-0123456789abcdef";
@@ -28,53 +28,6 @@ fn hs(claims: serde_json::Value) -> String {
     )
     .unwrap();
     format!("Bearer {t}")
-}
-
-/// An RSA key in a JWKS file (kid `idp-1`), and its signing key.
-struct Idp {
-    dir: tempfile::TempDir,
-    key: EncodingKey,
-}
-
-impl Idp {
-    fn new() -> Idp {
-        let dir = tempfile::tempdir().unwrap();
-        let pem = dir.path().join("rsa.pem");
-        let st = std::process::Command::new("openssl")
-            .args([
-                "genpkey",
-                "-algorithm",
-                "RSA",
-                "-pkeyopt",
-                "rsa_keygen_bits:2048",
-            ])
-            .arg("-out")
-            .arg(&pem)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .unwrap();
-        assert!(st.success());
-        let key = EncodingKey::from_rsa_pem(&std::fs::read(&pem).unwrap()).unwrap();
-        let mut jwk = Jwk::from_encoding_key(&key, Algorithm::RS256).unwrap();
-        jwk.common.key_id = Some("idp-1".into());
-        let jwks = JwkSet { keys: vec![jwk] };
-        std::fs::write(
-            dir.path().join("jwks.json"),
-            serde_json::to_string(&jwks).unwrap(),
-        )
-        .unwrap();
-        Idp { dir, key }
-    }
-
-    fn jwks(&self) -> String {
-        self.dir.path().join("jwks.json").to_str().unwrap().into()
-    }
-
-    fn token(&self, claims: serde_json::Value) -> String {
-        let mut h = Header::new(Algorithm::RS256);
-        h.kid = Some("idp-1".into());
-        format!("Bearer {}", encode(&h, &claims, &self.key).unwrap())
-    }
 }
 
 fn gate(up: &Upstream, idp: &Idp, extra: &[(&str, &str)]) -> Gate {

@@ -120,6 +120,7 @@ async fn history_on_postgres_under_faults_has_no_double_execution() {
                 key,
                 credentials: vec![format!("Bearer {principal}")],
                 final_credential: format!("Bearer {principal}"),
+                multipart: false,
             }
         }),
     };

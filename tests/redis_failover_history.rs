@@ -117,6 +117,7 @@ async fn run_history(topo: Topo, mut cfg: Config, up: Upstream, seed: u64) {
                 key,
                 credentials: vec![tenant.clone()],
                 final_credential: tenant,
+                multipart: false,
             }
         }),
     };

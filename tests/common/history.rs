@@ -46,6 +46,48 @@ pub struct Intent {
     pub credentials: Vec<String>,
     /// The `Authorization` of the last, fault-free read.
     pub final_credential: String,
+    /// Sent as `multipart/form-data` with one part, `transfer`, holding `body`, and a new
+    /// boundary on every send, as client libraries make them.
+    pub multipart: bool,
+}
+
+/// `body` as the one part of a multipart/form-data body with `boundary`: the body and
+/// its content type.
+pub fn multipart(boundary: &str, body: &str) -> (String, String) {
+    (
+        format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"transfer\"\r\nContent-Type: application/json\r\n\r\n{body}\r\n--{boundary}--\r\n"
+        ),
+        format!("multipart/form-data; boundary={boundary}"),
+    )
+}
+
+/// Whether an execution's body carries the operation's `body`: the same bytes, or, for a
+/// multipart operation, one part `transfer` holding them under the boundary that its
+/// `content-type` names. The checker's own reading of the format, not idemgate's.
+fn carries(intent: &Intent, content_type: Option<&str>, got: &[u8]) -> bool {
+    if !intent.multipart {
+        return intent.body.as_bytes() == got;
+    }
+    let Some(boundary) = content_type
+        .and_then(|c| c.split_once("boundary="))
+        .map(|(_, b)| b)
+    else {
+        return false;
+    };
+    let Ok(text) = std::str::from_utf8(got) else {
+        return false;
+    };
+    let delimiter = format!("--{boundary}");
+    let parts: Vec<&str> = text.split(delimiter.as_str()).collect();
+    // Preamble (empty), the one part, then the closing `--`.
+    if parts.len() != 3 || !parts[0].is_empty() || parts[2] != "--\r\n" {
+        return false;
+    }
+    let Some((head, content)) = parts[1].split_once("\r\n\r\n") else {
+        return false;
+    };
+    head.contains("name=\"transfer\"") && content.strip_suffix("\r\n") == Some(&intent.body)
 }
 
 /// One request and what came back of it.
@@ -98,8 +140,13 @@ pub async fn send(
         Transport::Reqwest => {
             let mut req = http
                 .post(format!("http://{addr}{path}"))
-                .header("content-type", "application/json")
                 .body(body.to_string());
+            if !headers
+                .iter()
+                .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+            {
+                req = req.header("content-type", "application/json");
+            }
             for (k, v) in headers {
                 req = req.header(*k, *v);
             }
@@ -136,9 +183,15 @@ async fn send_raw(
 ) -> Option<Reply> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut req = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n",
         body.len()
     );
+    if !headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+    {
+        req.push_str("Content-Type: application/json\r\n");
+    }
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -315,13 +368,23 @@ async fn client_loop(
                     PATIENCE
                 };
                 let (http, transport) = (http.clone(), cfg.transport);
-                let (key, op, body) = (intent.key.clone(), intent.op.clone(), intent.body.clone());
+                let (key, op) = (intent.key.clone(), intent.op.clone());
+                let (body, content_type) = if intent.multipart {
+                    let boundary = format!("----form{:016x}", rng.random::<u64>());
+                    let (body, ct) = multipart(&boundary, &intent.body);
+                    (body, Some(ct))
+                } else {
+                    (intent.body.clone(), None)
+                };
                 pending.push(tokio::spawn(async move {
                     let mut headers = vec![
                         ("authorization", auth.as_str()),
                         ("idempotency-key", key.as_str()),
                         (OP, op.as_str()),
                     ];
+                    if let Some(ct) = &content_type {
+                        headers.push(("content-type", ct.as_str()));
+                    }
                     if let Some(d) = &delay {
                         headers.push((DELAY_MS, d.as_str()));
                     }
@@ -379,19 +442,28 @@ pub async fn settle(clients: &Clients, history: &mut History, hold_unknown: Opti
     let http = client();
     for intent in &history.intents {
         let until = Instant::now() + Duration::from_secs(10);
+        let (body, content_type) = if intent.multipart {
+            let (body, ct) = multipart("----final-read", &intent.body);
+            (body, Some(ct))
+        } else {
+            (intent.body.clone(), None)
+        };
         loop {
-            let headers = [
+            let mut headers = vec![
                 ("authorization", intent.final_credential.as_str()),
                 ("idempotency-key", intent.key.as_str()),
                 (OP, intent.op.as_str()),
             ];
+            if let Some(ct) = &content_type {
+                headers.push(("content-type", ct.as_str()));
+            }
             let r = send(
                 clients.transport,
                 &http,
                 clients.addrs[intent.service][0],
                 clients.paths[0],
                 &headers,
-                &intent.body,
+                &body,
                 PATIENCE,
             )
             .await;
@@ -510,8 +582,13 @@ pub fn check(history: &History, check: Check<'_>) -> Verdict {
                 ));
                 continue;
             };
+            let content_type = s
+                .headers
+                .get("content-type")
+                .and_then(|v| v.first())
+                .map(String::as_str);
             match intents.get(&(service, op.as_str())) {
-                Some(i) if i.body.as_bytes() == s.body => {}
+                Some(i) if carries(i, content_type, &s.body) => {}
                 Some(_) => violations.push(format!(
                     "execution {} of {op:?} on service {service}: another body than the operation's ({:?})",
                     s.execution,

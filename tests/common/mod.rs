@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod history;
+pub mod idp;
 pub mod postgres;
 pub mod topology;
 
