@@ -120,11 +120,8 @@ fn the_binary_exits_69_on_an_untrusted_redis() {
 
 /// The `ACL SETUSER` line that docs/production.md gives, read from that page itself.
 fn documented_acl_line(password: &str) -> Vec<String> {
-    let page = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/docs/production.md"
-    ))
-    .unwrap();
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/production.md"))
+        .unwrap();
     let line = page
         .lines()
         .map(str::trim)
