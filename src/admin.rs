@@ -368,7 +368,7 @@ fn owner_busy(id: &RecordId, view: Option<&RecordView>) -> Response<Body> {
         _ => "its owner may still be working on it".to_string(),
     };
     let detail = format!(
-        "not released: {why}; a retry let through now could execute while the first call completes. Try again once it has passed, or add ?force=true if you know the idemgate instance that owns it is gone (see the README's runbook)"
+        "not released: {why}; a retry let through now could execute while the first call completes. Try again once it has passed, or add ?force=true if you know the idemgate instance that owns it is gone (see docs/operations.md, \"Reconciling an unknown record\")"
     );
     Problem::OwnerBusy.response(detail, Some(id), None)
 }

@@ -277,7 +277,7 @@ fn rand_id(size: usize, keys: bool, compress: Option<usize>) -> [u8; 32] {
     id
 }
 
-/// The storage cost of a record, printed for the README (`--nocapture`), and the target for
+/// The storage cost of a record, printed for docs/operations.md (`--nocapture`), and the target for
 /// a 1 KiB answer held: at most 1.3 times its size plus 120 bytes, compressed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_usage_per_record() {

@@ -1,7 +1,7 @@
 //! Faults, on purpose, with real processes: a real `redis-server` that is killed, frozen
 //! (SIGSTOP), restarted or filled up; the real `idemgate` binary killed with SIGKILL or
 //! stopped with SIGTERM under load; an upstream that refuses, breaks off mid-answer or
-//! answers too late. Each test asserts the at-most-once promise of the README: whatever
+//! answers too late. Each test asserts the at-most-once promise of docs/guarantees.md: whatever
 //! fails, the upstream never executes a key twice, and every retry gets either the recorded
 //! answer or a refusal that says why.
 

@@ -18,7 +18,7 @@
 //! - at most one upstream execution per operation (by that header, per service);
 //! - every 201 a client saw (first-hand or replayed) is the answer of the one execution of
 //!   its own operation, on its own service, byte for byte;
-//! - no status outside what the README's failure table allows (a 422 or a 4xx here would be
+//! - no status outside what the failure table of docs/guarantees.md allows (a 422 or a 4xx here would be
 //!   an honest retry refused).
 //!
 //! `HISTORY_ON_AMBIGUOUS=release` gives up at-most-once for ambiguous outcomes and

@@ -8,7 +8,7 @@
 //! Each intent names its operation in an `x-test-op` header (not fingerprinted). The
 //! checker asserts over the whole history: at most one upstream execution per operation,
 //! every 201 (first-hand or replayed) the answer of its own operation's one execution, byte
-//! for byte, and no status outside the README's failure table. `HISTORY_ON_AMBIGUOUS=release`
+//! for byte, and no status outside the failure table of docs/guarantees.md. `HISTORY_ON_AMBIGUOUS=release`
 //! gives up at-most-once for ambiguous outcomes: the checker must then report double
 //! executions, which shows it can fail.
 //!

@@ -118,25 +118,25 @@ fn the_binary_exits_69_on_an_untrusted_redis() {
     );
 }
 
-/// The `ACL SETUSER` line that the README gives, read from the README itself.
-fn readme_acl_line(password: &str) -> Vec<String> {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let line = readme
+/// The `ACL SETUSER` line that docs/production.md gives, read from that page itself.
+fn documented_acl_line(password: &str) -> Vec<String> {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/production.md"))
+        .unwrap();
+    let line = page
         .lines()
         .map(str::trim)
         .find(|l| l.starts_with("ACL SETUSER idemgate "))
-        .expect("README gives an ACL SETUSER line");
+        .expect("docs/production.md gives an ACL SETUSER line");
     line.split_whitespace()
         .map(|w| w.replace("<password>", password))
         .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readme_acl_user_is_enough_and_no_more() {
+async fn the_documented_acl_user_is_enough_and_no_more() {
     let redis = RedisServer::start();
     let password = "s3cret-for-the-test-only";
-    let line = readme_acl_line(password);
+    let line = documented_acl_line(password);
     let args: Vec<&str> = line.iter().map(String::as_str).collect();
     let ok = redis.command(&args).unwrap();
     assert!(ok.starts_with("+OK"), "{ok}");
@@ -240,7 +240,7 @@ async fn the_password_comes_from_the_environment_verbatim() {
     // random hex request or record id in the log does not contain it by chance (with "1e5",
     // about one run in fifty did).
     let password = "12345e67";
-    let line = readme_acl_line(password);
+    let line = documented_acl_line(password);
     let args: Vec<&str> = line.iter().map(String::as_str).collect();
     assert!(redis.command(&args).unwrap().starts_with("+OK"));
     assert!(redis

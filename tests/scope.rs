@@ -216,7 +216,7 @@ async fn the_auth_scheme_is_case_insensitive_and_a_new_credential_is_a_new_tenan
     assert_eq!((new.status, lower.status), (201, 201));
     assert!(lower.replayed());
     assert_eq!(new.body, lower.body);
-    // Without a principal source, a refreshed token is another tenant (the README says so).
+    // Without a principal source, a refreshed token is another tenant (docs/requests.md says so).
     let old = post(
         &c,
         &app,

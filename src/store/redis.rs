@@ -441,7 +441,7 @@ impl RedisStore {
     /// every call made afterwards already runs under its caller's deadline (`store_timeout`,
     /// or the lease renewal's), and a second timer per call costs instructions and, when
     /// idemgate is idle, wakes tokio's driver through its eventfd (a `write` and a spurious
-    /// `epoll_wait` more per Redis call; the README's Performance section has the figures).
+    /// `epoll_wait` more per Redis call; docs/performance.md has the figures).
     /// A timed-out call is dropped; a late answer to it is read and discarded by the
     /// connection, as before, and a call that waited long unanswered gives the connection
     /// up ([`Link`]). A cluster's nodes do get `response_timeout`: redis-rs's own slot-map

@@ -502,7 +502,7 @@ pub struct Check<'a> {
     pub unknown_means_may_have_run: bool,
 }
 
-/// The failure table of the README: 409 in progress or outcome unknown, 502 never sent, 503
+/// The failure table of docs/guarantees.md: 409 in progress or outcome unknown, 502 never sent, 503
 /// store unavailable, 504 outcome unknown, or no answer at all (a hang-up).
 pub const FAILURE_TABLE: &[Option<u16>] = &[Some(409), Some(502), Some(503), Some(504), None];
 
