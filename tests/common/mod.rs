@@ -654,6 +654,15 @@ impl Gate {
         panic!("idemgate did not become healthy:\n{}", gate.log());
     }
 
+    /// As [`start`](Self::start), with another build of the binary (`bin`): a previous
+    /// release beside this one. Variables that build may not know are left out.
+    pub fn start_binary(bin: &Path, upstream: &str, redis_url: &str, env: &[(&str, &str)]) -> Gate {
+        let (mut cmd, addr, admin, dir) =
+            Self::command_of(Command::new(bin), upstream, redis_url, env);
+        cmd.env_remove("IDEMGATE_SCOPE_SECRET_CREATE_DELAY");
+        Self::launch(cmd, addr, admin, dir)
+    }
+
     /// As [`start`](Self::start) on the embedded store, under `ulimit -n nofile`.
     pub fn start_with_nofile(upstream: &str, nofile: u32, env: &[(&str, &str)]) -> Gate {
         let mut cmd = Command::new("sh");

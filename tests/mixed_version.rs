@@ -1,0 +1,249 @@
+//! A rolling upgrade: an instance of the previous release and one of this build on one
+//! Redis, each retry sent to the other version. The previous release is built from this
+//! repository's history (`PREVIOUS`, the release before the changes to record ids and
+//! fingerprints) into `target/mixed-version`, once; later runs reuse the build.
+//!
+//! What must hold, as docs/production.md ("Namespaces and upgrades") says:
+//! - a retry on this build of an operation the previous release ran is a replay, and an
+//!   honest retry is never a 422 (records are compared in their own fingerprint version);
+//! - a retry on the previous release of an operation this build ran (a fingerprint
+//!   version it does not know) gets 409 `in-progress` with `Retry-After`, never a second
+//!   execution and never a 422, and replays once it reaches an upgraded instance;
+//! - what this build changed in record ids makes such a retry another record: it executes
+//!   again, which is why the docs ask to let retries finish, or drain traffic to the old
+//!   version, before switching. The test pins that for the tenant of a `tenant_jwt_claim`
+//!   route (it now includes the key source and the issuer), so the docs cannot go stale.
+//!   (Raw bytes outside ASCII, which the previous release re-encoded as other characters,
+//!   change ids too; the previous release forwarded a mangled path for them anyway.)
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+/// The previous release: the last commit before record ids and fingerprints changed.
+const PREVIOUS: &str = "4684aed649fdb2029c91c63dffc2b0162d935810";
+const SECRET: &str = "mixed-version-jwt-secret-0123456789abcdef";
+
+/// The previous release's binary, built once from `git archive PREVIOUS`.
+fn previous_binary() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_idemgate"));
+    let target = exe.parent().and_then(Path::parent).unwrap();
+    let dir = target.join("mixed-version");
+    let bin = dir.join("debug/idemgate");
+    let stamp = dir.join("built-from");
+    if bin.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(PREVIOUS) {
+        return bin;
+    }
+    let has = Command::new("git")
+        .arg("-C")
+        .arg(manifest)
+        .args(["cat-file", "-e", &format!("{PREVIOUS}^{{commit}}")])
+        .status()
+        .unwrap();
+    assert!(
+        has.success(),
+        "the previous release {PREVIOUS} is not in this clone's history (a shallow clone?): fetch it to run this test"
+    );
+    let src = dir.join("src");
+    let _ = std::fs::remove_dir_all(&src);
+    std::fs::create_dir_all(&src).unwrap();
+    let archive = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "git -C \"$0\" archive {PREVIOUS} | tar -x -C \"$1\""
+        ))
+        .arg(manifest)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(archive.success(), "git archive {PREVIOUS}");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let built = Command::new(cargo)
+        .current_dir(&src)
+        .args(["build", "--locked", "--bin", "idemgate", "--target-dir"])
+        .arg(&dir)
+        // Only the binary is needed: no debug info, no incremental cache.
+        .env("CARGO_PROFILE_DEV_DEBUG", "0")
+        .env("CARGO_INCREMENTAL", "0")
+        .env_remove("CARGO_TARGET_DIR")
+        .status()
+        .unwrap();
+    assert!(built.success(), "building the previous release {PREVIOUS}");
+    std::fs::write(&stamp, PREVIOUS).unwrap();
+    bin
+}
+
+/// `POST path` with `auth` and `key`: status and whether it was a replay.
+async fn pay(
+    c: &reqwest::Client,
+    g: &Gate,
+    path: &str,
+    auth: &str,
+    key: &str,
+    body: &str,
+) -> (u16, bool) {
+    let (status, replayed, _) = pay_problem(c, g, path, auth, key, body).await;
+    (status, replayed)
+}
+
+/// As [`pay`], with idemgate's problem name and whether a `Retry-After` came.
+async fn pay_problem(
+    c: &reqwest::Client,
+    g: &Gate,
+    path: &str,
+    auth: &str,
+    key: &str,
+    body: &str,
+) -> (u16, bool, Option<(String, bool)>) {
+    let res = c
+        .post(g.url(path))
+        .header("authorization", auth)
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let h = res.headers();
+    let replayed = h.get("idempotent-replayed").is_some_and(|v| v == "true");
+    let problem = h
+        .get("idemgate-error")
+        .and_then(|v| v.to_str().ok())
+        .map(|p| (p.to_string(), h.contains_key("retry-after")));
+    (res.status().as_u16(), replayed, problem)
+}
+
+fn hs256(claims: serde_json::Value) -> String {
+    use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+    let t = encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(SECRET.as_bytes()),
+    )
+    .unwrap();
+    format!("Bearer {t}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_across_a_rolling_upgrade() {
+    let old_bin = previous_binary();
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let jwt = [
+        ("IDEMGATE_JWT_HS256_SECRET", SECRET),
+        // Only `/jwt` takes its tenant from the token; elsewhere, the header.
+    ];
+    let route = r#"[{path="/jwt", tenant_jwt_claim="sub"}]"#;
+    let env = [jwt[0], ("IDEMGATE_ROUTES", route)];
+    let old = Gate::start_binary(&old_bin, &up.url(), &redis.url(), &env);
+    let new = Gate::start(&up.url(), &redis.url(), &env);
+    let c = client();
+    let auth = "Bearer acct-1";
+    let body = r#"{"from":"acc-1","to":"acc-2","amount":1000}"#;
+    let reordered = r#"{"amount":1000, "to":"acc-2","from":"acc-1"}"#;
+
+    // A retry on the new version of what the old one ran: a replay, in the old one's
+    // fingerprint version (a reordered JSON body was one request in both).
+    let hits = up.hits();
+    assert_eq!(
+        pay(&c, &old, "/v1/transfers", auth, "a", body).await,
+        (201, false)
+    );
+    assert_eq!(
+        pay(&c, &new, "/v1/transfers", auth, "a", reordered).await,
+        (201, true),
+        "a retry on the new version of what the old one ran"
+    );
+    let path = "/v1/transfers?currency=EUR&memo=rent";
+    assert_eq!(
+        pay(&c, &old, path, auth, "a-query", body).await,
+        (201, false)
+    );
+    assert_eq!(
+        pay(&c, &new, path, auth, "a-query", body).await,
+        (201, true)
+    );
+    // The other way: the old version does not know the new fingerprint version, so it
+    // waits (409 in-progress, Retry-After), and the next retry on a new instance replays.
+    assert_eq!(
+        pay(&c, &new, "/v1/transfers", auth, "b", body).await,
+        (201, false)
+    );
+    assert_eq!(
+        pay_problem(&c, &old, "/v1/transfers", auth, "b", reordered).await,
+        (409, false, Some(("in-progress".into(), true))),
+        "a retry on the old version of what the new one ran"
+    );
+    assert_eq!(
+        pay(&c, &new, "/v1/transfers", auth, "b", reordered).await,
+        (201, true)
+    );
+    assert_eq!(up.hits(), hits + 3, "one execution per operation");
+
+    // A record the old version made is compared in its own fingerprint version: another
+    // body under its key is still a 422 on the new one, not a replay.
+    assert_eq!(
+        pay(&c, &old, "/v1/transfers", auth, "mismatch", body)
+            .await
+            .0,
+        201
+    );
+    let other = r#"{"from":"acc-1","to":"acc-2","amount":9999}"#;
+    assert_eq!(
+        pay(&c, &new, "/v1/transfers", auth, "mismatch", other)
+            .await
+            .0,
+        422
+    );
+
+    // What changed record ids, as the docs say: a retry across the upgrade is another
+    // record and executes again.
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600;
+    let token = hs256(serde_json::json!({"sub": "acct-1", "exp": exp}));
+    let hits = up.hits();
+    assert_eq!(
+        pay(&c, &old, "/jwt", &token, "jwt", body).await,
+        (201, false)
+    );
+    assert_eq!(
+        pay(&c, &new, "/jwt", &token, "jwt", body).await,
+        (201, false)
+    );
+    assert_eq!(
+        up.hits(),
+        hits + 2,
+        "a tenant_jwt_claim route across the upgrade"
+    );
+    // ... and within one version it is still one operation.
+    assert_eq!(
+        pay(&c, &new, "/jwt", &token, "jwt", body).await,
+        (201, true)
+    );
+    assert_eq!(
+        pay(&c, &old, "/jwt", &token, "jwt", body).await,
+        (201, true)
+    );
+    // An ASCII path under the header tenant was not changed, including its escapes.
+    let hits = up.hits();
+    let escaped = "/v1/payees/jos%C3%A9";
+    assert_eq!(
+        pay(&c, &old, escaped, auth, "escaped", body).await,
+        (201, false)
+    );
+    assert_eq!(
+        pay(&c, &new, escaped, auth, "escaped", body).await,
+        (201, true)
+    );
+    assert_eq!(up.hits(), hits + 1);
+    drop((old, new));
+}
