@@ -856,6 +856,9 @@ pub struct Settings {
     // Whether any policy protects a method: decides between 400 and pass-through for a
     // path that cannot be normalized (and so matched to a route).
     protected_methods: Vec<Method>,
+    // The same, of routes that enforce: a path that cannot be normalized on a method only
+    // observed routes protect is forwarded and counted, never refused.
+    enforced_methods: Vec<Method>,
 }
 
 impl Settings {
@@ -1094,10 +1097,14 @@ impl Settings {
         routes.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
         let policies = routes.iter().map(|(_, p)| p).chain([&default_policy]);
         let mut protected_methods: Vec<Method> = Vec::new();
+        let mut enforced_methods: Vec<Method> = Vec::new();
         for p in policies {
             for m in &p.methods {
                 if !protected_methods.contains(m) {
                     protected_methods.push(m.clone());
+                }
+                if p.mode == Mode::Enforce && !enforced_methods.contains(m) {
+                    enforced_methods.push(m.clone());
                 }
             }
         }
@@ -1132,6 +1139,7 @@ impl Settings {
             jwt,
             envelope,
             protected_methods,
+            enforced_methods,
         })
     }
 
@@ -1252,6 +1260,11 @@ impl Settings {
     /// Whether any route (or the defaults) protects this method.
     pub fn protects_anywhere(&self, method: &Method) -> bool {
         self.protected_methods.contains(method)
+    }
+
+    /// Whether a route that enforces (not `mode = "observe"`) protects `method`.
+    pub fn enforces_anywhere(&self, method: &Method) -> bool {
+        self.enforced_methods.contains(method)
     }
 }
 

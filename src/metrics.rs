@@ -167,7 +167,7 @@ struct RouteModeLabel {
 }
 
 /// What enforcing would have done, the `would` label of `idemgate_observed_total`.
-pub const WOULDS: [&str; 21] = [
+pub const WOULDS: [&str; 22] = [
     "execute",
     "replay",
     "in_progress",
@@ -188,6 +188,7 @@ pub const WOULDS: [&str; 21] = [
     "trailers_not_supported",
     "buffers_full",
     "invalid_method_override",
+    "invalid_path",
     "other",
 ];
 

@@ -25,7 +25,7 @@ use hyper::body::Incoming;
 use hyper::header::{
     HeaderName, HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, DATE, SET_COOKIE,
 };
-use hyper::{Request, Response, StatusCode};
+use hyper::{Method, Request, Response, StatusCode};
 use tokio_util::task::TaskTracker;
 use tracing::Span;
 
@@ -282,16 +282,25 @@ impl Proxy {
                 };
                 // An override naming a method that is protected somewhere counts too: the
                 // upstream would run that method.
-                let overridden = method::read(&method, req.headers(), req.uri().query(), &[])
-                    .map(|o| {
-                        o.unseen
-                            .iter()
-                            .any(|m| m.as_ref().is_some_and(|m| settings.protects_anywhere(m)))
-                    })
-                    .unwrap_or(false);
-                if settings.protects_anywhere(&method) || overridden {
+                let overridden = |protects: &dyn Fn(&Method) -> bool| {
+                    method::read(&method, req.headers(), req.uri().query(), &[])
+                        .map(|o| o.unseen.iter().any(|m| m.as_ref().is_some_and(protects)))
+                        .unwrap_or(false)
+                };
+                let enforced = |m: &Method| settings.enforces_anywhere(m);
+                if enforced(&method) || overridden(&enforced) {
                     let res = Problem::InvalidPath.response(e.to_string(), None, None);
                     log_request(metrics, &res, Outcome::Rejected, None, &line);
+                    return res;
+                }
+                // Protected only where routes observe: forwarded as sent, and counted as
+                // what enforcing would have done (on no route: none could be matched).
+                let observed = |m: &Method| settings.protects_anywhere(m);
+                if observed(&method) || overridden(&observed) {
+                    let timeout = policy.upstream_timeout;
+                    let res = self.pass_through(req.map(body::boxed), peer, timeout).await;
+                    self.observed("default", "invalid_path", None, false);
+                    log_request(metrics, &res, Outcome::Observed, None, &line);
                     return res;
                 }
                 // No route protects this method: it would pass through wherever it led.

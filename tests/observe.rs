@@ -197,3 +197,50 @@ async fn observe_forwards_an_unseen_method_override() {
     let o = observe_json(&gate);
     assert_eq!(o["routes"][0]["would"]["invalid_method_override"], 1, "{o}");
 }
+
+/// Paths that enforcing would refuse with 400 `invalid-path`: one that cannot be
+/// normalized (an encoded `/`, matched to no route), `;` parameters and a format suffix
+/// (refused by the route they belong to). Observed, each is forwarded as sent and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_forwards_paths_that_enforcing_refuses() {
+    let up = Upstream::start().await;
+    let gate = Gate::start(&up.url(), "", &OBSERVE);
+    for path in [
+        "/v1/a%2Fb",
+        "/v1/transfers;jsessionid=A",
+        "/v1;v=2/transfers",
+    ] {
+        let a = client()
+            .post(gate.url(path))
+            .header("idempotency-key", "p-1")
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(a.status().as_u16(), 201, "{path}");
+    }
+    assert_eq!(up.hits(), 3);
+    let seen: Vec<String> = up.seen().into_iter().map(|s| s.uri).collect();
+    assert!(seen[0].ends_with("/v1/a%2Fb"), "{seen:?}");
+    assert!(seen[1].ends_with("/v1/transfers;jsessionid=A"), "{seen:?}");
+    let o = observe_json(&gate);
+    assert_eq!(o["routes"][0]["would"]["invalid_path"], 3, "{o}");
+    // Enforcing, the same paths are refused and nothing reaches the upstream.
+    let up = Upstream::start().await;
+    let gate = Gate::start(&up.url(), "", &[]);
+    for path in ["/v1/a%2Fb", "/v1/transfers;jsessionid=A"] {
+        let a = client()
+            .post(gate.url(path))
+            .header("idempotency-key", "p-1")
+            .header("authorization", "Bearer a")
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(a.status().as_u16(), 400, "{path}");
+        assert_eq!(a.headers()["idemgate-error"], "invalid-path", "{path}");
+    }
+    assert_eq!(up.hits(), 0);
+}
