@@ -189,6 +189,11 @@ pub struct Config {
     /// How often Redis `INFO` is read for the eviction and restart metrics.
     #[serde(with = "humantime_serde")]
     pub redis_info_interval: Duration,
+    /// How often the records held `unknown` are counted for `idemgate_records_held_unknown`
+    /// (a walk over the store's records, as `GET /records?state=unknown` does); `0s` turns
+    /// the count off. Not on Redis Cluster, which cannot be walked.
+    #[serde(with = "humantime_serde")]
+    pub unknown_count_interval: Duration,
     /// The record-id secret, pinned by the operator (64 hex digits, e.g. from a Kubernetes
     /// Secret; or `IDEMGATE_SCOPE_SECRET`), so that no instance depends on the store
     /// keeping it. Absent: the store keeps one, made by the first instance.
@@ -498,6 +503,7 @@ impl Default for Config {
             encryption_keys_file: None,
             compress_min_bytes: None,
             redis_info_interval: Duration::from_secs(15),
+            unknown_count_interval: Duration::from_secs(300),
             scope_secret: None,
             scope_secret_file: None,
             scope_secret_check_interval: Duration::from_secs(5),
@@ -752,6 +758,9 @@ fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 pub struct Policy {
     /// The route prefix that matched, or `None` for the defaults.
     pub route: Option<String>,
+    /// Its place in [`Settings::modes`] (0 for the defaults, then the routes longest
+    /// first): the row of its per-route metrics.
+    pub index: usize,
     #[allow(missing_docs)]
     pub methods: Vec<Method>,
     #[allow(missing_docs)]
@@ -1095,6 +1104,9 @@ impl Settings {
             routes.push((prefix, Arc::new(policy)));
         }
         routes.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
+        for (i, (_, policy)) in routes.iter_mut().enumerate() {
+            Arc::make_mut(policy).index = i + 1;
+        }
         let policies = routes.iter().map(|(_, p)| p).chain([&default_policy]);
         let mut protected_methods: Vec<Method> = Vec::new();
         let mut enforced_methods: Vec<Method> = Vec::new();
@@ -1557,6 +1569,7 @@ fn resolve(
         short_retention: r.short_retention.unwrap_or(d.short_retention),
         method_override_headers,
         upstream_time: Arc::default(),
+        index: 0,
     };
     if p.short_retention.is_zero() {
         return Err(invalid(

@@ -100,6 +100,20 @@ struct OutcomeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteOutcomeLabel {
+    route: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusClassLabel {
+    status_class: &'static str,
+}
+
+/// The `status_class` label values of `idemgate_answers_recorded_total`.
+const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OpLabel {
     op: &'static str,
 }
@@ -124,7 +138,14 @@ fn store_histogram() -> Histogram {
 pub struct Metrics {
     registry: Registry,
     // Pre-resolved series, indexed by `Outcome as usize` / `StoreOp as usize`.
+    /// Requests of the defaults (`route="default"`), by outcome.
     requests: [Counter; OUTCOMES.len()],
+    /// The same per route, in the order of [`Metrics::routes`] (the defaults first),
+    /// resolved once so that counting is an index and an atomic add.
+    route_requests: std::sync::OnceLock<Vec<[Counter; OUTCOMES.len()]>>,
+    requests_family: Family<RouteOutcomeLabel, Counter>,
+    answers_recorded: [Counter; STATUS_CLASSES.len()],
+    records_held_unknown: Gauge,
     request_duration: [Histogram; OUTCOMES.len()],
     upstream_duration: Histogram,
     store_duration: [Histogram; STORE_OPS.len()],
@@ -251,7 +272,19 @@ impl Metrics {
     /// request and `rate()` has a starting point).
     pub fn new() -> Metrics {
         let mut registry = Registry::default();
-        let requests = Family::<OutcomeLabel, Counter>::default();
+        let requests = Family::<RouteOutcomeLabel, Counter>::default();
+        let answers_recorded = Family::<StatusClassLabel, Counter>::default();
+        let records_held_unknown = Gauge::default();
+        registry.register(
+            "idemgate_records_held_unknown",
+            "Records held unknown in the store now, counted every unknown_count_interval by walking the store's records (absent on Redis Cluster, which cannot be walked)",
+            records_held_unknown.clone(),
+        );
+        registry.register(
+            "idemgate_answers_recorded",
+            "Upstream answers written into their records, by status class (1xx to 5xx): a 5xx recorded is replayed to every retry of its key",
+            answers_recorded.clone(),
+        );
         let request_duration =
             HistogramFamily::<OutcomeLabel>::new_with_constructor(latency_histogram);
         let upstream_duration = latency_histogram();
@@ -328,7 +361,11 @@ impl Metrics {
             "Claims never forwarded whose release has not landed yet (tried again until it does)",
             pending_releases.clone(),
         );
-        registry.register("idemgate_requests", "Requests by outcome", requests.clone());
+        registry.register(
+            "idemgate_requests",
+            "Requests by route (the route's configured path, default for the defaults) and outcome",
+            requests.clone(),
+        );
         registry.register(
             "idemgate_request_duration_seconds",
             "Time from receiving a request to its response, by outcome",
@@ -370,7 +407,18 @@ impl Metrics {
         let op = |o: StoreOp| OpLabel { op: o.as_str() };
         Metrics {
             registry,
-            requests: OUTCOMES.map(|o| requests.get_or_create_owned(&outcome(o))),
+            requests: OUTCOMES.map(|o| {
+                requests.get_or_create_owned(&RouteOutcomeLabel {
+                    route: "default".into(),
+                    outcome: o.as_str(),
+                })
+            }),
+            route_requests: std::sync::OnceLock::new(),
+            records_held_unknown,
+            requests_family: requests,
+            answers_recorded: STATUS_CLASSES.map(|status_class| {
+                answers_recorded.get_or_create_owned(&StatusClassLabel { status_class })
+            }),
             request_duration: OUTCOMES.map(|o| request_duration.get_or_create_owned(&outcome(o))),
             upstream_duration,
             store_duration: STORE_OPS.map(|o| store_duration.get_or_create_owned(&op(o))),
@@ -399,6 +447,20 @@ impl Metrics {
 
     /// Declares the routes and their modes (`idemgate_route_mode`, `GET /observe`), once.
     pub fn routes(&self, routes: &[(String, crate::config::Mode)]) {
+        let _ = self.route_requests.get_or_init(|| {
+            routes
+                .iter()
+                .map(|(route, _)| {
+                    OUTCOMES.map(|o| {
+                        self.requests_family
+                            .get_or_create_owned(&RouteOutcomeLabel {
+                                route: route.clone(),
+                                outcome: o.as_str(),
+                            })
+                    })
+                })
+                .collect()
+        });
         let _ = self.observed_routes.get_or_init(|| {
             routes
                 .iter()
@@ -562,10 +624,27 @@ impl Metrics {
     }
 
     /// Counts a finished request and its total time.
-    pub fn request(&self, outcome: Outcome, elapsed: Duration) {
+    /// Counts a request of the route at `route` (its [`Policy::index`]
+    /// (crate::config::Policy::index): 0 for the defaults).
+    pub fn request(&self, route: usize, outcome: Outcome, elapsed: Duration) {
         let i = outcome as usize;
-        self.requests[i].inc();
+        let row = self
+            .route_requests
+            .get()
+            .and_then(|rows| rows.get(route))
+            .unwrap_or(&self.requests);
+        row[i].inc();
         self.request_duration[i].observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts an upstream answer written into its record.
+    pub fn answer_recorded(&self, status: u16) {
+        if let Some(c) = self
+            .answers_recorded
+            .get(usize::from(status / 100).wrapping_sub(1))
+        {
+            c.inc();
+        }
     }
 
     /// Records how long the upstream took.
@@ -785,6 +864,10 @@ impl Store for Instrumented {
         self.inner.kind()
     }
 
+    fn can_list(&self) -> bool {
+        self.inner.can_list()
+    }
+
     fn room_after(&self) -> Option<std::time::Duration> {
         self.inner.room_after()
     }
@@ -859,6 +942,52 @@ pub async fn watch_store(
             }
             Ok(None) => return,
             Err(e) => tracing::debug!(error = %e, "could not read Redis INFO"),
+        }
+    }
+}
+
+/// Counts the records held `unknown` every `period` into `idemgate_records_held_unknown`,
+/// walking the store a page of `PAGE` records at a time; a walk that fails leaves the last
+/// count. Ends at once where the store cannot be walked or `period` is zero.
+pub async fn count_unknown(
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    period: Duration,
+    timeout: Duration,
+) {
+    const PAGE: usize = 1000;
+    if period.is_zero() || !store.can_list() {
+        return;
+    }
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let (mut cursor, mut held) = (String::new(), 0u64);
+        let walked = loop {
+            let page = crate::store::deadline(
+                timeout,
+                store.list(Some(crate::store::RecordState::Unknown), &cursor, PAGE),
+            )
+            .await;
+            match page {
+                Ok(page) => {
+                    held += page.records.len() as u64;
+                    match page.cursor {
+                        Some(next) => cursor = next,
+                        None => break true,
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "could not count the records held unknown");
+                    break false;
+                }
+            }
+        };
+        if walked {
+            metrics
+                .records_held_unknown
+                .set(i64::try_from(held).unwrap_or(i64::MAX));
         }
     }
 }

@@ -1333,7 +1333,7 @@ fn log_request(
         started,
     } = *line;
     let elapsed = started.elapsed();
-    metrics.request(outcome, elapsed);
+    metrics.request(policy.index, outcome, elapsed);
     if !span.is_none() {
         let record = id.map(|r| r.to_string());
         let status = res.status().as_u16();
@@ -1820,6 +1820,7 @@ async fn record_answer(
     drop(record_span);
     match recorded {
         Ok(true) => {
+            shared.metrics.answer_recorded(stored.status);
             let Some(retain) = retain else { return };
             // Failing, the record keeps the route's retention: it holds room longer, and
             // nothing runs twice.
@@ -1861,7 +1862,7 @@ async fn record_not_kept(shared: &Shared, id: &RecordId, owner: &OwnerToken, sta
     let store_timeout = shared.settings.config.store_timeout;
     let call = shared.store.record_not_kept(id, owner, status);
     match deadline(store_timeout, call).await {
-        Ok(true) => {}
+        Ok(true) => shared.metrics.answer_recorded(status),
         Ok(false) => {
             tracing::warn!(record = %id, "record no longer owned (released by an operator?); outcome not stored")
         }

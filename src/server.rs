@@ -520,6 +520,12 @@ async fn serve_on(
         settings.config.redis_info_interval,
         restarted.clone(),
     ));
+    let unknown_counter = tokio::spawn(metrics::count_unknown(
+        store.clone(),
+        metrics.clone(),
+        settings.config.unknown_count_interval,
+        store_timeout,
+    ));
     let secret_health = Arc::new(SecretHealth::new(metrics.scope_secret_agreed()));
     // An embedded store's secret cannot be lost while its process runs.
     let secret_watch = (store.kind() != "memory").then(|| {
@@ -647,6 +653,7 @@ async fn serve_on(
         let _ = t.await;
     }
     watcher.abort();
+    unknown_counter.abort();
     if let Some(w) = secret_watch {
         w.abort();
     }

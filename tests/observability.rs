@@ -424,7 +424,7 @@ async fn alerts_and_dashboard_use_only_exported_metrics() {
     let text = res.text().await.unwrap();
     let metrics = exported(&text);
     assert!(
-        text.contains("idemgate_requests_total{outcome=\"replayed\"} 1"),
+        text.contains("idemgate_requests_total{route=\"default\",outcome=\"replayed\"} 1"),
         "{text}"
     );
 
@@ -519,4 +519,89 @@ async fn alerts_and_dashboard_use_only_exported_metrics() {
         stdout.contains(&format!("SUCCESS: {} rules found", substituted.len())),
         "{stdout}"
     );
+}
+
+/// The series the per-route panels, the status-class panel and the held-unknown alert read:
+/// requests by route, answers recorded by status class, and the records held `unknown` now,
+/// counted by walking the store (and back to 0 once an operator releases them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_status_class_and_held_unknown_series_move() {
+    let up = Upstream::start().await;
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[
+            ("IDEMGATE_ROUTES", r#"[{path="/v1/transfers"}]"#),
+            ("IDEMGATE_UNKNOWN_COUNT_INTERVAL", "100ms"),
+            ("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", "300ms"),
+        ],
+    );
+    let c = client();
+    let metrics = || async {
+        c.get(gate.admin_url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let url = gate.url("/v1/transfers");
+    assert_eq!(
+        post_url(&c, &url, Some("m-1"), TRANSFER, &[]).await.status,
+        201
+    );
+    let failed = post_url(&c, &url, Some("m-2"), TRANSFER, &[(STATUS, "502")]).await;
+    assert_eq!(failed.status, 502);
+    assert_eq!(
+        post_url(&c, &gate.url("/other"), Some("m-3"), TRANSFER, &[])
+            .await
+            .status,
+        201
+    );
+    // Sent, never answered: held unknown.
+    let hung = post_url(&c, &url, Some("m-4"), TRANSFER, &[(FAULT, "hang")]).await;
+    assert_eq!(hung.status, 504);
+    let text = metrics().await;
+    for line in [
+        "idemgate_requests_total{route=\"/v1/transfers\",outcome=\"forwarded\"} 2",
+        "idemgate_requests_total{route=\"default\",outcome=\"forwarded\"} 1",
+        "idemgate_answers_recorded_total{status_class=\"2xx\"} 2",
+        "idemgate_answers_recorded_total{status_class=\"5xx\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} not in:\n{text}");
+    }
+    let held = |text: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("idemgate_records_held_unknown "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut seen = held(&metrics().await);
+    while seen != Some(1.0) && std::time::Instant::now() < until {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        seen = held(&metrics().await);
+    }
+    assert_eq!(seen, Some(1.0), "one record held unknown");
+    // Released by an operator: the count goes back to 0.
+    let page: serde_json::Value = c
+        .get(gate.admin_url("/records?state=unknown"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = page["records"][0]["id"].as_str().unwrap().to_string();
+    let del = c
+        .delete(gate.admin_url(&format!("/records/{id}?force=true")))
+        .send()
+        .await
+        .unwrap();
+    assert!(del.status().is_success(), "{}", del.status());
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while held(&metrics().await) != Some(0.0) && std::time::Instant::now() < until {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(held(&metrics().await), Some(0.0));
 }

@@ -352,6 +352,11 @@ pub trait Store: Send + Sync + 'static {
         cursor: &'a str,
         count: usize,
     ) -> BoxFuture<'a, Result<Page, StoreError>>;
+    /// Whether [`Store::list`] can walk this store (not on Redis Cluster, whose keys are
+    /// spread over primaries that each scan their own).
+    fn can_list(&self) -> bool {
+        true
+    }
     /// Checks the store answers.
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
     /// A short name for logs: `memory`, `sqlite` or `redis`.

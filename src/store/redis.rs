@@ -1380,6 +1380,10 @@ impl Store for RedisStore {
         "redis"
     }
 
+    fn can_list(&self) -> bool {
+        !self.conn.is_cluster()
+    }
+
     fn meta<'a>(
         &'a self,
         name: &'a str,

@@ -472,6 +472,10 @@ impl Store for Enveloped {
         self.inner.kind()
     }
 
+    fn can_list(&self) -> bool {
+        self.inner.can_list()
+    }
+
     fn room_after(&self) -> Option<std::time::Duration> {
         self.inner.room_after()
     }
