@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::topology::{redis_base, tls_node, Node, Pki};
+use common::topology::{redis_base, tls_node, Cluster, Node, Pki, Sentinels, MASTER};
 use common::*;
 use idemgate::Config;
 
@@ -259,4 +259,102 @@ async fn the_password_comes_from_the_environment_verbatim() {
     let a = post_url(&client(), &gate.url("/pay"), Some("env-1"), "{}", &[]).await;
     assert_eq!(a.status, 201, "{:?}", a.body);
     assert!(!gate.log().contains(password), "{}", gate.log());
+}
+
+fn tls_files(c: &mut Config, pki: &Pki) {
+    c.redis_tls_ca_file = Some(pki.path("ca.crt"));
+    c.redis_tls_cert_file = Some(pki.path("client.crt"));
+    c.redis_tls_key_file = Some(pki.path("client.key"));
+}
+
+/// Posts `key` until it answers 201 (503 `store-unavailable` meanwhile), for at most 20 s.
+async fn first_201(app: &idemgate::Running, key: &str) -> Answer {
+    let client = client();
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let a = post(&client, app, "/pay", Some(key), "{}", &[]).await;
+        if a.status == 201 {
+            return a;
+        }
+        assert_eq!(a.status, 503, "{key}: {:?}", a.body);
+        assert!(
+            std::time::Instant::now() < until,
+            "{key}: no 201 within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Sentinels and data nodes that speak only TLS and want client certificates, the
+/// sentinels given as `rediss://` URLs: a key executes once and replays; the primary is
+/// killed, the sentinels promote the replica (over TLS among themselves), and idemgate
+/// follows without a restart: a new key executes once, the old one still replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_over_tls_and_a_failover() {
+    let pki = Pki::new();
+    let mut s = Sentinels::start_tls(1, &pki);
+    let up = Upstream::start().await;
+    let mut c = redis_base(&up);
+    c.redis_sentinels = s
+        .sentinels
+        .iter()
+        .map(|n| format!("rediss://localhost:{}", n.port))
+        .collect();
+    c.redis_sentinel_master = Some(MASTER.into());
+    c.store_timeout = Duration::from_millis(1000);
+    tls_files(&mut c, &pki);
+    let app = spawn_app(c).await;
+    one_key_executes_once(&app, &up).await;
+    // The record is on the replica too before its primary dies.
+    let replica = 1 - s.index_of(s.primary_port().unwrap());
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while s.data[replica]
+        .cli(&["--scan", "--pattern", "idemgate:{*"])
+        .is_none_or(|k| k.trim().is_empty())
+    {
+        assert!(std::time::Instant::now() < until, "never replicated");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let old = s.primary_port().unwrap();
+    s.fail_over();
+    assert_ne!(s.primary_port(), Some(old));
+    let after = first_201(&app, "tls-after").await;
+    let again = post(&client(), &app, "/pay", Some("tls-after"), "{}", &[]).await;
+    assert!(again.replayed(), "{} {:?}", again.status, again.body);
+    assert_eq!(again.body, after.body);
+    let before = post(&client(), &app, "/pay", Some("tls-1"), "{\"a\":1}", &[]).await;
+    assert!(before.replayed(), "{} {:?}", before.status, before.body);
+    assert_eq!(up.hits(), 2);
+    app.shutdown().await;
+}
+
+/// A cluster whose nodes speak only TLS (the cluster bus too) and want client
+/// certificates, given one `rediss://` seed: the other nodes are found from the slot map
+/// (by IP, which their certificate names) and keys of every primary execute once and
+/// replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_over_tls() {
+    let pki = Pki::new();
+    let cluster = Cluster::start_tls(&pki);
+    let up = Upstream::start().await;
+    let mut c = redis_base(&up);
+    c.redis_cluster_nodes = vec![format!("rediss://localhost:{}", cluster.nodes[0].port)];
+    tls_files(&mut c, &pki);
+    let app = spawn_app(c).await;
+    one_key_executes_once(&app, &up).await;
+    let client = client();
+    const KEYS: usize = 30;
+    for i in 0..KEYS {
+        let a = post(&client, &app, "/pay", Some(&format!("c-{i}")), "{}", &[]).await;
+        assert_eq!(a.status, 201, "{:?}", a.body);
+    }
+    for i in 0..KEYS {
+        let a = post(&client, &app, "/pay", Some(&format!("c-{i}")), "{}", &[]).await;
+        assert!(a.replayed(), "c-{i}: {} {:?}", a.status, a.body);
+    }
+    assert_eq!(up.hits(), KEYS + 1);
+    let per_primary = cluster.keys_per_primary();
+    assert_eq!(per_primary.len(), 3, "{per_primary:?}");
+    assert!(per_primary.iter().all(|(_, n)| *n > 0), "{per_primary:?}");
+    app.shutdown().await;
 }

@@ -103,7 +103,7 @@ impl RedisSetup {
             "redis_url" => {
                 let url = c.redis_url.clone().unwrap_or_default();
                 redis::Client::open(url.as_str())
-                    .map_err(|e| invalid("redis_url", e.to_string()))?;
+                    .map_err(|e| invalid("redis_url", url_error(&url, &e)))?;
                 let tls = url.starts_with("rediss://");
                 if c.redis_tls && !tls {
                     return Err(invalid(
@@ -121,12 +121,12 @@ impl RedisSetup {
                         "required with redis_sentinels: the name the sentinels monitor",
                     ));
                 }
-                let sentinels = host_ports("redis_sentinels", &c.redis_sentinels)?;
-                (Topology::Sentinel { sentinels, master }, c.redis_tls)
+                let (sentinels, tls) = host_ports("redis_sentinels", &c.redis_sentinels, c)?;
+                (Topology::Sentinel { sentinels, master }, tls)
             }
             _ => {
-                let nodes = host_ports("redis_cluster_nodes", &c.redis_cluster_nodes)?;
-                (Topology::Cluster { nodes }, c.redis_tls)
+                let (nodes, tls) = host_ports("redis_cluster_nodes", &c.redis_cluster_nodes, c)?;
+                (Topology::Cluster { nodes }, tls)
             }
         };
         if c.redis_sentinel_master.is_some() && !matches!(topology, Topology::Sentinel { .. }) {
@@ -181,6 +181,24 @@ impl RedisSetup {
     }
 }
 
+/// Why `url` does not parse, without any of it (it may hold a password). A URL with a
+/// user part gets the likely cause: a password with a character that URLs reserve.
+fn url_error(url: &str, e: &redis::RedisError) -> String {
+    let has_user = url
+        .split_once("://")
+        .is_some_and(|(_, rest)| rest.contains('@'));
+    if has_user {
+        format!(
+            "{e}: if the password holds any of @ : / ? # % (or other characters URLs reserve), \
+             percent-encode it in the URL (`/` as %2F, `#` as %23, `%` as %25), or leave it out \
+             of redis_url and set IDEMGATE_REDIS_PASSWORD (or redis_password) instead, which \
+             is taken verbatim"
+        )
+    } else {
+        e.to_string()
+    }
+}
+
 fn join(addrs: &[(String, u16)]) -> String {
     addrs
         .iter()
@@ -225,12 +243,41 @@ fn no_redis(c: &Config) -> Result<(), ConfigError> {
     }
 }
 
-fn host_ports(key: &str, list: &[String]) -> Result<Vec<(String, u16)>, ConfigError> {
-    list.iter()
+/// `host:port`, `redis://host:port` or `rediss://host:port` for each entry of `list`;
+/// with it, whether TLS is on: `rediss://` on every entry, or `redis_tls = true` (with bare
+/// `host:port` entries). A mix of schemes, or `redis://` with `redis_tls = true`, is refused.
+fn host_ports(
+    key: &str,
+    list: &[String],
+    c: &Config,
+) -> Result<(Vec<(String, u16)>, bool), ConfigError> {
+    let mut schemes: Vec<(usize, &str)> = Vec::new();
+    let nodes = list
+        .iter()
         .enumerate()
         .map(|(i, s)| {
-            let bad = || invalid(format!("{key}[{i}]"), format!("`{s}` is not host:port"));
-            let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+            let bad = || {
+                invalid(
+                    format!("{key}[{i}]"),
+                    format!("`{s}` is not host:port (or rediss://host:port)"),
+                )
+            };
+            let (scheme, rest) = match s.split_once("://") {
+                Some((scheme @ ("redis" | "rediss"), rest)) => (Some(scheme), rest),
+                Some(_) => return Err(bad()),
+                None => (None, s.as_str()),
+            };
+            if let Some(scheme) = scheme {
+                schemes.push((i, scheme));
+            }
+            let rest = rest.strip_suffix('/').unwrap_or(rest);
+            if rest.contains(['@', '/', '?', '#']) {
+                return Err(invalid(
+                    format!("{key}[{i}]"),
+                    "give only the scheme, host and port: the user and password are redis_username and redis_password (or IDEMGATE_REDIS_PASSWORD), TLS files the redis_tls_* keys",
+                ));
+            }
+            let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
             let host = host.trim_start_matches('[').trim_end_matches(']');
             let port: u16 = port.parse().map_err(|_| bad())?;
             if host.is_empty() || port == 0 {
@@ -238,7 +285,27 @@ fn host_ports(key: &str, list: &[String]) -> Result<Vec<(String, u16)>, ConfigEr
             }
             Ok((host.to_string(), port))
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    let tls = match schemes.first() {
+        None => c.redis_tls,
+        Some((_, first)) => {
+            if schemes.len() < list.len() || schemes.iter().any(|(_, s)| s != first) {
+                return Err(invalid(
+                    key,
+                    "give every entry the same scheme (rediss:// for TLS), or none and redis_tls",
+                ));
+            }
+            let on = *first == "rediss";
+            if c.redis_tls && !on {
+                return Err(invalid(
+                    "redis_tls",
+                    format!("{key} say redis:// (plain TCP): write rediss:// for TLS"),
+                ));
+            }
+            on
+        }
+    };
+    Ok((nodes, tls))
 }
 
 fn read(key: &str, path: &std::path::Path) -> Result<Pem, ConfigError> {
@@ -433,12 +500,68 @@ mod tests {
                 "redis_password",
             ),
             (with(|c| c.redis_url = Some("nope://".into())), "redis_url"),
+            (
+                with(|c| {
+                    c.redis_sentinels = vec!["rediss://a:1".into(), "b:1".into()];
+                    c.redis_sentinel_master = Some("m".into());
+                }),
+                "redis_sentinels",
+            ),
+            (
+                with(|c| {
+                    c.redis_cluster_nodes = vec!["redis://a:1".into()];
+                    c.redis_tls = true;
+                }),
+                "redis_tls",
+            ),
+            (
+                with(|c| c.redis_cluster_nodes = vec!["rediss://u:p@a:1".into()]),
+                "redis_cluster_nodes[0]",
+            ),
+            (
+                with(|c| c.redis_cluster_nodes = vec!["http://a:1".into()]),
+                "redis_cluster_nodes[0]",
+            ),
         ];
         for (c, key) in cases {
             let err = error_of(c);
             assert!(err.contains(&format!("`{key}`")), "{key}: {err}");
         }
         let _ = std::fs::remove_file(&pem);
+    }
+
+    #[test]
+    fn rediss_urls_for_sentinels_and_cluster_nodes_turn_tls_on() {
+        let s = Settings::new(with(|c| {
+            c.redis_sentinels = vec!["rediss://s1:26379".into(), "rediss://[::1]:26380/".into()];
+            c.redis_sentinel_master = Some("m".into());
+            c.namespace = Some("payments".into());
+        }))
+        .expect("valid");
+        let r = s.redis.expect("redis");
+        assert!(r.tls.is_some());
+        assert!(matches!(&r.topology, Topology::Sentinel { sentinels, .. }
+            if sentinels == &[("s1".to_string(), 26379), ("::1".to_string(), 26380)]));
+        let s = Settings::new(with(|c| {
+            c.redis_cluster_nodes = vec!["redis://n1:7000".into(), "redis://n2:7000".into()];
+            c.namespace = Some("payments".into());
+        }))
+        .expect("valid");
+        assert!(s.redis.expect("redis").tls.is_none());
+    }
+
+    /// A password that breaks the URL is not printed; the message says what to do.
+    #[test]
+    fn an_unparseable_redis_url_says_to_encode_the_password_without_printing_it() {
+        for password in ["pa/ss-word", "pa#ss-word", "pa?ss-word"] {
+            let err = error_of(with(|c| {
+                c.redis_url = Some(format!("redis://idemgate:{password}@redis:6379/0"));
+            }));
+            assert!(err.contains("`redis_url`"), "{err}");
+            assert!(err.contains("percent-encode"), "{err}");
+            assert!(err.contains("IDEMGATE_REDIS_PASSWORD"), "{err}");
+            assert!(!err.contains("ss-word"), "{err}");
+        }
     }
 
     #[test]

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use super::free_port;
 
 /// A CA, a server certificate for `localhost` only (so that `127.0.0.1` is a wrong name),
-/// a client certificate, and a second, unrelated CA. Written to a fresh directory.
+/// a node certificate for `localhost` and `127.0.0.1` (sentinels and cluster nodes, which
+/// name each other by IP), a client certificate, and a second, unrelated CA. Written to a
+/// fresh directory.
 pub struct Pki {
     dir: tempfile::TempDir,
 }
@@ -58,8 +60,18 @@ impl Pki {
             "subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
         )
         .expect("ext");
+        // Sentinels and cluster nodes name each other by IP: their certificate has it too.
+        std::fs::write(
+            p.join("node.ext"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
+        )
+        .expect("ext");
         std::fs::write(p.join("client.ext"), "extendedKeyUsage=clientAuth\n").expect("ext");
-        for (name, ext) in [("server", "server.ext"), ("client", "client.ext")] {
+        for (name, ext) in [
+            ("server", "server.ext"),
+            ("node", "node.ext"),
+            ("client", "client.ext"),
+        ] {
             run(&[
                 "req",
                 "-newkey",
@@ -235,30 +247,41 @@ impl Drop for Node {
 /// are required.
 pub fn tls_node(pki: &Pki, auth_clients: bool, extra: &[&str]) -> Node {
     let port = free_port();
+    let mut args = tls_args(pki, "server", port, auth_clients);
+    for a in ["--save", "", "--appendonly", "no"].iter().chain(extra) {
+        args.push(a.to_string());
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    Node::start_on(port, &refs, tls_cli_args(pki), None)
+}
+
+/// `redis-server` flags for TLS only on `port` with `pki`'s certificate `cert` (also the
+/// client certificate that the node presents to the nodes it connects to).
+fn tls_args(pki: &Pki, cert: &str, port: u16, auth_clients: bool) -> Vec<String> {
     let s = |n: &str| pki.path(n).display().to_string();
-    let mut args: Vec<String> = [
+    [
         "--port",
         "0",
         "--tls-port",
         &port.to_string(),
         "--tls-cert-file",
-        &s("server.crt"),
+        &s(&format!("{cert}.crt")),
         "--tls-key-file",
-        &s("server.key"),
+        &s(&format!("{cert}.key")),
         "--tls-ca-cert-file",
         &s("ca.crt"),
         "--tls-auth-clients",
         if auth_clients { "yes" } else { "no" },
-        "--save",
-        "",
-        "--appendonly",
-        "no",
     ]
     .iter()
     .map(|a| a.to_string())
-    .collect();
-    args.extend(extra.iter().map(|a| a.to_string()));
-    let cli_args = vec![
+    .collect()
+}
+
+/// `redis-cli` flags for a TLS-only node that wants client certificates.
+fn tls_cli_args(pki: &Pki) -> Vec<String> {
+    let s = |n: &str| pki.path(n).display().to_string();
+    vec![
         "--tls".into(),
         "--sni".into(),
         "localhost".into(),
@@ -268,9 +291,7 @@ pub fn tls_node(pki: &Pki, auth_clients: bool, extra: &[&str]) -> Node {
         s("client.crt"),
         "--key".into(),
         s("client.key"),
-    ];
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    Node::start_on(port, &refs, cli_args, None)
+    ]
 }
 
 /// A primary, `replicas` replicas and three sentinels watching it as `mymaster`.
@@ -289,11 +310,38 @@ impl Sentinels {
     /// With `password`, every data node and sentinel requires it (`requirepass`), and
     /// replicas and sentinels use it among themselves.
     pub fn start_with(replicas: usize, password: Option<&str>) -> Sentinels {
+        Self::start_on(replicas, password, None)
+    }
+
+    /// TLS only, everywhere: data nodes and sentinels have no plain port, want client
+    /// certificates of `pki`'s CA, and replicas and sentinels speak TLS to the nodes
+    /// (`tls-replication yes`). Every node has `pki`'s node certificate (`127.0.0.1`).
+    pub fn start_tls(replicas: usize, pki: &Pki) -> Sentinels {
+        Self::start_on(replicas, None, Some(pki))
+    }
+
+    fn start_on(replicas: usize, password: Option<&str>, pki: Option<&Pki>) -> Sentinels {
         let mut persist: Vec<String> = ["--save", "", "--appendonly", "no"]
             .iter()
             .map(|s| s.to_string())
             .collect();
         let mut cli: Vec<String> = Vec::new();
+        if let Some(pki) = pki {
+            cli = tls_cli_args(pki);
+        }
+        // Each node's flags on its port: TLS (and `tls-replication`) with `pki`.
+        let on = |port: u16, args: &[String]| -> Vec<String> {
+            let mut all = match pki {
+                Some(pki) => {
+                    let mut a = tls_args(pki, "node", port, true);
+                    a.extend(["--tls-replication".to_string(), "yes".to_string()]);
+                    a
+                }
+                None => Vec::new(),
+            };
+            all.extend(args.iter().cloned());
+            all
+        };
         if let Some(pw) = password {
             for a in ["--requirepass", pw, "--masterauth", pw] {
                 persist.push(a.to_string());
@@ -303,8 +351,10 @@ impl Sentinels {
             }
         }
         let start = |args: &[String]| {
+            let port = free_port();
+            let args = on(port, args);
             let a: Vec<&str> = args.iter().map(String::as_str).collect();
-            Node::start_on(free_port(), &a, cli.clone(), None)
+            Node::start_on(port, &a, cli.clone(), None)
         };
         let primary = start(&persist);
         let mut data = vec![primary];
@@ -328,12 +378,13 @@ impl Sentinels {
                     "sentinel auth-pass {MASTER} {pw}\nrequirepass {pw}\nsentinel sentinel-pass {pw}\n"
                 ));
             }
-            sentinels.push(Node::start_on(
-                free_port(),
-                &["--sentinel"],
-                cli.clone(),
-                Some(&conf),
-            ));
+            let port = free_port();
+            let mut args = vec!["--sentinel".to_string()];
+            if pki.is_some() {
+                args.extend(on(port, &[]));
+            }
+            let a: Vec<&str> = args.iter().map(String::as_str).collect();
+            sentinels.push(Node::start_on(port, &a, cli.clone(), Some(&conf)));
         }
         let s = Sentinels { data, sentinels };
         s.wait_replicas_online(replicas);
@@ -405,6 +456,16 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start() -> Cluster {
+        Self::start_on(None)
+    }
+
+    /// TLS only, the cluster bus too (`tls-cluster yes`), with `pki`'s node certificate
+    /// (`127.0.0.1`) and client certificates required.
+    pub fn start_tls(pki: &Pki) -> Cluster {
+        Self::start_on(Some(pki))
+    }
+
+    fn start_on(pki: Option<&Pki>) -> Cluster {
         let args = [
             "--cluster-enabled",
             "yes",
@@ -420,11 +481,26 @@ impl Cluster {
             "--cluster-replica-validity-factor",
             "0",
         ];
+        let cli = pki.map(tls_cli_args).unwrap_or_default();
         let nodes: Vec<Node> = (0..6)
-            .map(|_| Node::start_on(free_cluster_port(), &args, Vec::new(), None))
+            .map(|_| {
+                let port = free_cluster_port();
+                let mut all: Vec<String> = match pki {
+                    Some(pki) => tls_args(pki, "node", port, true),
+                    None => Vec::new(),
+                };
+                if pki.is_some() {
+                    for a in ["--tls-replication", "yes", "--tls-cluster", "yes"] {
+                        all.push(a.to_string());
+                    }
+                }
+                all.extend(args.iter().map(|a| a.to_string()));
+                let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+                Node::start_on(port, &refs, cli.clone(), None)
+            })
             .collect();
         let mut create = Command::new("redis-cli");
-        create.args(["--cluster", "create"]);
+        create.args(&cli).args(["--cluster", "create"]);
         for n in &nodes {
             create.arg(n.addr());
         }
