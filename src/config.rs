@@ -111,16 +111,19 @@ pub struct Config {
     /// Redis URL; absent (and no sentinels, cluster nodes, `store_path` or
     /// `postgres_url`): the embedded in-memory store.
     pub redis_url: Option<String>,
-    /// Sentinels (`host:port`) that name the current primary of `redis_sentinel_master`.
+    /// Sentinels (`host:port`, or `rediss://host:port` on every entry for TLS) that name
+    /// the current primary of `redis_sentinel_master`.
     #[serde(default)]
     pub redis_sentinels: Vec<String>,
     /// The master name the sentinels monitor.
     #[serde(default)]
     pub redis_sentinel_master: Option<String>,
-    /// Seed nodes (`host:port`) of a Redis Cluster.
+    /// Seed nodes (`host:port`, or `rediss://host:port` on every entry for TLS) of a Redis
+    /// Cluster.
     #[serde(default)]
     pub redis_cluster_nodes: Vec<String>,
-    /// TLS to sentinels and cluster nodes (a URL says it with `rediss://`).
+    /// TLS to sentinels and cluster nodes given as bare `host:port` (a URL, or `rediss://`
+    /// entries, say it themselves).
     #[serde(default)]
     pub redis_tls: bool,
     /// PEM file of the CA(s) that signed the Redis servers' certificates; absent: the

@@ -358,3 +358,124 @@ async fn a_cluster_over_tls() {
     assert!(per_primary.iter().all(|(_, n)| *n > 0), "{per_primary:?}");
     app.shutdown().await;
 }
+
+/// A CA of rcgen's, and a certificate for `localhost` that it signs, valid from `from` to
+/// `to` (years): PEM certificate, PEM key.
+fn rcgen_ca() -> (rcgen::CertifiedIssuer<'static, rcgen::KeyPair>, String) {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "idemgate test rcgen ca");
+    let ca =
+        rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap()).unwrap();
+    let pem = ca.pem();
+    (ca, pem)
+}
+
+fn rcgen_server(
+    ca: &rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+    years: (i32, i32),
+) -> (String, String) {
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params.not_before = rcgen::date_time_ymd(years.0, 1, 1);
+    params.not_after = rcgen::date_time_ymd(years.1, 1, 1);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, ca).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// The Redis that idemgate runs on is restarted with an expired certificate (same port,
+/// same CA): the requests that then fail, and `/readyz`, say why in rustls' words, not
+/// only that a store call timed out.
+#[test]
+fn an_expired_certificate_at_run_time_is_named_in_the_log_and_readyz() {
+    let pki = Pki::new();
+    let (ca, ca_pem) = rcgen_ca();
+    let (cert, key) = rcgen_server(&ca, (2020, 2100));
+    std::fs::write(pki.path("ca.crt"), &ca_pem).unwrap();
+    std::fs::write(pki.path("server.crt"), cert).unwrap();
+    std::fs::write(pki.path("server.key"), key).unwrap();
+    let mut node = tls_node(&pki, false, &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let up = rt.block_on(Upstream::start());
+    let ca_file = pki.path("ca.crt").display().to_string();
+    let gate = Gate::start(
+        &up.url(),
+        &format!("rediss://localhost:{}/0", node.port),
+        &[("IDEMGATE_REDIS_TLS_CA_FILE", ca_file.as_str())],
+    );
+    let first = rt.block_on(post_url(
+        &client(),
+        &gate.url("/pay"),
+        Some("k-1"),
+        "{}",
+        &[],
+    ));
+    assert_eq!(first.status, 201, "{:?}", first.body);
+
+    let (cert, key) = rcgen_server(&ca, (2020, 2021));
+    std::fs::write(pki.path("server.crt"), cert).unwrap();
+    std::fs::write(pki.path("server.key"), key).unwrap();
+    node.restart_listening();
+    let mut last = String::new();
+    // rustls' words: "invalid peer certificate: certificate expired: verification time ...".
+    let named = |s: &str| s.contains("invalid peer certificate: certificate expired");
+    for i in 0..40 {
+        let a = rt.block_on(post_url(
+            &client(),
+            &gate.url("/pay"),
+            Some(&format!("after-{i}")),
+            "{}",
+            &[],
+        ));
+        assert_eq!(a.status, 503, "{:?}", a.body);
+        last = http_get(gate.admin, "/readyz").unwrap_or_default();
+        if named(&last) && named(&gate.log()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(last.starts_with("HTTP/1.1 503"), "{last}");
+    assert!(named(&last), "/readyz: {last}");
+    let log = gate.log();
+    assert!(named(&log), "{log}");
+    assert!(log.contains("Redis TLS failed"), "{log}");
+    // Told at once, not after waiting out store_timeout (500 ms) on reconnection retries.
+    let started = std::time::Instant::now();
+    let a = rt.block_on(post_url(
+        &client(),
+        &gate.url("/pay"),
+        Some("fast"),
+        "{}",
+        &[],
+    ));
+    assert_eq!(a.status, 503, "{:?}", a.body);
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(up.hits(), 1);
+}
+
+/// A `redis_url` whose password holds characters that URLs reserve does not parse: the
+/// binary exits 64 saying to percent-encode the password or to give it in
+/// `IDEMGATE_REDIS_PASSWORD`, and prints no part of it.
+#[test]
+fn an_unparseable_password_in_redis_url_exits_64_saying_what_to_do() {
+    for password in ["s3cret#with/reserved", "s3cret/with?reserved"] {
+        let url = format!("redis://idemgate:{password}@127.0.0.1:1/0");
+        let (code, err) = start_up_failure(&[
+            ("IDEMGATE_REDIS_URL", url.as_str()),
+            ("IDEMGATE_NAMESPACE", NAMESPACE),
+        ]);
+        assert_eq!(code, Some(64), "{err}");
+        assert!(err.contains("redis_url"), "{err}");
+        assert!(err.contains("percent-encode"), "{err}");
+        assert!(err.contains("IDEMGATE_REDIS_PASSWORD"), "{err}");
+        for part in ["s3cret", "reserved"] {
+            assert!(!err.contains(part), "{err}");
+        }
+    }
+}

@@ -876,30 +876,12 @@ fn evalsha(script: &Script, key: &[u8]) -> Cmd {
 /// right thing first.
 fn describe_failure(setup: &RedisSetup, e: &redis::RedisError) -> String {
     let text = e.to_string();
-    let mut tls = false;
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = source {
-        if err.downcast_ref::<rustls::Error>().is_some() {
-            tls = true;
-        }
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            if io
-                .get_ref()
-                .is_some_and(|inner| inner.is::<rustls::Error>())
-            {
-                tls = true;
-            }
-        }
-        source = err.source();
-    }
     let lower = text.to_ascii_lowercase();
-    if setup.tls.is_some()
-        && ["certificate", "tls", "handshake", "alert"]
-            .iter()
-            .any(|w| lower.contains(w))
-    {
-        tls = true;
-    }
+    let tls = super::redis_link::tls_failure(e)
+        || (setup.tls.is_some()
+            && ["certificate", "tls", "handshake", "alert"]
+                .iter()
+                .any(|w| lower.contains(w)));
     let at = setup.addresses();
     if tls {
         format!("Redis at {at}: TLS failed: {text}")
@@ -921,6 +903,11 @@ fn info_field(info: &str, name: &str) -> Option<String> {
 fn backend(e: redis::RedisError) -> StoreError {
     if e.code() == Some("OOM") {
         return StoreError::Full(e.to_string());
+    }
+    // A certificate refused at run time (a server restarted with an expired one): said
+    // as such, in rustls' words, as at start-up.
+    if super::redis_link::tls_failure(&e) {
+        return StoreError::Backend(format!("Redis TLS failed: {e}"));
     }
     StoreError::Backend(e.to_string())
 }

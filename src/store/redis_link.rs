@@ -106,7 +106,17 @@ impl Link {
                         .map_err(|_| timed_out("no connection in time"))?
                     })
                 });
-                let link = Renewing::new(open, response_timeout / 2, |e| e.is_timeout(), None);
+                // A call that meets a certificate the client refuses (redis-rs's own reconnect
+                // after a restart) gives the manager up too, so that the calls after it are
+                // told why at once (see `Renewing::failed`) instead of each waiting on the
+                // manager's retries until its deadline.
+                let link = Renewing::new(
+                    open,
+                    response_timeout / 2,
+                    |e| e.is_timeout() || tls_failure(e),
+                    None,
+                    connect_timeout * 2,
+                );
                 // The first connection is made now, so that a wrong address, password or
                 // certificate stops start-up.
                 link.connection().await?;
@@ -179,8 +189,10 @@ impl Link {
                             || e.is_connection_dropped()
                             || e.is_unrecoverable_error()
                             || e.is_timeout()
+                            || tls_failure(e)
                     },
                     Some(epoch.clone()),
+                    connect_timeout * 2,
                 );
                 // The first connection is made now, so that a wrong address, name or
                 // certificate stops start-up.
@@ -209,7 +221,13 @@ impl Link {
                     let seeds = seeds.clone();
                     Box::pin(async move { seeds.connect().await })
                 });
-                let link = Renewing::new(open, response_timeout / 2, |e| e.is_timeout(), None);
+                let link = Renewing::new(
+                    open,
+                    response_timeout / 2,
+                    |e| e.is_timeout() || tls_failure(e),
+                    None,
+                    connect_timeout * 3 + response_timeout * 2,
+                );
                 // The first connection is made now, so that a wrong address or certificate
                 // stops start-up.
                 link.connection().await?;
@@ -329,6 +347,13 @@ type Opener<C> = Box<dyn Fn() -> super::BoxFuture<'static, RedisResult<C>> + Sen
 ///
 /// Connecting runs in a task of its own, which every caller waiting for it shares: a caller
 /// whose deadline passes leaves it to finish for the next.
+///
+/// A connection that failed on TLS (a certificate that does not verify, a refused client
+/// certificate) is not retried by waiting: until a connection succeeds again, a call that
+/// finds none fails at once with that error, rustls' words included, while a new attempt
+/// runs for the calls after it. Without this, a Redis restarted with an expired
+/// certificate was only ever reported as "store call timed out": every call waited on
+/// redis-rs's reconnection retries until its deadline passed.
 pub struct Renewing<C> {
     inner: Arc<RenewingInner<C>>,
 }
@@ -357,6 +382,13 @@ struct RenewingInner<C> {
     patience: Duration,
     /// Whether a call's error gives the connection up.
     gives_up: fn(&RedisError) -> bool,
+    /// The last TLS failure, connecting or on a call, and when; cleared by a connection
+    /// made. `failing` says whether there is one without taking the lock.
+    failed: Mutex<Option<(std::time::Instant, RedisError)>>,
+    failing: std::sync::atomic::AtomicBool,
+    /// How long a TLS failure is told to the calls that find no connection, rather than
+    /// having them wait on a new attempt: one attempt's time at most.
+    fail_fast: Duration,
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Renewing<C> {
@@ -365,6 +397,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Renewing<C> {
         patience: Duration,
         gives_up: fn(&RedisError) -> bool,
         epoch: Option<Arc<AtomicU64>>,
+        fail_fast: Duration,
     ) -> Renewing<C> {
         Renewing {
             inner: Arc::new(RenewingInner {
@@ -375,6 +408,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Renewing<C> {
                 patience,
                 gives_up,
                 epoch,
+                failed: Mutex::new(None),
+                failing: std::sync::atomic::AtomicBool::new(false),
+                fail_fast,
             }),
         }
     }
@@ -410,6 +446,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Renewing<C> {
                                     *current = Some((generation, conn, epoch));
                                 }
                             });
+                            match &result {
+                                Ok(()) => inner.clear_failure(),
+                                Err(e) => inner.note_failure(e),
+                            }
                             if let Ok(mut pending) = inner.pending.lock() {
                                 *pending = None;
                             }
@@ -419,6 +459,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Renewing<C> {
                     }
                 }
             };
+            // The last attempt failed on TLS, moments ago: this one is unlikely to do
+            // better, and the caller is told why now (the attempt goes on for the next).
+            if let Some(e) = self.inner.recent_failure() {
+                return Err(e);
+            }
             let outcome = match done.wait_for(Option::is_some).await {
                 Ok(v) => v.clone(),
                 Err(_) => None,
@@ -469,8 +514,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Renewing<C> {
         };
         let result = run(conn).await;
         guard.armed = false;
-        if matches!(&result, Err(e) if (self.inner.gives_up)(e)) {
-            self.forget(generation);
+        if let Err(e) = &result {
+            self.inner.note_failure(e);
+            if (self.inner.gives_up)(e) {
+                self.forget(generation);
+            }
         }
         result
     }
@@ -480,6 +528,71 @@ impl<C> RenewingInner<C> {
     fn epoch_now(&self) -> u64 {
         self.epoch.as_ref().map_or(0, |e| e.load(Ordering::Relaxed))
     }
+
+    /// Keeps `e` if it is a TLS failure.
+    fn note_failure(&self, e: &RedisError) {
+        if tls_failure(e) {
+            if let Ok(mut failed) = self.failed.lock() {
+                *failed = Some((std::time::Instant::now(), e.clone()));
+                self.failing.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn clear_failure(&self) {
+        if self.failing.load(Ordering::Relaxed) {
+            if let Ok(mut failed) = self.failed.lock() {
+                *failed = None;
+                self.failing.store(false, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The TLS failure of less than `fail_fast` ago, if any.
+    fn recent_failure(&self) -> Option<RedisError> {
+        if !self.failing.load(Ordering::Relaxed) {
+            return None;
+        }
+        let failed = self.failed.lock().ok()?;
+        failed
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < self.fail_fast)
+            .map(|(_, e)| e.clone())
+    }
+}
+
+/// Whether `e` comes from the TLS layer: rustls refused the server's certificate (or the
+/// server refused ours, which rustls reports as the alert it received). By rustls' error
+/// in the chain or, since an error shared by redis-rs's reconnection is a copy that keeps
+/// only the text, by rustls' words for a handshake that failed.
+pub fn tls_failure(e: &RedisError) -> bool {
+    const RUSTLS: [&str; 5] = [
+        "invalid peer certificate",
+        "received fatal alert",
+        "peer sent no certificates",
+        "peer is incompatible",
+        "invalid certificate revocation list",
+    ];
+    let text = e.to_string();
+    if RUSTLS.iter().any(|w| text.contains(w)) {
+        return true;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+            {
+                return true;
+            }
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// How often a Sentinel link asks the sentinels which node is the primary, whether or not

@@ -155,6 +155,40 @@ impl Node {
     }
 
     fn spawn(&mut self) {
+        self.spawn_process();
+        let until = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < until {
+            if self.cli(&["PING"]).is_some_and(|r| r.trim() == "PONG") {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        panic!(
+            "redis-server did not start on port {}:\n{}",
+            self.port,
+            self.log()
+        );
+    }
+
+    /// Starts again on the same port, directory and arguments, and waits only until the
+    /// port accepts connections: for a node that `redis-cli` cannot talk to (a certificate
+    /// it refuses).
+    pub fn restart_listening(&mut self) {
+        self.kill();
+        self.spawn_process();
+        let until = Instant::now() + Duration::from_secs(15);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < until,
+                "redis-server did not listen on port {}:\n{}",
+                self.port,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(30));
+        }
+    }
+
+    fn spawn_process(&mut self) {
         let mut cmd = Command::new("redis-server");
         cmd.args(&self.args)
             .arg("--bind")
@@ -170,18 +204,6 @@ impl Node {
             cmd.arg("--port").arg(self.port.to_string());
         }
         self.child = Some(cmd.spawn().expect("redis-server on PATH"));
-        let until = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < until {
-            if self.cli(&["PING"]).is_some_and(|r| r.trim() == "PONG") {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(30));
-        }
-        panic!(
-            "redis-server did not start on port {}:\n{}",
-            self.port,
-            self.log()
-        );
     }
 
     /// Runs `redis-cli -p PORT args...` and returns its output.
