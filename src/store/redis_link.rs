@@ -221,10 +221,12 @@ impl Link {
                     let seeds = seeds.clone();
                     Box::pin(async move { seeds.connect().await })
                 });
+                // Not given up on a TLS failure: that may be one node's, and the
+                // connection to the others is still good.
                 let link = Renewing::new(
                     open,
                     response_timeout / 2,
-                    |e| e.is_timeout() || tls_failure(e),
+                    |e| e.is_timeout(),
                     None,
                     connect_timeout * 3 + response_timeout * 2,
                 );
