@@ -1034,7 +1034,14 @@ mod tests {
     fn every_series_is_exported_from_the_start() {
         let text = Metrics::new().encode();
         for o in OUTCOMES {
-            let line = format!("idemgate_requests_total{{outcome=\"{}\"}} 0\n", o.as_str());
+            let line = format!(
+                "idemgate_requests_total{{route=\"default\",outcome=\"{}\"}} 0\n",
+                o.as_str()
+            );
+            assert!(text.contains(&line), "{line}");
+        }
+        for class in STATUS_CLASSES {
+            let line = format!("idemgate_answers_recorded_total{{status_class=\"{class}\"}} 0\n");
             assert!(text.contains(&line), "{line}");
         }
         for op in STORE_OPS {
@@ -1042,6 +1049,7 @@ mod tests {
             assert!(text.contains(&line), "{line}");
         }
         for name in [
+            "idemgate_records_held_unknown 0",
             "idemgate_records_unknown_total 0",
             "idemgate_redis_evicted_keys 0",
             "idemgate_redis_restarts_total 0",
