@@ -488,7 +488,7 @@ async fn a_burst_beyond_max_in_flight_and_the_queue_is_refused_at_once_and_claim
         .await
         .unwrap();
     assert!(
-        metrics.contains("idemgate_requests_total{outcome=\"overloaded\"} 1"),
+        metrics.contains("idemgate_requests_total{route=\"default\",outcome=\"overloaded\"} 1"),
         "{metrics}"
     );
     app.shutdown().await;

@@ -74,7 +74,10 @@ async fn everything_is_forwarded_and_counted(redis_url: &str) {
     assert_eq!(route["duplicates_let_through"], 3, "{o}");
     assert!(o["since_ms"].as_u64().unwrap() > 0);
     assert_eq!(
-        metric(&gate, "idemgate_requests_total{outcome=\"observed\"}"),
+        metric(
+            &gate,
+            "idemgate_requests_total{route=\"default\",outcome=\"observed\"}"
+        ),
         7.0
     );
     assert_eq!(

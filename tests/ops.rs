@@ -28,7 +28,7 @@ async fn scrape(c: &reqwest::Client, admin: SocketAddr) -> String {
     r.text().await.unwrap()
 }
 
-/// The value of one series, e.g. `idemgate_requests_total{outcome="replayed"}`.
+/// The value of one series, e.g. `idemgate_requests_total{route="default",outcome="replayed"}`.
 fn value(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
@@ -38,11 +38,13 @@ fn value(text: &str, series: &str) -> f64 {
         .unwrap()
 }
 
+/// Requests with `outcome`, summed over the routes.
 fn requests(text: &str, outcome: &str) -> f64 {
-    value(
-        text,
-        &format!("idemgate_requests_total{{outcome=\"{outcome}\"}}"),
-    )
+    let label = format!("outcome=\"{outcome}\"}}");
+    text.lines()
+        .filter(|l| l.starts_with("idemgate_requests_total{") && l.contains(&label))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
 }
 
 async fn a_known_sequence_is_counted_exactly(backend: Backend) {
