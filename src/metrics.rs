@@ -959,7 +959,9 @@ pub async fn count_unknown(
     if period.is_zero() || !store.can_list() {
         return;
     }
-    let mut tick = tokio::time::interval(period);
+    // The first walk one period after start: a fleet restarting at once does not walk the
+    // store all together, and start-up's round trips stay start-up's.
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;

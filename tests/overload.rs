@@ -272,34 +272,53 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
-/// 300 clients replay a 4 MB answer and never read it. What idemgate holds of their
-/// answers counts against `max_buffered_bytes` (beyond it, 503 `overloaded`; on loopback
-/// the kernel's socket buffers take most of each answer, so few or none are refused
-/// here), RSS stays under 128 MiB, and the stalled connections are closed after
+/// 300 clients replay a 12 MB answer and never read it. What idemgate holds of their
+/// answers counts against `max_buffered_bytes` (beyond it, 503 `overloaded`: most of them
+/// here, as the budget holds five such answers), RSS stays under 128 MiB, and the stalled connections are closed after
 /// `send_timeout`: without it they stayed open, each holding its answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_readers_of_a_large_replay_are_bounded_and_closed_after_send_timeout() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[("IDEMGATE_SEND_TIMEOUT", "3s")]);
+    // The answer is larger than a socket's send buffer can grow to (tcp_wmem's maximum is
+    // 4 MiB on Debian), so each write stalls once the kernel's buffers are full.
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[
+            ("IDEMGATE_SEND_TIMEOUT", "3s"),
+            ("IDEMGATE_DEFAULTS__MAX_RESPONSE_BYTES", "16777216"),
+        ],
+    );
     let c = client();
-    let size = 4_000_000u64;
+    let size = 12_000_000u64;
     let first = post_url(
         &c,
         &gate.url("/v1/reports"),
         Some("big"),
         "{}",
-        &[(ANSWER_BYTES, "4000000")],
+        &[(ANSWER_BYTES, "12000000")],
     )
     .await;
     assert_eq!(first.status, 201);
     assert_eq!(first.body.len() as u64, size);
     let before = rss_kib(gate.pid());
     let addr = gate.addr;
+    // Each client's receive buffer is small and fixed (no autotuning): with the kernel's
+    // default a machine whose tcp_rmem allows 32 MB takes whole answers into the socket,
+    // no write ever stalls, and nothing here would be tested.
+    let mut sockets = Vec::new();
+    for _ in 0..300 {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(64 * 1024).unwrap();
+        let s = sock.connect(addr).await.unwrap().into_std().unwrap();
+        s.set_nonblocking(false).unwrap();
+        sockets.push(s);
+    }
     let stalled = tokio::task::spawn_blocking(move || {
-        (0..300)
-            .map(|_| {
-                let mut s = TcpStream::connect(addr).unwrap();
-                s.write_all(b"POST /v1/reports HTTP/1.1\r\nHost: x\r\nIdempotency-Key: big\r\nContent-Type: application/json\r\nContent-Length: 2\r\nx-test-answer-bytes: 4000000\r\n\r\n{}").unwrap();
+        sockets
+            .into_iter()
+            .map(|mut s: TcpStream| {
+                s.write_all(b"POST /v1/reports HTTP/1.1\r\nHost: x\r\nIdempotency-Key: big\r\nContent-Type: application/json\r\nContent-Length: 2\r\nx-test-answer-bytes: 12000000\r\n\r\n{}").unwrap();
                 s
             })
             .collect::<Vec<_>>()
@@ -312,7 +331,7 @@ async fn stalled_readers_of_a_large_replay_are_bounded_and_closed_after_send_tim
     assert!(during < 128 * 1024, "RSS {during} KiB");
     assert_eq!(up.hits(), 1, "replays only");
     let m = metrics(&gate);
-    assert!(metric(&m, "idemgate_buffered_bytes") <= 64.0 * 1024.0 * 1024.0 + 4e6);
+    assert!(metric(&m, "idemgate_buffered_bytes") <= 64.0 * 1024.0 * 1024.0 + size as f64);
     // After send_timeout, every stalled connection was closed: reading drains what the
     // kernel holds and then ends.
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -324,7 +343,9 @@ async fn stalled_readers_of_a_large_replay_are_bounded_and_closed_after_send_tim
         stalled
             .into_iter()
             .map(|mut s| {
-                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                // A connection idemgate still writes to answers within this; one that
+                // stays silent longer is open with nothing being written.
+                s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
                 let mut buf = vec![0u8; 1 << 16];
                 let mut total = 0usize;
                 let mut head = Vec::new();
@@ -340,6 +361,9 @@ async fn stalled_readers_of_a_large_replay_are_bounded_and_closed_after_send_tim
                         Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
                             return Ok((total, head))
                         }
+                        // A refusal was answered whole; its connection may stay open for
+                        // the client's next request (keep-alive), which is no stalled write.
+                        Err(_) if head.starts_with(b"HTTP/1.1 503") => return Ok((total, head)),
                         Err(e) => return Err(e.kind()),
                     }
                 }
