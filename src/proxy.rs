@@ -1780,7 +1780,10 @@ async fn exchange(
                     "the upstream did not answer within upstream_timeout".to_string()
                 }
                 ExchangeError::Request(e) => {
-                    format!("the upstream connection failed after sending: {e}")
+                    format!(
+                        "the upstream connection failed after sending: {}",
+                        upstream::describe(e)
+                    )
                 }
                 ExchangeError::Body(e) => format!("the upstream's answer broke off: {e}"),
             };

@@ -177,6 +177,31 @@ impl tower_service::Service<Uri> for FreshConnector {
 /// A connection that is closed, never half-closed: see [`fresh_client`].
 pub struct FreshConnection(TokioIo<TcpStream>);
 
+/// A write that failed because the upstream has closed (broken pipe, reset) is reported as
+/// written, so that what the upstream said before it closed is read and decides.
+///
+/// A TLS 1.3 upstream that refuses idemgate's client certificate (or its lack of one) does
+/// so after idemgate's side of the handshake is done: it sends an alert and closes, and the
+/// request bytes already on their way make its kernel answer with a reset. A write after
+/// that reset fails; reported as it is, the exchange ends with "broken pipe", which cannot
+/// be told from an upstream that read the request and died. The alert arrived before the
+/// reset and is still there to read: the read that follows returns it ([`classify`]: not
+/// sent), or, if the upstream said nothing, the reset itself (ambiguous, as before). The
+/// socket is dead either way: nothing is lost by writing no more to it.
+fn read_on(polled: Poll<io::Result<usize>>, len: usize) -> Poll<io::Result<usize>> {
+    match polled {
+        Poll::Ready(Err(e))
+            if matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            ) =>
+        {
+            Poll::Ready(Ok(len))
+        }
+        other => other,
+    }
+}
+
 impl hyper::rt::Read for FreshConnection {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -193,7 +218,8 @@ impl hyper::rt::Write for FreshConnection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        let len = buf.len();
+        read_on(Pin::new(&mut self.0).poll_write(cx, buf), len)
     }
 
     fn poll_write_vectored(
@@ -201,7 +227,8 @@ impl hyper::rt::Write for FreshConnection {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+        let len = bufs.iter().map(|b| b.len()).sum();
+        read_on(Pin::new(&mut self.0).poll_write_vectored(cx, bufs), len)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -427,6 +454,17 @@ pub fn handshake_refused(e: &(dyn std::error::Error + 'static)) -> bool {
         if let Some(rustls::Error::AlertReceived(alert)) = tls {
             return HANDSHAKE_REFUSALS.contains(alert);
         }
+        // The h2 crate keeps an I/O error's kind and text, not the error itself: rustls'
+        // own words for the alert are what is left of it.
+        if tls.is_none() {
+            let text = err.to_string();
+            let said = |a: &rustls::AlertDescription| {
+                text.contains(&rustls::Error::AlertReceived(*a).to_string())
+            };
+            if HANDSHAKE_REFUSALS.iter().any(said) {
+                return true;
+            }
+        }
         at = err.source();
     }
     false
@@ -470,6 +508,25 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_handshake_alert_is_found_as_rustls_error_and_as_h2_keeps_it() {
+        let alert = rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired);
+        // tokio-rustls: the rustls error inside an io::Error, under hyper's.
+        let io = io::Error::new(io::ErrorKind::InvalidData, alert.clone());
+        assert!(handshake_refused(&io));
+        // h2: the same error's text only.
+        let text = io::Error::new(io::ErrorKind::InvalidData, alert.to_string());
+        assert!(handshake_refused(&text));
+        let other = rustls::Error::AlertReceived(rustls::AlertDescription::CloseNotify);
+        assert!(!handshake_refused(&io::Error::new(
+            io::ErrorKind::InvalidData,
+            other
+        )));
+        assert!(!handshake_refused(&io::Error::from(
+            io::ErrorKind::ConnectionReset
+        )));
+    }
 
     #[test]
     fn strips_hop_by_hop_and_connection_named_headers() {
