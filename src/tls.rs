@@ -232,17 +232,17 @@ pub fn upstream(c: &Config, https: bool) -> Result<Option<UpstreamTls>, ConfigEr
         })?),
         None => None,
     };
-    let roots = roots("upstream_tls_ca_file", c.upstream_tls_ca_file.as_deref())?;
-    let builder = ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| invalid("upstream", format!("TLS: {e}")))?
-        .with_root_certificates(roots);
     let pair = Pair::from_config(
         "upstream_tls_cert_file",
         &c.upstream_tls_cert_file,
         "upstream_tls_key_file",
         &c.upstream_tls_key_file,
     )?;
+    let roots = roots("upstream_tls_ca_file", c.upstream_tls_ca_file.as_deref())?;
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid("upstream", format!("TLS: {e}")))?
+        .with_root_certificates(roots);
     let mut config = match pair {
         Some(pair) => {
             let (certified, _) = pair.load()?;
