@@ -94,8 +94,42 @@ pub struct Config {
     /// Where clients connect (`host:port`; a host name is resolved at start).
     #[serde(deserialize_with = "addr")]
     pub listen: SocketAddr,
-    /// The upstream origin, `http://host:port`.
+    /// The upstream origin, `http://host:port` or `https://host[:port]`.
     pub upstream: String,
+    /// PEM file of the CA(s) that signed an `https://` upstream's certificate; absent: the
+    /// system's roots.
+    #[serde(default)]
+    pub upstream_tls_ca_file: Option<PathBuf>,
+    /// The name sent (SNI) to an `https://` upstream and checked against its certificate,
+    /// instead of the host of `upstream` (an IP address, or an internal name).
+    #[serde(default)]
+    pub upstream_tls_server_name: Option<String>,
+    /// PEM client certificate chain presented to an `https://` upstream that asks for one.
+    #[serde(default)]
+    pub upstream_tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `upstream_tls_cert_file`.
+    #[serde(default)]
+    pub upstream_tls_key_file: Option<PathBuf>,
+    /// Offer h2 besides http/1.1 to an `https://` upstream (ALPN); `false`: http/1.1 only.
+    #[serde(default = "default_true")]
+    pub upstream_http2: bool,
+    /// PEM certificate chain (leaf first) that makes `listen` speak TLS, with
+    /// `tls_key_file`. Reloaded when its content changes.
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM file of the CA(s) that client certificates are verified against: the TLS
+    /// listener asks clients for a certificate.
+    #[serde(default)]
+    pub tls_client_ca_file: Option<PathBuf>,
+    /// `required` (the default with `tls_client_ca_file`) or `optional`.
+    #[serde(default)]
+    pub tls_client_auth: Option<crate::tls::ClientAuth>,
+    /// How often `tls_cert_file` and `tls_key_file` are read for a change.
+    #[serde(default = "default_tls_reload_interval", with = "humantime_serde")]
+    pub tls_reload_interval: Duration,
     /// The admin listener (`/healthz`, `/readyz`, `/metrics`, `/records/{id}`); absent: off.
     #[serde(default, deserialize_with = "optional_addr")]
     pub admin_listen: Option<SocketAddr>,
@@ -479,6 +513,16 @@ impl Default for Config {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             upstream: "http://127.0.0.1:9000".into(),
+            upstream_tls_ca_file: None,
+            upstream_tls_server_name: None,
+            upstream_tls_cert_file: None,
+            upstream_tls_key_file: None,
+            upstream_http2: true,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_client_ca_file: None,
+            tls_client_auth: None,
+            tls_reload_interval: default_tls_reload_interval(),
             admin_listen: Some(SocketAddr::from(([127, 0, 0, 1], 9901))),
             admin_token: None,
             redis_url: None,
@@ -537,6 +581,14 @@ impl Default for Config {
             routes: Vec::new(),
         }
     }
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_tls_reload_interval() -> Duration {
+    Duration::from_secs(5)
 }
 
 fn default_replica_ack_timeout() -> Duration {
@@ -835,12 +887,17 @@ impl Policy {
 /// The upstream origin, split for building request URIs.
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    /// `http` (TLS to the upstream is not supported).
+    /// `http` or `https`.
     pub scheme: hyper::http::uri::Scheme,
-    /// `host:port`.
+    /// `host:port` (or `host` alone: the scheme's port).
     pub authority: hyper::http::uri::Authority,
     /// The `Host` header every forwarded request carries: the authority, made once.
     pub host: hyper::header::HeaderValue,
+    /// How idemgate talks TLS to an `https://` upstream; `None` for `http://`.
+    pub tls: Option<crate::tls::UpstreamTls>,
+    /// The `X-Forwarded-Proto` of every forwarded request: how clients reached idemgate
+    /// (`https` when `listen` speaks TLS).
+    pub forwarded_proto: hyper::header::HeaderValue,
 }
 
 /// The validated configuration.
@@ -865,6 +922,8 @@ pub struct Settings {
     pub envelope: Envelope,
     /// The operator's scope secret (`scope_secret`, `scope_secret_file`), if pinned.
     pub pinned_secret: Option<ScopeSecret>,
+    /// The TLS listener (`tls_cert_file`), when `listen` speaks TLS.
+    pub listener_tls: Option<crate::tls::ListenerTls>,
     // Whether any policy protects a method: decides between 400 and pass-through for a
     // path that cannot be normalized (and so matched to a route).
     protected_methods: Vec<Method>,
@@ -916,7 +975,8 @@ pub enum Forward {
 impl Settings {
     /// Validates a configuration.
     pub fn new(config: Config) -> Result<Settings, ConfigError> {
-        let upstream = parse_upstream(&config.upstream)?;
+        let listener_tls = crate::tls::listener(&config)?;
+        let upstream = parse_upstream(&config, listener_tls.is_some())?;
         for (key, d) in [
             ("store_timeout", config.store_timeout),
             ("redis_connect_timeout", config.redis_connect_timeout),
@@ -1145,6 +1205,7 @@ impl Settings {
         }
         Ok(Settings {
             pinned_secret,
+            listener_tls,
             config,
             upstream,
             default_policy,
@@ -1358,19 +1419,20 @@ fn envelope(config: &Config) -> Result<Envelope, ConfigError> {
     })
 }
 
-fn parse_upstream(s: &str) -> Result<Upstream, ConfigError> {
+fn parse_upstream(config: &Config, tls_listener: bool) -> Result<Upstream, ConfigError> {
+    let s = &config.upstream;
     let uri: Uri = s
         .parse()
         .map_err(|e| invalid("upstream", format!("not a URI: {e}")))?;
-    let scheme = uri
-        .scheme()
-        .cloned()
-        .ok_or_else(|| invalid("upstream", "must be http://host:port"))?;
-    if scheme != hyper::http::uri::Scheme::HTTP {
-        return Err(invalid(
+    let scheme = uri.scheme().cloned().ok_or_else(|| {
+        invalid(
             "upstream",
-            "only http:// upstreams are supported (run idemgate next to its upstream)",
-        ));
+            "must be http://host:port or https://host[:port]",
+        )
+    })?;
+    let https = scheme == hyper::http::uri::Scheme::HTTPS;
+    if scheme != hyper::http::uri::Scheme::HTTP && !https {
+        return Err(invalid("upstream", "must be an http:// or https:// origin"));
     }
     let authority = uri
         .authority()
@@ -1384,10 +1446,15 @@ fn parse_upstream(s: &str) -> Result<Upstream, ConfigError> {
     }
     let host = hyper::header::HeaderValue::from_str(authority.as_str())
         .map_err(|_| invalid("upstream", "its host:port is not a valid Host header"))?;
+    let tls = crate::tls::upstream(config, https)?;
+    let forwarded_proto =
+        hyper::header::HeaderValue::from_static(if tls_listener { "https" } else { "http" });
     Ok(Upstream {
         scheme,
         authority,
         host,
+        tls,
+        forwarded_proto,
     })
 }
 
@@ -1708,7 +1775,26 @@ mod tests {
     #[test]
     fn bad_values_name_their_key() {
         for (toml, key) in [
-            ("upstream = \"https://x:1\"", "upstream"),
+            ("upstream = \"ftp://x:1\"", "upstream"),
+            ("upstream_tls_ca_file = \"/ca.pem\"", "upstream_tls_ca_file"),
+            (
+                "upstream = \"https://x\"\nupstream_tls_cert_file = \"/c.pem\"",
+                "upstream_tls_key_file",
+            ),
+            (
+                "upstream = \"https://x\"\nupstream_tls_ca_file = \"/nonexistent/ca.pem\"",
+                "upstream_tls_ca_file",
+            ),
+            (
+                "upstream = \"https://x\"\nupstream_tls_server_name = \"not a name\"",
+                "upstream_tls_server_name",
+            ),
+            ("tls_key_file = \"/k.pem\"", "tls_cert_file"),
+            ("tls_client_auth = \"optional\"", "tls_client_auth"),
+            (
+                "tls_cert_file = \"/nonexistent/c.pem\"\ntls_key_file = \"/nonexistent/k.pem\"",
+                "tls_cert_file",
+            ),
             ("upstream = \"http://x:1/api\"", "upstream"),
             ("[defaults]\nlease = \"10ms\"", "defaults.lease"),
             ("[defaults]\nretention = \"1s\"", "defaults.retention"),

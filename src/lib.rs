@@ -36,6 +36,8 @@
 //!   accept on, and the cap on open connections.
 //! - [`server`]: start-up checks, accept loops and graceful shutdown.
 //! - [`telemetry`]: OpenTelemetry spans for protected requests (`otlp_endpoint`).
+//! - [`tls`]: TLS to an `https://` upstream, and the TLS listener with its certificate
+//!   reloaded on change.
 //! - [`body`]: the body type shared by all of the above.
 //! - [`lab`]: beside the product, not in its request path: a deliberately non-idempotent
 //!   bank, a day of retrying traffic and an auditor (`idemgate bank`, `idemgate lab`).
@@ -63,6 +65,7 @@ pub mod secret;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 pub mod upstream;
 
 pub use config::Config;

@@ -441,6 +441,7 @@ fn serve(settings: idemgate::config::Settings, signaled: Arc<OnceLock<Instant>>)
         };
         tracing::info!(
             listen = %settings.config.listen,
+            tls = settings.listener_tls.is_some(),
             upstream = %settings.config.upstream,
             admin = %settings
                 .config

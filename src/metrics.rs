@@ -169,6 +169,9 @@ pub struct Metrics {
     // 2xx answers forwarded per record on observed routes (at most OBSERVED_RECORDS).
     answers: std::sync::Mutex<IdMap>,
     records_not_followed: Counter,
+    // The TLS listener's certificate reloads: pairs swapped in, and new pairs refused.
+    tls_reloads: Counter,
+    tls_reload_failures: Counter,
 }
 
 /// Records whose 2xx answers observe mode counts; beyond, new records are not followed
@@ -303,6 +306,18 @@ impl Metrics {
         let buffered_bytes = Gauge::default();
         let observed = Family::<ObservedLabel, Counter>::default();
         let route_mode = Family::<RouteModeLabel, Gauge>::default();
+        let tls_reloads = Counter::default();
+        let tls_reload_failures = Counter::default();
+        registry.register(
+            "idemgate_tls_reloads",
+            "TLS listener certificate pairs reloaded after their files changed",
+            tls_reloads.clone(),
+        );
+        registry.register(
+            "idemgate_tls_reload_failures",
+            "Changed TLS listener certificate pairs that could not be loaded (the pair in use was kept)",
+            tls_reload_failures.clone(),
+        );
         registry.register(
             "idemgate_observed",
             "Requests on routes in observe mode, forwarded whatever enforcing would have done, by route and by what that would have been (would)",
@@ -442,7 +457,14 @@ impl Metrics {
                 .map_or(0, |d| d.as_millis() as u64),
             answers: std::sync::Mutex::new(IdMap::default()),
             records_not_followed: Counter::default(),
+            tls_reloads,
+            tls_reload_failures,
         }
+    }
+
+    /// The counters of TLS certificate reloads: (succeeded, failed).
+    pub fn tls_reloads(&self) -> (Counter, Counter) {
+        (self.tls_reloads.clone(), self.tls_reload_failures.clone())
     }
 
     /// Declares the routes and their modes (`idemgate_route_mode`, `GET /observe`), once.

@@ -196,10 +196,12 @@ impl Proxy {
             metrics.buffered_bytes(),
         ));
         let client = upstream::client(
+            &settings.upstream,
             upstream::CONNECT_TIMEOUT,
             c.upstream_idle_timeout,
             c.pass_through_share(),
         );
+        let fresh = upstream::fresh_client(&settings.upstream, upstream::CONNECT_TIMEOUT);
         Proxy {
             shared: Arc::new(Shared {
                 protected,
@@ -210,8 +212,8 @@ impl Proxy {
                 settings,
                 store,
                 scoper,
+                fresh,
                 client,
-                fresh: upstream::fresh_client(upstream::CONNECT_TIMEOUT),
                 tasks,
                 metrics,
                 releases,
@@ -226,6 +228,7 @@ impl Proxy {
     pub fn sibling(&self, store: Arc<dyn Store>) -> Proxy {
         let s = &self.shared;
         let client = upstream::client(
+            &s.settings.upstream,
             upstream::CONNECT_TIMEOUT,
             s.settings.config.upstream_idle_timeout,
             s.settings.config.pass_through_share(),
@@ -241,7 +244,7 @@ impl Proxy {
                 store,
                 scoper: s.scoper.clone(),
                 client,
-                fresh: upstream::fresh_client(upstream::CONNECT_TIMEOUT),
+                fresh: upstream::fresh_client(&s.settings.upstream, upstream::CONNECT_TIMEOUT),
                 tasks: s.tasks.clone(),
                 metrics: s.metrics.clone(),
                 releases: s.releases.clone(),
@@ -1286,11 +1289,14 @@ impl Proxy {
                 Response::from_parts(parts, body::holding(body::boxed(body), slot))
             }
             Ok(Err(e)) => match upstream::classify(&e) {
-                Failure::NotSent => Problem::UpstreamUnreachable.response(
-                    "could not connect to the upstream",
-                    None,
-                    None,
-                ),
+                Failure::NotSent => {
+                    tracing::warn!(error = %upstream::describe(&e), "upstream unreachable");
+                    Problem::UpstreamUnreachable.response(
+                        "could not connect to the upstream",
+                        None,
+                        None,
+                    )
+                }
                 Failure::Ambiguous => Problem::UpstreamTimeout.response(
                     "the upstream closed the connection without a complete answer",
                     None,
@@ -1755,7 +1761,7 @@ async fn exchange(
             )
         }
         Err(ExchangeError::Request(e)) if upstream::classify(&e) == Failure::NotSent => {
-            tracing::warn!(record = %id, error = %e, "upstream unreachable; releasing the claim");
+            tracing::warn!(record = %id, error = %upstream::describe(&e), "upstream unreachable; releasing the claim");
             let linger = policy.retention;
             if let Err(e) = deadline(store_timeout, store.release(&id, &owner, linger)).await {
                 tracing::warn!(record = %id, error = %e, "could not release the claim; trying again in the background");
@@ -1774,7 +1780,10 @@ async fn exchange(
                     "the upstream did not answer within upstream_timeout".to_string()
                 }
                 ExchangeError::Request(e) => {
-                    format!("the upstream connection failed after sending: {e}")
+                    format!(
+                        "the upstream connection failed after sending: {}",
+                        upstream::describe(e)
+                    )
                 }
                 ExchangeError::Body(e) => format!("the upstream's answer broke off: {e}"),
             };

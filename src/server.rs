@@ -368,6 +368,7 @@ struct Job {
     limits: ConnLimits,
     open: Arc<Semaphore>,
     balance: Balance,
+    tls: Option<Handshakes>,
 }
 
 impl Worker {
@@ -450,6 +451,7 @@ impl Job {
             self.limits,
             self.open,
             Some(self.balance),
+            self.tls,
             move |req, peer| {
                 let proxy = proxy.clone();
                 async move { proxy.handle(req, peer).await }
@@ -512,6 +514,16 @@ async fn serve_on(
     };
     // One cap on open connections for all serving threads.
     let open = Arc::new(Semaphore::new(limits.max_connections));
+    // The TLS listener: one acceptor and one bound on handshakes for all serving threads,
+    // and the task that reloads its certificate.
+    let tls = settings.listener_tls.as_ref().map(|t| Handshakes {
+        acceptor: tokio_rustls::TlsAcceptor::from(t.config.clone()),
+        permits: Arc::new(Semaphore::new(crate::tls::MAX_HANDSHAKES)),
+    });
+    let reloader = settings.listener_tls.as_ref().map(|t| {
+        let (reloads, failures) = metrics.tls_reloads();
+        tokio::spawn(crate::tls::Reloader::new(t, reloads, failures).run())
+    });
     let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, metrics.clone(), store_timeout));
     let restarted = Arc::new(tokio::sync::Notify::new());
     let watcher = tokio::spawn(metrics::watch_store(
@@ -571,6 +583,8 @@ async fn serve_on(
             limits,
             Arc::new(Semaphore::new(ADMIN_MAX_CONNECTIONS)),
             None,
+            // Plain HTTP, whatever `listen` speaks: see docs/tls.md.
+            None,
             move |req, _peer| {
                 let admin = admin.clone();
                 async move { admin.handle(req).await }
@@ -602,6 +616,7 @@ async fn serve_on(
             limits: limits.clone(),
             open: open.clone(),
             balance,
+            tls: tls.clone(),
         });
         match job {
             Ok(job) => {
@@ -621,6 +636,7 @@ async fn serve_on(
         limits,
         open,
         own_balance,
+        tls,
         move |req, peer| {
             let proxy = proxy.clone();
             async move { proxy.handle(req, peer).await }
@@ -654,6 +670,9 @@ async fn serve_on(
     }
     watcher.abort();
     unknown_counter.abort();
+    if let Some(r) = reloader {
+        r.abort();
+    }
     if let Some(w) = secret_watch {
         w.abort();
     }
@@ -678,6 +697,41 @@ struct ConnLimits {
     h2_max_streams: u32,
 }
 
+/// What a TLS listener's accept loops share: the acceptor (its key pair swapped by the
+/// reloader) and the bound on handshakes running at once.
+#[derive(Clone)]
+struct Handshakes {
+    acceptor: tokio_rustls::TlsAcceptor,
+    permits: Arc<Semaphore>,
+}
+
+/// A client connection's bytes: as they come, or through TLS.
+type ClientIo = tokio_util::either::Either<
+    Watched<tokio::net::TcpStream>,
+    tokio_rustls::server::TlsStream<Watched<tokio::net::TcpStream>>,
+>;
+
+impl Handshakes {
+    /// The TLS session of a new connection. It runs under the connection's head deadline
+    /// (the supervisor's `header_read_timeout` from accept), waiting for a permit included:
+    /// a client that opens a connection and never finishes its handshake is closed as one
+    /// that never sends a head is.
+    async fn accept(
+        &self,
+        io: Watched<tokio::net::TcpStream>,
+    ) -> Result<ClientIo, crate::body::BoxError> {
+        let permit = self.permits.acquire().await?;
+        let tls = self
+            .acceptor
+            .accept(io)
+            .await
+            .map_err(|e| format!("TLS handshake: {e}"))?;
+        drop(permit);
+        Ok(tokio_util::either::Either::Right(tls))
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn accept_loop<F, Fut>(
     listener: TcpListener,
     stop: CancellationToken,
@@ -685,6 +739,7 @@ async fn accept_loop<F, Fut>(
     limits: ConnLimits,
     open: Arc<Semaphore>,
     balance: Option<Balance>,
+    tls: Option<Handshakes>,
     handler: F,
 ) where
     F: Fn(hyper::Request<hyper::body::Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
@@ -709,6 +764,9 @@ async fn accept_loop<F, Fut>(
     builder
         .http2()
         .max_concurrent_streams(limits.h2_max_streams);
+    // Connections are served from their own tasks, which each take a handle: a TLS
+    // connection is handed to hyper only once its handshake is done.
+    let builder = Arc::new(builder);
     let graceful = GracefulShutdown::new();
     let mut refused_since_log = 0u64;
     loop {
@@ -761,14 +819,25 @@ async fn accept_loop<F, Fut>(
                 Ok::<_, Infallible>(res)
             }
         });
-        let io = TokioIo::new(Watched::new(stream, watch.clone()));
+        let io = Watched::new(stream, watch.clone());
         let (deadlines, send_timeouts) = (limits.deadlines, limits.send_timeouts.clone());
-        let conn = builder.serve_connection(io, svc).into_owned();
+        // Taken now, before the connection's task runs: a shutdown that starts while it
+        // handshakes waits for it, and closes it gracefully once it is served.
+        let graceful_watch = graceful.watcher();
+        let (builder, tls) = (builder.clone(), tls.clone());
+        let conn = async move {
+            let io = match &tls {
+                None => tokio_util::either::Either::Left(io),
+                Some(tls) => tls.accept(io).await?,
+            };
+            let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
+            graceful_watch.watch(conn).await
+        };
         // Boxed with its output type spelled out: without it, the compiler cannot prove the
         // spawned future `Send` for every lifetime of hyper's boxed error.
         let conn: std::pin::Pin<
             Box<dyn Future<Output = Result<(), crate::body::BoxError>> + Send>,
-        > = Box::pin(graceful.watch(conn));
+        > = Box::pin(conn);
         tokio::spawn(async move {
             match watch.supervise(deadlines, conn).await {
                 Ok(Err(e)) => {

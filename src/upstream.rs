@@ -1,6 +1,7 @@
-//! The client side: a pooled HTTP/1.1 client to the upstream for pass-through, a client that
-//! opens a fresh connection for each protected request, how requests are rewritten
-//! on their way there (hop-by-hop headers out, `X-Forwarded-*` in), and how a failure is
+//! The client side: a pooled client to the upstream for pass-through, a client that opens a
+//! fresh connection for each protected request, both over TLS to an `https://` upstream
+//! (HTTP/1.1, or h2 where the upstream picks it by ALPN), how requests are rewritten on
+//! their way there (hop-by-hop headers out, `X-Forwarded-*` in), and how a failure is
 //! classified, because that decides between "release the claim" and "hold it as unknown".
 
 use std::future::Future;
@@ -16,6 +17,7 @@ use hyper::header::{
 };
 use hyper::http::uri::PathAndQuery;
 use hyper::{Request, Uri, Version};
+use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -23,12 +25,46 @@ use tokio::net::TcpStream;
 
 use crate::body::{Body, BoxError};
 use crate::config::Upstream;
+use crate::tls::UpstreamTls;
 
 /// The pooled client to the upstream, for pass-through requests.
-pub type UpstreamClient = Client<HttpConnector, Body>;
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Body>;
 
 /// The client for protected requests: a fresh connection for each, never a pooled one.
-pub type FreshClient = Client<FreshConnector, Body>;
+pub type FreshClient = Client<HttpsConnector<FreshConnector>, Body>;
+
+/// `inner` behind TLS when the upstream is `https://` (with its roots, client certificate,
+/// server name and ALPN), else as it is.
+///
+/// A handshake is part of connecting: one that fails (an untrusted or expired certificate,
+/// a wrong name) is a connect error, so [`classify`] reads it as "not sent", as it does a
+/// refused connection. Early data is off (see [`crate::tls`]), so nothing of the request
+/// is written before the handshake is done.
+fn over_tls<C>(tls: Option<&UpstreamTls>, inner: C) -> HttpsConnector<C> {
+    let Some(tls) = tls else {
+        // An http:// upstream: the TLS configuration is never used (every URI is http).
+        // `builder()` takes the process's provider, which rustls installs from its one
+        // provider feature (ring) when nothing else did.
+        let unused = rustls::ClientConfig::builder()
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        let builder = HttpsConnectorBuilder::new().with_tls_config(unused);
+        return builder.https_or_http().enable_http1().wrap_connector(inner);
+    };
+    let mut builder = HttpsConnectorBuilder::new()
+        .with_tls_config((*tls.config).clone())
+        .https_only();
+    if let Some(name) = &tls.server_name {
+        builder = builder.with_server_name_resolver(FixedServerNameResolver::new(name.clone()));
+    }
+    let builder = builder.enable_http1();
+    if tls.http2 {
+        // ALPN offers h2 then http/1.1; hyper-util speaks whichever the upstream picks.
+        builder.enable_http2().wrap_connector(inner)
+    } else {
+        builder.wrap_connector(inner)
+    }
+}
 
 /// How long connecting to the upstream may take. It runs beside idemgate, so a connection
 /// that takes longer than this is not coming; and a connect failure is the one failure that
@@ -49,6 +85,7 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// hyper-util (`retry_canceled_requests`, on by default, and left on: those are provably
 /// unsent).
 pub fn client(
+    upstream: &Upstream,
     connect_timeout: Duration,
     idle_timeout: Duration,
     max_idle: usize,
@@ -56,7 +93,9 @@ pub fn client(
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(connect_timeout));
-    connector.enforce_http(true);
+    // https:// URIs reach it too, from the TLS connector around it.
+    connector.enforce_http(false);
+    let connector = over_tls(upstream.tls.as_ref(), connector);
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(idle_timeout)
         // Requests in use are bounded by their slots; idle connections beyond them would
@@ -87,14 +126,19 @@ pub fn client(
 /// read, which resets rather than enters TIME_WAIT. At 10,000 new keys a second a side
 /// that entered TIME_WAIT for 60 s would hold 600,000 ports towards one upstream address,
 /// twenty times the ephemeral range; this way neither side holds any.
-pub fn fresh_client(connect_timeout: Duration) -> FreshClient {
+///
+/// Over TLS the same holds: the TLS session lives on the fresh TCP connection, a
+/// `close_notify` may be written when hyper closes it, and the reset follows. On h2 (an
+/// upstream that picks it by ALPN) the request is the connection's only stream, and
+/// `Connection: close` is left out, as h2 forbids it.
+pub fn fresh_client(upstream: &Upstream, connect_timeout: Duration) -> FreshClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(connect_timeout));
-    connector.enforce_http(true);
+    connector.enforce_http(false);
     Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(0)
-        .build(FreshConnector(connector))
+        .build(over_tls(upstream.tls.as_ref(), FreshConnector(connector)))
 }
 
 /// Marks a protected request's connection as closed after its answer (RFC 9112 9.6), so
@@ -133,6 +177,31 @@ impl tower_service::Service<Uri> for FreshConnector {
 /// A connection that is closed, never half-closed: see [`fresh_client`].
 pub struct FreshConnection(TokioIo<TcpStream>);
 
+/// A write that failed because the upstream has closed (broken pipe, reset) is reported as
+/// written, so that what the upstream said before it closed is read and decides.
+///
+/// A TLS 1.3 upstream that refuses idemgate's client certificate (or its lack of one) does
+/// so after idemgate's side of the handshake is done: it sends an alert and closes, and the
+/// request bytes already on their way make its kernel answer with a reset. A write after
+/// that reset fails; reported as it is, the exchange ends with "broken pipe", which cannot
+/// be told from an upstream that read the request and died. The alert arrived before the
+/// reset and is still there to read: the read that follows returns it ([`classify`]: not
+/// sent), or, if the upstream said nothing, the reset itself (ambiguous, as before). The
+/// socket is dead either way: nothing is lost by writing no more to it.
+fn read_on(polled: Poll<io::Result<usize>>, len: usize) -> Poll<io::Result<usize>> {
+    match polled {
+        Poll::Ready(Err(e))
+            if matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            ) =>
+        {
+            Poll::Ready(Ok(len))
+        }
+        other => other,
+    }
+}
+
 impl hyper::rt::Read for FreshConnection {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -149,7 +218,8 @@ impl hyper::rt::Write for FreshConnection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        let len = buf.len();
+        read_on(Pin::new(&mut self.0).poll_write(cx, buf), len)
     }
 
     fn poll_write_vectored(
@@ -157,7 +227,8 @@ impl hyper::rt::Write for FreshConnection {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+        let len = bufs.iter().map(|b| b.len()).sum();
+        read_on(Pin::new(&mut self.0).poll_write_vectored(cx, bufs), len)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -260,7 +331,7 @@ pub fn prepare(req: &mut Request<Body>, upstream: &Upstream, client: SocketAddr)
     }
     h.insert(
         HeaderName::from_static("x-forwarded-proto"),
-        HeaderValue::from_static("http"),
+        upstream.forwarded_proto.clone(),
     );
     if let Some(host) = original_host {
         h.insert(HeaderName::from_static("x-forwarded-host"), host);
@@ -330,17 +401,89 @@ pub enum Failure {
 ///   fresh connection each (see [`fresh_client`]), not by explaining it away here.
 /// - I/O errors while writing (reset, broken pipe), errors reading the answer, timeouts:
 ///   part or all of the request may have been read. Ambiguous.
+/// - A TLS handshake that fails while connecting is a connect error: not sent. One that
+///   the upstream refuses after idemgate's side of it is done, see [`handshake_refused`]:
+///   not sent either.
 pub fn classify(e: &hyper_util::client::legacy::Error) -> Failure {
     use std::error::Error as _;
     let canceled = e
         .source()
         .and_then(|s| s.downcast_ref::<hyper::Error>())
         .is_some_and(hyper::Error::is_canceled);
-    if e.is_connect() || canceled {
+    if e.is_connect() || canceled || handshake_refused(e) {
         Failure::NotSent
     } else {
         Failure::Ambiguous
     }
+}
+
+/// TLS alerts with which a server refuses the handshake itself (RFC 8446 6.2): the client's
+/// certificate, or the access it would grant.
+const HANDSHAKE_REFUSALS: [rustls::AlertDescription; 10] = [
+    rustls::AlertDescription::HandshakeFailure,
+    rustls::AlertDescription::BadCertificate,
+    rustls::AlertDescription::UnsupportedCertificate,
+    rustls::AlertDescription::CertificateRevoked,
+    rustls::AlertDescription::CertificateExpired,
+    rustls::AlertDescription::CertificateUnknown,
+    rustls::AlertDescription::UnknownCA,
+    rustls::AlertDescription::AccessDenied,
+    rustls::AlertDescription::CertificateRequired,
+    rustls::AlertDescription::DecryptError,
+];
+
+/// Whether the upstream refused the TLS handshake after idemgate's side of it was done.
+///
+/// In TLS 1.3 the client's handshake ends when it sends its `Finished`, before the server
+/// has checked the client's certificate: a server that then refuses the certificate (or
+/// its absence, `certificate_required`) sends an alert, which idemgate reads as the first
+/// answer to a request it has already written. The server read the client's handshake
+/// messages before any of the application data behind them, and gave up at them: the
+/// request never reached the upstream's HTTP server. Only these alerts count; any other
+/// error after writing stays ambiguous.
+pub fn handshake_refused(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut at = Some(e);
+    while let Some(err) = at {
+        // tokio-rustls hands rustls' errors on inside an io::Error, whose `source()` skips
+        // the error it wraps.
+        let tls = err.downcast_ref::<rustls::Error>().or_else(|| {
+            err.downcast_ref::<io::Error>()
+                .and_then(io::Error::get_ref)
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(rustls::Error::AlertReceived(alert)) = tls {
+            return HANDSHAKE_REFUSALS.contains(alert);
+        }
+        // The h2 crate keeps an I/O error's kind and text, not the error itself: rustls'
+        // own words for the alert are what is left of it.
+        if tls.is_none() {
+            let text = err.to_string();
+            let said = |a: &rustls::AlertDescription| {
+                text.contains(&rustls::Error::AlertReceived(*a).to_string())
+            };
+            if HANDSHAKE_REFUSALS.iter().any(said) {
+                return true;
+            }
+        }
+        at = err.source();
+    }
+    false
+}
+
+/// An error and its causes, `: `-separated, for a log line: hyper-util's own message says
+/// only "client error (Connect)", the cause says which certificate check failed.
+pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut at = e.source();
+    while let Some(err) = at {
+        let text = err.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        at = err.source();
+    }
+    out
 }
 
 #[cfg(test)]
@@ -365,6 +508,25 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_handshake_alert_is_found_as_rustls_error_and_as_h2_keeps_it() {
+        let alert = rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired);
+        // tokio-rustls: the rustls error inside an io::Error, under hyper's.
+        let io = io::Error::new(io::ErrorKind::InvalidData, alert.clone());
+        assert!(handshake_refused(&io));
+        // h2: the same error's text only.
+        let text = io::Error::new(io::ErrorKind::InvalidData, alert.to_string());
+        assert!(handshake_refused(&text));
+        let other = rustls::Error::AlertReceived(rustls::AlertDescription::CloseNotify);
+        assert!(!handshake_refused(&io::Error::new(
+            io::ErrorKind::InvalidData,
+            other
+        )));
+        assert!(!handshake_refused(&io::Error::from(
+            io::ErrorKind::ConnectionReset
+        )));
+    }
 
     #[test]
     fn strips_hop_by_hop_and_connection_named_headers() {

@@ -57,9 +57,23 @@ fn bad_configuration_exits_64_naming_the_key() {
     assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
     assert!(stderr(&o).contains("defaults.lease"), "{}", stderr(&o));
 
-    let o = idemgate(&[], &[("IDEMGATE_UPSTREAM", "https://bank.example")]);
+    let o = idemgate(&[], &[("IDEMGATE_UPSTREAM", "ftp://bank.example")]);
     assert_eq!(o.status.code(), Some(64));
     assert!(stderr(&o).contains("upstream"), "{}", stderr(&o));
+
+    let o = idemgate(
+        &[],
+        &[
+            ("IDEMGATE_UPSTREAM", "https://bank.example"),
+            ("IDEMGATE_UPSTREAM_TLS_CA_FILE", "/nonexistent/ca.pem"),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(64));
+    assert!(
+        stderr(&o).contains("upstream_tls_ca_file"),
+        "{}",
+        stderr(&o)
+    );
 
     let o = idemgate(&[], &[("IDEMGATE_DEFAULTS__ON_AMBIGUOUS", "retry")]);
     assert_eq!(o.status.code(), Some(64));

@@ -1,0 +1,782 @@
+//! TLS on both sides, against the real binary: an `https://` upstream run here (hyper over
+//! tokio-rustls) with certificates made per test, and clients of idemgate's TLS listener.
+//!
+//! Upstream: a private CA, a client certificate the upstream requires, a wrong CA, a wrong
+//! name (and `upstream_tls_server_name`), an expired certificate; a failed handshake is a
+//! 502 that releases the claim. Start-up: a key that is not its certificate's, or a CA file
+//! that cannot be read, is exit 64 naming the key. Listener: HTTP/1.1 and h2, client
+//! certificates, the head deadline over the handshake, and certificate rotation under
+//! traffic, a bad pair included.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{Gate, Upstream};
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper::{Request, Response, Version};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+fn ring() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A test CA.
+struct Ca {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+/// A certificate and its key, PEM.
+#[derive(Clone)]
+struct Leaf {
+    cert: String,
+    key: String,
+}
+
+impl Leaf {
+    fn der(&self) -> Vec<u8> {
+        CertificateDer::from_pem_slice(self.cert.as_bytes())
+            .unwrap()
+            .to_vec()
+    }
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        Ca { issuer }
+    }
+
+    fn pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// A certificate for `names` (DNS names or IP addresses), for servers and clients.
+    fn leaf(&self, names: &[&str]) -> Leaf {
+        self.leaf_with(names, |_| {})
+    }
+
+    fn leaf_with(&self, names: &[&str], edit: impl FnOnce(&mut CertificateParams)) -> Leaf {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = CertificateParams::new(names).unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "idemgate test");
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        edit(&mut params);
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        Leaf {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        }
+    }
+}
+
+/// Files for one test.
+struct Dir(tempfile::TempDir);
+
+impl Dir {
+    fn new() -> Dir {
+        Dir(tempfile::tempdir().unwrap())
+    }
+
+    /// Writes `content` to `name` whole: written beside it, then renamed over it.
+    fn write(&self, name: &str, content: &str) -> String {
+        let path = self.0.path().join(name);
+        let tmp = self.0.path().join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, content).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        path.to_str().unwrap().to_string()
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.path().join(name)
+    }
+}
+
+/// What the HTTPS upstream saw of one request.
+#[derive(Clone, Debug)]
+struct SeenTls {
+    version: Version,
+    forwarded_proto: Option<String>,
+    client_certificate: bool,
+}
+
+/// An HTTPS upstream: hyper over tokio-rustls, ALPN h2 and http/1.1, a client certificate
+/// required when `client_ca` is given. Answers 201 with its execution number.
+struct HttpsUpstream {
+    addr: SocketAddr,
+    hits: Arc<AtomicUsize>,
+    seen: Arc<Mutex<Vec<SeenTls>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for HttpsUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl HttpsUpstream {
+    async fn start(leaf: &Leaf, client_ca: Option<&Ca>) -> HttpsUpstream {
+        let builder = rustls::ServerConfig::builder_with_provider(ring())
+            .with_safe_default_protocol_versions()
+            .unwrap();
+        let builder = match client_ca {
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                roots
+                    .add(CertificateDer::from_pem_slice(ca.pem().as_bytes()).unwrap())
+                    .unwrap();
+                builder.with_client_cert_verifier(
+                    rustls::server::WebPkiClientVerifier::builder_with_provider(
+                        Arc::new(roots),
+                        ring(),
+                    )
+                    .build()
+                    .unwrap(),
+                )
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let chain = CertificateDer::pem_slice_iter(leaf.cert.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_slice(leaf.key.as_bytes()).unwrap();
+        let mut config = builder.with_single_cert(chain, key).unwrap();
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (h, s) = (hits.clone(), seen.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (acceptor, hits, seen) = (acceptor.clone(), h.clone(), s.clone());
+                tokio::spawn(async move {
+                    // A refused handshake (no client certificate, one from another CA):
+                    // rustls has sent its alert; nothing is served.
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let client_certificate = tls.get_ref().1.peer_certificates().is_some();
+                    let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let (hits, seen) = (hits.clone(), seen.clone());
+                        async move {
+                            let n = hits.fetch_add(1, Ordering::SeqCst) + 1;
+                            seen.lock().unwrap().push(SeenTls {
+                                version: req.version(),
+                                forwarded_proto: req
+                                    .headers()
+                                    .get("x-forwarded-proto")
+                                    .and_then(|v| v.to_str().ok())
+                                    .map(String::from),
+                                client_certificate,
+                            });
+                            Ok::<_, Infallible>(
+                                Response::builder()
+                                    .status(201)
+                                    .header("content-type", "application/json")
+                                    .body(Full::new(Bytes::from(format!("{{\"execution\":{n}}}"))))
+                                    .unwrap(),
+                            )
+                        }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tls), svc)
+                        .await;
+                });
+            }
+        });
+        HttpsUpstream {
+            addr,
+            hits,
+            seen,
+            task,
+        }
+    }
+
+    /// `https://127.0.0.1:port` (certificates name `127.0.0.1` unless a test says not).
+    fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.addr.port())
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+
+    fn seen(&self) -> Vec<SeenTls> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+async fn post(client: &reqwest::Client, url: &str, key: &str) -> common::Answer {
+    common::post_url(client, url, Some(key), "{\"amount\":1}", &[]).await
+}
+
+/// Starts the binary in front of an HTTPS upstream that trusts `ca`'s certificates.
+fn gate(upstream: &str, env: &[(&str, &str)]) -> Gate {
+    Gate::start(upstream, "", env)
+}
+
+// --- HTTPS upstreams ---------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_upstream_with_a_private_ca_executes_once_and_replays() {
+    let ca = Ca::new("upstream ca");
+    let up = HttpsUpstream::start(&ca.leaf(&["127.0.0.1"]), None).await;
+    let dir = Dir::new();
+    let ca_file = dir.write("ca.pem", &ca.pem());
+    let g = gate(&up.url(), &[("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file)]);
+    let client = common::client();
+    let first = post(&client, &g.url("/pay"), "https-1").await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    let again = post(&client, &g.url("/pay"), "https-1").await;
+    assert_eq!(again.status, 201);
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    // Pass-through on the pooled client too.
+    let get = client.get(g.url("/status")).send().await.unwrap();
+    assert_eq!(get.status(), 201);
+    assert_eq!(up.hits(), 2);
+    let seen = up.seen();
+    // ALPN: the upstream offers h2, and both clients take it.
+    assert!(
+        seen.iter().all(|s| s.version == Version::HTTP_2),
+        "{seen:?}"
+    );
+    assert!(seen
+        .iter()
+        .all(|s| s.forwarded_proto.as_deref() == Some("http")));
+    assert!(seen.iter().all(|s| !s.client_certificate));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_http2_false_speaks_http1_over_tls() {
+    let ca = Ca::new("upstream ca");
+    let up = HttpsUpstream::start(&ca.leaf(&["127.0.0.1"]), None).await;
+    let dir = Dir::new();
+    let ca_file = dir.write("ca.pem", &ca.pem());
+    let g = gate(
+        &up.url(),
+        &[
+            ("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file),
+            ("IDEMGATE_UPSTREAM_HTTP2", "false"),
+        ],
+    );
+    let client = common::client();
+    assert_eq!(post(&client, &g.url("/pay"), "h1-1").await.status, 201);
+    let get = client.get(g.url("/status")).send().await.unwrap();
+    assert_eq!(get.status(), 201);
+    let seen = up.seen();
+    assert_eq!(seen.len(), 2);
+    assert!(
+        seen.iter().all(|s| s.version == Version::HTTP_11),
+        "{seen:?}"
+    );
+}
+
+/// A 502 upstream-unreachable whose claim was released: the same key again is not held
+/// (no 409 outcome-unknown) but tried again, and fails the same way.
+async fn unreachable_and_released(g: &Gate, key: &str) {
+    let client = common::client();
+    for _ in 0..2 {
+        let a = post(&client, &g.url("/pay"), key).await;
+        assert_eq!(a.status, 502, "{:?}", a.body);
+        assert!(
+            a.problem_type().ends_with("/upstream-unreachable"),
+            "{:?}",
+            a.body
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_requiring_a_client_certificate() {
+    let ca = Ca::new("upstream ca");
+    let clients = Ca::new("client ca");
+    let up = HttpsUpstream::start(&ca.leaf(&["127.0.0.1"]), Some(&clients)).await;
+    let dir = Dir::new();
+    let ca_file = dir.write("ca.pem", &ca.pem());
+    let me = clients.leaf(&["idemgate"]);
+    let cert = dir.write("client.pem", &me.cert);
+    let key = dir.write("client.key", &me.key);
+    let g = gate(
+        &up.url(),
+        &[
+            ("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file),
+            ("IDEMGATE_UPSTREAM_TLS_CERT_FILE", &cert),
+            ("IDEMGATE_UPSTREAM_TLS_KEY_FILE", &key),
+        ],
+    );
+    let client = common::client();
+    let a = post(&client, &g.url("/pay"), "mtls-1").await;
+    assert_eq!(a.status, 201, "{:?}", a.body);
+    assert!(up.seen()[0].client_certificate);
+    drop(g);
+
+    // Without one: in TLS 1.3 the upstream refuses after idemgate's side of the handshake
+    // is done and the request written; its alert still proves nothing was executed.
+    // Over h2 and over HTTP/1.1.
+    for (http2, key) in [("true", "mtls-2"), ("false", "mtls-3")] {
+        let g = gate(
+            &up.url(),
+            &[
+                ("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file),
+                ("IDEMGATE_UPSTREAM_HTTP2", http2),
+            ],
+        );
+        unreachable_and_released(&g, key).await;
+        assert!(g.log().contains("CertificateRequired"), "{}", g.log());
+    }
+    assert_eq!(up.hits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_ca_is_unreachable_and_releases_the_claim() {
+    let ca = Ca::new("upstream ca");
+    let other = Ca::new("another ca");
+    let up = HttpsUpstream::start(&ca.leaf(&["127.0.0.1"]), None).await;
+    let dir = Dir::new();
+    let wrong = dir.write("other.pem", &other.pem());
+    let g = gate(&up.url(), &[("IDEMGATE_UPSTREAM_TLS_CA_FILE", &wrong)]);
+    unreachable_and_released(&g, "wrong-ca").await;
+    assert_eq!(up.hits(), 0);
+    // The reason is in the log: the certificate check that failed.
+    let log = g.log();
+    assert!(log.contains("releasing the claim"), "{log}");
+    assert!(log.contains("UnknownIssuer"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_name_fails_unless_upstream_tls_server_name_names_the_certificate() {
+    let ca = Ca::new("upstream ca");
+    let up = HttpsUpstream::start(&ca.leaf(&["payments.internal"]), None).await;
+    let dir = Dir::new();
+    let ca_file = dir.write("ca.pem", &ca.pem());
+    let g = gate(&up.url(), &[("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file)]);
+    unreachable_and_released(&g, "name-1").await;
+    assert!(
+        g.log().contains("certificate not valid for name"),
+        "{}",
+        g.log()
+    );
+    drop(g);
+    let g = gate(
+        &up.url(),
+        &[
+            ("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file),
+            ("IDEMGATE_UPSTREAM_TLS_SERVER_NAME", "payments.internal"),
+        ],
+    );
+    let client = common::client();
+    assert_eq!(post(&client, &g.url("/pay"), "name-2").await.status, 201);
+    assert_eq!(up.hits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_upstream_certificate_is_unreachable() {
+    let ca = Ca::new("upstream ca");
+    let expired = ca.leaf_with(&["127.0.0.1"], |p| {
+        p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2021, 1, 1);
+    });
+    let up = HttpsUpstream::start(&expired, None).await;
+    let dir = Dir::new();
+    let ca_file = dir.write("ca.pem", &ca.pem());
+    let g = gate(&up.url(), &[("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file)]);
+    unreachable_and_released(&g, "expired").await;
+    assert_eq!(up.hits(), 0);
+    assert!(g.log().contains("certificate expired"), "{}", g.log());
+}
+
+// --- Start-up --------------------------------------------------------------------------
+
+/// Runs the binary to its exit; its code and its log.
+fn exits(upstream: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let (mut cmd, _, _, dir) = Gate::command(upstream, "", env);
+    let mut child = cmd.spawn().unwrap();
+    let until = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            panic!("idemgate did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let log = std::fs::read_to_string(dir.path().join("idemgate.log")).unwrap_or_default();
+    (status.code(), log)
+}
+
+#[test]
+fn bad_tls_files_stop_start_up_naming_the_key() {
+    let ca = Ca::new("ca");
+    let (a, b) = (ca.leaf(&["127.0.0.1"]), ca.leaf(&["127.0.0.1"]));
+    let dir = Dir::new();
+    let cert = dir.write("a.pem", &a.cert);
+    let other_key = dir.write("b.key", &b.key);
+    let ca_file = dir.write("ca.pem", &ca.pem());
+    let missing = dir.path("missing.pem");
+    let missing = missing.to_str().unwrap();
+    for (upstream, env, key) in [
+        (
+            "https://127.0.0.1:9",
+            vec![
+                ("IDEMGATE_UPSTREAM_TLS_CA_FILE", ca_file.as_str()),
+                ("IDEMGATE_UPSTREAM_TLS_CERT_FILE", cert.as_str()),
+                ("IDEMGATE_UPSTREAM_TLS_KEY_FILE", other_key.as_str()),
+            ],
+            "upstream_tls_key_file",
+        ),
+        (
+            "https://127.0.0.1:9",
+            vec![
+                ("IDEMGATE_UPSTREAM_TLS_CA_FILE", ca_file.as_str()),
+                ("IDEMGATE_UPSTREAM_TLS_CERT_FILE", cert.as_str()),
+            ],
+            "upstream_tls_key_file",
+        ),
+        (
+            "https://127.0.0.1:9",
+            vec![("IDEMGATE_UPSTREAM_TLS_CA_FILE", missing)],
+            "upstream_tls_ca_file",
+        ),
+        (
+            "http://127.0.0.1:9",
+            vec![
+                ("IDEMGATE_TLS_CERT_FILE", cert.as_str()),
+                ("IDEMGATE_TLS_KEY_FILE", other_key.as_str()),
+            ],
+            "tls_key_file",
+        ),
+        (
+            "http://127.0.0.1:9",
+            vec![
+                ("IDEMGATE_TLS_CERT_FILE", cert.as_str()),
+                ("IDEMGATE_TLS_KEY_FILE", other_key.as_str()),
+                ("IDEMGATE_TLS_CLIENT_CA_FILE", missing),
+            ],
+            "tls_key_file",
+        ),
+        (
+            "http://127.0.0.1:9",
+            vec![("IDEMGATE_TLS_CLIENT_AUTH", "required")],
+            "tls_client_auth",
+        ),
+    ] {
+        let (code, log) = exits(upstream, &env);
+        assert_eq!(code, Some(64), "{env:?}: {log}");
+        assert!(log.contains(&format!("`{key}`")), "{env:?}: {log}");
+    }
+}
+
+// --- The TLS listener ------------------------------------------------------------------
+
+/// A client of the TLS listener that trusts `ca`, over h2 or HTTP/1.1 only, presenting
+/// `identity` if given.
+fn tls_client(ca: &Ca, h2: bool, identity: Option<&Leaf>) -> reqwest::Client {
+    let mut b = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.pem().as_bytes()).unwrap())
+        .timeout(Duration::from_secs(10));
+    if !h2 {
+        b = b.http1_only();
+    }
+    if let Some(id) = identity {
+        let pem = format!("{}{}", id.cert, id.key);
+        b = b.identity(reqwest::Identity::from_pem(pem.as_bytes()).unwrap());
+    }
+    b.build().unwrap()
+}
+
+/// The binary with a TLS listener serving `leaf`, in front of a plain upstream.
+struct TlsGate {
+    gate: Gate,
+    dir: Dir,
+    up: Upstream,
+}
+
+impl TlsGate {
+    async fn start(leaf: &Leaf, env: &[(&str, &str)]) -> TlsGate {
+        let up = Upstream::start().await;
+        let dir = Dir::new();
+        let cert = dir.write("tls.crt", &leaf.cert);
+        let key = dir.write("tls.key", &leaf.key);
+        let mut all = vec![
+            ("IDEMGATE_TLS_CERT_FILE", cert.as_str()),
+            ("IDEMGATE_TLS_KEY_FILE", key.as_str()),
+        ];
+        all.extend_from_slice(env);
+        let gate = Gate::start(&up.url(), "", &all);
+        TlsGate { gate, dir, up }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("https://{}{}", self.gate.addr, path)
+    }
+
+    /// The certificate that a new connection is shown, DER.
+    async fn presented(&self, ca: &Ca) -> Vec<u8> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(ca.pem().as_bytes()).unwrap())
+            .unwrap();
+        let config = rustls::ClientConfig::builder_with_provider(ring())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let tcp = tokio::net::TcpStream::connect(self.gate.addr)
+            .await
+            .unwrap();
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+            .await
+            .unwrap();
+        tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+    }
+
+    async fn metric(&self, name: &str) -> u64 {
+        let text = common::client()
+            .get(self.gate.admin_url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in /metrics:\n{text}"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tls_listener_serves_http1_and_h2_and_replays_a_retry() {
+    let ca = Ca::new("listener ca");
+    let g = TlsGate::start(&ca.leaf(&["127.0.0.1"]), &[]).await;
+    for (h2, key) in [(false, "tls-h1"), (true, "tls-h2")] {
+        let client = tls_client(&ca, h2, None);
+        let first = post(&client, &g.url("/pay"), key).await;
+        assert_eq!(first.status, 201, "{:?}", first.body);
+        let again = post(&client, &g.url("/pay"), key).await;
+        assert_eq!(again.status, 201);
+        assert!(again.replayed(), "{key}");
+        assert_eq!(again.body, first.body);
+        let res = client.get(g.url("/status")).send().await.unwrap();
+        let want = if h2 {
+            Version::HTTP_2
+        } else {
+            Version::HTTP_11
+        };
+        assert_eq!(res.version(), want);
+    }
+    // Each key executed once, and the upstream was told the client came over TLS.
+    let seen = g.up.seen();
+    assert_eq!(seen.iter().filter(|s| s.method == "POST").count(), 2);
+    for s in &seen {
+        assert_eq!(
+            s.headers.get("x-forwarded-proto"),
+            Some(&vec!["https".to_string()]),
+            "{s:?}"
+        );
+    }
+    // A client that speaks plain HTTP to it gets no answer.
+    assert!(common::client()
+        .get(g.gate.url("/status"))
+        .send()
+        .await
+        .is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_required_client_certificate_refuses_clients_without_one() {
+    let ca = Ca::new("listener ca");
+    let clients = Ca::new("client ca");
+    let dir = Dir::new();
+    let client_ca = dir.write("clients.pem", &clients.pem());
+    let g = TlsGate::start(
+        &ca.leaf(&["127.0.0.1"]),
+        &[("IDEMGATE_TLS_CLIENT_CA_FILE", &client_ca)],
+    )
+    .await;
+    let me = clients.leaf(&["client"]);
+    let with = tls_client(&ca, false, Some(&me));
+    assert_eq!(post(&with, &g.url("/pay"), "mtls-in").await.status, 201);
+    let without = tls_client(&ca, false, None);
+    let refused = without.get(g.url("/status")).send().await;
+    assert!(refused.is_err(), "{refused:?}");
+    // A certificate from another CA is refused too.
+    let stranger = tls_client(&ca, false, Some(&Ca::new("other").leaf(&["client"])));
+    assert!(stranger.get(g.url("/status")).send().await.is_err());
+    assert_eq!(g.up.hits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_optional_client_certificate_serves_clients_without_one() {
+    let ca = Ca::new("listener ca");
+    let clients = Ca::new("client ca");
+    let dir = Dir::new();
+    let client_ca = dir.write("clients.pem", &clients.pem());
+    let g = TlsGate::start(
+        &ca.leaf(&["127.0.0.1"]),
+        &[
+            ("IDEMGATE_TLS_CLIENT_CA_FILE", &client_ca),
+            ("IDEMGATE_TLS_CLIENT_AUTH", "optional"),
+        ],
+    )
+    .await;
+    let without = tls_client(&ca, false, None);
+    assert_eq!(post(&without, &g.url("/pay"), "opt-1").await.status, 201);
+    let with = tls_client(&ca, true, Some(&clients.leaf(&["client"])));
+    assert_eq!(post(&with, &g.url("/pay"), "opt-2").await.status, 201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_finishes_its_handshake_is_cut_at_the_head_deadline() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ca = Ca::new("listener ca");
+    let g = TlsGate::start(
+        &ca.leaf(&["127.0.0.1"]),
+        &[("IDEMGATE_HEADER_READ_TIMEOUT", "300ms")],
+    )
+    .await;
+    // The first bytes of a ClientHello record, and then nothing.
+    let mut tcp = tokio::net::TcpStream::connect(g.gate.addr).await.unwrap();
+    tcp.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00])
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "still open: {read:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(250));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_rotate_under_traffic_and_a_bad_pair_keeps_the_old_one() {
+    let ca = Ca::new("listener ca");
+    let old = ca.leaf(&["127.0.0.1"]);
+    let g = TlsGate::start(&old, &[("IDEMGATE_TLS_RELOAD_INTERVAL", "200ms")]).await;
+    assert_eq!(g.presented(&ca).await, old.der());
+    assert_eq!(g.metric("idemgate_tls_reloads_total").await, 0);
+
+    // Traffic throughout: a keep-alive client (its connection opened before the swap and
+    // kept across it) and one that opens a new connection for every request.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let mut loops = Vec::new();
+    for fresh in [false, true] {
+        let (stop, failures, sent) = (stop.clone(), failures.clone(), sent.clone());
+        let url = g.url("/status");
+        let pinned = tls_client(&ca, false, None);
+        let ca_pem = ca.pem();
+        loops.push(tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) && n < 2_000 {
+                n += 1;
+                let client = if fresh {
+                    reqwest::Client::builder()
+                        .use_rustls_tls()
+                        .tls_built_in_root_certs(false)
+                        .add_root_certificate(
+                            reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap(),
+                        )
+                        .pool_max_idle_per_host(0)
+                        .build()
+                        .unwrap()
+                } else {
+                    pinned.clone()
+                };
+                match client.get(&url).send().await {
+                    Ok(r) if r.status() == 201 => {}
+                    other => {
+                        eprintln!("failed: {other:?}");
+                        failures.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                sent.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // New content in the same files (a new key too), each file replaced whole.
+    let new = ca.leaf(&["127.0.0.1"]);
+    g.dir.write("tls.key", &new.key);
+    g.dir.write("tls.crt", &new.cert);
+    let until = Instant::now() + Duration::from_secs(5);
+    while g.presented(&ca).await != new.der() {
+        assert!(
+            Instant::now() < until,
+            "the new certificate was not picked up"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(g.metric("idemgate_tls_reloads_total").await >= 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // A pair that does not belong together: kept out, counted, the new pair stays.
+    let failed_before = g.metric("idemgate_tls_reload_failures_total").await;
+    let reloads_before = g.metric("idemgate_tls_reloads_total").await;
+    let stray = ca.leaf(&["127.0.0.1"]);
+    g.dir.write("tls.crt", &stray.cert);
+    let until = Instant::now() + Duration::from_secs(5);
+    while g.metric("idemgate_tls_reload_failures_total").await == failed_before {
+        assert!(Instant::now() < until, "the bad pair was not counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(g.presented(&ca).await, new.der());
+    // Counted once, not on every look.
+    assert_eq!(
+        g.metric("idemgate_tls_reload_failures_total").await,
+        failed_before + 1
+    );
+    assert_eq!(g.metric("idemgate_tls_reloads_total").await, reloads_before);
+    assert!(g.gate.log().contains("TLS certificate not reloaded"));
+
+    stop.store(true, Ordering::SeqCst);
+    for l in loops {
+        l.await.unwrap();
+    }
+    assert!(sent.load(Ordering::SeqCst) > 50, "too little traffic");
+    assert_eq!(failures.load(Ordering::SeqCst), 0, "requests failed");
+}
