@@ -208,7 +208,7 @@ pub struct Config {
     /// A file of `encryption_keys` entries, one a line (`#` comments): kept out of the
     /// configuration file. Its keys come after those of `encryption_keys`.
     pub encryption_keys_file: Option<PathBuf>,
-    /// Recorded bodies of at least this many bytes are stored compressed (lz4) when that
+    /// Recorded bodies of at least this many bytes are stored compressed (zstd) when that
     /// makes them smaller. Absent: never.
     pub compress_min_bytes: Option<usize>,
     /// Outer deadline of every store call (claim, record, release...).
