@@ -39,7 +39,6 @@ use std::time::Duration;
 use common::history::*;
 use common::idp::Idp;
 use common::*;
-use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -86,13 +85,7 @@ fn token(idp: &Idp, principal: usize, refresh: usize) -> String {
     if principal % 2 == 1 {
         return idp.token(claims);
     }
-    let t = encode(
-        &Header::new(Algorithm::HS256),
-        &claims,
-        &EncodingKey::from_secret(JWT_SECRET.as_bytes()),
-    )
-    .unwrap();
-    format!("Bearer {t}")
+    common::idp::hs256_bearer(JWT_SECRET, &claims)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

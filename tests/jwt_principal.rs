@@ -21,13 +21,7 @@ fn now() -> u64 {
 }
 
 fn hs(claims: serde_json::Value) -> String {
-    let t = encode(
-        &Header::new(Algorithm::HS256),
-        &claims,
-        &EncodingKey::from_secret(SECRET.as_bytes()),
-    )
-    .unwrap();
-    format!("Bearer {t}")
+    common::idp::hs256_bearer(SECRET, &claims)
 }
 
 fn gate(up: &Upstream, idp: &Idp, extra: &[(&str, &str)]) -> Gate {

@@ -119,17 +119,6 @@ async fn pay_problem(
     (res.status().as_u16(), replayed, problem)
 }
 
-fn hs256(claims: serde_json::Value) -> String {
-    use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
-    let t = encode(
-        &Header::new(Algorithm::HS256),
-        &claims,
-        &EncodingKey::from_secret(SECRET.as_bytes()),
-    )
-    .unwrap();
-    format!("Bearer {t}")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_across_a_rolling_upgrade() {
     let old_bin = previous_binary();
@@ -209,7 +198,8 @@ async fn retries_across_a_rolling_upgrade() {
         .unwrap()
         .as_secs()
         + 3600;
-    let token = hs256(serde_json::json!({"sub": "acct-1", "exp": exp}));
+    let token =
+        common::idp::hs256_bearer(SECRET, &serde_json::json!({"sub": "acct-1", "exp": exp}));
     let hits = up.hits();
     assert_eq!(
         pay(&c, &old, "/jwt", &token, "jwt", body).await,

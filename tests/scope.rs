@@ -654,3 +654,21 @@ async fn record_ids_are_keyed_by_a_secret_each_store_keeps() {
         app.shutdown().await;
     }
 }
+
+/// `format_suffixes` through the binary, configured as an operator would
+/// (`IDEMGATE_ROUTES`): a listed suffix of the route's path is that operation, another
+/// suffix is refused before anything reaches the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listed_format_suffix_is_the_routes_operation_through_the_binary() {
+    let up = Upstream::start().await;
+    let routes = r#"[{path="/v1/payees", format_suffixes=[".json"]}]"#;
+    let gate = Gate::start(&up.url(), "", &[("IDEMGATE_ROUTES", routes)]);
+    let c = client();
+    let first = post_url(&c, &gate.url("/v1/payees"), Some("fs-1"), "{}", &[]).await;
+    assert_eq!(first.status, 201);
+    let suffixed = post_url(&c, &gate.url("/v1/payees.json"), Some("fs-1"), "{}", &[]).await;
+    assert!(suffixed.replayed(), "{}", suffixed.status);
+    let other = post_url(&c, &gate.url("/v1/payees.xml"), Some("fs-2"), "{}", &[]).await;
+    assert_eq!(other.status, 400);
+    assert_eq!(up.hits(), 1);
+}

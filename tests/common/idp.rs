@@ -5,6 +5,17 @@
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 
+/// `Authorization: Bearer` with an HS256 token of `claims` signed with `secret`.
+pub fn hs256_bearer(secret: &str, claims: &serde_json::Value) -> String {
+    let t = encode(
+        &Header::new(Algorithm::HS256),
+        claims,
+        &EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .unwrap();
+    format!("Bearer {t}")
+}
+
 /// An RSA key in a JWKS file (kid `idp-1`), and its signing key.
 pub struct Idp {
     dir: tempfile::TempDir,
