@@ -95,9 +95,14 @@ pub async fn open_store(settings: &Settings) -> Result<(Arc<dyn Store>, Scoper),
     store = sealed(settings, store);
     let timeout = settings.config.store_timeout;
     // With replica acknowledgement on, the secret's write may wait for the replicas a few
-    // times (`SECRET_ACK_TRIES`), each up to `replica_ack_timeout`.
+    // times (`SECRET_ACK_TRIES`), each a round trip of its own that takes up to
+    // `replica_ack_timeout` and then some: Redis notices a WAIT's end on its own timer
+    // (every 1/hz s, 100 ms by default), so five 200 ms WAITs can take 1.5 s. Each try
+    // gets a whole `store_timeout` beside its wait, so that the error says what was
+    // missing (the replicas) rather than that the call timed out.
     let timeout = if settings.config.min_replicas_ack > 0 {
-        timeout + settings.config.replica_ack_timeout * crate::store::redis::SECRET_ACK_TRIES
+        let tries = crate::store::redis::SECRET_ACK_TRIES;
+        timeout * (tries + 1) + settings.config.replica_ack_timeout * tries
     } else {
         timeout
     };
