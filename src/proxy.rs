@@ -1768,7 +1768,7 @@ async fn exchange(
                 release_in_background(shared, id, owner, linger);
             }
             let res = Problem::UpstreamUnreachable.response(
-                "could not connect to the upstream; the request was not sent and may be retried",
+                "the upstream could not be reached, or refused the request before processing it; nothing was executed and the request may be retried",
                 Some(&id),
                 Some(1),
             );

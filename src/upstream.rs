@@ -404,17 +404,45 @@ pub enum Failure {
 /// - A TLS handshake that fails while connecting is a connect error: not sent. One that
 ///   the upstream refuses after idemgate's side of it is done, see [`handshake_refused`]:
 ///   not sent either.
+/// - Over h2, a stream the upstream refused unprocessed, see [`h2_unprocessed`]: not sent.
 pub fn classify(e: &hyper_util::client::legacy::Error) -> Failure {
     use std::error::Error as _;
     let canceled = e
         .source()
         .and_then(|s| s.downcast_ref::<hyper::Error>())
         .is_some_and(hyper::Error::is_canceled);
-    if e.is_connect() || canceled || handshake_refused(e) {
+    if e.is_connect() || canceled || handshake_refused(e) || h2_unprocessed(e) {
         Failure::NotSent
     } else {
         Failure::Ambiguous
     }
+}
+
+/// Whether an h2 upstream said that it did not process the request's stream (RFC 9113):
+///
+/// - `RST_STREAM` with `REFUSED_STREAM`, sent by the upstream: "the stream is being closed
+///   prior to any processing having occurred" (8.7), the code a server uses for streams
+///   beyond its concurrency limit or while it shuts down;
+/// - a `GOAWAY` from the upstream whose last stream id is below the stream's: the sender
+///   "might not process" such streams and they "can be safely retried" (6.8), because it
+///   will not act on them.
+///
+/// The h2 crate gives a stream above the GOAWAY's last stream id (or one opened after the
+/// GOAWAY) an error of kind `GoAway` with the remote as its initiator; streams at or below
+/// the last stream id carry on, and one that the connection's end then cuts off gets an
+/// I/O error (broken pipe) instead, which stays ambiguous, as it must: the upstream may
+/// have processed it. A reset or GOAWAY that the h2 crate itself sends (a protocol error
+/// it detected) is the library's, not the upstream's word: ambiguous.
+pub fn h2_unprocessed(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut at = Some(e);
+    while let Some(err) = at {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return h2.is_remote()
+                && (h2.is_go_away() || h2.reason() == Some(h2::Reason::REFUSED_STREAM));
+        }
+        at = err.source();
+    }
+    false
 }
 
 /// TLS alerts with which a server refuses the handshake itself (RFC 8446 6.2): the client's

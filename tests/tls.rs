@@ -246,6 +246,170 @@ fn gate(upstream: &str, env: &[(&str, &str)]) -> Gate {
     Gate::start(upstream, "", env)
 }
 
+/// What an h2-only HTTPS upstream does on one connection (the connections idemgate opens,
+/// in order; protected requests take one each).
+#[derive(Clone, Copy, Debug)]
+enum H2Plan {
+    /// Resets the request's stream with `REFUSED_STREAM`, unprocessed.
+    Refuse,
+    /// Sends `GOAWAY` with last stream id 0 before reading any stream, then closes.
+    GoAwayFirst,
+    /// Takes the request (an execution), then sends `GOAWAY` with its stream's id as the
+    /// last one and closes without answering: processed, for all idemgate can know.
+    RunThenGoAway,
+    /// Answers 201 with its execution number.
+    Serve,
+}
+
+/// An h2-only HTTPS upstream on the h2 crate, following one [`H2Plan`] per connection
+/// (`Serve` once the plans run out).
+struct H2Upstream {
+    addr: SocketAddr,
+    hits: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for H2Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl H2Upstream {
+    async fn start(leaf: &Leaf, plans: Vec<H2Plan>) -> H2Upstream {
+        let chain = CertificateDer::pem_slice_iter(leaf.cert.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_slice(leaf.key.as_bytes()).unwrap();
+        let mut config = rustls::ServerConfig::builder_with_provider(ring())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let h = hits.clone();
+        let task = tokio::spawn(async move {
+            for n in 0.. {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let plan = plans.get(n).copied().unwrap_or(H2Plan::Serve);
+                let (acceptor, hits) = (acceptor.clone(), h.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let Ok(mut conn) = h2::server::handshake(tls).await else {
+                        return;
+                    };
+                    match plan {
+                        H2Plan::GoAwayFirst => {
+                            // The handshake read the client's preface only: no stream has
+                            // been processed, so the GOAWAY's last stream id is 0.
+                            conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+                            while conn.accept().await.is_some() {}
+                        }
+                        H2Plan::Refuse => {
+                            if let Some(Ok((_req, mut respond))) = conn.accept().await {
+                                respond.send_reset(h2::Reason::REFUSED_STREAM);
+                            }
+                            while conn.accept().await.is_some() {}
+                        }
+                        H2Plan::RunThenGoAway => {
+                            if let Some(Ok((_req, respond))) = conn.accept().await {
+                                hits.fetch_add(1, Ordering::SeqCst);
+                                conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+                                while conn.accept().await.is_some() {}
+                                drop(respond);
+                            }
+                        }
+                        H2Plan::Serve => {
+                            while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                                let n = hits.fetch_add(1, Ordering::SeqCst) + 1;
+                                let head = Response::builder().status(201).body(()).unwrap();
+                                let mut body = respond.send_response(head, false).unwrap();
+                                let text = format!("{{\"execution\":{n}}}");
+                                body.send_data(Bytes::from(text), true).unwrap();
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        H2Upstream { addr, hits, task }
+    }
+
+    fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.addr.port())
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+/// An h2 upstream's word that it did not process a stream releases the claim: a stream
+/// reset with `REFUSED_STREAM` and one above a `GOAWAY`'s last stream id are 502
+/// `upstream-unreachable`, and the retry executes, once. A stream at or below the last
+/// stream id that the connection's end cuts off may have run: it is held `unknown`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_upstream_refusing_a_stream_or_going_away_before_it_releases_the_claim() {
+    let ca = Ca::new("upstream ca");
+    let up = H2Upstream::start(
+        &ca.leaf(&["127.0.0.1"]),
+        vec![
+            H2Plan::Refuse,
+            H2Plan::GoAwayFirst,
+            H2Plan::Serve,
+            H2Plan::RunThenGoAway,
+        ],
+    )
+    .await;
+    let dir = Dir::new();
+    let ca_file = dir.write("ca.pem", &ca.pem());
+    let g = gate(&up.url(), &[("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file)]);
+    let client = common::client();
+    for plan in ["REFUSED_STREAM", "GOAWAY with last stream id 0"] {
+        let a = post(&client, &g.url("/pay"), "h2-refused").await;
+        assert_eq!(a.status, 502, "{plan}: {:?}", a.body);
+        assert!(
+            a.problem_type().ends_with("/upstream-unreachable"),
+            "{plan}: {:?}",
+            a.body
+        );
+    }
+    assert_eq!(up.hits(), 0);
+    let ran = post(&client, &g.url("/pay"), "h2-refused").await;
+    assert_eq!(ran.status, 201, "{:?}", ran.body);
+    let again = post(&client, &g.url("/pay"), "h2-refused").await;
+    assert!(again.replayed(), "{:?}", again.body);
+    assert_eq!(again.body, ran.body);
+    assert_eq!(up.hits(), 1);
+
+    // Processed, then cut off: not released.
+    let cut = post(&client, &g.url("/pay"), "h2-cut").await;
+    assert_eq!(up.hits(), 2);
+    assert!(cut.status >= 500, "{:?}", cut.body);
+    assert!(
+        !cut.problem_type().ends_with("/upstream-unreachable"),
+        "{:?}",
+        cut.body
+    );
+    let held = post(&client, &g.url("/pay"), "h2-cut").await;
+    assert_eq!(held.status, 409, "{:?}", held.body);
+    assert!(
+        held.problem_type().ends_with("/outcome-unknown"),
+        "{:?}",
+        held.body
+    );
+    assert_eq!(up.hits(), 2);
+}
+
 // --- HTTPS upstreams ---------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
