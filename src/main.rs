@@ -310,7 +310,7 @@ fn main() -> ExitCode {
         None => {}
     }
     let figment = Config::figment(cli.config.as_deref()).merge(Serialized::globals(&cli.overrides));
-    let settings = match Config::load(figment) {
+    let mut settings = match Config::load(figment) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("idemgate: configuration error: {e}");
@@ -339,6 +339,12 @@ fn main() -> ExitCode {
         );
     }
     let grace = settings.config.shutdown_grace;
+    // With spans to export, the drain ends a tenth of the grace early (at most 100 ms), so
+    // that the last export has that much of the one grace even when the drain needs all
+    // of its share.
+    if telemetry.is_some() {
+        settings.config.shutdown_grace = grace - (grace / 10).min(Duration::from_millis(100));
+    }
     let signaled = Arc::new(OnceLock::new());
     let code = serve(settings, signaled.clone());
     // The spans still buffered go out before the process ends, within what is left of the

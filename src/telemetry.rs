@@ -95,12 +95,10 @@ impl Telemetry {
         Ok((Telemetry { provider }, tracer))
     }
 
-    /// Exports what is buffered and stops, within `limit`. Blocks: call it outside the
-    /// serving runtime.
+    /// Exports what is buffered and stops, within `limit` (what is left of
+    /// `shutdown_grace`, never more). Blocks: call it outside the serving runtime.
     pub fn shutdown(self, limit: Duration) {
         ON.store(false, Ordering::Relaxed);
-        // At least a moment, so that a healthy collector still gets the last spans.
-        let limit = limit.max(Duration::from_millis(100));
         if let Err(e) = self.provider.shutdown_with_timeout(limit) {
             tracing::warn!(error = %e, "could not export the last spans");
         }
