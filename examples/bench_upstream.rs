@@ -6,10 +6,16 @@
 //! ```sh
 //! cargo run --release --example bench_upstream -- 127.0.0.1:9000
 //! BENCH_UPSTREAM_DELAY_MS=20 cargo run --release --example bench_upstream  # a 20 ms upstream
+//! BENCH_UPSTREAM_TLS_DIR=/tmp/up cargo run --release --example bench_upstream  # HTTPS
 //! ```
+//!
+//! With `BENCH_UPSTREAM_TLS_DIR` it speaks TLS (ALPN h2 and http/1.1) with a certificate
+//! for 127.0.0.1 made at start by a CA of its own, whose certificate it writes to `ca.pem`
+//! in that directory for idemgate's `upstream_tls_ca_file`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -54,14 +60,59 @@ async fn main() -> std::io::Result<()> {
         .unwrap_or_else(|| "127.0.0.1:9000".into())
         .parse()
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let tls = match std::env::var_os("BENCH_UPSTREAM_TLS_DIR") {
+        Some(dir) => Some(acceptor(std::path::Path::new(&dir))?),
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(addr).await?;
     loop {
         let (stream, _) = listener.accept().await?;
         let _ = stream.set_nodelay(true);
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service_fn(answer))
-                .await;
+            let serve = auto::Builder::new(TokioExecutor::new());
+            let _ = match tls {
+                None => {
+                    serve
+                        .serve_connection(TokioIo::new(stream), service_fn(answer))
+                        .await
+                }
+                Some(tls) => match tls.accept(stream).await {
+                    Ok(stream) => {
+                        serve
+                            .serve_connection(TokioIo::new(stream), service_fn(answer))
+                            .await
+                    }
+                    Err(_) => return,
+                },
+            };
         });
     }
+}
+
+/// A CA and a certificate for 127.0.0.1 signed by it; the CA's certificate is written to
+/// `dir/ca.pem`.
+fn acceptor(dir: &std::path::Path) -> std::io::Result<tokio_rustls::TlsAcceptor> {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    let err = |e: rcgen::Error| std::io::Error::other(e.to_string());
+    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().map_err(err)?).map_err(err)?;
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("ca.pem"), ca.pem())?;
+    let key = KeyPair::generate().map_err(err)?;
+    let leaf = CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .map_err(err)?
+        .signed_by(&key, &ca)
+        .map_err(err)?;
+    let chain = vec![CertificateDer::from(leaf.der().to_vec())];
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
+        .map_err(std::io::Error::other)?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }

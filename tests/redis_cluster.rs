@@ -626,3 +626,61 @@ async fn new_keys_of_migrating_slots_are_created_on_the_importing_node() {
         Err(_) => panic!("clients still hold the app"),
     }
 }
+
+/// The scope secret survives the loss of the shard that holds it: every primary keeps a
+/// copy, so after the primary holding `idemgate:scope-secret` is flushed (as one restarted
+/// empty would be) a new instance reads the secret from the others' copies and puts it
+/// back, and a key first sent after the loss is one operation across both instances.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scope_secret_survives_the_loss_of_the_shard_holding_it() {
+    let cluster = Cluster::start();
+    let up = Upstream::start().await;
+    let mut cfg = cluster_config(&up, &cluster);
+    // The first instance does not put it back: the new one must find it on its own.
+    cfg.scope_secret_check_interval = Duration::from_secs(3600);
+    let first = spawn_app(cfg.clone()).await;
+    let exists = |i: usize, key: &str| {
+        cluster.nodes[i]
+            .cli(&["EXISTS", key])
+            .is_some_and(|s| s.trim() == "1")
+    };
+    let copies = |i: usize| {
+        cluster.nodes[i]
+            .cli(&["KEYS", "idemgate:scope-secret:{*}"])
+            .map_or(0, |s| s.lines().filter(|l| !l.trim().is_empty()).count())
+    };
+    let primaries = cluster.primaries();
+    assert_eq!(primaries.len(), 3);
+    for &i in &primaries {
+        assert!(copies(i) >= 1, "primary {i} holds no copy of the secret");
+    }
+    let holder = primaries
+        .iter()
+        .copied()
+        .find(|&i| exists(i, "idemgate:scope-secret"))
+        .expect("a primary holds the secret");
+    cluster.nodes[holder].cli(&["FLUSHALL"]).unwrap();
+    assert!(!exists(holder, "idemgate:scope-secret"));
+    let second = spawn_app(cfg).await;
+    assert!(
+        exists(holder, "idemgate:scope-secret"),
+        "the new instance put the secret back"
+    );
+    assert!(copies(holder) >= 1, "and the flushed primary's copy");
+    let client = client();
+    for i in 0..10 {
+        let key = format!("after-loss-{i}");
+        let a = post(&client, &first, "/pay", Some(&key), "{}", &[]).await;
+        assert_eq!(a.status, 201, "{:?}", a.body);
+        let b = post(&client, &second, "/pay", Some(&key), "{}", &[]).await;
+        assert!(
+            b.replayed(),
+            "{key} through the new instance: {} {:?}",
+            b.status,
+            b.body
+        );
+    }
+    assert_eq!(up.hits(), 10, "each executed once");
+    first.shutdown().await;
+    second.shutdown().await;
+}

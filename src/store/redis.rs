@@ -301,6 +301,53 @@ fn meta_key(name: &str) -> String {
     }
 }
 
+/// One hash tag per primary in a `CLUSTER SLOTS` reply: the first of `s0`, `s1`, ... whose
+/// slot that primary serves. Every instance computes the same tags from the same slot map;
+/// after a resharding the tags move with it, and the next check writes the copies anew.
+fn copy_tags(slots: &Value) -> Vec<String> {
+    use std::collections::BTreeMap;
+    // Ranges by primary (its "host:port", the third item of each range).
+    let mut primaries: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
+    if let Value::Array(ranges) = slots {
+        for range in ranges {
+            let Value::Array(items) = range else { continue };
+            let (Some(Value::Int(from)), Some(Value::Int(to)), Some(Value::Array(node))) =
+                (items.first(), items.get(1), items.get(2))
+            else {
+                continue;
+            };
+            let host = match node.first() {
+                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                Some(Value::SimpleString(s)) => s.clone(),
+                _ => continue,
+            };
+            let Some(Value::Int(port)) = node.get(1) else {
+                continue;
+            };
+            primaries
+                .entry(format!("{host}:{port}"))
+                .or_default()
+                .push((*from, *to));
+        }
+    }
+    primaries
+        .values()
+        .filter_map(|ranges| {
+            (0..65_536).map(|i| format!("s{i}")).find(|tag| {
+                let slot = i64::from(key_slot(tag.as_bytes()));
+                ranges
+                    .iter()
+                    .any(|(from, to)| (*from..=*to).contains(&slot))
+            })
+        })
+        .collect()
+}
+
+/// The cluster slot of a key without a hash tag (CRC16/XMODEM modulo 16384).
+fn key_slot(key: &[u8]) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(key) % 16_384
+}
+
 /// How many times start-up waits for the replicas to acknowledge the scope secret (each
 /// wait `replica_ack_timeout`) before it gives up.
 pub const SECRET_ACK_TRIES: u32 = 5;
@@ -558,6 +605,120 @@ impl RedisStore {
                 .all(|i| info_field(i, "aof_enabled").as_deref() == Some("1")),
             version: info_field(&infos[0], "redis_version").unwrap_or_default(),
         })
+    }
+
+    /// [`Store::meta`] on a Cluster: the value under its usual key and under one copy per
+    /// primary (`<key>:{<tag>}`, a hash tag in a slot that primary serves, see
+    /// [`copy_tags`]), so that losing any one shard (a primary restarted empty, a
+    /// `FLUSHALL` of one node) loses no meta value: every instance, a starting one
+    /// included, reads it from the copies that are left and puts the missing ones back.
+    ///
+    /// Reads every copy; if they hold two different values, nothing is decided (an error:
+    /// the store is inconsistent and an operator must say which secret is the one). If
+    /// one value is found, it is written, set-if-absent, wherever it is missing. If none
+    /// is, `offer` is set-if-absent under the usual key (whoever came first wins, as on
+    /// one server), and what won is copied to every primary.
+    async fn cluster_meta(&self, name: &str, offer: Option<&str>) -> Result<Meta, StoreError> {
+        let key = meta_key(name);
+        let mut c = self.conn.clone();
+        let slots: Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut c)
+            .await
+            .map_err(backend)?;
+        let mut keys = vec![key.clone()];
+        keys.extend(copy_tags(&slots).iter().map(|t| format!("{key}:{{{t}}}")));
+        let mut found: Vec<Option<String>> = Vec::with_capacity(keys.len());
+        for k in &keys {
+            let v: Option<String> = redis::cmd("GET")
+                .arg(k)
+                .query_async(&mut c)
+                .await
+                .map_err(backend)?;
+            found.push(v);
+        }
+        let mut values: Vec<&String> = found.iter().flatten().collect();
+        values.sort();
+        values.dedup();
+        let (value, mut created) = match values.as_slice() {
+            [] => match offer {
+                None => {
+                    return Ok(Meta {
+                        value: None,
+                        created: false,
+                    })
+                }
+                Some(v) => {
+                    let set: Option<String> = redis::cmd("SET")
+                        .arg(&key)
+                        .arg(v)
+                        .arg("NX")
+                        .query_async(&mut c)
+                        .await
+                        .map_err(backend)?;
+                    let won: Option<String> = redis::cmd("GET")
+                        .arg(&key)
+                        .query_async(&mut c)
+                        .await
+                        .map_err(backend)?;
+                    found[0] = won.clone();
+                    match won {
+                        Some(w) => (w, set.is_some()),
+                        None => return Err(corrupt(&format!("{key} vanished as it was set"))),
+                    }
+                }
+            },
+            [one] => ((*one).clone(), false),
+            _ => {
+                return Err(StoreError::Backend(format!(
+                    "the copies of {key} on the cluster's primaries hold {} different values; \
+                     delete the wrong ones (or pin the scope secret) to go on",
+                    values.len()
+                )))
+            }
+        };
+        for (k, v) in keys.iter().zip(&found) {
+            if v.is_none() {
+                let set: Option<String> = redis::cmd("SET")
+                    .arg(k)
+                    .arg(&value)
+                    .arg("NX")
+                    .query_async(&mut c)
+                    .await
+                    .map_err(backend)?;
+                // Putting back what another copy held is restoring; `created` says that
+                // this instance's offer went in somewhere.
+                created |= set.is_some() && offer == Some(value.as_str());
+            }
+        }
+        if offer.is_some() {
+            self.meta_acknowledged(&mut c).await?;
+        }
+        Ok(Meta {
+            value: Some(value),
+            created,
+        })
+    }
+
+    /// With replica acknowledgement on, waits until the replicas have what this
+    /// connection wrote, `SECRET_ACK_TRIES` times at most.
+    async fn meta_acknowledged(&self, c: &mut Link) -> Result<(), StoreError> {
+        let Some(ack) = self.replica_ack else {
+            return Ok(());
+        };
+        let mut acked = 0;
+        for _ in 0..SECRET_ACK_TRIES {
+            acked = redis::cmd("WAIT")
+                .arg(ack.replicas)
+                .arg(ack.timeout.as_millis() as u64)
+                .query_async(c)
+                .await
+                .map_err(backend)?;
+            if acked >= i64::from(ack.replicas) {
+                break;
+            }
+        }
+        self.acknowledged("the scope secret", Some(acked))
     }
 
     /// `INFO` of every primary: one text, or one per primary of a cluster.
@@ -1377,6 +1538,9 @@ impl Store for RedisStore {
         offer: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Meta, StoreError>> {
         Box::pin(async move {
+            if self.conn.is_cluster() {
+                return self.cluster_meta(name, offer).await;
+            }
             let key = meta_key(name);
             let mut c = self.conn.clone();
             // SET NX, then GET: whichever instance came first, every instance reads the one
@@ -1406,20 +1570,8 @@ impl Store for RedisStore {
             // although it is online (seen with Redis 7.0: 0 of 1 within 200 ms, three times
             // in ten, right after the primary listed it as online). Start-up is in no hurry:
             // the acknowledgement gets `SECRET_ACK_TRIES` tries before idemgate gives up.
-            if let (Some(ack), Some(_)) = (self.replica_ack, offer) {
-                let mut acked = 0;
-                for _ in 0..SECRET_ACK_TRIES {
-                    acked = redis::cmd("WAIT")
-                        .arg(ack.replicas)
-                        .arg(ack.timeout.as_millis() as u64)
-                        .query_async(&mut c)
-                        .await
-                        .map_err(backend)?;
-                    if acked >= i64::from(ack.replicas) {
-                        break;
-                    }
-                }
-                self.acknowledged("the scope secret", Some(acked))?;
+            if offer.is_some() {
+                self.meta_acknowledged(&mut c).await?;
             }
             Ok(Meta { value, created })
         })

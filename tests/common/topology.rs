@@ -589,17 +589,12 @@ impl Cluster {
                     .cli(&["DBSIZE"])
                     .and_then(|s| s.trim().parse().ok())
                     .unwrap_or(0);
-                // The scope secret and the test namespace's verifier are not records (one
-                // EXISTS each: they hash to different slots).
-                let verifier = format!("idemgate:scope-verifier:{}", super::NAMESPACE);
-                let meta: u64 = ["idemgate:scope-secret", verifier.as_str()]
-                    .iter()
-                    .map(|k| {
-                        node.cli(&["EXISTS", k])
-                            .and_then(|s| s.trim().parse::<u64>().ok())
-                            .unwrap_or(0)
-                    })
-                    .sum();
+                // The scope secret and the namespace's verifier, and their copies on
+                // every primary, are not records.
+                let meta = node
+                    .cli(&["KEYS", "idemgate:scope-*"])
+                    .map_or(0, |s| s.lines().filter(|l| !l.trim().is_empty()).count())
+                    as u64;
                 (i, n - meta)
             })
             .collect()
