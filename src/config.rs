@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fingerprint::{JsonPointer, QueryOrder, Rules};
 use crate::retry_after::TypicalTime;
+use crate::scope::client_cert::{CertField, ClientCert};
 use crate::scope::jwt::JwtVerifier;
 use crate::scope::{path, PathError, PathRules, ScopeSecret, TenantSource};
 use crate::store::seal::{Envelope, Keyring};
@@ -405,6 +406,9 @@ pub struct Defaults {
     pub tenant_headers: Vec<String>,
     /// When set, the tenant is this claim of the verified bearer JWT instead.
     pub tenant_jwt_claim: Option<String>,
+    /// When set, the tenant is this field of the client certificate verified on the TLS
+    /// listener (with the CA that verified it) instead: `"san_uri"` or `"subject"`.
+    pub tenant_client_cert: Option<CertField>,
     /// See [`Anonymous`].
     pub anonymous: Anonymous,
     /// See [`PathMatch`].
@@ -483,6 +487,7 @@ pub struct Route {
     pub max_key_length: Option<usize>,
     pub tenant_headers: Option<Vec<String>>,
     pub tenant_jwt_claim: Option<String>,
+    pub tenant_client_cert: Option<CertField>,
     pub anonymous: Option<Anonymous>,
     pub path_match: Option<PathMatch>,
     pub case_insensitive_paths: Option<bool>,
@@ -612,6 +617,7 @@ impl Default for Defaults {
             max_key_length: 255,
             tenant_headers: vec!["Authorization".into()],
             tenant_jwt_claim: None,
+            tenant_client_cert: None,
             anonymous: Anonymous::Refuse,
             path_match: PathMatch::Normalized,
             case_insensitive_paths: false,
@@ -832,7 +838,8 @@ pub struct Policy {
     pub max_response_bytes: u64,
     #[allow(missing_docs)]
     pub max_key_length: usize,
-    /// Where the tenant comes from (`tenant_headers` or `tenant_jwt_claim`).
+    /// Where the tenant comes from (`tenant_headers`, `tenant_jwt_claim` or
+    /// `tenant_client_cert`).
     pub tenant: TenantSource,
     #[allow(missing_docs)]
     pub anonymous: Anonymous,
@@ -1137,6 +1144,9 @@ impl Settings {
             ));
         }
         let envelope = envelope(&config)?;
+        let client_ca = listener_tls
+            .as_ref()
+            .is_some_and(|t| t.authorities.is_some());
         let d = &config.defaults;
         let default_policy = Arc::new(resolve(
             "defaults",
@@ -1144,6 +1154,7 @@ impl Settings {
             d,
             &Route::default(),
             jwt.is_some(),
+            client_ca,
         )?);
         let mut routes = Vec::new();
         for (i, r) in config.routes.iter().enumerate() {
@@ -1151,7 +1162,7 @@ impl Settings {
             if !r.path.starts_with('/') {
                 return Err(invalid(format!("{at}.path"), "must start with '/'"));
             }
-            let policy = resolve(&at, Some(r.path.clone()), d, r, jwt.is_some())?;
+            let policy = resolve(&at, Some(r.path.clone()), d, r, jwt.is_some(), client_ca)?;
             let prefix = path::normalize(&r.path, policy.path_rules)
                 .map_err(|e| invalid(format!("{at}.path"), e.to_string()))?
                 .into_owned();
@@ -1322,15 +1333,23 @@ impl Settings {
     pub fn tenant(
         &self,
         headers: &hyper::HeaderMap,
+        cert: Option<&ClientCert>,
         policy: &Policy,
     ) -> Result<Option<crate::scope::Tenant>, crate::scope::TenantError> {
-        match crate::scope::tenant::resolve(headers, &policy.tenant, self.jwt.as_deref())? {
+        match crate::scope::tenant::resolve(headers, cert, &policy.tenant, self.jwt.as_deref())? {
             Some(tenant) => Ok(Some(tenant)),
             None if policy.anonymous == Anonymous::Shared => {
                 Ok(Some(crate::scope::Tenant::anonymous()))
             }
             None => Ok(None),
         }
+    }
+
+    /// Whether any route (or the defaults) reads its tenant from client certificates.
+    pub fn reads_client_certs(&self) -> bool {
+        std::iter::once(&self.default_policy)
+            .chain(self.routes.iter().map(|(_, p)| p))
+            .any(|p| matches!(p.tenant, TenantSource::ClientCert(_)))
     }
 
     /// Whether any route (or the defaults) protects this method.
@@ -1464,6 +1483,7 @@ fn resolve(
     d: &Defaults,
     r: &Route,
     jwt_keys: bool,
+    client_ca: bool,
 ) -> Result<Policy, ConfigError> {
     let methods = r.methods.as_ref().unwrap_or(&d.methods);
     let key_of = |name: &str| {
@@ -1494,12 +1514,49 @@ fn resolve(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    // A route's own choice wins: its `tenant_jwt_claim`, else its `tenant_headers`, else the
-    // defaults' claim, else the defaults' headers.
-    let claim = match (&r.tenant_jwt_claim, &r.tenant_headers) {
+    // A certificate is a route's one principal source: a route that names it with a claim
+    // or headers is refused, as are defaults naming both a claim and a certificate field
+    // (the defaults' headers always have a value, so they give way to either). A claim
+    // beside headers keeps its older meaning: the claim wins.
+    let named = [
+        ("tenant_jwt_claim", r.tenant_jwt_claim.is_some()),
+        ("tenant_client_cert", r.tenant_client_cert.is_some()),
+        ("tenant_headers", r.tenant_headers.is_some()),
+    ];
+    let set: Vec<&str> = named.iter().filter(|(_, s)| *s).map(|(n, _)| *n).collect();
+    if r.tenant_client_cert.is_some() {
+        if let Some(other) = set.iter().find(|n| **n != "tenant_client_cert") {
+            return Err(invalid(
+                format!("{at}.tenant_client_cert"),
+                format!("a route reads its tenant from one source: {other} is set too"),
+            ));
+        }
+    }
+    if d.tenant_jwt_claim.is_some() && d.tenant_client_cert.is_some() {
+        return Err(invalid(
+            "defaults.tenant_client_cert",
+            "a route reads its tenant from one source: tenant_jwt_claim is set too",
+        ));
+    }
+    // A route's own choice wins: its `tenant_jwt_claim`, `tenant_client_cert` or
+    // `tenant_headers`, else the defaults' claim or certificate field, else the defaults'
+    // headers.
+    let own = !set.is_empty();
+    let cert = match (r.tenant_client_cert, own) {
+        (Some(f), _) => Some(f),
+        (None, true) => None,
+        (None, false) => d.tenant_client_cert,
+    };
+    if cert.is_some() && !client_ca {
+        return Err(invalid(
+            key_of("tenant_client_cert"),
+            "needs verified client certificates: a TLS listener (tls_cert_file, tls_key_file) with tls_client_ca_file",
+        ));
+    }
+    let claim = match (&r.tenant_jwt_claim, own) {
         (Some(c), _) => Some(c),
-        (None, Some(_)) => None,
-        (None, None) => d.tenant_jwt_claim.as_ref(),
+        (None, true) => None,
+        (None, false) => d.tenant_jwt_claim.as_ref(),
     };
     let tenant = match claim {
         Some(c) if c.is_empty() => {
@@ -1512,7 +1569,10 @@ fn resolve(
             ))
         }
         Some(c) => TenantSource::JwtClaim(c.clone()),
-        None => TenantSource::Headers(tenant_header_names),
+        None => match cert {
+            Some(field) => TenantSource::ClientCert(field),
+            None => TenantSource::Headers(tenant_header_names),
+        },
     };
     let path_rules = PathRules {
         strict: r.path_match.unwrap_or(d.path_match) == PathMatch::Strict,
@@ -1682,6 +1742,7 @@ fn matches_override(r: &Route, name: &str) -> bool {
         "methods" => r.methods.is_some(),
         "tenant_headers" => r.tenant_headers.is_some(),
         "tenant_jwt_claim" => r.tenant_jwt_claim.is_some(),
+        "tenant_client_cert" => r.tenant_client_cert.is_some(),
         "fingerprint_ignore" => r.fingerprint_ignore.is_some(),
         "key_headers" => r.key_headers.is_some(),
         "release_on_status" => r.release_on_status.is_some(),

@@ -19,6 +19,7 @@ use crate::config::Settings;
 use crate::key::{self, RecordId};
 use crate::scope::Scoper;
 use crate::store::{RecordState, StoredResponse};
+use rustls::pki_types::pem::PemObject;
 
 /// What a lookup needs: the proxy's settings and record-id scoper.
 #[derive(Clone)]
@@ -40,6 +41,10 @@ pub struct Lookup {
     /// The headers that name the tenant (`Authorization`, the route's `tenant_headers`).
     #[serde(default)]
     pub headers: std::collections::BTreeMap<String, String>,
+    /// On a `tenant_client_cert` route: the client's certificate, PEM (its chain after it
+    /// when the client sent one), verified as the listener verifies it.
+    #[serde(default)]
+    pub client_certificate: Option<String>,
 }
 
 /// `POST /records/{id}/complete`: the outcome an operator found.
@@ -82,7 +87,26 @@ impl Resolver {
                 .map_err(|_| format!("the value of `{name}` is not a header value"))?;
             headers.append(name, value);
         }
-        let tenant = match self.settings.tenant(&headers, policy) {
+        let cert = match &req.client_certificate {
+            None => None,
+            Some(pem) => {
+                let authorities = self
+                    .settings
+                    .listener_tls
+                    .as_ref()
+                    .and_then(|t| t.authorities.as_ref())
+                    .ok_or("`client_certificate`: the listener verifies no client certificates (no tls_client_ca_file)")?;
+                let chain = rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| format!("`client_certificate` is not PEM: {e}"))?;
+                Some(
+                    authorities
+                        .identify(&chain)
+                        .map_err(|e| format!("`client_certificate`: {e}"))?,
+                )
+            }
+        };
+        let tenant = match self.settings.tenant(&headers, cert.as_ref(), policy) {
             Ok(Some(t)) => t,
             Ok(None) => {
                 return Err(

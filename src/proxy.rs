@@ -40,7 +40,8 @@ use crate::problem::Problem;
 use crate::releases::Releases;
 use crate::request_id::{self, X_REQUEST_ID};
 use crate::retry_after;
-use crate::scope::{method, Scoper, Tenant, TenantSource};
+use crate::scope::client_cert::ClientCert;
+use crate::scope::{method, Scoper, Tenant, TenantError, TenantSource};
 use crate::secret::SecretHealth;
 use crate::store::{deadline, Claim, ClaimRequest, OwnerToken, Store, StoreError, StoredResponse};
 use crate::telemetry::{self, Step};
@@ -488,7 +489,7 @@ impl Proxy {
                 return res;
             }
         };
-        let tenant = match self.tenant(req.headers(), &policy) {
+        let tenant = match self.tenant(req.headers(), peer_cert(&req), &policy) {
             Ok(tenant) => tenant,
             Err(res) => {
                 log(&res, Outcome::Rejected, &policy);
@@ -917,9 +918,10 @@ impl Proxy {
     fn tenant(
         &self,
         headers: &hyper::HeaderMap,
+        cert: Option<&ClientCert>,
         policy: &Policy,
     ) -> Result<Tenant, Response<Body>> {
-        match self.shared.settings.tenant(headers, policy) {
+        match self.shared.settings.tenant(headers, cert, policy) {
             Ok(Some(tenant)) => Ok(tenant),
             Ok(None) => {
                 let detail = match &policy.tenant {
@@ -929,8 +931,12 @@ impl Proxy {
                         names.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
                     ),
                     TenantSource::JwtClaim(claim) => format!("send a bearer token whose `{claim}` claim names the tenant"),
+                    TenantSource::ClientCert(_) => "connect with a client certificate: this route reads the tenant from it".to_string(),
                 };
                 Err(Problem::MissingTenant.response(detail, None, None))
+            }
+            Err(TenantError::Certificate(why)) => {
+                Err(Problem::MissingTenant.response(why, None, None))
             }
             Err(e) => {
                 tracing::info!(error = %e, "bearer token refused");
@@ -1029,7 +1035,7 @@ impl Proxy {
             }
             Err(_) => forward_as_is!(req.map(body::boxed), "invalid_key", None, false),
         };
-        let tenant = match self.tenant(req.headers(), &policy) {
+        let tenant = match self.tenant(req.headers(), peer_cert(&req), &policy) {
             Ok(t) => t,
             Err(res) => {
                 let would = if res.status() == StatusCode::UNAUTHORIZED {
@@ -2080,4 +2086,10 @@ async fn read_up_to(
         .await
         .unwrap_or(Err(BodyEnd::Timeout));
     (read, ended)
+}
+
+/// The verified client certificate of the request's TLS connection, when the listener
+/// reads certificates for a `tenant_client_cert` route.
+fn peer_cert<B>(req: &Request<B>) -> Option<&ClientCert> {
+    req.extensions().get::<Arc<ClientCert>>().map(|c| &**c)
 }

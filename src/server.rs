@@ -1,6 +1,7 @@
 //! Starting and stopping: opening the store (with its start-up checks), the accept loops of
 //! the proxy and admin listeners, and a bounded graceful shutdown.
 
+use crate::scope::client_cert::ClientCert;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -524,6 +525,11 @@ async fn serve_on(
     let tls = settings.listener_tls.as_ref().map(|t| Handshakes {
         acceptor: tokio_rustls::TlsAcceptor::from(t.config.clone()),
         permits: Arc::new(Semaphore::new(crate::tls::MAX_HANDSHAKES)),
+        // Read only where a route takes its tenant from them.
+        authorities: t
+            .authorities
+            .clone()
+            .filter(|_| settings.reads_client_certs()),
     });
     let reloader = settings.listener_tls.as_ref().map(|t| {
         let (reloads, failures) = metrics.tls_reloads();
@@ -708,6 +714,8 @@ struct ConnLimits {
 struct Handshakes {
     acceptor: tokio_rustls::TlsAcceptor,
     permits: Arc<Semaphore>,
+    // The client CAs one by one, when a route reads its tenant from client certificates.
+    authorities: Option<Arc<crate::scope::client_cert::Authorities>>,
 }
 
 /// A client connection's bytes: as they come, or through TLS.
@@ -721,10 +729,13 @@ impl Handshakes {
     /// (the supervisor's `header_read_timeout` from accept), waiting for a permit included:
     /// a client that opens a connection and never finishes its handshake is closed as one
     /// that never sends a head is.
+    ///
+    /// With a route that reads its tenant from client certificates, also what the client's
+    /// verified certificate says (once per connection; see [`crate::scope::client_cert`]).
     async fn accept(
         &self,
         io: Watched<tokio::net::TcpStream>,
-    ) -> Result<ClientIo, crate::body::BoxError> {
+    ) -> Result<(ClientIo, Option<Arc<ClientCert>>), crate::body::BoxError> {
         let permit = self.permits.acquire().await?;
         let tls = self
             .acceptor
@@ -732,7 +743,17 @@ impl Handshakes {
             .await
             .map_err(|e| format!("TLS handshake: {e}"))?;
         drop(permit);
-        Ok(tokio_util::either::Either::Right(tls))
+        let cert = match (&self.authorities, tls.get_ref().1.peer_certificates()) {
+            (Some(authorities), Some(chain)) => match authorities.identify(chain) {
+                Ok(cert) => Some(Arc::new(cert)),
+                Err(e) => {
+                    tracing::info!(error = %e, "the client certificate names no tenant");
+                    None
+                }
+            },
+            _ => None,
+        };
+        Ok((tokio_util::either::Either::Right(tls), cert))
     }
 }
 
@@ -815,7 +836,14 @@ async fn accept_loop<F, Fut>(
         let watch = Watch::accepted();
         let handler = handler.clone();
         let on_request = watch.clone();
-        let svc = service_fn(move |req| {
+        // The client certificate's identity, set once the handshake is done (before any
+        // request of the connection is read).
+        let peer_cert: Arc<std::sync::OnceLock<Arc<ClientCert>>> = Arc::default();
+        let cert_of = peer_cert.clone();
+        let svc = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            if let Some(cert) = cert_of.get() {
+                req.extensions_mut().insert(cert.clone());
+            }
             let handler = handler.clone();
             let serving = on_request.serving();
             async move {
@@ -833,7 +861,13 @@ async fn accept_loop<F, Fut>(
         let conn = async move {
             let io = match &tls {
                 None => tokio_util::either::Either::Left(io),
-                Some(tls) => tls.accept(io).await?,
+                Some(tls) => {
+                    let (io, cert) = tls.accept(io).await?;
+                    if let Some(cert) = cert {
+                        let _ = peer_cert.set(cert);
+                    }
+                    io
+                }
             };
             let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
             graceful_watch.watch(conn).await

@@ -285,6 +285,9 @@ pub struct ListenerTls {
     loaded: Contents,
     /// How often the files are read for a change (`tls_reload_interval`).
     pub reload_interval: Duration,
+    /// The CAs of `tls_client_ca_file`, one by one: which of them verified a client's
+    /// certificate is part of a `tenant_client_cert` tenant. `None` without a client CA.
+    pub authorities: Option<Arc<crate::scope::client_cert::Authorities>>,
 }
 
 impl fmt::Debug for ListenerTls {
@@ -326,6 +329,7 @@ pub fn listener(c: &Config) -> Result<Option<ListenerTls>, ConfigError> {
     let builder = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| invalid("tls_cert_file", format!("TLS: {e}")))?;
+    let mut authorities = None;
     let builder = match (&c.tls_client_ca_file, c.tls_client_auth) {
         (None, Some(_)) => {
             return Err(invalid(
@@ -336,6 +340,11 @@ pub fn listener(c: &Config) -> Result<Option<ListenerTls>, ConfigError> {
         (None, None) => builder.with_no_client_auth(),
         (Some(ca), auth) => {
             let roots = roots("tls_client_ca_file", Some(ca))?;
+            let cas = parse_certs(&read("tls_client_ca_file", ca)?)
+                .map_err(|e| invalid("tls_client_ca_file", e))?;
+            let each = crate::scope::client_cert::Authorities::new(&cas, provider())
+                .map_err(|e| invalid("tls_client_ca_file", e))?;
+            authorities = Some(Arc::new(each));
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider());
             let verifier = match auth.unwrap_or(ClientAuth::Required) {
                 ClientAuth::Required => verifier,
@@ -360,6 +369,7 @@ pub fn listener(c: &Config) -> Result<Option<ListenerTls>, ConfigError> {
         files: pair,
         loaded,
         reload_interval: c.tls_reload_interval,
+        authorities,
     }))
 }
 

@@ -944,3 +944,176 @@ async fn certificates_rotate_under_traffic_and_a_bad_pair_keeps_the_old_one() {
     assert!(sent.load(Ordering::SeqCst) > 50, "too little traffic");
     assert_eq!(failures.load(Ordering::SeqCst), 0, "requests failed");
 }
+
+// --- Client certificates as tenants ----------------------------------------------------
+
+/// A client certificate whose one URI SAN is `uri`, with the given CN.
+fn spiffe(ca: &Ca, uri: &str, cn: &str) -> Leaf {
+    ca.leaf_with(&[], |p| {
+        p.subject_alt_names = vec![rcgen::SanType::URI(uri.try_into().unwrap())];
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.distinguished_name
+            .push(DnType::OrganizationName, "Pay, Inc.");
+    })
+}
+
+/// `tenant_client_cert`: the verified client certificate's URI SAN (or subject), with the CA
+/// that verified it, is the tenant. A renewed certificate (new key pair, same identity, same
+/// CA) replays; the same identity from the bundle's other CA, or another identity, is
+/// another tenant and executes; no certificate, none or two URI SANs: 400 missing-tenant.
+/// `POST /records/lookup` finds a record from the client's certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_name_tenants_together_with_their_ca() {
+    let ca = Ca::new("listener ca");
+    let (one, two) = (Ca::new("clients one"), Ca::new("clients two"));
+    let dir = Dir::new();
+    let bundle = dir.write("clients.pem", &format!("{}{}", one.pem(), two.pem()));
+    let routes = r#"[{path="/pay", tenant_client_cert="san_uri", anonymous="refuse"}, {path="/by-subject", tenant_client_cert="subject", anonymous="refuse"}]"#;
+    let g = TlsGate::start(
+        &ca.leaf(&["127.0.0.1"]),
+        &[
+            ("IDEMGATE_TLS_CLIENT_CA_FILE", &bundle),
+            ("IDEMGATE_TLS_CLIENT_AUTH", "optional"),
+            ("IDEMGATE_ROUTES", routes),
+        ],
+    )
+    .await;
+    let as_ = |leaf: &Leaf| tls_client(&ca, true, Some(leaf));
+    let m1 = spiffe(&one, "spiffe://pay/merchant-1", "m1");
+    let m1_renewed = spiffe(&one, "spiffe://pay/merchant-1", "m1 renewed");
+    let m1_from_two = spiffe(&two, "spiffe://pay/merchant-1", "m1");
+    let m2 = spiffe(&one, "spiffe://pay/merchant-2", "m1");
+
+    let first = post(&as_(&m1), &g.url("/pay"), "cert-1").await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    let renewed = post(&as_(&m1_renewed), &g.url("/pay"), "cert-1").await;
+    assert!(renewed.replayed(), "{} {:?}", renewed.status, renewed.body);
+    assert_eq!(renewed.body, first.body);
+    for (who, leaf) in [("the other CA's", &m1_from_two), ("another URI", &m2)] {
+        let a = post(&as_(leaf), &g.url("/pay"), "cert-1").await;
+        assert_eq!(a.status, 201, "{who}: {:?}", a.body);
+        assert!(!a.replayed(), "{who} replayed merchant-1's answer");
+    }
+    assert_eq!(g.up.hits(), 3);
+
+    // No certificate, none or two URI SANs: no tenant, nothing forwarded.
+    let no_uri = one.leaf(&["client"]);
+    let two_uris = one.leaf_with(&[], |p| {
+        p.subject_alt_names = vec![
+            rcgen::SanType::URI("spiffe://pay/a".try_into().unwrap()),
+            rcgen::SanType::URI("spiffe://pay/b".try_into().unwrap()),
+        ];
+    });
+    let anonymous = tls_client(&ca, true, None);
+    for (who, client) in [
+        ("no certificate", anonymous),
+        ("no URI SAN", as_(&no_uri)),
+        ("two URI SANs", as_(&two_uris)),
+    ] {
+        let a = post(&client, &g.url("/pay"), "cert-2").await;
+        assert_eq!(a.status, 400, "{who}: {:?}", a.body);
+        assert!(
+            a.problem_type().ends_with("/missing-tenant"),
+            "{who}: {:?}",
+            a.body
+        );
+    }
+    assert_eq!(g.up.hits(), 3);
+
+    // The subject (RFC 4514), with its CA: the same subject from the other CA is another
+    // tenant, from the same CA the same one.
+    let s1 = post(&as_(&m1), &g.url("/by-subject"), "subject-1").await;
+    assert_eq!(s1.status, 201, "{:?}", s1.body);
+    let again = post(&as_(&m2), &g.url("/by-subject"), "subject-1").await;
+    assert!(again.replayed(), "same subject, same CA: {:?}", again.body);
+    let other = post(&as_(&m1_from_two), &g.url("/by-subject"), "subject-1").await;
+    assert!(!other.replayed() && other.status == 201, "{:?}", other.body);
+    assert_eq!(g.up.hits(), 5);
+
+    // The operator finds merchant-1's record from its certificate, and not from another's.
+    let lookup = |leaf: &Leaf| {
+        serde_json::json!({"method": "POST", "path": "/pay", "key": "cert-1",
+            "client_certificate": leaf.cert})
+    };
+    let c = common::client();
+    let found: serde_json::Value = c
+        .post(g.gate.admin_url("/records/lookup"))
+        .json(&lookup(&m1_renewed))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(found["state"], "completed", "{found}");
+    let stranger = Ca::new("stranger");
+    let refused = c
+        .post(g.gate.admin_url("/records/lookup"))
+        .json(&lookup(&spiffe(&stranger, "spiffe://pay/merchant-1", "m1")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let text = refused.text().await.unwrap();
+    assert!(text.contains("no CA of tls_client_ca_file"), "{text}");
+}
+
+/// One principal source per route, and certificates need a listener that verifies them:
+/// exit 64 naming the key.
+#[test]
+fn tenant_client_cert_needs_a_client_ca_and_is_a_route_s_only_source() {
+    let ca = Ca::new("listener ca");
+    let leaf = ca.leaf(&["127.0.0.1"]);
+    let dir = Dir::new();
+    let cert = dir.write("tls.crt", &leaf.cert);
+    let key = dir.write("tls.key", &leaf.key);
+    let clients = dir.write("clients.pem", &Ca::new("clients").pem());
+    let listener = [
+        ("IDEMGATE_TLS_CERT_FILE", cert.as_str()),
+        ("IDEMGATE_TLS_KEY_FILE", key.as_str()),
+    ];
+    let with_ca: Vec<(&str, &str)> = listener
+        .iter()
+        .copied()
+        .chain([("IDEMGATE_TLS_CLIENT_CA_FILE", clients.as_str())])
+        .collect();
+    let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
+        (
+            vec![("IDEMGATE_DEFAULTS__TENANT_CLIENT_CERT", "san_uri")],
+            "defaults.tenant_client_cert",
+        ),
+        (
+            listener
+                .iter()
+                .copied()
+                .chain([("IDEMGATE_DEFAULTS__TENANT_CLIENT_CERT", "subject")])
+                .collect(),
+            "defaults.tenant_client_cert",
+        ),
+        (
+            with_ca
+                .iter()
+                .copied()
+                .chain([(
+                    "IDEMGATE_ROUTES",
+                    r#"[{path="/pay", tenant_client_cert="san_uri", tenant_headers=["x-account"]}]"#,
+                )])
+                .collect(),
+            "routes[0].tenant_client_cert",
+        ),
+        (
+            with_ca
+                .iter()
+                .copied()
+                .chain([("IDEMGATE_DEFAULTS__TENANT_CLIENT_CERT", "uri")])
+                .collect(),
+            "tenant_client_cert",
+        ),
+    ];
+    for (env, key) in cases {
+        let (code, stderr) = exits("http://127.0.0.1:9", &env);
+        assert_eq!(code, Some(64), "{env:?}: {stderr}");
+        assert!(stderr.contains(key), "{env:?}: wants {key}: {stderr}");
+    }
+}

@@ -2,8 +2,9 @@
 //! record id by a keyed hash.
 //!
 //! - [`path`]: the one spelling of a path that route matching, scope and fingerprint use.
-//! - [`tenant`]: the principal behind a request (a trusted header, a verified JWT claim, or
-//!   by default the credential itself).
+//! - [`tenant`]: the principal behind a request (a trusted header, a verified JWT claim, a
+//!   verified client certificate, or by default the credential itself).
+//! - [`client_cert`]: client certificates' identities, with the CA that verified them.
 //! - [`jwt`]: verifying bearer tokens for `tenant_jwt_claim`.
 //! - [`method`]: the method the upstream will run (method-override headers).
 //!
@@ -19,6 +20,7 @@ use sha2::Sha256;
 
 use crate::key::{IdempotencyKey, RecordId};
 
+pub mod client_cert;
 pub mod jwt;
 pub mod method;
 pub mod path;
@@ -137,7 +139,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("authorization", HeaderValue::from_str(auth).expect("value"));
         let source = TenantSource::Headers(vec![HeaderName::from_static("authorization")]);
-        tenant::resolve(&h, &source, None)
+        tenant::resolve(&h, None, &source, None)
             .expect("resolves")
             .expect("present")
     }

@@ -1,6 +1,6 @@
 //! The tenant of a request: the principal whose records these are.
 //!
-//! Two sources, chosen per route:
+//! Three sources, chosen per route:
 //!
 //! - [`TenantSource::Headers`] (`tenant_headers`, default `["Authorization"]`): the values of
 //!   headers. With a trusted header that a gateway sets (`X-Account-Id`), that is the
@@ -10,6 +10,8 @@
 //! - [`TenantSource::JwtClaim`] (`tenant_jwt_claim`): a claim of the bearer token, which must
 //!   pass verification; a token that does not never reaches a record. The principal is
 //!   (the key that verified it, its `iss`, the claim's JSON value): see [`super::jwt`].
+//! - [`TenantSource::ClientCert`] (`tenant_client_cert`): the verified client certificate
+//!   of the TLS connection, with the CA that verified it: see [`super::client_cert`].
 //!
 //! A request from which no tenant can be read resolves to `None`; the proxy refuses it
 //! unless its route shares one anonymous scope (`anonymous = "shared"`).
@@ -17,6 +19,7 @@
 use hyper::header::{HeaderMap, HeaderName, AUTHORIZATION};
 use sha2::{Digest, Sha256};
 
+use super::client_cert::{CertField, ClientCert};
 use super::jwt::{JwtError, JwtVerifier};
 
 /// Where a route reads its tenant from.
@@ -26,6 +29,8 @@ pub enum TenantSource {
     Headers(Vec<HeaderName>),
     /// This claim of a verified `Authorization: Bearer` JWT.
     JwtClaim(String),
+    /// This field of the connection's verified client certificate.
+    ClientCert(CertField),
 }
 
 /// A resolved tenant: a hash of the principal (credentials only ever exist as a hash, and
@@ -65,6 +70,9 @@ pub enum TenantError {
     /// configuration that validation refuses; kept as an error rather than a panic).
     #[error("no JWT keys are configured")]
     NoKeys,
+    /// The client certificate names no tenant the route can read.
+    #[error("{0}")]
+    Certificate(String),
 }
 
 fn part(h: &mut Sha256, b: &[u8]) {
@@ -86,11 +94,19 @@ fn trim(mut b: &[u8]) -> &[u8] {
 /// Resolves the tenant of a request. `Ok(None)`: the request carries no tenant.
 pub fn resolve(
     headers: &HeaderMap,
+    cert: Option<&ClientCert>,
     source: &TenantSource,
     jwt: Option<&JwtVerifier>,
 ) -> Result<Option<Tenant>, TenantError> {
     match source {
         TenantSource::Headers(names) => Ok(from_headers(headers, names)),
+        TenantSource::ClientCert(field) => match cert {
+            None => Ok(None),
+            Some(cert) => cert
+                .principal(*field)
+                .map(|p| Some(Tenant(p)))
+                .map_err(TenantError::Certificate),
+        },
         TenantSource::JwtClaim(claim) => {
             let Some(token) = bearer_token(headers) else {
                 return Ok(None);
@@ -161,7 +177,7 @@ mod tests {
             h.append(*n, HeaderValue::from_str(v).expect("value"));
         }
         let names = names.iter().map(|n| HeaderName::from_static(n)).collect();
-        resolve(&h, &TenantSource::Headers(names), None).expect("headers never fail")
+        resolve(&h, None, &TenantSource::Headers(names), None).expect("headers never fail")
     }
 
     #[test]
