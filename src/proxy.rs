@@ -192,7 +192,7 @@ impl Proxy {
         ));
         let buffers = Arc::new(Buffers::new(
             c.max_buffered_bytes,
-            metrics.refused(Refusal::BuffersFull),
+            metrics.refused("protected", Refusal::BuffersFull),
             metrics.buffered_bytes(),
         ));
         let client = upstream::client(
@@ -831,6 +831,7 @@ impl Proxy {
                     release_in_background(&self.shared, id, claim.owner.clone(), claim.retention);
                 }
                 if let StoreError::Full(why) = &e {
+                    self.shared.metrics.refused_store_full().inc();
                     let wait = self.room_after(&protected.policy);
                     let res = Problem::StoreUnavailable.response(
                         format!("the idempotency store is full ({why}); the request was not forwarded, retry after the Retry-After"),
@@ -1203,7 +1204,12 @@ impl Proxy {
             Refusal::BuffersFull => "too many request and answer bodies are held in memory (max_buffered_bytes); nothing was done, retry later",
         };
         if why != Refusal::BuffersFull {
-            self.shared.metrics.refused(why).inc();
+            let class = if std::ptr::eq(slots, &*self.shared.passing) {
+                "pass_through"
+            } else {
+                "protected"
+            };
+            self.shared.metrics.refused(class, why).inc();
         }
         Problem::Overloaded.response(detail, None, Some(slots.retry_after()))
     }

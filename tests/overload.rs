@@ -86,7 +86,10 @@ async fn requests_beyond_max_in_flight_wait_their_turn_and_beyond_the_queue_are_
     assert_eq!(up.hits(), 5);
     let m = metrics(&gate);
     assert_eq!(
-        metric(&m, "idemgate_refused_total{reason=\"queue_full\"}"),
+        metric(
+            &m,
+            "idemgate_refused_total{class=\"protected\",reason=\"queue_full\"}"
+        ),
         1.0
     );
     assert_eq!(metric(&m, "idemgate_queued{class=\"protected\"}"), 0.0);
@@ -133,7 +136,7 @@ async fn a_queued_request_waits_at_most_queue_timeout_and_claims_nothing() {
     assert_eq!(
         metric(
             &metrics(&gate),
-            "idemgate_refused_total{reason=\"queue_timeout\"}"
+            "idemgate_refused_total{class=\"protected\",reason=\"queue_timeout\"}"
         ),
         1.0
     );
