@@ -519,7 +519,8 @@ impl Proxy {
             return res;
         }
         // The body is read before a slot is taken, so that slow clients hold no slot: bodies
-        // still arriving are bounded by `max_buffered_bytes` and `body_read_timeout`.
+        // still arriving are bounded by `max_buffered_bytes` (counting what has arrived)
+        // and `body_read_timeout`.
         let (body, buffered) = match self
             .read_body(&parts.headers, incoming, policy.max_body_bytes)
             .await
@@ -1238,15 +1239,14 @@ impl Proxy {
         }
         let mut held = self.shared.buffers.hold();
         let full = || self.overloaded(Refusal::BuffersFull, &self.shared.protected);
-        // A declared length is taken at once: one check instead of one per chunk.
-        let reserved = declared.map_or(0, |n| n as usize);
-        if held.grow(reserved).is_err() {
-            return Err(full());
-        }
+        // Bytes are taken from the budget as they arrive, never a declared length up front:
+        // a client that declares 1 MiB and sends a byte a second holds one byte a second,
+        // not 1 MiB for `body_read_timeout` (64 such clients spent the default budget, and
+        // every other protected request got 503 until their timeouts).
         let limit = usize::try_from(max).unwrap_or(usize::MAX);
         let mut incoming = incoming;
         let timeout = self.shared.settings.config.body_read_timeout;
-        let (read, ended) = read_up_to(&mut incoming, limit, &mut held, reserved, timeout).await;
+        let (read, ended) = read_up_to(&mut incoming, limit, &mut held, 0, timeout).await;
         match ended {
             Ok(()) => Ok((read.into_bytes(), held)),
             Err(BodyEnd::BuffersFull) => Err(full()),

@@ -142,20 +142,39 @@ async fn a_queued_request_waits_at_most_queue_timeout_and_claims_nothing() {
     );
 }
 
-/// Opens `n` connections that each send a protected request's head and then one body byte
-/// a second.
-fn slow_bodies(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+/// Opens `n` connections that each send a protected request's head declaring a body of
+/// `len` bytes, and its first byte.
+fn slow_bodies_of(addr: SocketAddr, n: usize, len: usize) -> Vec<TcpStream> {
     (0..n)
         .map(|i| {
             let mut s = TcpStream::connect(addr).unwrap();
             write!(
                 s,
-                "POST /v1/transfers HTTP/1.1\r\nHost: x\r\nIdempotency-Key: slow-{i}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+                "POST /v1/transfers HTTP/1.1\r\nHost: x\r\nIdempotency-Key: slow-{i}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n\r\n{{"
             )
             .unwrap();
             s
         })
         .collect()
+}
+
+/// Opens `n` connections that each send a protected request's head and then one body byte
+/// a second.
+fn slow_bodies(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+    slow_bodies_of(addr, n, 100)
+}
+
+/// Sends one more body byte on each of `slow`, once a second, `seconds` times.
+fn trickle(mut slow: Vec<TcpStream>, seconds: usize) -> std::thread::JoinHandle<Vec<TcpStream>> {
+    std::thread::spawn(move || {
+        for _ in 0..seconds {
+            std::thread::sleep(Duration::from_secs(1));
+            for s in &mut slow {
+                let _ = s.write_all(b" ");
+            }
+        }
+        slow
+    })
 }
 
 /// A victim's keyed POST, answered within 1 s, five times over 2.5 s.
@@ -180,19 +199,39 @@ async fn slow_bodies_hold_no_slot() {
     // The Kubernetes ConfigMap's value.
     let gate = Gate::start(&up.url(), "", &[("IDEMGATE_MAX_IN_FLIGHT", "32")]);
     let addr = gate.addr;
-    let mut slow = tokio::task::spawn_blocking(move || slow_bodies(addr, 40))
+    let slow = tokio::task::spawn_blocking(move || slow_bodies(addr, 40))
         .await
         .unwrap();
-    let trickle = std::thread::spawn(move || {
-        for _ in 0..4 {
-            std::thread::sleep(Duration::from_secs(1));
-            for s in &mut slow {
-                let _ = s.write_all(b" ");
-            }
-        }
-        slow
-    });
+    let trickle = trickle(slow, 4);
     victim_is_answered(&client(), &gate.url("/v1/transfers"), "h1").await;
+    drop(trickle.join().unwrap());
+}
+
+/// 80 clients each declare a 1 MiB body (`max_body_bytes`) and send a byte a second, under
+/// the default `max_buffered_bytes` (64 MiB). A body's bytes count against the budget as
+/// they arrive: when the declared length was taken up front, these held 80 MiB of a budget
+/// they had sent 80 bytes of, and every other protected request got 503 `buffers_full`
+/// until their `body_read_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_declaring_large_lengths_hold_only_what_arrived() {
+    let up = Upstream::start().await;
+    let gate = Gate::start(&up.url(), "", &[]);
+    let addr = gate.addr;
+    let slow = tokio::task::spawn_blocking(move || slow_bodies_of(addr, 80, 1024 * 1024))
+        .await
+        .unwrap();
+    let trickle = trickle(slow, 4);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    victim_is_answered(&client(), &gate.url("/v1/transfers"), "declared").await;
+    let m = metrics(&gate);
+    assert_eq!(
+        metric(
+            &m,
+            "idemgate_refused_total{class=\"protected\",reason=\"buffers_full\"}"
+        ),
+        0.0
+    );
+    assert!(metric(&m, "idemgate_buffered_bytes") < 1024.0 * 1024.0);
     drop(trickle.join().unwrap());
 }
 
