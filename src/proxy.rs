@@ -199,7 +199,7 @@ impl Proxy {
             &settings.upstream,
             upstream::CONNECT_TIMEOUT,
             c.upstream_idle_timeout,
-            c.pass_through_share(),
+            idle_per_thread(c),
         );
         let fresh = upstream::fresh_client(&settings.upstream, upstream::CONNECT_TIMEOUT);
         Proxy {
@@ -231,7 +231,7 @@ impl Proxy {
             &s.settings.upstream,
             upstream::CONNECT_TIMEOUT,
             s.settings.config.upstream_idle_timeout,
-            s.settings.config.pass_through_share(),
+            idle_per_thread(&s.settings.config),
         );
         Proxy {
             shared: Arc::new(Shared {
@@ -1541,10 +1541,20 @@ impl Drop for PendingClaim<'_> {
     }
 }
 
+/// Idle pass-through connections one serving thread's pool may keep. Each thread has a pool
+/// of its own while the pass-through slots are the instance's: with the whole share per
+/// pool, four threads kept up to four times `max_upstream_connections - max_in_flight`
+/// idle. A thread's part of the share keeps the idle connections of all threads within
+/// the share. Connections in use are bounded by the slots; one thread's idle connections
+/// may sit beside another thread's in use, which a pool per thread cannot see.
+fn idle_per_thread(c: &crate::config::Config) -> usize {
+    (c.pass_through_share() / c.worker_threads.max(1)).max(1)
+}
+
 /// Room for a recorded answer's head: its status, and headers as hyper's client reads them
 /// at most (its read buffer is 400 KiB; answers with more than 64 KiB of headers are rare
 /// enough to be recorded without their body).
-const ANSWER_HEAD_ROOM: usize = 64 * 1024;
+pub(crate) const ANSWER_HEAD_ROOM: usize = 64 * 1024;
 
 /// What a claim reserves in a store with a byte cap: the largest answer the route records.
 fn answer_room(policy: &Policy) -> usize {
