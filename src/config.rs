@@ -1177,6 +1177,44 @@ impl Settings {
             }
             routes.push((prefix, Arc::new(policy)));
         }
+        // The embedded store reserves room for the largest answer a route records with each
+        // claim: below one reservation, every new key would get 503 forever.
+        let embedded = config.redis_url.is_none()
+            && config.redis_sentinels.is_empty()
+            && config.redis_cluster_nodes.is_empty()
+            && config.store_path.is_none()
+            && config.postgres_url.is_none();
+        if embedded {
+            let named = std::iter::once((
+                "defaults.max_response_bytes".to_string(),
+                default_policy.max_response_bytes,
+            ))
+            .chain(
+                config
+                    .routes
+                    .iter()
+                    .zip(&routes)
+                    .enumerate()
+                    .filter(|(_, (r, _))| r.max_response_bytes.is_some())
+                    .map(|(i, (_, (_, p)))| {
+                        (
+                            format!("routes[{i}].max_response_bytes"),
+                            p.max_response_bytes,
+                        )
+                    }),
+            );
+            if let Some((key, largest)) = named.max_by_key(|(_, n)| *n) {
+                let needed = largest.saturating_add(crate::proxy::ANSWER_HEAD_ROOM as u64);
+                if (config.memory_max_bytes as u64) < needed {
+                    return Err(invalid(
+                        "memory_max_bytes",
+                        format!(
+                            "must be at least {needed} bytes: each new key reserves room for its answer ({key} = {largest}, plus 65536 for its head and upkeep), so every new key would get 503; raise memory_max_bytes or lower {key}"
+                        ),
+                    ));
+                }
+            }
+        }
         routes.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
         for (i, (_, policy)) in routes.iter_mut().enumerate() {
             Arc::make_mut(policy).index = i + 1;

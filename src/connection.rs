@@ -10,7 +10,12 @@
 //! - awaiting a head (from accept, or from the first byte after an idle spell): closed after
 //!   `header_read_timeout`;
 //! - idle (no request being served, no bytes either way): closed after `idle_timeout`;
-//! - serving a request: no deadline here (the body read and upstream timeouts bound it);
+//! - serving a request (from its complete head to the last frame of its answer): no deadline
+//!   here (the body read and upstream timeouts bound it);
+//! - on HTTP/2, bytes are not activity: PING, SETTINGS and WINDOW_UPDATE frames flow on a
+//!   connection without any request, so once the client's preface has arrived the
+//!   connection is idle whenever no stream is being served, and closed `idle_timeout` after
+//!   its last stream ended (or its preface), whatever frames arrive meanwhile;
 //! - a write that makes no progress (a client that stopped reading, so its socket buffer is
 //!   full): closed after `send_timeout`, in every phase, as nginx's `send_timeout` does.
 
@@ -68,6 +73,10 @@ struct State {
     phase: Phase,
     // Since when a write has been waiting for room in the socket, if one is.
     stalled: Option<Instant>,
+    // The client spoke HTTP/2: only its streams count as activity.
+    h2: bool,
+    // Closed to make room for another connection (the admin listener at its cap).
+    evicted: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -87,6 +96,8 @@ impl Watch {
                     serving: 0,
                     phase: Phase::AwaitingHead(Instant::now()),
                     stalled: None,
+                    h2: false,
+                    evicted: false,
                 }),
                 deadline_moved: Notify::new(),
             }),
@@ -107,9 +118,37 @@ impl Watch {
         }
     }
 
+    /// The connection speaks HTTP/2 (its preface arrived, or TLS agreed on `h2`): from now on
+    /// it is idle whenever none of its streams is being served, whatever bytes move.
+    pub fn speaks_h2(&self) {
+        let mut s = self.lock();
+        if s.h2 {
+            return;
+        }
+        s.h2 = true;
+        if s.serving == 0 {
+            s.phase = Phase::Idle(Instant::now());
+        }
+        drop(s);
+        self.inner.deadline_moved.notify_one();
+    }
+
+    /// Closes the connection now if it serves no request (an idle one, or one that has not
+    /// sent a complete head), for room under a connection cap; whether it was.
+    pub fn evict_if_quiet(&self) -> bool {
+        let mut s = self.lock();
+        if s.serving > 0 || s.evicted {
+            return false;
+        }
+        s.evicted = true;
+        drop(s);
+        self.inner.deadline_moved.notify_one();
+        true
+    }
+
     fn read(&self) {
         let mut s = self.lock();
-        if s.serving == 0 && matches!(s.phase, Phase::Idle(_)) {
+        if !s.h2 && s.serving == 0 && matches!(s.phase, Phase::Idle(_)) {
             s.phase = Phase::AwaitingHead(Instant::now());
             drop(s);
             self.inner.deadline_moved.notify_one();
@@ -128,8 +167,9 @@ impl Watch {
     fn wrote(&self) {
         let mut s = self.lock();
         s.stalled = None;
-        // An answer still streaming out keeps its connection from counting as idle.
-        if s.serving == 0 && matches!(s.phase, Phase::Idle(_)) {
+        // Bytes an HTTP/1.1 answer leaves in the socket after its last frame keep the
+        // connection from counting as idle; HTTP/2 writes (a PING's acknowledgement) do not.
+        if !s.h2 && s.serving == 0 && matches!(s.phase, Phase::Idle(_)) {
             s.phase = Phase::Idle(Instant::now());
         }
     }
@@ -138,6 +178,9 @@ impl Watch {
     /// while a request is being served and its writes make progress.
     fn due(&self, d: Deadlines) -> Option<(Instant, Closed)> {
         let s = *self.lock();
+        if s.evicted {
+            return Some((Instant::now(), Closed::Quiet));
+        }
         let send = s.stalled.map(|since| (since + d.send, Closed::SendTimeout));
         if s.serving > 0 {
             return send;
@@ -194,16 +237,45 @@ impl Drop for Serving {
     }
 }
 
+/// What an HTTP/2 client sends first (RFC 9113, section 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
 /// A socket that reports its reads and writes to its connection's [`Watch`].
 pub struct Watched<S> {
     io: S,
     watch: Watch,
+    // Bytes of the HTTP/2 preface matched so far; `None` once decided.
+    preface: Option<usize>,
 }
 
 impl<S> Watched<S> {
     /// Wraps `io`.
     pub fn new(io: S, watch: Watch) -> Watched<S> {
-        Watched { io, watch }
+        Watched {
+            io,
+            watch,
+            preface: Some(0),
+        }
+    }
+
+    /// The watch this socket reports to.
+    pub fn watch(&self) -> &Watch {
+        &self.watch
+    }
+
+    // Follows the first bytes read: the HTTP/2 preface, or anything else.
+    fn sniff(&mut self, new: &[u8]) {
+        let Some(matched) = self.preface else { return };
+        let want = &H2_PREFACE[matched..];
+        let n = want.len().min(new.len());
+        if new[..n] != want[..n] {
+            self.preface = None;
+        } else if matched + n == H2_PREFACE.len() {
+            self.preface = None;
+            self.watch.speaks_h2();
+        } else {
+            self.preface = Some(matched + n);
+        }
     }
 }
 
@@ -216,6 +288,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.io).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            if self.preface.is_some() {
+                self.sniff(&buf.filled()[before..]);
+            }
             self.watch.read();
         }
         polled
@@ -364,5 +439,47 @@ mod tests {
         assert_eq!(out, Err(Closed::SendTimeout));
         assert_eq!(Instant::now() - again, D.send);
         drop(serving);
+    }
+
+    // An HTTP/2 client's PINGs (bytes read and written, no stream) never make an idle
+    // connection await a head: it is closed `idle` after its last stream, or its preface.
+    #[tokio::test(start_paused = true)]
+    async fn h2_frames_without_a_stream_are_not_activity() {
+        let d = Deadlines {
+            header: Duration::from_secs(30),
+            idle: Duration::from_secs(1),
+            send: Duration::from_secs(60),
+        };
+        let w = Watch::accepted();
+        let mut io = Watched::new(tokio::io::empty(), w.clone());
+        io.sniff(&H2_PREFACE[..10]);
+        assert!(!w.lock().h2, "not before the whole preface");
+        io.sniff(&H2_PREFACE[10..]);
+        let preface = Instant::now();
+        assert_eq!(w.due(d), Some((preface + d.idle, Closed::Quiet)));
+        drop(w.serving());
+        let idle = Instant::now();
+        tokio::time::advance(Duration::from_millis(900)).await;
+        w.read();
+        w.wrote();
+        assert_eq!(w.due(d), Some((idle + d.idle, Closed::Quiet)));
+        // HTTP/1.1 is not taken for HTTP/2.
+        let h1 = Watch::accepted();
+        let mut io = Watched::new(tokio::io::empty(), h1.clone());
+        io.sniff(b"POST / HTTP/1.1\r\n");
+        io.sniff(H2_PREFACE);
+        assert!(!h1.lock().h2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_connection_serving_nothing_is_evicted() {
+        let w = Watch::accepted();
+        let serving = w.serving();
+        assert!(!w.evict_if_quiet(), "serving a request");
+        drop(serving);
+        assert!(w.evict_if_quiet());
+        assert!(!w.evict_if_quiet(), "once");
+        let out = w.supervise(D, std::future::pending::<()>()).await;
+        assert_eq!(out, Err(Closed::Quiet));
     }
 }

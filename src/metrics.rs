@@ -254,6 +254,7 @@ struct ClassLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
+    class: &'static str,
     reason: &'static str,
 }
 
@@ -345,7 +346,7 @@ impl Metrics {
         );
         registry.register(
             "idemgate_refused",
-            "Requests refused with 503 overloaded before anything was done, by reason: queue_full, queue_timeout, buffers_full",
+            "Requests refused with 503 before anything was done, by class (protected, pass_through) and reason: queue_full, queue_timeout, buffers_full (503 overloaded), store_full (503 store-unavailable: the embedded store's memory_max_records or memory_max_bytes)",
             refused.clone(),
         );
         registry.register(
@@ -363,8 +364,15 @@ impl Metrics {
             let _ = queued.get_or_create(&ClassLabel { class });
             let _ = queue_wait.get_or_create(&ClassLabel { class });
         }
-        for reason in ["queue_full", "queue_timeout", "buffers_full"] {
-            let _ = refused.get_or_create(&ReasonLabel { reason });
+        for (class, reason) in [
+            ("protected", "queue_full"),
+            ("protected", "queue_timeout"),
+            ("protected", "buffers_full"),
+            ("protected", "store_full"),
+            ("pass_through", "queue_full"),
+            ("pass_through", "queue_timeout"),
+        ] {
+            let _ = refused.get_or_create(&ReasonLabel { class, reason });
         }
         registry.register(
             "idemgate_scope_secret_agreed",
@@ -618,10 +626,20 @@ impl Metrics {
         }
     }
 
-    /// The counter of one refusal reason.
-    pub fn refused(&self, why: crate::admission::Refusal) -> Counter {
+    /// The counter of one refusal reason of one class of requests (`protected`,
+    /// `pass_through`).
+    pub fn refused(&self, class: &'static str, why: crate::admission::Refusal) -> Counter {
         self.refused.get_or_create_owned(&ReasonLabel {
+            class,
             reason: why.as_str(),
+        })
+    }
+
+    /// The counter of new keys refused because the embedded store is full.
+    pub fn refused_store_full(&self) -> Counter {
+        self.refused.get_or_create_owned(&ReasonLabel {
+            class: "protected",
+            reason: "store_full",
         })
     }
 

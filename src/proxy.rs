@@ -193,14 +193,14 @@ impl Proxy {
         ));
         let buffers = Arc::new(Buffers::new(
             c.max_buffered_bytes,
-            metrics.refused(Refusal::BuffersFull),
+            metrics.refused("protected", Refusal::BuffersFull),
             metrics.buffered_bytes(),
         ));
         let client = upstream::client(
             &settings.upstream,
             upstream::CONNECT_TIMEOUT,
             c.upstream_idle_timeout,
-            c.pass_through_share(),
+            idle_per_thread(c),
         );
         let fresh = upstream::fresh_client(&settings.upstream, upstream::CONNECT_TIMEOUT);
         Proxy {
@@ -232,7 +232,7 @@ impl Proxy {
             &s.settings.upstream,
             upstream::CONNECT_TIMEOUT,
             s.settings.config.upstream_idle_timeout,
-            s.settings.config.pass_through_share(),
+            idle_per_thread(&s.settings.config),
         );
         Proxy {
             shared: Arc::new(Shared {
@@ -520,7 +520,8 @@ impl Proxy {
             return res;
         }
         // The body is read before a slot is taken, so that slow clients hold no slot: bodies
-        // still arriving are bounded by `max_buffered_bytes` and `body_read_timeout`.
+        // still arriving are bounded by `max_buffered_bytes` (counting what has arrived)
+        // and `body_read_timeout`.
         let (body, buffered) = match self
             .read_body(&parts.headers, incoming, policy.max_body_bytes)
             .await
@@ -832,6 +833,7 @@ impl Proxy {
                     release_in_background(&self.shared, id, claim.owner.clone(), claim.retention);
                 }
                 if let StoreError::Full(why) = &e {
+                    self.shared.metrics.refused_store_full().inc();
                     let wait = self.room_after(&protected.policy);
                     let res = Problem::StoreUnavailable.response(
                         format!("the idempotency store is full ({why}); the request was not forwarded, retry after the Retry-After"),
@@ -1209,7 +1211,12 @@ impl Proxy {
             Refusal::BuffersFull => "too many request and answer bodies are held in memory (max_buffered_bytes); nothing was done, retry later",
         };
         if why != Refusal::BuffersFull {
-            self.shared.metrics.refused(why).inc();
+            let class = if std::ptr::eq(slots, &*self.shared.passing) {
+                "pass_through"
+            } else {
+                "protected"
+            };
+            self.shared.metrics.refused(class, why).inc();
         }
         Problem::Overloaded.response(detail, None, Some(slots.retry_after()))
     }
@@ -1238,15 +1245,14 @@ impl Proxy {
         }
         let mut held = self.shared.buffers.hold();
         let full = || self.overloaded(Refusal::BuffersFull, &self.shared.protected);
-        // A declared length is taken at once: one check instead of one per chunk.
-        let reserved = declared.map_or(0, |n| n as usize);
-        if held.grow(reserved).is_err() {
-            return Err(full());
-        }
+        // Bytes are taken from the budget as they arrive, never a declared length up front:
+        // a client that declares 1 MiB and sends a byte a second holds one byte a second,
+        // not 1 MiB for `body_read_timeout` (64 such clients spent the default budget, and
+        // every other protected request got 503 until their timeouts).
         let limit = usize::try_from(max).unwrap_or(usize::MAX);
         let mut incoming = incoming;
         let timeout = self.shared.settings.config.body_read_timeout;
-        let (read, ended) = read_up_to(&mut incoming, limit, &mut held, reserved, timeout).await;
+        let (read, ended) = read_up_to(&mut incoming, limit, &mut held, 0, timeout).await;
         match ended {
             Ok(()) => Ok((read.into_bytes(), held)),
             Err(BodyEnd::BuffersFull) => Err(full()),
@@ -1541,10 +1547,20 @@ impl Drop for PendingClaim<'_> {
     }
 }
 
+/// Idle pass-through connections one serving thread's pool may keep. Each thread has a pool
+/// of its own while the pass-through slots are the instance's: with the whole share per
+/// pool, four threads kept up to four times `max_upstream_connections - max_in_flight`
+/// idle. A thread's part of the share keeps the idle connections of all threads within
+/// the share. Connections in use are bounded by the slots; one thread's idle connections
+/// may sit beside another thread's in use, which a pool per thread cannot see.
+fn idle_per_thread(c: &crate::config::Config) -> usize {
+    (c.pass_through_share() / c.worker_threads.max(1)).max(1)
+}
+
 /// Room for a recorded answer's head: its status, and headers as hyper's client reads them
 /// at most (its read buffer is 400 KiB; answers with more than 64 KiB of headers are rare
 /// enough to be recorded without their body).
-const ANSWER_HEAD_ROOM: usize = 64 * 1024;
+pub(crate) const ANSWER_HEAD_ROOM: usize = 64 * 1024;
 
 /// What a claim reserves in a store with a byte cap: the largest answer the route records.
 fn answer_room(policy: &Policy) -> usize {

@@ -517,6 +517,7 @@ async fn serve_on(
         max_connections: c.max_connections,
         h2_max_streams: c.h2_max_concurrent_streams,
         send_timeouts: metrics.send_timeouts(),
+        evict: None,
     };
     // One cap on open connections for all serving threads.
     let open = Arc::new(Semaphore::new(limits.max_connections));
@@ -579,12 +580,18 @@ async fn serve_on(
         // silent connections kept `/healthz` out for 10 s (and the kubelet restarts a pod
         // whose liveness probe fails). Probes, scrapes and the operator's calls send their
         // head at once.
+        // An idle keep-alive connection (a scraper's, or one of a flood that made one
+        // request each) is closed after a few seconds, and at the cap the oldest connection
+        // serving nothing makes room for a new one: whatever holds the others, a probe
+        // gets in.
         let limits = ConnLimits {
             max_connections: ADMIN_MAX_CONNECTIONS,
             deadlines: Deadlines {
                 header: limits.deadlines.header.min(ADMIN_HEAD_TIMEOUT),
+                idle: limits.deadlines.idle.min(ADMIN_IDLE_TIMEOUT),
                 ..limits.deadlines
             },
+            evict: Some(Arc::new(Quiet::default())),
             ..limits.clone()
         };
         tokio::spawn(accept_loop(
@@ -693,6 +700,53 @@ async fn serve_on(
 /// How long an admin connection may take to send its request head, from accept.
 const ADMIN_HEAD_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How long an admin connection may stay idle between requests.
+const ADMIN_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a new admin connection at the cap waits for the one closed for it to let go.
+const EVICT_WAIT: Duration = Duration::from_millis(500);
+
+/// A listener's open connections in the order they were accepted, for closing the oldest
+/// that serves nothing when a new one arrives at the cap.
+#[derive(Default)]
+struct Quiet {
+    open: std::sync::Mutex<std::collections::BTreeMap<u64, Watch>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Quiet {
+    /// Lists `watch` until the returned guard is dropped.
+    fn enlist(self: &Arc<Self>, watch: Watch) -> Enlisted {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.lock().insert(id, watch);
+        Enlisted {
+            list: self.clone(),
+            id,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, Watch>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Closes the oldest connection that serves no request; whether there was one.
+    fn evict_oldest(&self) -> bool {
+        self.lock().values().any(Watch::evict_if_quiet)
+    }
+}
+
+/// One listed connection.
+struct Enlisted {
+    list: Arc<Quiet>,
+    id: u64,
+}
+
+impl Drop for Enlisted {
+    fn drop(&mut self) {
+        self.list.lock().remove(&self.id);
+    }
+}
+
 /// Connections the admin listener holds open at most: enough for probes, scrapes and an
 /// operator, and separate from `max_connections`.
 const ADMIN_MAX_CONNECTIONS: usize = 64;
@@ -706,6 +760,8 @@ struct ConnLimits {
     max_connections: usize,
     // Streams one h2 connection may have open at once.
     h2_max_streams: u32,
+    // At the cap, close the oldest connection serving nothing instead of the new one.
+    evict: Option<Arc<Quiet>>,
 }
 
 /// What a TLS listener's accept loops share: the acceptor (its key pair swapped by the
@@ -743,7 +799,12 @@ impl Handshakes {
             .await
             .map_err(|e| format!("TLS handshake: {e}"))?;
         drop(permit);
-        let cert = match (&self.authorities, tls.get_ref().1.peer_certificates()) {
+        // The preface comes encrypted, so the socket cannot see it: ALPN says.
+        let (io, session) = tls.get_ref();
+        if session.alpn_protocol() == Some(b"h2") {
+            io.watch().speaks_h2();
+        }
+        let cert = match (&self.authorities, session.peer_certificates()) {
             (Some(authorities), Some(chain)) => match authorities.identify(chain) {
                 Ok(cert) => Some(Arc::new(cert)),
                 Err(e) => {
@@ -817,7 +878,14 @@ async fn accept_loop<F, Fut>(
             },
             _ = stop.cancelled() => break,
         };
-        let Ok(permit) = open.clone().try_acquire_owned() else {
+        let mut permit = open.clone().try_acquire_owned().ok();
+        if permit.is_none() && limits.evict.as_ref().is_some_and(|q| q.evict_oldest()) {
+            permit = tokio::time::timeout(EVICT_WAIT, open.clone().acquire_owned())
+                .await
+                .ok()
+                .and_then(Result::ok);
+        }
+        let Some(permit) = permit else {
             // Closed at once: its file descriptor is back before the next accept.
             drop(stream);
             refused_since_log += 1;
@@ -834,6 +902,7 @@ async fn accept_loop<F, Fut>(
         let held = balance.as_ref().map(Balance::hold);
         let _ = stream.set_nodelay(true);
         let watch = Watch::accepted();
+        let enlisted = limits.evict.as_ref().map(|q| q.enlist(watch.clone()));
         let handler = handler.clone();
         let on_request = watch.clone();
         // The client certificate's identity, set once the handshake is done (before any
@@ -848,8 +917,9 @@ async fn accept_loop<F, Fut>(
             let serving = on_request.serving();
             async move {
                 let res = handler(req, peer).await;
-                drop(serving);
-                Ok::<_, Infallible>(res)
+                // Served until the answer's last frame is taken: an HTTP/2 stream still
+                // sending its answer keeps its connection from counting as idle.
+                Ok::<_, Infallible>(res.map(|b| crate::body::holding(b, serving)))
             }
         });
         let io = Watched::new(stream, watch.clone());
@@ -891,6 +961,7 @@ async fn accept_loop<F, Fut>(
                     tracing::info!(peer = %peer, send_timeout = ?deadlines.send, "connection closed: the client read nothing of its answer for send_timeout");
                 }
             }
+            drop(enlisted);
             drop(permit);
             drop(held);
         });

@@ -303,3 +303,112 @@ async fn memory_usage_per_record() {
         }
     }
 }
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Sets the uncompressed length that the one compressed record in `redis` declares (its
+/// envelope in clear: version, flags, headers length, headers, body length, zstd frame),
+/// and its frame if `frame` is given.
+fn declare_inflated_length(redis: &RedisServer, len: u32, frame: Option<&[u8]>) {
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let mut con = client
+        .get_connection_with_timeout(std::time::Duration::from_secs(5))
+        .unwrap();
+    let keys: Vec<Vec<u8>> = ::redis::cmd("KEYS")
+        .arg("idemgate:{*")
+        .query(&mut con)
+        .unwrap();
+    let mut tampered = 0;
+    for k in keys {
+        let kind: String = ::redis::cmd("TYPE").arg(&k).query(&mut con).unwrap();
+        if kind != "hash" {
+            continue;
+        }
+        let body: Option<Vec<u8>> = ::redis::cmd("HGET")
+            .arg(&k)
+            .arg("bd")
+            .query(&mut con)
+            .unwrap();
+        let Some(mut body) = body else { continue };
+        assert_eq!(body[1] & 0x01, 0, "in clear");
+        let hlen = u32::from_be_bytes(body[2..6].try_into().unwrap()) as usize;
+        let at = 6 + hlen;
+        body[at..at + 4].copy_from_slice(&len.to_be_bytes());
+        if let Some(frame) = frame {
+            body.truncate(at + 4);
+            body.extend_from_slice(frame);
+        }
+        let _: () = ::redis::cmd("HSET")
+            .arg(&k)
+            .arg("bd")
+            .arg(body)
+            .query(&mut con)
+            .unwrap();
+        tampered += 1;
+    }
+    assert_eq!(tampered, 1, "one recorded answer");
+}
+
+/// A record in clear altered in Redis: its compressed answer swapped for a frame of 256 MiB
+/// of zeros (a few KB) that declares those 256 MiB, more than any route or operator could
+/// have recorded. Each replay is 500 `record-unreadable` (never a second execution), the
+/// binary's RSS does not grow with it (with the declared length trusted, each replay
+/// inflated the 256 MiB and ended in a 503 store timeout), and other requests keep being
+/// answered. A frame that inflates beyond
+/// the length it declares is unreadable too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compressed_record_declaring_a_huge_inflated_size_is_unreadable_not_inflated() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let gate = Gate::start(
+        &up.url(),
+        &redis.url(),
+        &[("IDEMGATE_COMPRESS_MIN_BYTES", "1024")],
+    );
+    let c = client();
+    let url = gate.url("/v1/reports");
+    let first = post_url(&c, &url, Some("t-1"), "{}", &[(ANSWER_BYTES, "33000")]).await;
+    assert_eq!(first.status, 201);
+    let replay = post_url(&c, &url, Some("t-1"), "{}", &[]).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    let bomb = {
+        let mut z = zstd::stream::Encoder::new(Vec::new(), 19).unwrap();
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..256 {
+            std::io::Write::write_all(&mut z, &zeros).unwrap();
+        }
+        z.finish().unwrap()
+    };
+    assert!(bomb.len() < 64 * 1024, "{} bytes", bomb.len());
+    declare_inflated_length(&redis, 256 << 20, Some(&bomb));
+    let before = rss_kib(gate.pid());
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let r = post_url(&c, &url, Some("t-1"), "{}", &[]).await;
+        assert_eq!(r.status, 500, "{:?}", r.body);
+        assert!(
+            r.problem_type().ends_with("/record-unreadable"),
+            "{:?}",
+            r.body
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        let other = post_url(&c, &url, None, "{}", &[]).await;
+        assert_eq!(other.status, 201);
+    }
+    let grew = rss_kib(gate.pid()).saturating_sub(before);
+    assert!(grew < 64 * 1024, "RSS grew by {grew} KiB");
+    // Declaring less than the frame inflates to: unreadable as well.
+    declare_inflated_length(&redis, 1000, None);
+    let r = post_url(&c, &url, Some("t-1"), "{}", &[]).await;
+    assert_eq!(r.status, 500, "{:?}", r.body);
+    assert!(r.problem_type().ends_with("/record-unreadable"));
+    assert_eq!(up.hits(), 4, "t-1 once, and the three keyless requests");
+}

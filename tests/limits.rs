@@ -201,8 +201,10 @@ async fn an_h2_connection_has_at_most_h2_max_concurrent_streams_open() {
 
 /// 64 silent connections fill the admin listener's cap; they are closed after 1 s without a
 /// head, so the liveness probe gets in again at once (with the proxy's 10 s head deadline
-/// it was reset for 10 s). A flood that keeps reopening them can still take every slot:
-/// the manifests' NetworkPolicy is the other half (not shipped yet).
+/// it was reset for 10 s). A flood that keeps reopening them cannot keep a probe out either:
+/// at the cap the oldest connection serving nothing makes room (tests/overload.rs), and the
+/// manifests' NetworkPolicy (deploy/k8s/networkpolicy.yaml) admits only the scraper's pods
+/// to the admin port.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_admin_connections_keep_the_probe_out_for_at_most_a_second() {
     let up = Upstream::start().await;
@@ -494,63 +496,91 @@ async fn a_burst_beyond_max_in_flight_and_the_queue_is_refused_at_once_and_claim
     app.shutdown().await;
 }
 
+/// The embedded store's byte cap counts the room each claim reserves for its answer (the
+/// route's `max_response_bytes` plus 64 KiB for its head and upkeep) until the answer
+/// lands, and then only the record as kept. With room for three reservations, three slow
+/// requests run at once and a fourth new key gets 503 `store-unavailable`, not forwarded;
+/// once the three have landed, their unused room is back and forty more keys fit one after
+/// another; every executed key replays byte for byte, and none executes twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_embedded_store_is_bounded_in_bytes() {
     let up = Upstream::start().await;
-    let mut c = config(&up, &Backend::memory());
-    c.memory_max_bytes = 100 * 1024;
-    let app = spawn_app(c).await;
-    let client = client();
-    let size = "30000";
-    let mut statuses = Vec::new();
-    for i in 0..200 {
-        let key = format!("k-{i}");
-        let r = post(
-            &client,
-            &app,
-            "/v1/reports",
-            Some(&key),
-            "{}",
-            &[(ANSWER_BYTES, size)],
-        )
-        .await;
-        statuses.push(r.status);
-        if r.status == 503 {
-            assert_eq!(
-                r.problem_type(),
-                "https://idemgate.dev/problems/store-unavailable"
-            );
-            break;
-        }
+    // A reservation is 30,000 + 65,536 bytes and the record's upkeep: three fit, four not.
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[
+            ("IDEMGATE_MEMORY_MAX_BYTES", "307200"),
+            ("IDEMGATE_DEFAULTS__MAX_RESPONSE_BYTES", "30000"),
+        ],
+    );
+    let c = client();
+    let url = gate.url("/v1/reports");
+    let slow: Vec<_> = (0..3)
+        .map(|i| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move {
+                let key = format!("slow-{i}");
+                post_url(
+                    &c,
+                    &url,
+                    Some(&key),
+                    "{}",
+                    &[(DELAY_MS, "1500"), (ANSWER_BYTES, "20000")],
+                )
+                .await
+            })
+        })
+        .collect();
+    eventually(Duration::from_secs(5), "three at the upstream", || {
+        up.hits() == 3
+    })
+    .await;
+    let full = post_url(&c, &url, Some("fourth"), "{}", &[]).await;
+    assert_eq!(full.status, 503, "{:?}", full.body);
+    assert_eq!(
+        full.problem_type(),
+        "https://idemgate.dev/problems/store-unavailable"
+    );
+    let wait: u64 = full.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&wait), "Retry-After {wait}");
+    assert_eq!(up.hits(), 3, "refused before it was forwarded");
+    let metrics = http_get(gate.admin, "/metrics").unwrap_or_default();
+    assert!(
+        metrics.contains("idemgate_refused_total{class=\"protected\",reason=\"store_full\"} 1"),
+        "{metrics}"
+    );
+    for s in slow {
+        let a = s.await.unwrap();
+        assert_eq!(a.status, 201, "{:?}", a.body);
+        assert_eq!(a.body.len(), 20000);
     }
-    assert_eq!(statuses.last(), Some(&503), "never full: {statuses:?}");
-    let executed = up.hits();
-    // The first three answers fit and replay; the fourth did not fit and was kept
-    // without its body; none of them executes again.
-    for i in 0..executed {
-        let key = format!("k-{i}");
-        let r = post(
-            &client,
-            &app,
-            "/v1/reports",
-            Some(&key),
-            "{}",
-            &[(ANSWER_BYTES, size)],
-        )
-        .await;
-        if i < 3 {
-            assert!(r.replayed(), "k-{i}: {}", r.status);
-            assert_eq!(r.body.len(), 30000);
-        } else {
-            assert_eq!(r.status, 409, "k-{i}");
-            assert_eq!(
-                r.problem_type(),
-                "https://idemgate.dev/problems/response-not-stored"
-            );
-        }
+    for i in 0..40 {
+        let a = post_url(&c, &url, Some(&format!("small-{i}")), "{}", &[]).await;
+        assert_eq!((a.status, a.replayed()), (201, false), "small-{i}");
     }
-    assert_eq!(up.hits(), executed);
-    app.shutdown().await;
+    let fourth = post_url(&c, &url, Some("fourth"), "{}", &[]).await;
+    assert_eq!((fourth.status, fourth.replayed()), (201, false));
+    assert_eq!(up.hits(), 44);
+    for i in 0..3 {
+        let key = format!("slow-{i}");
+        let r = post_url(&c, &url, Some(&key), "{}", &[(ANSWER_BYTES, "20000")]).await;
+        assert!(r.replayed(), "{key}: {}", r.status);
+        assert_eq!(r.body.len(), 20000);
+        assert!(r
+            .body
+            .iter()
+            .enumerate()
+            .all(|(i, b)| *b == big_answer_byte(i as u64)));
+    }
+    for key in (0..40)
+        .map(|i| format!("small-{i}"))
+        .chain(["fourth".into()])
+    {
+        let r = post_url(&c, &url, Some(&key), "{}", &[]).await;
+        assert!(r.replayed(), "{key}: {}", r.status);
+    }
+    assert_eq!(up.hits(), 44, "nothing executed twice");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -761,4 +791,46 @@ async fn large_answers_on_redis_do_not_hold_up_other_keys() {
         pct(0.99),
         latencies.last().unwrap()
     );
+}
+
+/// Below one answer's reservation (the largest `max_response_bytes` of any route plus 64
+/// KiB), every new key on the embedded store would get 503 forever: start-up refuses it
+/// with exit 64, naming both settings.
+#[test]
+fn memory_max_bytes_below_one_reservation_stops_start_up() {
+    for (env, names) in [
+        (
+            vec![("IDEMGATE_MEMORY_MAX_BYTES", "102400")],
+            "defaults.max_response_bytes",
+        ),
+        (
+            vec![
+                ("IDEMGATE_MEMORY_MAX_BYTES", "102400"),
+                ("IDEMGATE_DEFAULTS__MAX_RESPONSE_BYTES", "20000"),
+                (
+                    "IDEMGATE_ROUTES",
+                    r#"[{path = "/a"}, {path = "/b", max_response_bytes = 50000}]"#,
+                ),
+            ],
+            "routes[1].max_response_bytes",
+        ),
+    ] {
+        let mut env = env;
+        env.push(("IDEMGATE_UPSTREAM", "http://127.0.0.1:9"));
+        let (code, err) = start_up_failure(&env);
+        assert_eq!(code, Some(64), "{err}");
+        assert!(err.contains("memory_max_bytes"), "{err}");
+        assert!(err.contains(names), "{err}");
+    }
+    // One reservation fits: it starts (and is stopped here).
+    let up = "http://127.0.0.1:9";
+    let gate = Gate::start(
+        up,
+        "",
+        &[
+            ("IDEMGATE_MEMORY_MAX_BYTES", "102400"),
+            ("IDEMGATE_DEFAULTS__MAX_RESPONSE_BYTES", "30000"),
+        ],
+    );
+    drop(gate);
 }

@@ -161,3 +161,58 @@ async fn listing_walks_every_record_in_bounded_pages(backend: Backend) {
     assert_eq!(status, 400);
     app.shutdown().await;
 }
+
+/// Through the binary's admin API: `complete` with a framing or hop-by-hop header is
+/// refused with 400 naming it, and the record stays `unknown`; completed without them, the
+/// replays carry the length of the body they send (a stored `Content-Length: 999` once
+/// declared 999 bytes for an 8-byte body).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn complete_refuses_framing_headers_by_name_through_the_binary() {
+    let up = Upstream::start().await;
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", "300ms")],
+    );
+    let c = client();
+    let url = gate.url("/v1/pay");
+    let lost = post_url(&c, &url, Some("f-1"), PAYMENT, &[(FAULT, "hang")]).await;
+    assert_eq!(lost.status, 504);
+    let id = lost.json()["record_id"].as_str().unwrap().to_string();
+    let complete = gate.admin_url(&format!("/records/{id}/complete"));
+    for name in ["content-length", "Transfer-Encoding", "connection"] {
+        let outcome = json!({
+            "status": 201,
+            "headers": {name: "999", "content-type": "application/json"},
+            "body": "{\"ok\":1}"
+        });
+        let res = c.post(&complete).json(&outcome).send().await.unwrap();
+        assert_eq!(res.status().as_u16(), 400, "{name}");
+        let text = res.text().await.unwrap();
+        assert!(text.contains(name), "{name}: {text}");
+    }
+    let (status, view) = admin_json(
+        &c,
+        reqwest::Method::GET,
+        gate.admin_url(&format!("/records/{id}")),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, view["state"].as_str()),
+        (200, Some("unknown")),
+        "{view}"
+    );
+    let outcome = json!({
+        "status": 201,
+        "headers": {"content-type": "application/json"},
+        "body": "{\"ok\":1}"
+    });
+    let res = c.post(&complete).json(&outcome).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    let retry = post_url(&c, &url, Some("f-1"), PAYMENT, &[]).await;
+    assert!(retry.replayed());
+    assert_eq!(&retry.body[..], b"{\"ok\":1}");
+    assert_eq!(retry.header("content-length"), Some("8"));
+    assert_eq!(up.hits(), 1);
+}

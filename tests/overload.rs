@@ -86,7 +86,10 @@ async fn requests_beyond_max_in_flight_wait_their_turn_and_beyond_the_queue_are_
     assert_eq!(up.hits(), 5);
     let m = metrics(&gate);
     assert_eq!(
-        metric(&m, "idemgate_refused_total{reason=\"queue_full\"}"),
+        metric(
+            &m,
+            "idemgate_refused_total{class=\"protected\",reason=\"queue_full\"}"
+        ),
         1.0
     );
     assert_eq!(metric(&m, "idemgate_queued{class=\"protected\"}"), 0.0);
@@ -133,26 +136,45 @@ async fn a_queued_request_waits_at_most_queue_timeout_and_claims_nothing() {
     assert_eq!(
         metric(
             &metrics(&gate),
-            "idemgate_refused_total{reason=\"queue_timeout\"}"
+            "idemgate_refused_total{class=\"protected\",reason=\"queue_timeout\"}"
         ),
         1.0
     );
 }
 
-/// Opens `n` connections that each send a protected request's head and then one body byte
-/// a second.
-fn slow_bodies(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+/// Opens `n` connections that each send a protected request's head declaring a body of
+/// `len` bytes, and its first byte.
+fn slow_bodies_of(addr: SocketAddr, n: usize, len: usize) -> Vec<TcpStream> {
     (0..n)
         .map(|i| {
             let mut s = TcpStream::connect(addr).unwrap();
             write!(
                 s,
-                "POST /v1/transfers HTTP/1.1\r\nHost: x\r\nIdempotency-Key: slow-{i}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+                "POST /v1/transfers HTTP/1.1\r\nHost: x\r\nIdempotency-Key: slow-{i}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n\r\n{{"
             )
             .unwrap();
             s
         })
         .collect()
+}
+
+/// Opens `n` connections that each send a protected request's head and then one body byte
+/// a second.
+fn slow_bodies(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+    slow_bodies_of(addr, n, 100)
+}
+
+/// Sends one more body byte on each of `slow`, once a second, `seconds` times.
+fn trickle(mut slow: Vec<TcpStream>, seconds: usize) -> std::thread::JoinHandle<Vec<TcpStream>> {
+    std::thread::spawn(move || {
+        for _ in 0..seconds {
+            std::thread::sleep(Duration::from_secs(1));
+            for s in &mut slow {
+                let _ = s.write_all(b" ");
+            }
+        }
+        slow
+    })
 }
 
 /// A victim's keyed POST, answered within 1 s, five times over 2.5 s.
@@ -177,19 +199,39 @@ async fn slow_bodies_hold_no_slot() {
     // The Kubernetes ConfigMap's value.
     let gate = Gate::start(&up.url(), "", &[("IDEMGATE_MAX_IN_FLIGHT", "32")]);
     let addr = gate.addr;
-    let mut slow = tokio::task::spawn_blocking(move || slow_bodies(addr, 40))
+    let slow = tokio::task::spawn_blocking(move || slow_bodies(addr, 40))
         .await
         .unwrap();
-    let trickle = std::thread::spawn(move || {
-        for _ in 0..4 {
-            std::thread::sleep(Duration::from_secs(1));
-            for s in &mut slow {
-                let _ = s.write_all(b" ");
-            }
-        }
-        slow
-    });
+    let trickle = trickle(slow, 4);
     victim_is_answered(&client(), &gate.url("/v1/transfers"), "h1").await;
+    drop(trickle.join().unwrap());
+}
+
+/// 80 clients each declare a 1 MiB body (`max_body_bytes`) and send a byte a second, under
+/// the default `max_buffered_bytes` (64 MiB). A body's bytes count against the budget as
+/// they arrive: when the declared length was taken up front, these held 80 MiB of a budget
+/// they had sent 80 bytes of, and every other protected request got 503 `buffers_full`
+/// until their `body_read_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_declaring_large_lengths_hold_only_what_arrived() {
+    let up = Upstream::start().await;
+    let gate = Gate::start(&up.url(), "", &[]);
+    let addr = gate.addr;
+    let slow = tokio::task::spawn_blocking(move || slow_bodies_of(addr, 80, 1024 * 1024))
+        .await
+        .unwrap();
+    let trickle = trickle(slow, 4);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    victim_is_answered(&client(), &gate.url("/v1/transfers"), "declared").await;
+    let m = metrics(&gate);
+    assert_eq!(
+        metric(
+            &m,
+            "idemgate_refused_total{class=\"protected\",reason=\"buffers_full\"}"
+        ),
+        0.0
+    );
+    assert!(metric(&m, "idemgate_buffered_bytes") < 1024.0 * 1024.0);
     drop(trickle.join().unwrap());
 }
 
@@ -600,4 +642,147 @@ async fn short_retention_on_redis_and_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let gate = Gate::start_on_disk(&up.url(), dir.path(), &env);
     short_retention_on(&gate, &up).await;
+}
+
+/// One admin probe over a new connection: its status line, and how long the answer took.
+async fn probe(admin: SocketAddr, path: &str) -> (String, Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let started = Instant::now();
+    let answer = async {
+        let mut s = tokio::net::TcpStream::connect(admin).await.ok()?;
+        let head = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+        s.write_all(head.as_bytes()).await.ok()?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.ok()?;
+        Some(String::from_utf8_lossy(&out).lines().next()?.to_string())
+    };
+    let line = tokio::time::timeout(Duration::from_secs(5), answer)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    (line, started.elapsed())
+}
+
+/// 200 silent connections that reopen as soon as they are closed, and 200 keep-alive ones
+/// that each made one `/healthz` and then stay idle (reopening too), against the admin
+/// listener's 64 connections: every `/healthz` and `/readyz` is answered within 1.5 s. At
+/// the cap, the oldest admin connection that serves nothing is closed to make room; before,
+/// a new connection was the one closed, and the idle ones held their places for the
+/// proxy's `idle_timeout` (75 s), so a probe got a reset throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn probes_are_answered_whatever_other_admin_connections_do() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = Upstream::start().await;
+    let gate = Gate::start(&up.url(), "", &[]);
+    let admin = gate.admin;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut flood = Vec::new();
+    for i in 0..400 {
+        let stop = stop.clone();
+        flood.push(tokio::spawn(async move {
+            let idle = i % 2 == 0;
+            while !stop.is_cancelled() {
+                let Ok(mut s) = tokio::net::TcpStream::connect(admin).await else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                if idle {
+                    let _ = s
+                        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+                        .await;
+                }
+                // Until idemgate closes it (the first read is the answer, if one comes).
+                let mut buf = [0u8; 1024];
+                loop {
+                    tokio::select! {
+                        r = s.read(&mut buf) => if !matches!(r, Ok(n) if n > 0) { break },
+                        _ = stop.cancelled() => return,
+                    }
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for round in 0..10 {
+        for path in ["/healthz", "/readyz"] {
+            let (line, took) = probe(admin, path).await;
+            assert!(
+                line.starts_with("HTTP/1.1 200"),
+                "{path} (round {round}): {line:?} after {took:?}"
+            );
+            assert!(took < Duration::from_millis(1500), "{path}: {took:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    stop.cancel();
+    for f in flood {
+        let _ = f.await;
+    }
+}
+
+/// An HTTP/2 client that pings every 0.9 s: its connection is closed `idle_timeout` after
+/// its last stream (and, with no stream at all, after its preface), not kept for
+/// `header_read_timeout` as if each PING began a request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_pings_do_not_keep_an_idle_connection_open() {
+    let up = Upstream::start().await;
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[
+            ("IDEMGATE_IDLE_TIMEOUT", "1s"),
+            ("IDEMGATE_HEADER_READ_TIMEOUT", "30s"),
+        ],
+    );
+    let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .timer(hyper_util::rt::TokioTimer::new())
+            .keep_alive_interval(Duration::from_millis(900))
+            .keep_alive_timeout(Duration::from_secs(20))
+            .keep_alive_while_idle(true)
+            .handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let req = hyper::Request::post(format!("http://{}/v1/transfers", gate.addr))
+        .header("idempotency-key", "h2-ping")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    let res = send.send_request(req).await.unwrap();
+    assert_eq!(res.status(), 201);
+    drop(
+        http_body_util::BodyExt::collect(res.into_body())
+            .await
+            .unwrap(),
+    );
+    let idle = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), conn)
+        .await
+        .expect("closed within 5 s of its last stream")
+        .unwrap()
+        .ok();
+    let took = idle.elapsed();
+    assert!(took >= Duration::from_millis(900), "{took:?}");
+    assert!(send.is_closed());
+
+    // A connection that never opens a stream: its preface, then only PINGs.
+    let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
+    let started = Instant::now();
+    let (_send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .timer(hyper_util::rt::TokioTimer::new())
+            .keep_alive_interval(Duration::from_millis(900))
+            .keep_alive_timeout(Duration::from_secs(20))
+            .keep_alive_while_idle(true)
+            .handshake::<_, http_body_util::Full<Bytes>>(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), conn)
+        .await
+        .expect("closed within 5 s of its preface")
+        .ok();
+    assert!(started.elapsed() >= Duration::from_millis(900));
 }

@@ -240,3 +240,63 @@ async fn sigterm_drains_the_requests_of_every_thread() {
     }
     assert_eq!(up.hits(), 12);
 }
+
+/// With four serving threads, each with its own upstream pool, the idle pass-through
+/// connections of all of them stay within the pass-through share
+/// (`max_upstream_connections - max_in_flight`, 8 here): bursts of 8 pass-through
+/// requests, each on a client connection of its own that stays open (so the next lands on
+/// another thread), left 8 idle connections per thread, 32 in all, when each pool could
+/// keep the whole share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_idle_upstream_connections_of_all_threads_stay_within_the_share() {
+    let up = Upstream::start().await;
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[
+            ("IDEMGATE_WORKER_THREADS", "4"),
+            ("IDEMGATE_MAX_IN_FLIGHT", "1"),
+            ("IDEMGATE_MAX_UPSTREAM_CONNECTIONS", "9"),
+            ("IDEMGATE_MAX_QUEUED", "64"),
+            ("IDEMGATE_QUEUE_TIMEOUT", "10s"),
+        ],
+    );
+    let mut held = Vec::new();
+    for round in 0..4 {
+        let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
+        let (send, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(tcp),
+        )
+        .await
+        .unwrap();
+        let conn = tokio::spawn(conn);
+        let requests: Vec<_> = (0..8)
+            .map(|i| {
+                let mut send = send.clone();
+                let req = hyper::Request::get(format!("http://{}/v1/items/{round}-{i}", gate.addr))
+                    .header(DELAY_MS, "300")
+                    .body(http_body_util::Empty::<bytes::Bytes>::new())
+                    .unwrap();
+                tokio::spawn(async move {
+                    let res = send.send_request(req).await.unwrap();
+                    let status = res.status().as_u16();
+                    http_body_util::BodyExt::collect(res.into_body())
+                        .await
+                        .unwrap();
+                    status
+                })
+            })
+            .collect();
+        for r in requests {
+            assert_eq!(r.await.unwrap(), 201);
+        }
+        held.push((send, conn));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let open = up.open_connections();
+    assert!(open <= 8, "{open} upstream connections open, all idle");
+    assert!(up.hits() == 32);
+    drop(held);
+}

@@ -246,6 +246,8 @@ pub struct Upstream {
     // Requests being answered now, and the most there ever were at once.
     in_flight: Arc<AtomicUsize>,
     most_in_flight: Arc<AtomicUsize>,
+    // Connections open now.
+    open: Arc<AtomicUsize>,
 }
 
 impl Upstream {
@@ -286,6 +288,7 @@ impl Upstream {
             restarts: Arc::new(tokio::sync::watch::channel(0).0),
             in_flight: Arc::default(),
             most_in_flight: Arc::default(),
+            open: Arc::default(),
         };
         let state = up.clone();
         tokio::spawn(async move {
@@ -295,7 +298,10 @@ impl Upstream {
                 };
                 let state = state.clone();
                 let mut restarts = state.restarts.subscribe();
+                state.open.fetch_add(1, Ordering::SeqCst);
+                let open = OpenConnection(state.open.clone());
                 tokio::spawn(async move {
+                    let _open = open;
                     let svc = service_fn(move |req| {
                         let state = state.clone();
                         async move { Ok::<_, Infallible>(state.answer(req).await) }
@@ -394,6 +400,11 @@ impl Upstream {
         self.hits.load(Ordering::SeqCst)
     }
 
+    /// Connections to it open now.
+    pub fn open_connections(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
+    }
+
     pub fn set_delay(&self, d: Duration) {
         self.delay_ms.store(d.as_millis() as u64, Ordering::SeqCst);
     }
@@ -408,6 +419,15 @@ impl Upstream {
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+}
+
+/// Counts one of the fake upstream's connections until dropped.
+struct OpenConnection(Arc<AtomicUsize>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
