@@ -104,6 +104,10 @@ struct LabArgs {
     /// checks that idemgate's duplicates let through equal the auditor's double transfers.
     #[arg(long, value_name = "MODE", default_value = "enforce", value_parser = ["enforce", "observe"])]
     mode: String,
+    /// The whole day over TLS, with certificates made for the run: clients to idemgate's
+    /// TLS listener (and to the bank in the direct run), idemgate to an HTTPS bank.
+    #[arg(long)]
+    tls: bool,
 }
 
 /// Flags that override the file and the environment. Their defaults are the
@@ -257,6 +261,7 @@ fn lab(args: LabArgs) -> ExitCode {
         redis_url: args.redis_url,
         progress: !args.json,
         observe: args.mode == "observe",
+        tls: args.tls,
         ..idemgate::lab::LabOptions::default()
     };
     match rt.block_on(idemgate::lab::run_lab(opts)) {

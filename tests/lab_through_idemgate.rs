@@ -37,6 +37,29 @@ async fn through_idemgate_nothing_moves_twice() {
     );
 }
 
+/// `idemgate lab --tls`: the same day end to end over TLS (clients to idemgate's TLS
+/// listener, idemgate to an HTTPS bank, certificates made for the run) moves nothing twice.
+/// The bank speaks TLS only, so any part that did not would get no answer and leave
+/// intents unresolved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_nothing_moves_twice() {
+    let opts = LabOptions {
+        tls: true,
+        ..LabOptions::small()
+    };
+    let report = run_lab(opts).await.expect("lab runs");
+    let table = report.table();
+    assert_eq!(report.direct.label, "direct (TLS)", "{table}");
+    assert_eq!(report.idemgate.label, "idemgate (embedded, TLS)", "{table}");
+    assert!(report.direct.audit.double_transfers > 0, "{table}");
+    assert_eq!(report.idemgate.audit.double_transfers, 0, "{table}");
+    assert_eq!(report.idemgate.audit.balance_mismatches, 0, "{table}");
+    assert!(report.idemgate.clients.replays > 0, "{table}");
+    assert_eq!(report.idemgate.clients.unresolved, 0, "{table}");
+    assert_eq!(report.direct.clients.unresolved, 0, "{table}");
+    assert!(report.passed(), "{table}");
+}
+
 mod common;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

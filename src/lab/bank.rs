@@ -386,6 +386,17 @@ pub async fn serve(
     bank: Bank,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    serve_tls(listener, bank, None, shutdown).await
+}
+
+/// As [`serve`], over TLS when `tls` is given (`idemgate lab --tls`): TLS only, a client
+/// that does not speak it gets no answer.
+pub async fn serve_tls(
+    listener: TcpListener,
+    bank: Bank,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(());
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
@@ -404,7 +415,21 @@ pub async fn serve(
                 };
                 let bank = bank.clone();
                 let mut stop = stop_rx.clone();
+                let tls = tls.clone();
                 connections.spawn(async move {
+                    let stream = match tls {
+                        None => tokio_util::either::Either::Left(stream),
+                        Some(tls) => {
+                            match tokio::time::timeout(HEADER_READ_TIMEOUT, tls.accept(stream)).await {
+                                Ok(Ok(stream)) => tokio_util::either::Either::Right(stream),
+                                Ok(Err(err)) => {
+                                    tracing::debug!(error = %err, "bank: TLS handshake failed");
+                                    return;
+                                }
+                                Err(_) => return,
+                            }
+                        }
+                    };
                     let service = service_fn(move |req| {
                         let bank = bank.clone();
                         async move { Ok::<_, Infallible>(bank.handle(req).await) }

@@ -21,6 +21,7 @@ pub mod auditor;
 pub mod bank;
 pub mod observe;
 pub mod report;
+mod tls;
 mod tracked;
 pub mod traffic;
 
@@ -59,6 +60,9 @@ pub struct LabOptions {
     pub bank: BankOptions,
     /// Run the idemgate column with the route in `mode = "observe"`.
     pub observe: bool,
+    /// The whole day over TLS: clients to idemgate's TLS listener (and to the bank in the
+    /// direct run), idemgate to an HTTPS bank, with certificates made for the run.
+    pub tls: bool,
 }
 
 impl Default for LabOptions {
@@ -73,6 +77,7 @@ impl Default for LabOptions {
             client_timeout: Duration::from_millis(100),
             bank: BankOptions::default(),
             observe: false,
+            tls: false,
         }
     }
 }
@@ -147,19 +152,32 @@ async fn run_day(
     through: Through,
 ) -> Result<RunFigures, LabError> {
     let bank = Bank::new(opts.bank.clone(), plan.opening.clone());
+    let pki = if opts.tls {
+        Some(tls::LabPki::new().map_err(LabError::Proxy)?)
+    } else {
+        None
+    };
     let listener = TcpListener::bind(("127.0.0.1", 0))
         .await
         .map_err(LabError::Bind)?;
     let bank_addr = listener.local_addr().map_err(LabError::Bind)?;
     let (stop_bank, bank_stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(bank::serve(listener, bank.clone(), async {
+    let acceptor = pki.as_ref().map(|p| p.acceptor.clone());
+    let server = tokio::spawn(bank::serve_tls(listener, bank.clone(), acceptor, async {
         let _ = bank_stopped.await;
     }));
 
     let (label, target, proxy) = match through {
         Through::Direct => ("direct", bank_addr, None),
         Through::Idemgate(label) => {
-            match start_idemgate(bank_addr, opts.redis_url.clone(), opts.observe).await {
+            match start_idemgate(
+                bank_addr,
+                opts.redis_url.clone(),
+                opts.observe,
+                pki.as_ref(),
+            )
+            .await
+            {
                 Ok((addr, handle)) => (label, addr, Some(handle)),
                 Err(err) => {
                     let _ = stop_bank.send(());
@@ -178,7 +196,14 @@ async fn run_day(
         in_progress_wait_cap: Duration::from_millis(100),
         max_attempts: 10,
         concurrency: opts.concurrency,
+        tls: pki.as_ref().map(|p| p.client.clone()),
     };
+    let label = match (label, opts.tls) {
+        (label, false) => label.to_owned(),
+        ("direct", true) => "direct (TLS)".to_owned(),
+        (label, true) => format!("{}, TLS)", label.trim_end_matches(')')),
+    };
+    let label = label.as_str();
     let progress = progress_bar(opts.progress, plan.intents.len() as u64, label);
     let started = Instant::now();
     let clients = traffic::replay(plan, &client, &progress).await;
@@ -252,8 +277,15 @@ async fn start_idemgate(
     upstream: SocketAddr,
     redis_url: Option<String>,
     observe: bool,
+    pki: Option<&tls::LabPki>,
 ) -> Result<(SocketAddr, (crate::Running, Arc<tracked::Tracked>)), String> {
-    let mut config = crate::Config::for_upstream(&format!("http://{upstream}"));
+    let scheme = if pki.is_some() { "https" } else { "http" };
+    let mut config = crate::Config::for_upstream(&format!("{scheme}://{upstream}"));
+    if let Some(pki) = pki {
+        config.upstream_tls_ca_file = Some(pki.ca_file());
+        config.tls_cert_file = Some(pki.cert_file());
+        config.tls_key_file = Some(pki.key_file());
+    }
     if observe {
         // Where the lab reads what idemgate let through (loopback, no token needed).
         config.admin_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));

@@ -223,6 +223,9 @@ pub struct LabClient {
     pub max_attempts: u32,
     /// Worker tasks, each sending one intent at a time.
     pub concurrency: usize,
+    /// Over TLS, trusting this configuration's roots (`idemgate lab --tls`); else plain
+    /// HTTP.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// What the clients saw during one run.
@@ -328,7 +331,7 @@ enum Final {
     GaveUp,
 }
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 struct Run<'a> {
     client: HttpClient,
@@ -341,6 +344,25 @@ pub async fn replay(plan: &DayPlan, opts: &LabClient, progress: &ProgressBar) ->
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(opts.patient_timeout));
     connector.set_nodelay(true);
+    connector.enforce_http(false);
+    let builder = hyper_rustls::HttpsConnectorBuilder::new();
+    let connector = match &opts.tls {
+        Some(tls) => builder
+            .with_tls_config((**tls).clone())
+            .https_only()
+            .enable_http1()
+            .wrap_connector(connector),
+        // Plain HTTP: the TLS side is never used.
+        None => builder
+            .with_tls_config(
+                rustls::ClientConfig::builder()
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth(),
+            )
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector),
+    };
     let client = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(10))
         .pool_max_idle_per_host(opts.concurrency.max(1) * 2)
@@ -464,7 +486,12 @@ impl Run<'_> {
     }
 
     async fn attempt(&self, key: &str, body: &Bytes, deadline: Duration) -> Answer {
-        let uri = format!("http://{}/transfers", self.opts.target);
+        let scheme = if self.opts.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let uri = format!("{scheme}://{}/transfers", self.opts.target);
         let request = Request::builder()
             .method(Method::POST)
             .uri(uri)
@@ -550,8 +577,16 @@ impl Run<'_> {
             body.len()
         );
         let write = async {
-            let mut stream = TcpStream::connect(self.opts.target).await?;
+            let stream = TcpStream::connect(self.opts.target).await?;
             stream.set_nodelay(true)?;
+            let mut stream = match &self.opts.tls {
+                None => tokio_util::either::Either::Left(stream),
+                Some(tls) => {
+                    let name = rustls::pki_types::ServerName::from(self.opts.target.ip());
+                    let tls = tokio_rustls::TlsConnector::from(tls.clone());
+                    tokio_util::either::Either::Right(tls.connect(name, stream).await?)
+                }
+            };
             stream.write_all(head.as_bytes()).await?;
             stream.write_all(body).await?;
             stream.flush().await?;
