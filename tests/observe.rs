@@ -633,6 +633,11 @@ async fn a_frozen_store_delays_about_one_observed_request_a_second() {
     // One trial a second after the breaker opened, each at most store_timeout (plus the
     // forward itself).
     let trials = elapsed.as_secs() as usize + 1;
+    eprintln!(
+        "{} requests in {elapsed:?}, {} waited on the store, {added:?} added in all",
+        took.len(),
+        slow.len()
+    );
     assert!(
         slow.len() <= trials,
         "{} of {} requests waited on the store in {elapsed:?}: {slow:?}",
