@@ -425,7 +425,12 @@ impl Proxy {
                 );
             }
             let res = self.pass_through(req.map(body::boxed), peer, timeout).await;
-            let outcome = if keyed {
+            let outcome = if keyed && policy.mode == Mode::Observe {
+                // Enforcing would forward it unprotected too: counted as observe mode counts.
+                let route = policy.route.as_deref().unwrap_or("default");
+                self.observed(route, "unprotected", None, false);
+                Outcome::Observed
+            } else if keyed {
                 Outcome::Unprotected
             } else {
                 Outcome::Passthrough
@@ -1114,13 +1119,15 @@ impl Proxy {
             drop(slot);
             forward_as_is!(request, "store_unavailable", Some(id), false)
         }
-        // A store that just failed is not asked again for a second: during an outage an
-        // observed request waits at most one `store_timeout` a second, not each.
-        if self.shared.store_failing.is_failing() {
+        // A store that just failed is not asked again for a second, then by one request at
+        // a time until it answers: during an outage about one observed request a second
+        // waits on it (at most `store_timeout`), not each.
+        let store_timeout = self.shared.settings.config.store_timeout;
+        if self.shared.store_failing.skip(store_timeout) {
             drop(slot);
             forward_as_is!(request, "store_unavailable", Some(id), false)
         }
-        let mut claim = new_claim(id, fp, &policy, self.shared.settings.config.store_timeout);
+        let mut claim = new_claim(id, fp, &policy, store_timeout);
         let pending = PendingClaim {
             shared: &self.shared,
             id,
@@ -1133,6 +1140,12 @@ impl Proxy {
             .await;
         drop(decoded);
         pending.disarm();
+        match &found {
+            Err(StoreError::Full(_) | StoreError::Unreadable(_)) | Ok(_) => {
+                self.shared.store_failing.answered()
+            }
+            Err(_) => self.shared.store_failing.failed(),
+        }
         let (would, duplicate) = match &found {
             Ok(Claim::Claimed) => {
                 self.observed(route, "execute", Some(id), false);
@@ -1155,6 +1168,11 @@ impl Proxy {
             // The same record (same key, tenant, method and path) with another request: if it
             // runs, it is that record's second execution too.
             Ok(Claim::Mismatch) => ("mismatch", true),
+            // This instance's own claim, never forwarded, still being taken back: enforcing
+            // answers 503 `store-unavailable` (retry), not `outcome-unknown`.
+            Ok(Claim::Unknown) if self.shared.releases.is_pending(&id) => {
+                ("store_unavailable", true)
+            }
             Ok(Claim::Unknown) => ("unknown", true),
             Ok(Claim::NotKept { .. }) => ("response_not_stored", true),
             // Nothing was created (a claim of this very owner was taken back): as a store
@@ -1163,7 +1181,6 @@ impl Proxy {
             Err(StoreError::Unreadable(_)) => ("record_unreadable", true),
             Err(e) => {
                 if !matches!(e, StoreError::Full(_)) {
-                    self.shared.store_failing.failed();
                     release_in_background(&self.shared, id, claim.owner.clone(), claim.retention);
                 }
                 ("store_unavailable", false)
@@ -1958,21 +1975,56 @@ fn replay(stored: StoredResponse) -> Response<Body> {
     res
 }
 
-/// Whether the store failed within the last second.
+/// Observe mode's view of the store after a failure: not asked at all for a second, then
+/// asked by one request at a time (the others go on without it) until one gets an answer.
+/// During an outage, observed requests that wait on the store are about one a second.
 #[derive(Default)]
-struct Breaker(std::sync::atomic::AtomicU64);
+struct Breaker {
+    // `process_ms` of the last failure; 0 once the store answered again.
+    failed_at: std::sync::atomic::AtomicU64,
+    // `process_ms` at which the request now trying the store began; 0 for none.
+    trying: std::sync::atomic::AtomicU64,
+}
 
 impl Breaker {
-    fn failed(&self) {
-        self.0.store(
-            crate::admission::process_ms(),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+    /// Whether this request should go on without asking the store. While the store is
+    /// healthy, one atomic load.
+    fn skip(&self, store_timeout: Duration) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let at = self.failed_at.load(Relaxed);
+        if at == 0 {
+            return false;
+        }
+        let now = crate::admission::process_ms().max(1);
+        if now.saturating_sub(at) < 1000 {
+            return true;
+        }
+        // A trial still within its claim's deadline (two round trips at most) is waited
+        // for; one whose request was dropped is not.
+        let trying = self.trying.load(Relaxed);
+        let budget = u64::try_from(store_timeout.as_millis()).unwrap_or(u64::MAX);
+        if trying != 0 && now.saturating_sub(trying) <= budget.saturating_mul(2) {
+            return true;
+        }
+        self.trying
+            .compare_exchange(trying, now, Relaxed, Relaxed)
+            .is_err()
     }
 
-    fn is_failing(&self) -> bool {
-        let at = self.0.load(std::sync::atomic::Ordering::Relaxed);
-        at != 0 && crate::admission::process_ms().saturating_sub(at) < 1000
+    fn failed(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.failed_at
+            .store(crate::admission::process_ms().max(1), Relaxed);
+        self.trying.store(0, Relaxed);
+    }
+
+    /// The store answered: asked by every request again.
+    fn answered(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.failed_at.load(Relaxed) != 0 {
+            self.failed_at.store(0, Relaxed);
+            self.trying.store(0, Relaxed);
+        }
     }
 }
 

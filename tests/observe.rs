@@ -147,40 +147,6 @@ async fn observe_forwards_when_the_store_is_down_without_waiting_on_it_each_time
     assert_eq!(o["routes"][0]["would"]["store_unavailable"], 20, "{o}");
 }
 
-/// Back to observe after enforcing: a record held in progress or unknown refuses nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn back_in_observe_mode_held_records_refuse_nothing() {
-    let redis = RedisServer::start();
-    let up = Upstream::start().await;
-    let enforce = Gate::start(
-        &up.url(),
-        &redis.url(),
-        &[
-            ("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", "1s"),
-            ("IDEMGATE_DEFAULTS__LEASE", "1s"),
-        ],
-    );
-    let c = client();
-    // A hung upstream: the key is held (504, then unknown once the lease runs out).
-    let hung = post_url(
-        &c,
-        &enforce.url("/v1/transfers"),
-        Some("held"),
-        "{}",
-        &[(FAULT, "hang")],
-    )
-    .await;
-    assert_eq!(hung.status, 504);
-    let refused = post_url(&c, &enforce.url("/v1/transfers"), Some("held"), "{}", &[]).await;
-    assert_eq!(refused.status, 409);
-    let observe = Gate::start(&up.url(), &redis.url(), &OBSERVE);
-    let a = post_url(&c, &observe.url("/v1/transfers"), Some("held"), "{}", &[]).await;
-    assert_eq!(a.status, 201, "{:?}", a.body);
-    let o = observe_json(&observe);
-    let would = &o["routes"][0]["would"];
-    assert!(would["unknown"] == 1 || would["in_progress"] == 1, "{o}");
-}
-
 /// What enforcing refuses for an unseen method override is forwarded and counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observe_forwards_an_unseen_method_override() {
@@ -246,4 +212,621 @@ async fn observe_forwards_paths_that_enforcing_refuses() {
         assert_eq!(a.headers()["idemgate-error"], "invalid-path", "{path}");
     }
     assert_eq!(up.hits(), 0);
+}
+
+/// `GET /observe` with a token of `token`, status and body.
+async fn observe_with(gate: &Gate, token: Option<&str>) -> (u16, String) {
+    let mut req = client().get(gate.admin_url("/observe"));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let res = req.send().await.unwrap();
+    (res.status().as_u16(), res.text().await.unwrap())
+}
+
+/// A route of `o`'s `routes` by its label.
+fn route<'a>(o: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    o["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["route"] == name)
+        .unwrap_or_else(|| panic!("no route {name} in {o}"))
+}
+
+/// `POST /records/lookup` on the admin listener: the state of a request's record (`null`
+/// for none).
+async fn record_state(gate: &Gate, path: &str, key: &str) -> serde_json::Value {
+    let lookup = serde_json::json!({"method": "POST", "path": path, "key": key, "headers": {}});
+    let r = client()
+        .post(gate.admin_url("/records/lookup"))
+        .json(&lookup)
+        .send()
+        .await
+        .unwrap();
+    let v: serde_json::Value = r.json().await.unwrap();
+    v["state"].clone()
+}
+
+async fn state_becomes(gate: &Gate, path: &str, key: &str, want: &str) {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = record_state(gate, path, key).await;
+        if state == want {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "record {key} is {state}, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One `[[routes]]` entry observed beside an enforcing default: its requests are counted
+/// under the route's configured path, and the default still refuses and replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observed_route_beside_an_enforcing_default_is_counted_under_its_path() {
+    let up = Upstream::start().await;
+    let routes = r#"[{path="/v1/observed", mode="observe"}]"#;
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[
+            ("IDEMGATE_ROUTES", routes),
+            ("IDEMGATE_DEFAULTS__REQUIRE_KEY", "true"),
+        ],
+    );
+    let c = client();
+    let (observed, enforced) = (gate.url("/v1/observed"), gate.url("/v1/transfers"));
+    let first = post_url(&c, &observed, Some("r-1"), "{}", &[]).await;
+    let again = post_url(&c, &observed, Some("r-1"), "{}", &[]).await;
+    assert_eq!((first.status, again.status), (201, 201));
+    assert!(!again.replayed(), "the observed route executes the retry");
+    let keyless = post_url(&c, &observed, None, "{}", &[]).await;
+    assert_eq!(keyless.status, 201, "{:?}", keyless.body);
+    assert_eq!(up.hits(), 3);
+    // The default route enforces: a replay, and 400 without a key.
+    let done = post_url(&c, &enforced, Some("r-1"), "{}", &[]).await;
+    let replay = post_url(&c, &enforced, Some("r-1"), "{}", &[]).await;
+    assert_eq!(done.status, 201);
+    assert!(replay.replayed());
+    assert_eq!(replay.body, done.body);
+    let refused = post_url(&c, &enforced, None, "{}", &[]).await;
+    assert_eq!(refused.status, 400);
+    assert_eq!(refused.header("idemgate-error"), Some("missing-key"));
+    assert_eq!(up.hits(), 4);
+
+    let o = observe_json(&gate);
+    let obs = route(&o, "/v1/observed");
+    assert_eq!(obs["mode"], "observe", "{o}");
+    assert_eq!(
+        obs["would"],
+        serde_json::json!({"execute": 1, "replay": 1, "missing_key": 1}),
+        "{o}"
+    );
+    assert_eq!(obs["duplicates_let_through"], 1, "{o}");
+    let default = route(&o, "default");
+    assert_eq!(default["mode"], "enforce", "{o}");
+    assert_eq!(default["would"], serde_json::json!({}), "{o}");
+    for (series, want) in [
+        (
+            "idemgate_observed_total{route=\"/v1/observed\",would=\"replay\"}",
+            1.0,
+        ),
+        (
+            "idemgate_observed_total{route=\"/v1/observed\",would=\"missing_key\"}",
+            1.0,
+        ),
+        (
+            "idemgate_requests_total{route=\"/v1/observed\",outcome=\"observed\"}",
+            3.0,
+        ),
+        (
+            "idemgate_requests_total{route=\"default\",outcome=\"replayed\"}",
+            1.0,
+        ),
+        (
+            "idemgate_requests_total{route=\"default\",outcome=\"rejected\"}",
+            1.0,
+        ),
+        (
+            "idemgate_route_mode{route=\"/v1/observed\",mode=\"observe\"}",
+            1.0,
+        ),
+        (
+            "idemgate_route_mode{route=\"default\",mode=\"enforce\"}",
+            1.0,
+        ),
+    ] {
+        assert_eq!(metric(&gate, series), want, "{series}");
+    }
+}
+
+const JWT_SECRET: &str = "observe-test-hs256-secret-0123456789";
+
+/// What enforcing refuses before the claim, on observed routes: a missing tenant, a bearer
+/// token that does not verify, a body over `max_body_bytes` (declared, or streamed without
+/// a length), no slot and no queue, and a key on a method the route does not protect. Each
+/// reaches the upstream as sent, and is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observed_routes_forward_what_enforcing_refuses_before_the_claim() {
+    let up = Upstream::start().await;
+    let routes = r#"[
+        {path="/v1/tenanted", tenant_headers=["x-tenant"], anonymous="refuse"},
+        {path="/v1/jwt", tenant_jwt_claim="sub", anonymous="refuse"},
+        {path="/v1/small", max_body_bytes=1024}
+    ]"#;
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[
+            ("IDEMGATE_DEFAULTS__MODE", "observe"),
+            ("IDEMGATE_ROUTES", routes),
+            ("IDEMGATE_JWT_HS256_SECRET", JWT_SECRET),
+            ("IDEMGATE_MAX_IN_FLIGHT", "1"),
+            ("IDEMGATE_MAX_QUEUED", "0"),
+        ],
+    );
+    let c = client();
+    let would = |route_name: &str| {
+        let o = observe_json(&gate);
+        route(&o, route_name)["would"].clone()
+    };
+
+    // No tenant where the route requires one (400 `missing-tenant` when enforcing).
+    let a = post_url(&c, &gate.url("/v1/tenanted"), Some("t-1"), "{}", &[]).await;
+    assert_eq!(a.status, 201, "{:?}", a.body);
+    let b = post_url(
+        &c,
+        &gate.url("/v1/tenanted"),
+        Some("t-1"),
+        "{}",
+        &[("x-tenant", "acme")],
+    )
+    .await;
+    assert_eq!(b.status, 201);
+    assert_eq!(
+        would("/v1/tenanted"),
+        serde_json::json!({"missing_tenant": 1, "execute": 1})
+    );
+
+    // A token signed with another secret (401 `invalid-token`): forwarded with its
+    // Authorization as sent.
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    let claims = serde_json::json!({"sub": "acct-1", "exp": exp});
+    let forged = common::idp::hs256_bearer("another-secret-0123456789abcdefghij", &claims);
+    let a = post_url(
+        &c,
+        &gate.url("/v1/jwt"),
+        Some("j-1"),
+        "{}",
+        &[("authorization", &forged)],
+    )
+    .await;
+    assert_eq!(a.status, 201, "{:?}", a.body);
+    assert_eq!(a.header("www-authenticate"), None);
+    let seen = up.seen();
+    assert_eq!(seen.last().unwrap().headers["authorization"], vec![forged]);
+    let good = common::idp::hs256_bearer(JWT_SECRET, &claims);
+    let b = post_url(
+        &c,
+        &gate.url("/v1/jwt"),
+        Some("j-1"),
+        "{}",
+        &[("authorization", &good)],
+    )
+    .await;
+    assert_eq!(b.status, 201);
+    assert_eq!(
+        would("/v1/jwt"),
+        serde_json::json!({"invalid_token": 1, "execute": 1})
+    );
+
+    // A body over max_body_bytes (413 when enforcing), declared by its Content-Length:
+    // forwarded whole.
+    let big = format!("{{\"memo\":\"{}\"}}", "m".repeat(4000));
+    let a = post_url(&c, &gate.url("/v1/small"), Some("s-1"), &big, &[]).await;
+    assert_eq!(a.status, 201, "{:?}", a.body);
+    assert_eq!(up.seen().last().unwrap().body, big.as_bytes());
+    // And one without a length, chunked: read up to the limit, then forwarded, what was
+    // read first and the rest as it comes, byte for byte.
+    let mut raw = b"POST /v1/small HTTP/1.1\r\nhost: x\r\nidempotency-key: s-2\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n".to_vec();
+    for part in big.as_bytes().chunks(700) {
+        raw.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
+        raw.extend_from_slice(part);
+        raw.extend_from_slice(b"\r\n");
+    }
+    raw.extend_from_slice(b"0\r\n\r\n");
+    let addr = gate.addr;
+    let answer = tokio::task::spawn_blocking(move || send_raw(addr, &raw))
+        .await
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    let last = up.seen().last().unwrap().clone();
+    assert_eq!(last.body, big.as_bytes());
+    assert!(!last.headers.contains_key("content-length"), "streamed");
+    assert_eq!(would("/v1/small"), serde_json::json!({"body_too_large": 2}));
+
+    // No slot (max_in_flight = 1, taken) and no queue (max_queued = 0): 503 when
+    // enforcing; forwarded without waiting for the slot.
+    let hits = up.hits();
+    let slow = {
+        let (c, url) = (c.clone(), gate.url("/v1/transfers"));
+        tokio::spawn(
+            async move { post_url(&c, &url, Some("o-1"), "{}", &[(DELAY_MS, "2000")]).await },
+        )
+    };
+    eventually(Duration::from_secs(5), "the slow request upstream", || {
+        up.hits() == hits + 1
+    })
+    .await;
+    let started = Instant::now();
+    let a = post_url(&c, &gate.url("/v1/transfers"), Some("o-2"), "{}", &[]).await;
+    assert_eq!(a.status, 201, "{:?}", a.body);
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "did not wait for the slot"
+    );
+    assert_eq!(slow.await.unwrap().status, 201);
+    // A key on PUT, which the route does not protect (forwarded unprotected when
+    // enforcing too).
+    let put = c
+        .put(gate.url("/v1/transfers"))
+        .header("idempotency-key", "u-1")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status().as_u16(), 201);
+    assert_eq!(up.seen().last().unwrap().method, "PUT");
+    assert_eq!(
+        would("default"),
+        serde_json::json!({"execute": 1, "overloaded": 1, "unprotected": 1})
+    );
+    assert_eq!(
+        metric(
+            &gate,
+            "idemgate_requests_total{route=\"default\",outcome=\"observed\"}"
+        ),
+        3.0
+    );
+    assert_eq!(up.hits(), 9);
+}
+
+/// `GET /observe` is behind `admin_token` when one is set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_observe_endpoint_needs_the_admin_token() {
+    let up = Upstream::start().await;
+    let token = "observe-admin-token-kq7";
+    let mut env = OBSERVE.to_vec();
+    env.push(("IDEMGATE_ADMIN_TOKEN", token));
+    let gate = Gate::start(&up.url(), "", &env);
+    let (status, body) = observe_with(&gate, None).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(!body.contains("routes"), "{body}");
+    let (status, _) = observe_with(&gate, Some("observe-admin-token-kq8")).await;
+    assert_eq!(status, 401);
+    let (status, body) = observe_with(&gate, Some(token)).await;
+    assert_eq!(status, 200, "{body}");
+    let o: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(o["routes"][0]["mode"], "observe", "{o}");
+}
+
+const KEY_MARKER: &str = "obs-key-marker-8812";
+const AUTH_MARKER: &str = "sk_live_observe_c4f1";
+
+/// During a store outage every observed request would be a `store_unavailable`: the log
+/// gets at most about 10 such lines a second, none with a key or an Authorization value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_log_lines_are_rate_limited_during_a_store_outage_and_hold_no_secrets() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let mut env = OBSERVE.to_vec();
+    env.push(("IDEMGATE_STORE_TIMEOUT", "200ms"));
+    let gate = Gate::start(&up.url(), &redis.url(), &env);
+    redis.stop();
+    let auth = format!("Bearer {AUTH_MARKER}");
+    let started = Instant::now();
+    let workers: Vec<_> = (0..8)
+        .map(|w| {
+            let (c, url, auth) = (client(), gate.url("/v1/transfers"), auth.clone());
+            tokio::spawn(async move {
+                for i in 0..40 {
+                    let key = format!("{KEY_MARKER}-{w}-{i}");
+                    let a = post_url(&c, &url, Some(&key), "{}", &[("authorization", &auth)]).await;
+                    assert_eq!(a.status, 201, "{:?}", a.body);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+    let took = started.elapsed();
+    assert_eq!(up.hits(), 320);
+    let o = observe_json(&gate);
+    assert_eq!(o["routes"][0]["would"]["store_unavailable"], 320, "{o}");
+    let log = gate.log();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("observe mode: forwarded"))
+        .count();
+    // The limit is per second of the process's clock: the requests span at most
+    // `took` rounded up, plus one second they may straddle.
+    let bound = 10 * (took.as_secs() as usize + 2);
+    assert!(lines >= 1, "the would-be refusals are logged:\n{log}");
+    assert!(
+        lines <= bound,
+        "{lines} observe lines in {took:?} (at most {bound}):\n{log}"
+    );
+    assert!(
+        log.contains("would=\"store_unavailable\"") || log.contains("would=store_unavailable"),
+        "{log}"
+    );
+    assert!(!log.contains(KEY_MARKER), "a key reached the log:\n{log}");
+    assert!(
+        !log.contains(AUTH_MARKER),
+        "an Authorization value reached the log:\n{log}"
+    );
+}
+
+/// A frozen store (SIGSTOP: connections open, nothing answered): observed requests are
+/// forwarded, and after the first failure about one request a second waits on it (for at
+/// most `store_timeout`), not every request, however many arrive at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_store_delays_about_one_observed_request_a_second() {
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let mut env = OBSERVE.to_vec();
+    env.push(("IDEMGATE_STORE_TIMEOUT", "400ms"));
+    let gate = Gate::start(&up.url(), &redis.url(), &env);
+    let c = client();
+    let url = gate.url("/v1/transfers");
+    assert_eq!(
+        post_url(&c, &url, Some("warm"), "{}", &[]).await.status,
+        201
+    );
+    redis.pause();
+    // The first request after the freeze waits out its store_timeout, and opens the breaker.
+    let started = Instant::now();
+    let first = post_url(&c, &url, Some("frozen-first"), "{}", &[]).await;
+    assert_eq!(first.status, 201);
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(350), "{waited:?}");
+    // Then eight clients at once for four seconds.
+    let started = Instant::now();
+    let workers: Vec<_> = (0..8)
+        .map(|w| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move {
+                let mut took = Vec::new();
+                let mut i = 0;
+                while started.elapsed() < Duration::from_secs(4) {
+                    let at = Instant::now();
+                    let a = post_url(&c, &url, Some(&format!("frozen-{w}-{i}")), "{}", &[]).await;
+                    assert_eq!(a.status, 201, "{:?}", a.body);
+                    took.push(at.elapsed());
+                    i += 1;
+                }
+                took
+            })
+        })
+        .collect();
+    let mut took = Vec::new();
+    for w in workers {
+        took.extend(w.await.unwrap());
+    }
+    let elapsed = started.elapsed();
+    redis.resume();
+    assert_eq!(up.hits(), 2 + took.len(), "every request was forwarded");
+    // Requests that waited on the store (more than half a store_timeout).
+    let slow: Vec<_> = took
+        .iter()
+        .filter(|d| **d >= Duration::from_millis(200))
+        .collect();
+    let added: Duration = slow.iter().copied().sum();
+    // One trial a second after the breaker opened, each at most store_timeout (plus the
+    // forward itself).
+    let trials = elapsed.as_secs() as usize + 1;
+    eprintln!(
+        "{} requests in {elapsed:?}, {} waited on the store, {added:?} added in all",
+        took.len(),
+        slow.len()
+    );
+    assert!(
+        slow.len() <= trials,
+        "{} of {} requests waited on the store in {elapsed:?}: {slow:?}",
+        slow.len(),
+        took.len()
+    );
+    assert!(
+        added <= Duration::from_millis(600) * trials as u32,
+        "{added:?} added in {elapsed:?}"
+    );
+    assert!(took.len() > 40, "only {} requests", took.len());
+}
+
+/// Switching a route from observe to enforce on the same Redis (a rolling update, both
+/// instances live): a retry of a request still running on the observing instance gets 409
+/// from the enforcing one, and once it completed, its recorded answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_running_while_observed_gets_409_from_an_enforcing_instance() {
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let observing = Gate::start(&up.url(), &redis.url(), &OBSERVE);
+    let enforcing = Gate::start(&up.url(), &redis.url(), &[]);
+    let c = client();
+    let slow = {
+        let (c, url) = (c.clone(), observing.url("/v1/transfers"));
+        tokio::spawn(async move {
+            post_url(
+                &c,
+                &url,
+                Some("live-1"),
+                "{\"amount\":5}",
+                &[(DELAY_MS, "1500")],
+            )
+            .await
+        })
+    };
+    eventually(
+        Duration::from_secs(5),
+        "the observed request upstream",
+        || up.hits() == 1,
+    )
+    .await;
+    let during = post_url(
+        &c,
+        &enforcing.url("/v1/transfers"),
+        Some("live-1"),
+        "{\"amount\":5}",
+        &[],
+    )
+    .await;
+    assert_eq!(during.status, 409, "{:?}", during.body);
+    assert_eq!(during.header("idemgate-error"), Some("in-progress"));
+    let first = slow.await.unwrap();
+    assert_eq!(first.status, 201);
+    let after = post_url(
+        &c,
+        &enforcing.url("/v1/transfers"),
+        Some("live-1"),
+        "{\"amount\":5}",
+        &[],
+    )
+    .await;
+    assert!(after.replayed(), "{}", after.status);
+    assert_eq!(after.body, first.body);
+    assert_eq!(up.hits(), 1, "executed once");
+}
+
+/// On the persistent embedded store: records made while observing replay after a restart
+/// into enforce mode, and a duplicate let through while observing did not replace the
+/// first execution's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observed_records_on_disk_replay_after_a_restart_into_enforce() {
+    let up = Upstream::start().await;
+    let store = tempfile::tempdir().unwrap();
+    let c = client();
+    let mut observing = Gate::start_on_disk(&up.url(), store.path(), &OBSERVE);
+    let url = observing.url("/v1/transfers");
+    let first = post_url(&c, &url, Some("disk-1"), "{\"amount\":7}", &[]).await;
+    let again = post_url(&c, &url, Some("disk-1"), "{\"amount\":7}", &[]).await;
+    assert_eq!((first.status, again.status), (201, 201));
+    assert_ne!(first.body, again.body, "two executions");
+    assert!(observing.terminate(Duration::from_secs(10)).success());
+    let enforcing = Gate::start_on_disk(&up.url(), store.path(), &[]);
+    let url = enforcing.url("/v1/transfers");
+    let replay = post_url(&c, &url, Some("disk-1"), "{\"amount\":7}", &[]).await;
+    assert!(replay.replayed(), "{}", replay.status);
+    assert_eq!(replay.body, first.body, "the first execution's answer");
+    let other = post_url(&c, &url, Some("disk-1"), "{\"amount\":8}", &[]).await;
+    assert_eq!(other.status, 422);
+    assert_eq!(up.hits(), 2);
+}
+
+/// A record held `in_progress` by an enforcing instance that died (its lease still
+/// running), then the route back in observe mode: the retry is forwarded, counted
+/// `in_progress`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_in_observe_mode_a_record_held_in_progress_refuses_nothing() {
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let mut enforcing = Gate::start(
+        &up.url(),
+        &redis.url(),
+        &[
+            ("IDEMGATE_DEFAULTS__LEASE", "60s"),
+            ("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", "60s"),
+        ],
+    );
+    let hung = {
+        let (c, url) = (client(), enforcing.url("/v1/transfers"));
+        tokio::spawn(async move {
+            c.post(url)
+                .header("idempotency-key", "held-ip")
+                .header("content-type", "application/json")
+                .header(FAULT, "hang")
+                .body("{}")
+                .send()
+                .await
+        })
+    };
+    eventually(Duration::from_secs(5), "upstream reached", || {
+        up.hits() == 1
+    })
+    .await;
+    state_becomes(&enforcing, "/v1/transfers", "held-ip", "in_progress").await;
+    enforcing.kill();
+    assert!(hung.await.unwrap().is_err());
+    let observing = Gate::start(&up.url(), &redis.url(), &OBSERVE);
+    assert_eq!(
+        record_state(&observing, "/v1/transfers", "held-ip").await,
+        "in_progress"
+    );
+    let c = client();
+    let a = post_url(
+        &c,
+        &observing.url("/v1/transfers"),
+        Some("held-ip"),
+        "{}",
+        &[],
+    )
+    .await;
+    assert_eq!(a.status, 201, "{:?}", a.body);
+    assert!(!a.replayed());
+    assert_eq!(up.hits(), 2);
+    let o = observe_json(&observing);
+    assert_eq!(
+        o["routes"][0]["would"],
+        serde_json::json!({"in_progress": 1}),
+        "{o}"
+    );
+}
+
+/// A record held `unknown` (its exchange timed out, its lease ran out), then the route back
+/// in observe mode: the retry is forwarded, counted `unknown`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_in_observe_mode_a_record_held_unknown_refuses_nothing() {
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let mut enforcing = Gate::start(
+        &up.url(),
+        &redis.url(),
+        &[
+            ("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", "1s"),
+            ("IDEMGATE_DEFAULTS__LEASE", "1s"),
+        ],
+    );
+    let c = client();
+    let url = enforcing.url("/v1/transfers");
+    let hung = post_url(&c, &url, Some("held-unknown"), "{}", &[(FAULT, "hang")]).await;
+    assert_eq!(hung.status, 504);
+    state_becomes(&enforcing, "/v1/transfers", "held-unknown", "unknown").await;
+    let refused = post_url(&c, &url, Some("held-unknown"), "{}", &[]).await;
+    assert_eq!(refused.status, 409);
+    assert_eq!(refused.header("idemgate-error"), Some("outcome-unknown"));
+    enforcing.kill();
+    let observing = Gate::start(&up.url(), &redis.url(), &OBSERVE);
+    let a = post_url(
+        &c,
+        &observing.url("/v1/transfers"),
+        Some("held-unknown"),
+        "{}",
+        &[],
+    )
+    .await;
+    assert_eq!(a.status, 201, "{:?}", a.body);
+    assert_eq!(up.hits(), 2);
+    let o = observe_json(&observing);
+    assert_eq!(
+        o["routes"][0]["would"],
+        serde_json::json!({"unknown": 1}),
+        "{o}"
+    );
 }
