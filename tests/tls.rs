@@ -1117,3 +1117,55 @@ fn tenant_client_cert_needs_a_client_ca_and_is_a_route_s_only_source() {
         assert!(stderr.contains(key), "{env:?}: wants {key}: {stderr}");
     }
 }
+
+/// Sockets in TIME_WAIT on either end of a connection to `port` (IPv4, /proc/net/tcp).
+fn time_wait_towards(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let port_of = |addr: &str| {
+        addr.rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            f.len() > 3
+                && f[3] == "06"
+                && (port_of(f[1]) == Some(port) || port_of(f[2]) == Some(port))
+        })
+        .count()
+}
+
+/// New keys to an HTTPS upstream, each on a fresh TLS connection (h2 by ALPN, and
+/// HTTP/1.1), leave no socket in TIME_WAIT on either side, as over plain HTTP: at 10,000
+/// new keys a second a side that entered it would hold the ports towards the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_keys_over_tls_leave_no_time_wait() {
+    let ca = Ca::new("upstream ca");
+    for http2 in ["true", "false"] {
+        let up = HttpsUpstream::start(&ca.leaf(&["127.0.0.1"]), None).await;
+        let dir = Dir::new();
+        let ca_file = dir.write("ca.pem", &ca.pem());
+        let g = gate(
+            &up.url(),
+            &[
+                ("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file),
+                ("IDEMGATE_UPSTREAM_HTTP2", http2),
+            ],
+        );
+        let client = common::client();
+        const KEYS: usize = 200;
+        for i in 0..KEYS {
+            let a = post(&client, &g.url("/pay"), &format!("tw-{http2}-{i}")).await;
+            assert_eq!(a.status, 201, "{:?}", a.body);
+        }
+        assert_eq!(up.hits(), KEYS);
+        let waiting = time_wait_towards(up.addr.port());
+        assert!(
+            waiting < KEYS / 100,
+            "upstream_http2 = {http2}: {waiting} sockets in TIME_WAIT after {KEYS} new keys"
+        );
+    }
+}
