@@ -289,6 +289,7 @@ impl PostgresStore {
         if let Some(warning) = setup.warning() {
             tracing::warn!("{warning}");
         }
+        // The mode in force: `require` with a root certificate is `verify-ca`.
         tracing::info!(sslmode = %setup.mode, hosts = %setup.hosts(), "connecting to PostgreSQL");
         let store = PostgresStore {
             inner: Arc::new(Inner {

@@ -418,7 +418,7 @@ fn merge(
         (Some(s), Some(u)) if s != Path::new(u) => Err(invalid(
             key,
             format!(
-                "conflicts with {param}={u} in postgres_url: give the file in one place (the key wins nowhere silently)"
+                "conflicts with {param}={u} in postgres_url: give the file in one place, or the same file in both"
             ),
         )),
         (Some(s), _) => Ok(Some((s.to_path_buf(), Source::Key(key)))),
