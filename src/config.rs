@@ -140,9 +140,21 @@ pub struct Config {
     /// Directory of the persistent embedded store (an SQLite database): records survive a
     /// restart. Absent (and no `redis_url`): records live in this process's memory.
     pub store_path: Option<PathBuf>,
-    /// PostgreSQL URL (`postgres://user:password@host/db`): records in one table that
-    /// several instances share. No TLS yet.
+    /// PostgreSQL URL (`postgres://user:password@host/db`, or libpq's `key=value` form):
+    /// records in one table that several instances share. TLS by libpq's `sslmode`
+    /// (`disable`, `require`, `verify-ca`, `verify-full`) and `sslrootcert`, `sslcert`,
+    /// `sslkey` in it.
     pub postgres_url: Option<Secret>,
+    /// PEM file of the CA(s) that signed the PostgreSQL server's certificate (`sslrootcert`);
+    /// absent: the system's roots.
+    #[serde(default)]
+    pub postgres_tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate chain, for servers that ask for one (`sslcert`).
+    #[serde(default)]
+    pub postgres_tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `postgres_tls_cert_file` (`sslkey`).
+    #[serde(default)]
+    pub postgres_tls_key_file: Option<PathBuf>,
     /// Redis URL; absent (and no sentinels, cluster nodes, `store_path` or
     /// `postgres_url`): the embedded in-memory store.
     pub redis_url: Option<String>,
@@ -533,6 +545,9 @@ impl Default for Config {
             redis_url: None,
             store_path: None,
             postgres_url: None,
+            postgres_tls_ca_file: None,
+            postgres_tls_cert_file: None,
+            postgres_tls_key_file: None,
             redis_sentinels: Vec::new(),
             redis_sentinel_master: None,
             redis_cluster_nodes: Vec::new(),
@@ -981,7 +996,7 @@ pub enum Forward {
 
 impl Settings {
     /// Validates a configuration.
-    pub fn new(config: Config) -> Result<Settings, ConfigError> {
+    pub fn new(mut config: Config) -> Result<Settings, ConfigError> {
         let listener_tls = crate::tls::listener(&config)?;
         let upstream = parse_upstream(&config, listener_tls.is_some())?;
         for (key, d) in [
@@ -1048,10 +1063,10 @@ impl Settings {
                 "redis_url, store_path and postgres_url exclude each other: choose one store",
             ));
         }
-        if let Some(url) = &config.postgres_url {
-            url.expose()
-                .parse::<tokio_postgres::Config>()
-                .map_err(|e| invalid("postgres_url", e.to_string()))?;
+        // The store is handed `postgres_url` alone: the TLS files that the postgres_tls_*
+        // keys name are written into it, as the parameters they stand for.
+        if let Some(pg) = crate::store::postgres_tls::PostgresSetup::from_config(&config)? {
+            config.postgres_url = Some(Secret::from(pg.url.as_str()));
         }
         if let Some(endpoint) = &config.otlp_endpoint {
             let ok = endpoint

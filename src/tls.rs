@@ -52,7 +52,7 @@ fn read(key: &str, path: &Path) -> Result<Vec<u8>, ConfigError> {
 }
 
 /// The certificates of a PEM file, in order (leaf first for a chain).
-fn parse_certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+pub(crate) fn parse_certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("not PEM certificates: {e}"))?;
@@ -68,14 +68,17 @@ fn parse_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
 
 /// Which of a pair's two files is at fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Side {
+pub(crate) enum Side {
     Cert,
     Key,
 }
 
 /// A certificate chain and its private key, checked to belong together (the key's public
 /// half is the leaf certificate's).
-fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, (Side, String)> {
+pub(crate) fn certified_key(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+) -> Result<CertifiedKey, (Side, String)> {
     let chain = parse_certs(cert_pem).map_err(|e| (Side::Cert, e))?;
     let key = parse_key(key_pem).map_err(|e| (Side::Key, e))?;
     let provider = provider();

@@ -14,107 +14,23 @@ mod common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::certs::{Ca, Dir, Leaf};
 use common::{Gate, Upstream};
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper::{Request, Response, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
+use rcgen::DnType;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 fn ring() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// A test CA.
-struct Ca {
-    issuer: CertifiedIssuer<'static, KeyPair>,
-}
-
-/// A certificate and its key, PEM.
-#[derive(Clone)]
-struct Leaf {
-    cert: String,
-    key: String,
-}
-
-impl Leaf {
-    fn der(&self) -> Vec<u8> {
-        CertificateDer::from_pem_slice(self.cert.as_bytes())
-            .unwrap()
-            .to_vec()
-    }
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-        Ca { issuer }
-    }
-
-    fn pem(&self) -> String {
-        self.issuer.pem()
-    }
-
-    /// A certificate for `names` (DNS names or IP addresses), for servers and clients.
-    fn leaf(&self, names: &[&str]) -> Leaf {
-        self.leaf_with(names, |_| {})
-    }
-
-    fn leaf_with(&self, names: &[&str], edit: impl FnOnce(&mut CertificateParams)) -> Leaf {
-        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let mut params = CertificateParams::new(names).unwrap();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "idemgate test");
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        edit(&mut params);
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        Leaf {
-            cert: cert.pem(),
-            key: key.serialize_pem(),
-        }
-    }
-}
-
-/// Files for one test.
-struct Dir(tempfile::TempDir);
-
-impl Dir {
-    fn new() -> Dir {
-        Dir(tempfile::tempdir().unwrap())
-    }
-
-    /// Writes `content` to `name` whole: written beside it, then renamed over it.
-    fn write(&self, name: &str, content: &str) -> String {
-        let path = self.0.path().join(name);
-        let tmp = self.0.path().join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, content).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-        path.to_str().unwrap().to_string()
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.path().join(name)
-    }
 }
 
 /// What the HTTPS upstream saw of one request.

@@ -26,6 +26,7 @@ use crate::scope::ScopeSecret;
 
 pub mod memory;
 pub mod postgres;
+pub mod postgres_tls;
 pub mod redis;
 pub mod redis_link;
 pub mod redis_setup;

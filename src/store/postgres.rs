@@ -12,15 +12,22 @@
 //! statement also runs under the server's `statement_timeout`, set to the store deadline,
 //! so a statement abandoned by a timed-out caller does not keep running.
 //!
-//! TLS is not supported yet: use it on a trusted network or a local socket.
+//! TLS by libpq's `sslmode` (see [`super::postgres_tls`]): rustls with the ring provider,
+//! the server verified by chain and name (`verify-full`), by chain (`verify-ca`) or not at
+//! all (`require`, warned about at start-up), a client certificate when the server asks.
+//! A handshake that fails, at start-up or on a later reconnection, is said to be a TLS
+//! failure, in rustls' words (an unknown issuer, an expired certificate, a wrong name).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::Mutex;
-use tokio_postgres::{Client, NoTls, Row, Statement};
+use tokio_postgres::config::SslMode as PgSslMode;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{Client, NoTls, Row, Socket, Statement};
 
+use super::postgres_tls::PostgresSetup;
 use super::{
     BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
     RecordView, Store, StoreError, StoredResponse,
@@ -218,7 +225,7 @@ pub struct PostgresStore {
 }
 
 struct Inner {
-    url: String,
+    setup: PostgresSetup,
     connect_timeout: Duration,
     statement_timeout: Duration,
     conn: Mutex<Option<Arc<Conn>>>,
@@ -246,6 +253,11 @@ fn backend(e: impl std::fmt::Display) -> StoreError {
 }
 
 fn pg(e: tokio_postgres::Error) -> StoreError {
+    // A certificate refused (an expired one after a server restart, a name it is not
+    // for): said as such, in rustls' words.
+    if let Some(why) = super::postgres_tls::tls_failure(&e) {
+        return StoreError::Backend(format!("postgres: TLS failed: {why}"));
+    }
     // The server's own message (a statement timeout, a constraint) says more than the
     // error's summary.
     match e.as_db_error() {
@@ -265,15 +277,23 @@ fn ms(d: Duration) -> i64 {
 }
 
 impl PostgresStore {
-    /// Connects, and creates or migrates the schema.
+    /// Connects, and creates or migrates the schema. `url` is a connection string with its
+    /// TLS parameters (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`), as
+    /// [`PostgresSetup::url`] writes it; its files are read here, once.
     pub async fn connect(
         url: &str,
         connect_timeout: Duration,
         statement_timeout: Duration,
     ) -> Result<PostgresStore, StoreError> {
+        let setup = PostgresSetup::from_url(url).map_err(backend)?;
+        if let Some(warning) = setup.warning() {
+            tracing::warn!("{warning}");
+        }
+        // The mode in force: `require` with a root certificate is `verify-ca`.
+        tracing::info!(sslmode = %setup.mode, hosts = %setup.hosts(), "connecting to PostgreSQL");
         let store = PostgresStore {
             inner: Arc::new(Inner {
-                url: url.to_string(),
+                setup,
                 connect_timeout,
                 statement_timeout,
                 conn: Mutex::new(None),
@@ -289,23 +309,39 @@ impl PostgresStore {
 
     /// A connection whose statements may run for `statement_timeout`.
     async fn open_with(&self, statement_timeout: Duration) -> Result<Client, StoreError> {
-        let mut config: tokio_postgres::Config = self.inner.url.parse().map_err(backend)?;
+        let setup = &self.inner.setup;
+        let mut config = setup.config.clone();
         config.connect_timeout(self.inner.connect_timeout);
         config.application_name("idemgate");
         config.options(format!(
             "-c statement_timeout={}",
             statement_timeout.as_millis().max(1)
         ));
-        let (client, connection) = super::deadline(self.inner.connect_timeout, async {
-            config.connect(NoTls).await.map_err(pg)
-        })
-        .await?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!(error = %e, "connection to PostgreSQL lost");
+        let connected = super::deadline(self.inner.connect_timeout, async {
+            match &setup.tls {
+                // tokio-postgres' `require` is TLS or no connection (never `prefer`'s
+                // fallback to plain text); what is verified is the verifier's part.
+                Some(tls) => {
+                    config.ssl_mode(PgSslMode::Require);
+                    let tls = tokio_postgres_rustls::MakeRustlsConnect::new((**tls).clone());
+                    start(&config, tls).await
+                }
+                None => {
+                    config.ssl_mode(PgSslMode::Disable);
+                    start(&config, NoTls).await
+                }
             }
-        });
-        Ok(client)
+        })
+        .await;
+        // Which server refused: the hosts, never the credentials.
+        connected.map_err(|e| match e {
+            StoreError::Backend(why) => StoreError::Backend(why.replacen(
+                "postgres:",
+                &format!("postgres at {}:", setup.hosts()),
+                1,
+            )),
+            other => other,
+        })
     }
 
     /// The shared connection, opened anew (statements prepared) if the last one broke.
@@ -423,6 +459,23 @@ impl PostgresStore {
         let c = self.conn().await?;
         c.client.execute(which(&c), params).await.map_err(pg)
     }
+}
+
+/// Opens a connection with `tls` and drives it in a task of its own.
+async fn start<T>(config: &tokio_postgres::Config, tls: T) -> Result<Client, StoreError>
+where
+    T: MakeTlsConnect<Socket>,
+    T::Stream: Send + 'static,
+    T::TlsConnect: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    let (client, connection) = config.connect(tls).await.map_err(pg)?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!(error = %pg(e), "connection to PostgreSQL lost");
+        }
+    });
+    Ok(client)
 }
 
 /// Column `i` of `row`: a column of another type (a table changed by hand) is an error,

@@ -2,6 +2,7 @@
 //! counter and a settable delay, and idemgate in-process on port 0.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod history;
 pub mod idp;
 pub mod postgres;

@@ -15,6 +15,19 @@ pub struct PgServer {
     pub port: u16,
     dir: tempfile::TempDir,
     bin: PathBuf,
+    /// `ssl = on`: TCP only over TLS, and this side's helpers on the unix socket.
+    ssl: bool,
+}
+
+/// What a server with `ssl = on` serves: its certificate and key (PEM), and optionally the
+/// CA its clients' certificates are verified against, with the role that must present
+/// one (`hostssl ... clientcert=verify-full`: a certificate of that CA whose CN is the
+/// role's name).
+pub struct Ssl<'a> {
+    pub cert: &'a str,
+    pub key: &'a str,
+    pub client_ca: Option<&'a str>,
+    pub client_cert_role: Option<&'a str>,
 }
 
 /// The directory with `initdb` and `pg_ctl`: `$PG_BIN`, else the newest
@@ -49,6 +62,58 @@ fn is_root() -> bool {
 
 impl PgServer {
     pub fn start() -> PgServer {
+        let s = PgServer::init(false);
+        s.pg_ctl_start();
+        s
+    }
+
+    /// A server with `ssl = on` (`ssl_cert_file`, `ssl_key_file`, and `ssl_ca_file` with a
+    /// client CA): TCP connections are served over TLS only (`hostssl`, no plain `host`
+    /// line), the unix socket without. [`fresh_db`](Self::fresh_db) and
+    /// [`socket_url`](Self::socket_url) use the socket.
+    pub fn start_ssl(ssl: &Ssl) -> PgServer {
+        let s = PgServer::init(true);
+        s.write_ssl(ssl.cert, ssl.key);
+        let mut hba = String::from("local all all trust\n");
+        if let Some(ca) = ssl.client_ca {
+            s.write_owned("client-ca.pem", ca, 0o644);
+            if let Some(role) = ssl.client_cert_role {
+                hba.push_str(&format!(
+                    "hostssl all {role} 127.0.0.1/32 trust clientcert=verify-full\n"
+                ));
+            }
+        }
+        hba.push_str("hostssl all all 127.0.0.1/32 trust\n");
+        s.write_owned("data/pg_hba.conf", &hba, 0o600);
+        s.pg_ctl_start();
+        s
+    }
+
+    /// Replaces the server's certificate and key (read again at the next start).
+    pub fn write_ssl(&self, cert: &str, key: &str) {
+        self.write_owned("server.crt", cert, 0o644);
+        // PostgreSQL refuses a key that others may read, or that another user owns.
+        self.write_owned("server.key", key, 0o600);
+    }
+
+    /// Writes `content` to `name` in the server's directory, owned by the user the server
+    /// runs as, with `mode`.
+    fn write_owned(&self, name: &str, content: &str, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, content).expect("write a PostgreSQL file");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        if is_root() {
+            let ok = Command::new("chown")
+                .arg("postgres:postgres")
+                .arg(&path)
+                .status()
+                .is_ok_and(|st| st.success());
+            assert!(ok, "chown of {} to postgres failed", path.display());
+        }
+    }
+
+    fn init(ssl: bool) -> PgServer {
         let dir = tempfile::Builder::new()
             .prefix("idemgate-pg")
             .tempdir()
@@ -57,6 +122,7 @@ impl PgServer {
             port: free_port(),
             dir,
             bin: bin_dir(),
+            ssl,
         };
         if is_root() {
             let ok = Command::new("chown")
@@ -78,7 +144,6 @@ impl PgServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        s.pg_ctl_start();
         s
     }
 
@@ -109,12 +174,21 @@ impl PgServer {
     }
 
     fn pg_ctl_start(&self) {
-        let opts = format!(
+        let mut opts = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200 \
              -c shared_preload_libraries=pg_stat_statements",
             self.port,
             self.dir.path().display()
         );
+        if self.ssl {
+            let d = self.dir.path().display();
+            opts.push_str(&format!(
+                " -c ssl=on -c ssl_cert_file={d}/server.crt -c ssl_key_file={d}/server.key"
+            ));
+            if self.dir.path().join("client-ca.pem").exists() {
+                opts.push_str(&format!(" -c ssl_ca_file={d}/client-ca.pem"));
+            }
+        }
         let st = self
             .cmd("pg_ctl")
             .args(["-w", "-t", "30", "-D"])
@@ -157,6 +231,34 @@ impl PgServer {
         format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
     }
 
+    /// Runs `sql` with psql over the unix socket (blocking): for set-up that cannot wait
+    /// for a runtime, as in a shared server's first start.
+    pub fn psql(&self, db: &str, sql: &str) -> String {
+        let out = self
+            .cmd("psql")
+            .arg("-h")
+            .arg(self.dir.path())
+            .args(["-p", &self.port.to_string(), "-U", "postgres", "-d", db])
+            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .expect("psql");
+        assert!(
+            out.status.success(),
+            "psql {sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// URL of database `db` over the unix socket (no TLS on it).
+    pub fn socket_url(&self, db: &str) -> String {
+        format!(
+            "host={} port={} user=postgres dbname={db}",
+            self.dir.path().display(),
+            self.port
+        )
+    }
+
     /// A new, empty database of its own (for tests sharing one server).
     pub async fn fresh_db(&self) -> String {
         static N: AtomicUsize = AtomicUsize::new(0);
@@ -165,7 +267,12 @@ impl PgServer {
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         );
-        let (client, conn) = tokio_postgres::connect(&self.url("postgres"), tokio_postgres::NoTls)
+        let admin = if self.ssl {
+            self.socket_url("postgres")
+        } else {
+            self.url("postgres")
+        };
+        let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
             .await
             .expect("connect to the test PostgreSQL");
         let task = tokio::spawn(conn);
