@@ -11,7 +11,8 @@
 //!
 //! With `BENCH_UPSTREAM_TLS_DIR` it speaks TLS (ALPN h2 and http/1.1) with a certificate
 //! for 127.0.0.1 made at start by a CA of its own, whose certificate it writes to `ca.pem`
-//! in that directory for idemgate's `upstream_tls_ca_file`.
+//! in that directory for idemgate's `upstream_tls_ca_file`; the certificate and its key go
+//! to `server.pem` and `server.key` there too, for an idemgate TLS listener to serve.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -106,6 +107,8 @@ fn acceptor(dir: &std::path::Path) -> std::io::Result<tokio_rustls::TlsAcceptor>
         .map_err(err)?
         .signed_by(&key, &ca)
         .map_err(err)?;
+    std::fs::write(dir.join("server.pem"), leaf.pem())?;
+    std::fs::write(dir.join("server.key"), key.serialize_pem())?;
     let chain = vec![CertificateDer::from(leaf.der().to_vec())];
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
     let provider = Arc::new(rustls::crypto::ring::default_provider());
