@@ -313,26 +313,6 @@ async fn an_upstream_that_closes_silently_strands_nothing_with_the_defaults() {
     assert_eq!(statuses.get(&201), Some(&120), "{statuses:?}");
 }
 
-/// Sockets in TIME_WAIT on either end of a connection to `port` (IPv4, /proc/net/tcp).
-fn time_wait_towards(port: u16) -> usize {
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
-    let port_of = |addr: &str| {
-        addr.rsplit(':')
-            .next()
-            .and_then(|p| u16::from_str_radix(p, 16).ok())
-    };
-    table
-        .lines()
-        .skip(1)
-        .filter(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            f.len() > 3
-                && f[3] == "06"
-                && (port_of(f[1]) == Some(port) || port_of(f[2]) == Some(port))
-        })
-        .count()
-}
-
 /// `clients` clients at once each send `per_client` new keys through idemgate (default
 /// configuration but a 3 s `upstream_timeout`, so that a request stuck on a closed
 /// connection shows), 1 ms apart: every one must be answered 201 and executed once, and

@@ -96,21 +96,7 @@ fn start(up: &Upstream, url: &str, env: &[(&str, &str)]) -> Gate {
 fn exits(up: &Upstream, url: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
     let mut all = vec![("IDEMGATE_POSTGRES_URL", url)];
     all.extend_from_slice(env);
-    let (mut cmd, _, _, dir) = Gate::command(&up.url(), "", &all);
-    let mut child = cmd.spawn().unwrap();
-    let until = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > until {
-            let _ = child.kill();
-            panic!("idemgate did not exit");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let log = std::fs::read_to_string(dir.path().join("idemgate.log")).unwrap_or_default();
-    (status.code(), log)
+    Gate::run_to_exit(&up.url(), "", &all)
 }
 
 async fn post(g: &Gate, key: &str) -> common::Answer {

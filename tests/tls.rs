@@ -499,25 +499,6 @@ async fn an_expired_upstream_certificate_is_unreachable() {
 
 // --- Start-up --------------------------------------------------------------------------
 
-/// Runs the binary to its exit; its code and its log.
-fn exits(upstream: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
-    let (mut cmd, _, _, dir) = Gate::command(upstream, "", env);
-    let mut child = cmd.spawn().unwrap();
-    let until = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > until {
-            let _ = child.kill();
-            panic!("idemgate did not exit");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let log = std::fs::read_to_string(dir.path().join("idemgate.log")).unwrap_or_default();
-    (status.code(), log)
-}
-
 #[test]
 fn bad_tls_files_stop_start_up_naming_the_key() {
     let ca = Ca::new("ca");
@@ -574,7 +555,7 @@ fn bad_tls_files_stop_start_up_naming_the_key() {
             "tls_client_auth",
         ),
     ] {
-        let (code, log) = exits(upstream, &env);
+        let (code, log) = Gate::run_to_exit(upstream, "", &env);
         assert_eq!(code, Some(64), "{env:?}: {log}");
         assert!(log.contains(&format!("`{key}`")), "{env:?}: {log}");
     }
@@ -1028,30 +1009,10 @@ fn tenant_client_cert_needs_a_client_ca_and_is_a_route_s_only_source() {
         ),
     ];
     for (env, key) in cases {
-        let (code, stderr) = exits("http://127.0.0.1:9", &env);
+        let (code, stderr) = Gate::run_to_exit("http://127.0.0.1:9", "", &env);
         assert_eq!(code, Some(64), "{env:?}: {stderr}");
         assert!(stderr.contains(key), "{env:?}: wants {key}: {stderr}");
     }
-}
-
-/// Sockets in TIME_WAIT on either end of a connection to `port` (IPv4, /proc/net/tcp).
-fn time_wait_towards(port: u16) -> usize {
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
-    let port_of = |addr: &str| {
-        addr.rsplit(':')
-            .next()
-            .and_then(|p| u16::from_str_radix(p, 16).ok())
-    };
-    table
-        .lines()
-        .skip(1)
-        .filter(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            f.len() > 3
-                && f[3] == "06"
-                && (port_of(f[1]) == Some(port) || port_of(f[2]) == Some(port))
-        })
-        .count()
 }
 
 /// New keys to an HTTPS upstream, each on a fresh TLS connection (h2 by ALPN, and
@@ -1078,7 +1039,7 @@ async fn new_keys_over_tls_leave_no_time_wait() {
             assert_eq!(a.status, 201, "{:?}", a.body);
         }
         assert_eq!(up.hits(), KEYS);
-        let waiting = time_wait_towards(up.addr.port());
+        let waiting = common::time_wait_towards(up.addr.port());
         assert!(
             waiting < KEYS / 100,
             "upstream_http2 = {http2}: {waiting} sockets in TIME_WAIT after {KEYS} new keys"

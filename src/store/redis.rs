@@ -306,28 +306,14 @@ fn meta_key(name: &str) -> String {
 /// after a resharding the tags move with it, and the next check writes the copies anew.
 fn copy_tags(slots: &Value) -> Vec<String> {
     use std::collections::BTreeMap;
-    // Ranges by primary (its "host:port", the third item of each range).
+    // Ranges by primary (the first node of each range).
     let mut primaries: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
-    if let Value::Array(ranges) = slots {
-        for range in ranges {
-            let Value::Array(items) = range else { continue };
-            let (Some(Value::Int(from)), Some(Value::Int(to)), Some(Value::Array(node))) =
-                (items.first(), items.get(1), items.get(2))
-            else {
-                continue;
-            };
-            let host = match node.first() {
-                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-                Some(Value::SimpleString(s)) => s.clone(),
-                _ => continue,
-            };
-            let Some(Value::Int(port)) = node.get(1) else {
-                continue;
-            };
+    for range in super::redis_link::slot_ranges(slots) {
+        if let Some((host, port)) = range.nodes.first() {
             primaries
                 .entry(format!("{host}:{port}"))
                 .or_default()
-                .push((*from, *to));
+                .push((range.from, range.to));
         }
     }
     primaries

@@ -777,17 +777,28 @@ impl ClusterSeeds {
     }
 }
 
-/// `host:port` of every node in a `CLUSTER SLOTS` reply (an empty host is left out: it
-/// means "the node that answered", which is among the seeds already).
-fn slot_map_nodes(map: &Value) -> Vec<(String, u16)> {
-    let mut nodes = Vec::new();
+/// One range of a `CLUSTER SLOTS` reply: its first and last slot, and its nodes' host and
+/// port, the primary first.
+pub(crate) struct SlotRange {
+    pub from: i64,
+    pub to: i64,
+    pub nodes: Vec<(String, i64)>,
+}
+
+/// The ranges of a `CLUSTER SLOTS` reply; entries it cannot read are left out.
+pub(crate) fn slot_ranges(map: &Value) -> Vec<SlotRange> {
     let Value::Array(ranges) = map else {
-        return nodes;
+        return Vec::new();
     };
+    let mut out = Vec::with_capacity(ranges.len());
     for range in ranges {
         let Value::Array(items) = range else {
             continue;
         };
+        let (Some(Value::Int(from)), Some(Value::Int(to))) = (items.first(), items.get(1)) else {
+            continue;
+        };
+        let mut nodes = Vec::new();
         for node in items.iter().skip(2) {
             let Value::Array(f) = node else {
                 continue;
@@ -800,7 +811,24 @@ fn slot_map_nodes(map: &Value) -> Vec<(String, u16)> {
             let Some(Value::Int(port)) = f.get(1) else {
                 continue;
             };
-            if let (false, Ok(port)) = (host.is_empty(), u16::try_from(*port)) {
+            nodes.push((host, *port));
+        }
+        out.push(SlotRange {
+            from: *from,
+            to: *to,
+            nodes,
+        });
+    }
+    out
+}
+
+/// `host:port` of every node in a `CLUSTER SLOTS` reply (an empty host is left out: it
+/// means "the node that answered", which is among the seeds already).
+fn slot_map_nodes(map: &Value) -> Vec<(String, u16)> {
+    let mut nodes = Vec::new();
+    for range in slot_ranges(map) {
+        for (host, port) in range.nodes {
+            if let (false, Ok(port)) = (host.is_empty(), u16::try_from(port)) {
                 if !nodes.contains(&(host.clone(), port)) {
                     nodes.push((host, port));
                 }

@@ -630,6 +630,30 @@ pub struct Gate {
 impl Gate {
     /// Starts the binary in front of `upstream` on `redis_url` (empty: the embedded store)
     /// with extra `IDEMGATE_*` variables, and waits until `/healthz` answers.
+    /// Runs the binary as [`start`](Self::start) would, to its exit (within 20 s): its exit
+    /// code and its log. For start-up refusals.
+    pub fn run_to_exit(
+        upstream: &str,
+        redis_url: &str,
+        env: &[(&str, &str)],
+    ) -> (Option<i32>, String) {
+        let (mut cmd, _, _, dir) = Self::command(upstream, redis_url, env);
+        let mut child = cmd.spawn().unwrap();
+        let until = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > until {
+                let _ = child.kill();
+                panic!("idemgate did not exit");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let log = std::fs::read_to_string(dir.path().join("idemgate.log")).unwrap_or_default();
+        (status.code(), log)
+    }
+
     pub fn start(upstream: &str, redis_url: &str, env: &[(&str, &str)]) -> Gate {
         let (cmd, addr, admin, dir) = Self::command(upstream, redis_url, env);
         Self::launch(cmd, addr, admin, dir)
@@ -999,4 +1023,24 @@ pub fn start_up_failure(env: &[(&str, &str)]) -> (Option<i32>, String) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Sockets in TIME_WAIT on either end of a connection to `port` (IPv4, /proc/net/tcp).
+pub fn time_wait_towards(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let port_of = |addr: &str| {
+        addr.rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            f.len() > 3
+                && f[3] == "06"
+                && (port_of(f[1]) == Some(port) || port_of(f[2]) == Some(port))
+        })
+        .count()
 }
