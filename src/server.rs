@@ -907,10 +907,14 @@ async fn accept_loop<F, Fut>(
         let on_request = watch.clone();
         // The client certificate's identity, set once the handshake is done (before any
         // request of the connection is read).
-        let peer_cert: Arc<std::sync::OnceLock<Arc<ClientCert>>> = Arc::default();
+        // Only where a route reads certificates; otherwise no connection carries one.
+        let peer_cert: Option<Arc<std::sync::OnceLock<Arc<ClientCert>>>> = tls
+            .as_ref()
+            .and_then(|t| t.authorities.as_ref())
+            .map(|_| Arc::default());
         let cert_of = peer_cert.clone();
         let svc = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-            if let Some(cert) = cert_of.get() {
+            if let Some(cert) = cert_of.as_ref().and_then(|c| c.get()) {
                 req.extensions_mut().insert(cert.clone());
             }
             let handler = handler.clone();
@@ -934,7 +938,9 @@ async fn accept_loop<F, Fut>(
                 Some(tls) => {
                     let (io, cert) = tls.accept(io).await?;
                     if let Some(cert) = cert {
-                        let _ = peer_cert.set(cert);
+                        if let Some(slot) = &peer_cert {
+                            let _ = slot.set(cert);
+                        }
                     }
                     io
                 }

@@ -769,22 +769,21 @@ async fn back_in_observe_mode_a_record_held_in_progress_refuses_nothing() {
         record_state(&observing, "/v1/transfers", "held-ip").await,
         "in_progress"
     );
-    let c = client();
-    let a = post_url(
-        &c,
-        &observing.url("/v1/transfers"),
-        Some("held-ip"),
-        "{}",
-        &[],
-    )
-    .await;
+    forwarded_and_counted(&observing, &up, "held-ip", "in_progress").await;
+}
+
+/// A retry of `key` through an observing instance: forwarded (the upstream's second
+/// execution), not replayed, and counted as `would` alone.
+async fn forwarded_and_counted(observing: &Gate, up: &Upstream, key: &str, would: &str) {
+    let url = observing.url("/v1/transfers");
+    let a = post_url(&client(), &url, Some(key), "{}", &[]).await;
     assert_eq!(a.status, 201, "{:?}", a.body);
     assert!(!a.replayed());
     assert_eq!(up.hits(), 2);
-    let o = observe_json(&observing);
+    let o = observe_json(observing);
     assert_eq!(
         o["routes"][0]["would"],
-        serde_json::json!({"in_progress": 1}),
+        serde_json::json!({ (would): 1 }),
         "{o}"
     );
 }
@@ -813,20 +812,5 @@ async fn back_in_observe_mode_a_record_held_unknown_refuses_nothing() {
     assert_eq!(refused.header("idemgate-error"), Some("outcome-unknown"));
     enforcing.kill();
     let observing = Gate::start(&up.url(), &redis.url(), &OBSERVE);
-    let a = post_url(
-        &c,
-        &observing.url("/v1/transfers"),
-        Some("held-unknown"),
-        "{}",
-        &[],
-    )
-    .await;
-    assert_eq!(a.status, 201, "{:?}", a.body);
-    assert_eq!(up.hits(), 2);
-    let o = observe_json(&observing);
-    assert_eq!(
-        o["routes"][0]["would"],
-        serde_json::json!({"unknown": 1}),
-        "{o}"
-    );
+    forwarded_and_counted(&observing, &up, "held-unknown", "unknown").await;
 }

@@ -120,12 +120,16 @@ pub async fn run_lab(opts: LabOptions) -> Result<LabReport, LabError> {
     }
     let plan = DayPlan::generate(opts.intents, opts.seed);
     let direct = run_day(&plan, &opts, Through::Direct).await?;
-    let through = match (opts.redis_url.is_some(), opts.observe) {
-        (true, false) => Through::Idemgate("idemgate (redis)"),
-        (false, false) => Through::Idemgate("idemgate (embedded)"),
-        (true, true) => Through::Idemgate("observe (redis)"),
-        (false, true) => Through::Idemgate("observe (embedded)"),
-    };
+    let through = Through::Idemgate(format!(
+        "{} ({}{})",
+        if opts.observe { "observe" } else { "idemgate" },
+        if opts.redis_url.is_some() {
+            "redis"
+        } else {
+            "embedded"
+        },
+        if opts.tls { ", TLS" } else { "" },
+    ));
     let idemgate = run_day(&plan, &opts, through).await?;
     Ok(LabReport {
         seed: opts.seed,
@@ -140,10 +144,10 @@ pub async fn run_lab(opts: LabOptions) -> Result<LabReport, LabError> {
     })
 }
 
-#[derive(Clone, Copy)]
 enum Through {
     Direct,
-    Idemgate(&'static str),
+    /// With the column's label.
+    Idemgate(String),
 }
 
 async fn run_day(
@@ -168,7 +172,8 @@ async fn run_day(
     }));
 
     let (label, target, proxy) = match through {
-        Through::Direct => ("direct", bank_addr, None),
+        Through::Direct if opts.tls => ("direct (TLS)".to_owned(), bank_addr, None),
+        Through::Direct => ("direct".to_owned(), bank_addr, None),
         Through::Idemgate(label) => {
             match start_idemgate(
                 bank_addr,
@@ -197,11 +202,6 @@ async fn run_day(
         max_attempts: 10,
         concurrency: opts.concurrency,
         tls: pki.as_ref().map(|p| p.client.clone()),
-    };
-    let label = match (label, opts.tls) {
-        (label, false) => label.to_owned(),
-        ("direct", true) => "direct (TLS)".to_owned(),
-        (label, true) => format!("{}, TLS)", label.trim_end_matches(')')),
     };
     let label = label.as_str();
     let progress = progress_bar(opts.progress, plan.intents.len() as u64, label);

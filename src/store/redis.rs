@@ -301,6 +301,27 @@ fn meta_key(name: &str) -> String {
     }
 }
 
+/// `SET key value NX`: whether this call wrote it.
+async fn meta_set_if_absent(c: &mut Link, key: &str, value: &str) -> Result<bool, StoreError> {
+    let set: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .query_async(c)
+        .await
+        .map_err(backend)?;
+    Ok(set.is_some())
+}
+
+/// `GET key` of a meta value.
+async fn meta_get(c: &mut Link, key: &str) -> Result<Option<String>, StoreError> {
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(c)
+        .await
+        .map_err(backend)
+}
+
 /// One hash tag per primary in a `CLUSTER SLOTS` reply: the first of `s0`, `s1`, ... whose
 /// slot that primary serves. Every instance computes the same tags from the same slot map;
 /// after a resharding the tags move with it, and the next check writes the copies anew.
@@ -616,12 +637,7 @@ impl RedisStore {
         keys.extend(copy_tags(&slots).iter().map(|t| format!("{key}:{{{t}}}")));
         let mut found: Vec<Option<String>> = Vec::with_capacity(keys.len());
         for k in &keys {
-            let v: Option<String> = redis::cmd("GET")
-                .arg(k)
-                .query_async(&mut c)
-                .await
-                .map_err(backend)?;
-            found.push(v);
+            found.push(meta_get(&mut c, k).await?);
         }
         let mut values: Vec<&String> = found.iter().flatten().collect();
         values.sort();
@@ -635,21 +651,11 @@ impl RedisStore {
                     })
                 }
                 Some(v) => {
-                    let set: Option<String> = redis::cmd("SET")
-                        .arg(&key)
-                        .arg(v)
-                        .arg("NX")
-                        .query_async(&mut c)
-                        .await
-                        .map_err(backend)?;
-                    let won: Option<String> = redis::cmd("GET")
-                        .arg(&key)
-                        .query_async(&mut c)
-                        .await
-                        .map_err(backend)?;
+                    let set = meta_set_if_absent(&mut c, &key, v).await?;
+                    let won = meta_get(&mut c, &key).await?;
                     found[0] = won.clone();
                     match won {
-                        Some(w) => (w, set.is_some()),
+                        Some(w) => (w, set),
                         None => return Err(corrupt(&format!("{key} vanished as it was set"))),
                     }
                 }
@@ -665,16 +671,10 @@ impl RedisStore {
         };
         for (k, v) in keys.iter().zip(&found) {
             if v.is_none() {
-                let set: Option<String> = redis::cmd("SET")
-                    .arg(k)
-                    .arg(&value)
-                    .arg("NX")
-                    .query_async(&mut c)
-                    .await
-                    .map_err(backend)?;
+                let set = meta_set_if_absent(&mut c, k, &value).await?;
                 // Putting back what another copy held is restoring; `created` says that
                 // this instance's offer went in somewhere.
-                created |= set.is_some() && offer == Some(value.as_str());
+                created |= set && offer == Some(value.as_str());
             }
         }
         if offer.is_some() {
@@ -1533,23 +1533,10 @@ impl Store for RedisStore {
             // value that won. Two commands rather than `SET NX GET`, which Redis before
             // 7.0 refuses; this runs at start-up and every `scope_secret_check_interval`.
             let created = match offer {
-                Some(v) => {
-                    let set: Option<String> = redis::cmd("SET")
-                        .arg(&key)
-                        .arg(v)
-                        .arg("NX")
-                        .query_async(&mut c)
-                        .await
-                        .map_err(backend)?;
-                    set.is_some()
-                }
+                Some(v) => meta_set_if_absent(&mut c, &key, v).await?,
                 None => false,
             };
-            let value: Option<String> = redis::cmd("GET")
-                .arg(&key)
-                .query_async(&mut c)
-                .await
-                .map_err(backend)?;
+            let value = meta_get(&mut c, &key).await?;
             // Every record id hangs on the secret: one lost in a failover would orphan every
             // record. With replica acknowledgement on, it must be on the replicas too.
             // A replica that has only just finished its first sync can let a WAIT run out
