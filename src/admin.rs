@@ -24,9 +24,8 @@ use crate::scope::ScopeSecret;
 use crate::secret::SecretHealth;
 use crate::store::{deadline, Completed, Deleted, RecordState, RecordView, Store};
 
-/// Largest request body the admin listener reads (an operator's recorded answer).
 /// The largest request body the admin API takes (a `complete` with its answer).
-pub const MAX_BODY: usize = 16 * 1024 * 1024;
+pub use crate::limits::ADMIN_MAX_BODY as MAX_BODY;
 /// How long the admin listener waits for a request body.
 const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Records examined per page of `GET /records`, unless `count` says otherwise (at most

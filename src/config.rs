@@ -1219,7 +1219,7 @@ impl Settings {
                     }),
             );
             if let Some((key, largest)) = named.max_by_key(|(_, n)| *n) {
-                let needed = largest.saturating_add(crate::proxy::ANSWER_HEAD_ROOM as u64);
+                let needed = largest.saturating_add(crate::limits::ANSWER_HEAD_ROOM as u64);
                 if (config.memory_max_bytes as u64) < needed {
                     return Err(invalid(
                         "memory_max_bytes",
@@ -1255,7 +1255,7 @@ impl Settings {
             .map(|p| usize::try_from(p.max_response_bytes).unwrap_or(usize::MAX))
             .max()
             .unwrap_or(0);
-        envelope.max_body = Some(largest.max(crate::admin::MAX_BODY));
+        envelope.max_body = Some(largest.max(crate::limits::ADMIN_MAX_BODY));
         let pinned_secret = pinned_secret(&config)?;
         let (check, create) = (
             config.scope_secret_check_interval,

@@ -18,7 +18,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::key::RecordId;
-use crate::proxy::Outcome;
+use crate::outcome::Outcome;
 use crate::store::{
     renew_deadline, BoxFuture, Claim, ClaimRequest, Deleted, OwnerToken, RecordView, ServerStats,
     Store, StoreError, StoredResponse,

@@ -35,7 +35,9 @@ use crate::body::{self, Body};
 use crate::config::{Forward, Mode, OnAmbiguous, OnStoreError, Policy, RecordMode, Settings};
 use crate::fingerprint::{self, RequestParts, FINGERPRINT_VERSION};
 use crate::key::{self, RecordId};
+use crate::limits::ANSWER_HEAD_ROOM;
 use crate::metrics::Metrics;
+pub use crate::outcome::Outcome;
 use crate::problem::Problem;
 use crate::releases::Releases;
 use crate::request_id::{self, X_REQUEST_ID};
@@ -49,64 +51,6 @@ use crate::upstream::{self, Failure, FreshClient, UpstreamClient};
 
 /// Header added to every replayed response.
 pub const REPLAYED: &str = "idempotent-replayed";
-
-/// What happened to a request: the `outcome` of logs and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Claimed and sent upstream; the answer was recorded.
-    Forwarded,
-    /// A stored answer was replayed.
-    Replayed,
-    /// 409: another request with the key is running.
-    InProgress,
-    /// 422: the key was used with a different request.
-    Mismatch,
-    /// A protected method without a key, on a route that does not require one.
-    Unprotected,
-    /// A method or route that idemgate does not protect.
-    Passthrough,
-    /// The client's request was refused (bad key, missing key, body too large or too slow).
-    Rejected,
-    /// The store failed (503, or forwarded unprotected by `on_store_error = "forward"`).
-    StoreError,
-    /// The upstream could not be reached; the claim was released.
-    UpstreamError,
-    /// Sent, outcome unknown (504), or a retry of such a request (409 outcome-unknown).
-    Ambiguous,
-    /// A retry of a request whose answer was too large to keep (409 response-not-stored).
-    NotStored,
-    /// Refused, nothing claimed: every slot busy and the queue full or waited out, or the
-    /// budget of bodies being buffered and written (`max_buffered_bytes`) spent.
-    Overloaded,
-    /// Sent; the upstream's answer has a `release_on_status` status: passed on, not
-    /// recorded, the claim released.
-    Released,
-    /// On a route in `mode = "observe"`: forwarded whatever enforcing would have done
-    /// (what that was is counted in `idemgate_observed_total`).
-    Observed,
-}
-
-impl Outcome {
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Forwarded => "forwarded",
-            Outcome::Replayed => "replayed",
-            Outcome::InProgress => "in_progress",
-            Outcome::Mismatch => "mismatch",
-            Outcome::Unprotected => "unprotected",
-            Outcome::Passthrough => "passthrough",
-            Outcome::Rejected => "rejected",
-            Outcome::StoreError => "store_error",
-            Outcome::UpstreamError => "upstream_error",
-            Outcome::Ambiguous => "ambiguous",
-            Outcome::NotStored => "not_stored",
-            Outcome::Overloaded => "overloaded",
-            Outcome::Released => "released",
-            Outcome::Observed => "observed",
-        }
-    }
-}
 
 /// The proxy service. Cheap to clone: one per connection.
 #[derive(Clone)]
@@ -1573,11 +1517,6 @@ impl Drop for PendingClaim<'_> {
 fn idle_per_thread(c: &crate::config::Config) -> usize {
     (c.pass_through_share() / c.worker_threads.max(1)).max(1)
 }
-
-/// Room for a recorded answer's head: its status, and headers as hyper's client reads them
-/// at most (its read buffer is 400 KiB; answers with more than 64 KiB of headers are rare
-/// enough to be recorded without their body).
-pub(crate) const ANSWER_HEAD_ROOM: usize = 64 * 1024;
 
 /// What a claim reserves in a store with a byte cap: the largest answer the route records.
 fn answer_room(policy: &Policy) -> usize {
