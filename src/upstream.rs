@@ -297,7 +297,8 @@ pub fn is_hop_by_hop(name: &HeaderName) -> bool {
 }
 
 /// Rewrites a client request into the upstream's: absolute URI on the upstream origin,
-/// HTTP/1.1, hop-by-hop headers removed, `Host` set to the upstream, `X-Forwarded-*` added.
+/// hop-by-hop headers removed, the client's `Host` dropped (the client library writes the
+/// upstream's as the protocol needs it), `X-Forwarded-*` added.
 pub fn prepare(req: &mut Request<Body>, upstream: &Upstream, client: SocketAddr) {
     let original_host = req.headers().get(HOST).cloned().or_else(|| {
         // HTTP/2 clients send :authority (in the URI) instead of Host; read it before the
@@ -320,7 +321,12 @@ pub fn prepare(req: &mut Request<Body>, upstream: &Upstream, client: SocketAddr)
     *req.version_mut() = Version::HTTP_11;
     let h = req.headers_mut();
     strip_hop_by_hop(h);
-    h.insert(HOST, upstream.host.clone());
+    // The authority travels in the URI. Which protocol carries it is known only once the
+    // connection's ALPN is (an `https://` upstream may pick h2): hyper-util's client writes
+    // `Host` from the URI on HTTP/1.1 only, and over h2 hyper sends the URI's authority as
+    // `:authority`. A `Host` set here would go out beside `:authority` on h2, which nginx
+    // refuses as a duplicate host (RFC 9113 8.3.1 allows one only if they agree).
+    h.remove(HOST);
     let xff = HeaderName::from_static("x-forwarded-for");
     let forwarded_for = match h.get(&xff).and_then(|v| v.to_str().ok()) {
         Some(prev) => HeaderValue::from_str(&format!("{prev}, {}", client.ip())).ok(),
