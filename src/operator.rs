@@ -101,7 +101,7 @@ impl Resolver {
                     .map_err(|e| format!("`client_certificate` is not PEM: {e}"))?;
                 Some(
                     authorities
-                        .identify(&chain)
+                        .identify_for_lookup(&chain)
                         .map_err(|e| format!("`client_certificate`: {e}"))?,
                 )
             }
