@@ -1356,7 +1356,13 @@ impl Settings {
                 refused = refused.or(Some(PathError::FormatSuffix(ext)));
             }
         }
-        let forward = if rules.case_insensitive || (params && refused.is_none()) || fold_suffix {
+        // The scope's form decodes every escape, so it is not a path to send: a path that
+        // was not already normal goes in its RFC 3986 form (path::forward_form).
+        let forward = if rules.case_insensitive
+            || (params && refused.is_none())
+            || fold_suffix
+            || normalized.is_some()
+        {
             match path::forward_form(raw, rules)? {
                 Cow::Borrowed(_) => Forward::AsSent,
                 Cow::Owned(p) => Forward::Path(p),

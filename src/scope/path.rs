@@ -2,12 +2,21 @@
 //! use, so that `/v1/transfers`, `/v1//transfers/`, `/v1/%74ransfers` and
 //! `/v1/./transfers` are one operation, as they are to most upstream frameworks.
 //!
-//! RFC 3986 section 6.2.2 normalization, in its order: percent-encodings of unreserved
-//! characters decoded and the others written with uppercase hex (6.2.2.1-2), then dot
-//! segments removed (6.2.2.3, with the algorithm of 5.2.4). On top of that, unless the
+//! Two requests are one operation when the upstream's framework hands its handler the same
+//! decoded route parameters, and every framework decodes percent-escapes before it does: so
+//! the scope's form decodes the escape of every character that may also come raw
+//! (`alice%40example.com` is `alice@example.com`, as JavaScript's `encodeURIComponent` and
+//! Python's requests spell one account two ways), not only RFC 3986's unreserved ones; a
+//! character that cannot come raw (space, bytes beyond ASCII) keeps its one spelling, its
+//! uppercase escape. Dot segments are removed (RFC 3986 5.2.4). Unless the
 //! route asks for `path_match = "strict"`, empty segments (repeated slashes) are dropped and
-//! a trailing slash is ignored; with `case_insensitive_paths = true` the letters are
-//! compared in lower case (percent-encodings keep their uppercase hex).
+//! a trailing slash is ignored; with `case_insensitive_paths = true` ASCII letters are
+//! compared in lower case. An encoded `;` or `%` stays an escape in that form, so decoding
+//! can never make a parameter or an escape of its own.
+//!
+//! What is forwarded is the RFC 3986 form (section 6.2.2: unreserved escapes decoded, the
+//! others in uppercase hex, dot segments removed), which the upstream decodes to the same
+//! parameters, with the client's letter case kept.
 //!
 //! Frameworks fold more than RFC 3986, and what they fold is the same handler:
 //! - `;` path parameters (`/v1/transfers;jsessionid=A`, `/v1;v=2/transfers`) are cut off
@@ -19,10 +28,12 @@
 //!
 //! Some spellings cannot be normalized safely, because upstreams disagree on what they
 //! mean: an encoded `/` or `\` (one segment to some frameworks, two to others), a raw `\`,
-//! dot segments that climb above the root or carry parameters (`..;x`, a traversal to
-//! Tomcat, a name to others), segments that are only dots and spaces on a case-insensitive
-//! route, and broken percent-encoding. Protected requests with such a path are refused (400
-//! `invalid-path`) instead of being guessed at.
+//! an encoded control character (Starlette routes `/v1/transfers%0A` to `/v1/transfers`),
+//! escapes that are not UTF-8 (replaced by U+FFFD, so `jos%E9` and `jos%E8` become one
+//! account, or refused), dot segments that climb above the root or carry parameters
+//! (`..;x`, a traversal to Tomcat, a name to others), segments that are only dots and
+//! spaces on a case-insensitive route, and broken percent-encoding. Protected requests with
+//! such a path are refused (400 `invalid-path`) instead of being guessed at.
 
 use std::borrow::Cow;
 
@@ -66,6 +77,16 @@ pub enum PathError {
     /// `;` path parameters, on a route that does not accept them (`path_params`).
     #[error("the path has ';' parameters (servlet containers cut them off before routing); this route refuses them: send the path without them, or set path_params = \"strip\" on the route")]
     PathParams,
+    /// An escape that decodes to a control character (`%00` to `%1F`, `%7F`): a trailing
+    /// `%0A` is cut off by some frameworks' routing (Starlette's regular expressions) and
+    /// kept by others.
+    #[error("the path contains an encoded control character, which upstreams read differently")]
+    ControlCharacter,
+    /// Escapes that do not decode to UTF-8, which frameworks replace (U+FFFD) or refuse.
+    #[error(
+        "the path's percent-encoding does not decode to UTF-8, which upstreams read differently"
+    )]
+    InvalidUtf8,
     /// A format suffix (`/v1/transfers.json`) that the route does not list.
     #[error("the path ends in a format suffix ('.{0}') that frameworks such as Rails route to the same handler; this route does not list it in format_suffixes: send the path without it")]
     FormatSuffix(FormatExt),
@@ -198,17 +219,51 @@ pub fn forward_form(path: &str, rules: PathRules) -> Result<Cow<'_, str>, PathEr
 }
 
 fn normalize_as(path: &str, form: Form) -> Result<Cow<'_, str>, PathError> {
-    let rules = form.rules;
     if is_normal(path, form) {
         return Ok(Cow::Borrowed(path));
     }
+    let (scoped, forwarded) = both_forms(path, form)?;
+    Ok(Cow::Owned(if form.keep_params {
+        forwarded
+    } else {
+        scoped
+    }))
+}
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
+
+fn push_escape(s: &mut Vec<u8>, v: u8) {
+    s.extend_from_slice(&[b'%', HEX[usize::from(v >> 4)], HEX[usize::from(v & 0xf)]]);
+}
+
+/// Whether the scope's form keeps byte `v` as an escape: bytes beyond ASCII (kept as the
+/// escapes of their UTF-8, as before, so that records of such paths keep their ids), `%` and
+/// `;` (which decoding would turn into an escape or a parameter of the scope's own), and
+/// the characters a request target cannot carry raw (space, `#`, `<`, `>`, `?` and the
+/// backquote), whose escape is their only spelling. Every other character is decoded: its
+/// raw and escaped spellings are one parameter to every framework.
+fn keeps_escape(v: u8) -> bool {
+    v >= 0x80 || matches!(v, b' ' | b'#' | b'%' | b';' | b'<' | b'>' | b'?' | b'`')
+}
+
+/// The path's two forms, built side by side: the scope's (every escape of a character that
+/// may also come raw decoded, as the upstream's framework decodes it before it hands a
+/// parameter to its handler) and the one forwarded (RFC 3986 6.2.2: unreserved escapes decoded, the others in uppercase hex, so
+/// the upstream decodes it to the same parameters the scope has). Their `/` and raw `;` sit
+/// at the same places, so their segments pair up.
+fn both_forms(path: &str, form: Form) -> Result<(String, String), PathError> {
+    let rules = form.rules;
     if !path.starts_with('/') {
         return Err(PathError::NotAbsolute);
     }
-    // 6.2.2.1 and 6.2.2.2: percent-encodings. An encoded `;` stays encoded (it is
-    // reserved), so a raw `;` in `decoded` is one the client sent raw: a parameter.
+    // 6.2.2.1 and 6.2.2.2: percent-encodings. An encoded `;` stays encoded in both forms
+    // (so a raw `;` is one the client sent raw: a parameter), and so does an encoded `%`
+    // (so the scope's escapes cannot be forged by decoding).
     let b = path.as_bytes();
-    let mut decoded = String::with_capacity(path.len());
+    let mut scoped: Vec<u8> = Vec::with_capacity(path.len());
+    let mut forwarded: Vec<u8> = Vec::with_capacity(path.len());
+    // Every escape decoded, to check that they spell UTF-8.
+    let mut text: Vec<u8> = Vec::with_capacity(path.len());
     let mut i = 0;
     while i < b.len() {
         let c = b[i];
@@ -220,16 +275,18 @@ fn normalize_as(path: &str, form: Form) -> Result<Cow<'_, str>, PathError> {
                 return Err(PathError::BadPercent);
             };
             let v = hi << 4 | lo;
-            if v == b'/' || v == b'\\' {
-                return Err(PathError::EncodedSeparator);
+            match v {
+                b'/' | b'\\' => return Err(PathError::EncodedSeparator),
+                0x00..=0x1f | 0x7f => return Err(PathError::ControlCharacter),
+                v if keeps_escape(v) => push_escape(&mut scoped, v),
+                _ => scoped.push(v),
             }
             if is_unreserved(v) {
-                decoded.push(char::from(v));
+                forwarded.push(v);
             } else {
-                decoded.push('%');
-                decoded.push(char::from(b"0123456789ABCDEF"[usize::from(hi)]));
-                decoded.push(char::from(b"0123456789ABCDEF"[usize::from(lo)]));
+                push_escape(&mut forwarded, v);
             }
+            text.push(v);
             i += 3;
         } else if c == b'\\' {
             return Err(PathError::Backslash);
@@ -237,35 +294,43 @@ fn normalize_as(path: &str, form: Form) -> Result<Cow<'_, str>, PathError> {
             // A raw byte (UTF-8 sent unencoded, as curl and decoding gateways do) is the
             // same byte as its escape: `jos\xc3\xa9` and `jos%C3%A9` are one payee. Kept
             // a byte, never read as a Latin-1 character and re-encoded as two.
-            decoded.push('%');
-            decoded.push(char::from(b"0123456789ABCDEF"[usize::from(c >> 4)]));
-            decoded.push(char::from(b"0123456789ABCDEF"[usize::from(c & 0xf)]));
+            push_escape(&mut scoped, c);
+            push_escape(&mut forwarded, c);
+            text.push(c);
             i += 1;
         } else {
-            decoded.push(char::from(c));
+            scoped.push(c);
+            forwarded.push(c);
+            text.push(c);
             i += 1;
         }
     }
+    // Escapes that decode to invalid UTF-8: frameworks replace them (Starlette's U+FFFD
+    // makes `jos%E9` and `jos%E8` one account) or refuse them; neither can be folded.
+    if std::str::from_utf8(&text).is_err() {
+        return Err(PathError::InvalidUtf8);
+    }
+    // Only ASCII was written, escapes included.
+    let scoped = String::from_utf8(scoped).map_err(|_| PathError::InvalidUtf8)?;
+    let forwarded = String::from_utf8(forwarded).map_err(|_| PathError::InvalidUtf8)?;
     // 6.2.2.3: dot segments (5.2.4), and the slash rules; parameters and trailing dots
     // come off each segment first, as the frameworks that fold them do before they route.
-    let mut out: Vec<(&str, &str)> = Vec::new();
+    let mut out: Vec<(&str, &str, &str)> = Vec::new();
     let mut ends_in_dir = false;
-    for seg in decoded[1..].split('/') {
-        let (name, params) = match seg.find(';') {
-            Some(at) => seg.split_at(at),
-            None => (seg, ""),
-        };
+    for (seg, fwd) in scoped[1..].split('/').zip(forwarded[1..].split('/')) {
+        let (name, _) = split_params(seg);
+        let (fwd_name, params) = split_params(fwd);
         if !params.is_empty() && (name == "." || name == "..") {
             return Err(PathError::DotSegmentParams);
         }
-        let name = if rules.case_insensitive && name != "." && name != ".." {
+        let (name, fwd_name) = if rules.case_insensitive && name != "." && name != ".." {
             let kept = trim_dots_and_spaces(name);
             if kept.is_empty() && !name.is_empty() {
                 return Err(PathError::OnlyDots);
             }
-            kept
+            (kept, trim_dots_and_spaces(fwd_name))
         } else {
-            name
+            (name, fwd_name)
         };
         let params = if form.keep_params { params } else { "" };
         match name {
@@ -278,26 +343,39 @@ fn normalize_as(path: &str, form: Form) -> Result<Cow<'_, str>, PathError> {
             }
             "" if !rules.strict && params.is_empty() => {}
             s => {
-                out.push((s, params));
+                out.push((s, fwd_name, params));
                 ends_in_dir = false;
             }
         }
     }
-    let mut normal = String::with_capacity(decoded.len());
-    for (seg, params) in &out {
+    let mut normal = String::with_capacity(scoped.len());
+    let mut sent = String::with_capacity(forwarded.len());
+    for (seg, fwd, params) in &out {
         normal.push('/');
         normal.push_str(seg);
-        normal.push_str(params);
+        sent.push('/');
+        sent.push_str(fwd);
+        sent.push_str(params);
     }
     // Strict paths keep the directory form that 5.2.4 leaves (`/a/.` is `/a/`); an empty
     // last segment of a strict path was pushed above and already gives its slash.
-    if normal.is_empty() || (rules.strict && ends_in_dir) {
-        normal.push('/');
+    for s in [&mut normal, &mut sent] {
+        if s.is_empty() || (rules.strict && ends_in_dir) {
+            s.push('/');
+        }
     }
     if form.fold_case {
         lowercase_outside_escapes(&mut normal);
     }
-    Ok(Cow::Owned(normal))
+    Ok((normal, sent))
+}
+
+/// A segment and its `;` parameters (from the first raw `;` on).
+fn split_params(seg: &str) -> (&str, &str) {
+    match seg.find(';') {
+        Some(at) => seg.split_at(at),
+        None => (seg, ""),
+    }
 }
 
 /// A segment without its trailing dots and (encoded) spaces, as Windows servers read it.
@@ -314,7 +392,8 @@ fn trim_dots_and_spaces(mut seg: &str) -> &str {
 }
 
 /// ASCII letters to lower case, except the hex digits of percent-encodings, which RFC 3986
-/// wants in upper case.
+/// wants in upper case. Other letters keep their case: frameworks that route without case
+/// compare ASCII.
 fn lowercase_outside_escapes(s: &mut String) {
     let mut bytes = std::mem::take(s).into_bytes();
     let mut i = 0;
@@ -360,12 +439,19 @@ mod tests {
             "/v1/payees/jos%c3%a9",
         ] {
             assert_eq!(n(p, LENIENT).unwrap(), "/v1/payees/jos%C3%A9", "{p:?}");
+            assert_eq!(
+                forward_form(p, LENIENT).unwrap(),
+                "/v1/payees/jos%C3%A9",
+                "{p:?}"
+            );
         }
         // Never a byte read as a Latin-1 character and encoded again.
-        assert!(!n("/v1/payees/jos\u{e9}", LENIENT)
+        assert!(!forward_form("/v1/payees/jos\u{e9}", LENIENT)
             .unwrap()
             .contains("%C3%83"));
         assert_eq!(n("/\u{20ac}", NOCASE).unwrap(), "/%E2%82%AC");
+        // Other letters than ASCII keep their case on a case-insensitive route.
+        assert_eq!(n("/%c3%89", NOCASE).unwrap(), "/%C3%89");
     }
 
     #[test]
@@ -402,11 +488,69 @@ mod tests {
     }
 
     #[test]
-    fn reserved_escapes_stay_escaped_in_upper_case() {
-        assert_eq!(n("/a%3ab", LENIENT).unwrap(), "/a%3Ab");
+    fn every_escape_is_decoded_for_the_scope_and_reserved_ones_stay_escaped_upstream() {
+        assert_eq!(n("/a%3ab", LENIENT).unwrap(), "/a:b");
+        assert_eq!(forward_form("/a%3ab", LENIENT).unwrap(), "/a%3Ab");
         assert_eq!(n("/caf%c3%a9", LENIENT).unwrap(), "/caf%C3%A9");
-        assert_ne!(n("/a%3Ab", LENIENT).unwrap(), n("/a:b", LENIENT).unwrap());
+        assert_eq!(forward_form("/caf%c3%a9", LENIENT).unwrap(), "/caf%C3%A9");
+        assert_eq!(n("/a%3Ab", LENIENT).unwrap(), n("/a:b", LENIENT).unwrap());
         assert_eq!(n("/%7E", LENIENT).unwrap(), "/~");
+        // What frameworks decode before the handler sees a parameter: one account, however
+        // the client's library escaped it.
+        for c in "@:+,=$&!*'()[]|\"^{}".chars() {
+            let raw = format!("/v1/accounts/alice{c}example.com/transfers");
+            let escaped = format!(
+                "/v1/accounts/alice%{:02X}example.com/transfers",
+                u32::from(c)
+            );
+            let lower = format!(
+                "/v1/accounts/alice%{:02x}example.com/transfers",
+                u32::from(c)
+            );
+            assert_eq!(n(&escaped, LENIENT).unwrap(), raw, "{c:?}");
+            assert_eq!(n(&lower, LENIENT).unwrap(), n(&escaped, LENIENT).unwrap());
+        }
+        // What cannot come raw keeps its escape, its one spelling.
+        for (escaped, normal) in [
+            ("/a%20b", "/a%20b"),
+            ("/a%3cb%3E", "/a%3Cb%3E"),
+            ("/%3f%23%60", "/%3F%23%60"),
+        ] {
+            assert_eq!(n(escaped, LENIENT).unwrap(), normal);
+        }
+        // An encoded `;` and `%` stay escapes: never a parameter, never another escape.
+        assert_eq!(n("/a%3Bb", LENIENT).unwrap(), "/a%3Bb");
+        assert_eq!(n("/a%2541", LENIENT).unwrap(), "/a%2541");
+        assert_ne!(n("/a%2541", LENIENT).unwrap(), n("/aA", LENIENT).unwrap());
+        assert_ne!(
+            n("/a%253Bb", LENIENT).unwrap(),
+            n("/a%3Bb", LENIENT).unwrap()
+        );
+    }
+
+    #[test]
+    fn control_characters_and_invalid_utf8_are_refused() {
+        for p in [
+            "/v1/transfers%0A",
+            "/v1/transfers%0a",
+            "/v1/%00x",
+            "/v1/a%7F",
+            "/%1f",
+        ] {
+            assert_eq!(n(p, LENIENT), Err(PathError::ControlCharacter), "{p}");
+            assert_eq!(forward_form(p, LENIENT), Err(PathError::ControlCharacter));
+        }
+        for p in [
+            "/v1/payees/jos%E9",
+            "/v1/payees/jos%E8",
+            "/%C3",
+            "/%C3%28",
+            "/%ED%A0%80",
+        ] {
+            assert_eq!(n(p, LENIENT), Err(PathError::InvalidUtf8), "{p}");
+        }
+        // The replacement character itself, sent as such, is a name like any other.
+        assert_eq!(n("/jos%EF%BF%BD", LENIENT).unwrap(), "/jos%EF%BF%BD");
     }
 
     #[test]
@@ -438,7 +582,8 @@ mod tests {
     #[test]
     fn case_insensitive_paths_fold_letters_not_escapes() {
         assert_eq!(n("/V1/Transfers/", NOCASE).unwrap(), "/v1/transfers");
-        assert_eq!(n("/a%3a", NOCASE).unwrap(), "/a%3A");
+        assert_eq!(n("/a%3a", NOCASE).unwrap(), "/a:");
+        assert_eq!(n("/A%3b", NOCASE).unwrap(), "/a%3B");
         assert_eq!(n("/%41", NOCASE).unwrap(), "/a");
         assert_eq!(n("/V1/Transfers", LENIENT).unwrap(), "/V1/Transfers");
     }
@@ -490,6 +635,10 @@ mod tests {
         // Elsewhere they are other paths.
         assert_eq!(n("/v1/transfers.", LENIENT).unwrap(), "/v1/transfers.");
         assert_eq!(n("/v1/transfers%20", LENIENT).unwrap(), "/v1/transfers%20");
+        assert_eq!(
+            forward_form("/v1/transfers%20", LENIENT).unwrap(),
+            "/v1/transfers%20"
+        );
         // Only dots and spaces: folded to something else by Windows, refused.
         for p in ["/v1/.../x", "/v1/%20", "/v1/.%20"] {
             assert_eq!(n(p, NOCASE), Err(PathError::OnlyDots), "{p}");
