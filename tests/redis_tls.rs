@@ -200,6 +200,16 @@ async fn the_documented_acl_user_is_enough_and_no_more() {
     let denied = redis_cli_as(redis.port, password, &["FLUSHALL"]);
     assert!(denied.contains("NOPERM"), "{denied}");
 
+    // Any database, not only 0: the connection selects it (`SELECT`), which the line
+    // allows.
+    let mut other_db = c.clone();
+    other_db.redis_url = Some(format!("redis://127.0.0.1:{}/3", redis.port));
+    let up3 = Upstream::start().await;
+    other_db.upstream = up3.url();
+    let app = spawn_app(other_db).await;
+    one_key_executes_once(&app, &up3).await;
+    app.shutdown().await;
+
     // A wrong password stops start-up (exit 69), naming the address.
     c.redis_password = Some("wrong-password".into());
     let e = idemgate::start(c).await.err().expect("refused");
