@@ -69,10 +69,13 @@ where
     fn size_hint(&self) -> hyper::body::SizeHint {
         let mut hint = self.rest.size_hint();
         let n: u64 = self.prefix.iter().map(|p| p.len() as u64).sum();
-        hint.set_lower(hint.lower() + n);
+        // The upper bound first: `set_lower` panics on a lower bound above the upper one,
+        // which raising the lower first would make of any exact hint (a body read in part,
+        // whose rest knows its remaining length).
         if let Some(upper) = hint.upper() {
-            hint.set_upper(upper + n);
+            hint.set_upper(upper.saturating_add(n));
         }
+        hint.set_lower(hint.lower().saturating_add(n));
         hint
     }
 }
@@ -151,5 +154,38 @@ impl hyper::body::Body for Chunked {
 
     fn size_hint(&self) -> hyper::body::SizeHint {
         hyper::body::SizeHint::with_exact(self.rest.len() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::body::Body as _;
+
+    #[test]
+    fn a_prefixed_body_adds_its_prefix_to_an_exact_hint_without_panicking() {
+        // The rest of a body read in part: exactly 5 bytes left, 7 already read.
+        let rest = Full::new(Bytes::from_static(b"world"));
+        let body = prefixed(vec![Bytes::from_static(b"hello, ")], rest);
+        let hint = body.size_hint();
+        assert_eq!((hint.lower(), hint.upper()), (12, Some(12)));
+        // A rest of unknown length stays unbounded above.
+        let hint = prefixed(vec![Bytes::from_static(b"ab")], Unknown).size_hint();
+        assert_eq!((hint.lower(), hint.upper()), (2, None));
+    }
+
+    /// A body that says nothing of its length.
+    struct Unknown;
+
+    impl hyper::body::Body for Unknown {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
+            std::task::Poll::Pending
+        }
     }
 }
