@@ -183,6 +183,14 @@ impl Problem {
         // rather than panic on the request path.
         let body = serde_json::to_vec(&doc).unwrap_or_else(|_| b"{}".to_vec());
         let mut res = Response::new(crate::body::full(body));
+        // What the route's error format needs to write the same answer in its dialect
+        // (see [`in_dialect`]), kept beside the problem document rather than parsed back.
+        res.extensions_mut().insert(Said {
+            problem: self,
+            detail: doc.detail,
+            record_id: doc.record_id,
+            retry_after: retry_after_secs,
+        });
         *res.status_mut() = self.status();
         let h = res.headers_mut();
         h.insert(
@@ -194,5 +202,325 @@ impl Problem {
             h.insert(RETRY_AFTER, HeaderValue::from(secs));
         }
         res
+    }
+}
+
+/// What a problem response said, kept in its extensions for [`in_dialect`].
+#[derive(Debug, Clone)]
+struct Said {
+    problem: Problem,
+    detail: String,
+    record_id: Option<String>,
+    retry_after: Option<u64>,
+}
+
+/// The shape of idemgate's own answers on a route (`error_format`): the API's dialect, so
+/// that its clients (and their SDKs) read idemgate's refusals as the errors they are.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum ErrorFormat {
+    /// RFC 9457 `application/problem+json` (the default).
+    #[default]
+    Problem,
+    /// Stripe's: `{"error": {"type", "code", "message", "doc_url"}}`, with the types its
+    /// SDKs map to exception classes and `Stripe-Should-Retry` where a retry is safe.
+    Stripe,
+    /// An API's own JSON shape: a document whose strings may hold the placeholders of
+    /// [`PLACEHOLDERS`] (see [`render_template`]).
+    Template(std::sync::Arc<serde_json::Value>),
+}
+
+/// The placeholders a template may use.
+pub const PLACEHOLDERS: [&str; 6] = [
+    "status",
+    "code",
+    "title",
+    "detail",
+    "record_id",
+    "retry_after",
+];
+
+/// Checks a template: a JSON document whose strings use no placeholder but those of
+/// [`PLACEHOLDERS`]. The error names the first unknown one.
+pub fn parse_template(text: &str) -> Result<serde_json::Value, String> {
+    let doc: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("not a JSON document: {e}"))?;
+    fn check(v: &serde_json::Value) -> Result<(), String> {
+        match v {
+            serde_json::Value::String(s) => {
+                let mut rest = s.as_str();
+                while let Some(open) = rest.find('{') {
+                    let after = &rest[open + 1..];
+                    let Some(close) = after.find('}') else { break };
+                    let name = &after[..close];
+                    if name.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                        && !name.is_empty()
+                        && !PLACEHOLDERS.contains(&name)
+                    {
+                        return Err(format!(
+                            "unknown placeholder {{{name}}}; the placeholders are {}",
+                            PLACEHOLDERS.map(|p| format!("{{{p}}}")).join(", ")
+                        ));
+                    }
+                    rest = &after[close + 1..];
+                }
+                Ok(())
+            }
+            serde_json::Value::Array(a) => a.iter().try_for_each(check),
+            serde_json::Value::Object(o) => o.values().try_for_each(check),
+            _ => Ok(()),
+        }
+    }
+    check(&doc)?;
+    Ok(doc)
+}
+
+/// Fills a template: a string that is exactly one placeholder becomes that value with its
+/// JSON type (`{status}` and `{retry_after}` numbers, `{record_id}` and `{retry_after}`
+/// `null` when there is none); placeholders inside a longer string are replaced by their
+/// text. Keys are left as written.
+fn render_template(template: &serde_json::Value, said: &Said) -> serde_json::Value {
+    use serde_json::Value;
+    let status = said.problem.status().as_u16();
+    let typed = |name: &str| -> Option<Value> {
+        Some(match name {
+            "status" => Value::from(status),
+            "code" => Value::from(said.problem.name()),
+            "title" => Value::from(said.problem.title()),
+            "detail" => Value::from(said.detail.as_str()),
+            "record_id" => said.record_id.clone().map_or(Value::Null, Value::from),
+            "retry_after" => said.retry_after.map_or(Value::Null, Value::from),
+            _ => return None,
+        })
+    };
+    match template {
+        Value::String(s) => {
+            if let Some(name) = s.strip_prefix('{').and_then(|r| r.strip_suffix('}')) {
+                if let Some(v) = typed(name) {
+                    return v;
+                }
+            }
+            let mut out = s.clone();
+            for name in PLACEHOLDERS {
+                let pat = format!("{{{name}}}");
+                if out.contains(&pat) {
+                    let text = match typed(name) {
+                        Some(Value::String(t)) => t,
+                        Some(Value::Null) | None => String::new(),
+                        Some(other) => other.to_string(),
+                    };
+                    out = out.replace(&pat, &text);
+                }
+            }
+            Value::String(out)
+        }
+        Value::Array(a) => Value::Array(a.iter().map(|v| render_template(v, said)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, v)| (k.clone(), render_template(v, said)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// Stripe's error `type` for a problem (what its SDKs map to exception classes), its
+/// `code`, and whether `Stripe-Should-Retry` says a retry is safe: only where nothing was
+/// forwarded, or where a retry can only find the first execution's answer.
+fn stripe_error(problem: Problem) -> (&'static str, &'static str, Option<bool>) {
+    match problem {
+        Problem::FingerprintMismatch => {
+            ("idempotency_error", "idempotency_key_reused", Some(false))
+        }
+        // Stripe's own answer to a concurrent request with the key: retried by the SDKs,
+        // which then get the first execution's answer replayed.
+        Problem::InProgress => (
+            "invalid_request_error",
+            "idempotency_key_in_use",
+            Some(true),
+        ),
+        Problem::InvalidToken => ("authentication_error", "invalid_token", Some(false)),
+        Problem::MissingKey
+        | Problem::InvalidKey
+        | Problem::MissingTenant
+        | Problem::InvalidPath
+        | Problem::InvalidMethodOverride
+        | Problem::BodyTooLarge
+        | Problem::BodyTimeout
+        | Problem::BodyUnreadable
+        | Problem::TrailersNotSupported
+        | Problem::OwnerBusy => ("invalid_request_error", problem.code(), Some(false)),
+        // Nothing was forwarded: safe to try again.
+        Problem::StoreUnavailable | Problem::UpstreamUnreachable | Problem::Overloaded => {
+            ("api_error", problem.code(), Some(true))
+        }
+        // May have executed, or executed and cannot be replayed: a retry would not help,
+        // and must not read as success.
+        Problem::OutcomeUnknown
+        | Problem::UpstreamTimeout
+        | Problem::ResponseNotStored
+        | Problem::RecordUnreadable => ("api_error", problem.code(), Some(false)),
+    }
+}
+
+impl Problem {
+    /// The name with `_` for `-`, as error codes of JSON APIs are spelt.
+    pub fn code(self) -> &'static str {
+        match self {
+            Problem::MissingKey => "missing_key",
+            Problem::InvalidKey => "invalid_key",
+            Problem::MissingTenant => "missing_tenant",
+            Problem::InvalidToken => "invalid_token",
+            Problem::InvalidPath => "invalid_path",
+            Problem::InvalidMethodOverride => "invalid_method_override",
+            Problem::BodyTooLarge => "body_too_large",
+            Problem::BodyTimeout => "body_timeout",
+            Problem::BodyUnreadable => "body_unreadable",
+            Problem::TrailersNotSupported => "trailers_not_supported",
+            Problem::InProgress => "in_progress",
+            Problem::FingerprintMismatch => "fingerprint_mismatch",
+            Problem::OutcomeUnknown => "outcome_unknown",
+            Problem::StoreUnavailable => "store_unavailable",
+            Problem::UpstreamUnreachable => "upstream_unreachable",
+            Problem::UpstreamTimeout => "upstream_timeout",
+            Problem::ResponseNotStored => "response_not_stored",
+            Problem::Overloaded => "overloaded",
+            Problem::OwnerBusy => "owner_busy",
+            Problem::RecordUnreadable => "record_unreadable",
+        }
+    }
+}
+
+/// `res` in `format`: an answer of idemgate's own (made by [`Problem::response`]) is
+/// written again in the route's dialect, with its status, `Idemgate-Error`, `Retry-After`
+/// and every other header kept; any other answer (the upstream's, a replay) is returned as
+/// it is.
+pub fn in_dialect(mut res: Response<Body>, format: &ErrorFormat) -> Response<Body> {
+    if *format == ErrorFormat::Problem {
+        return res;
+    }
+    let Some(said) = res.extensions_mut().remove::<Said>() else {
+        return res;
+    };
+    let doc = match format {
+        ErrorFormat::Problem => return res,
+        ErrorFormat::Stripe => {
+            let (kind, code, retry) = stripe_error(said.problem);
+            if let Some(retry) = retry {
+                res.headers_mut().insert(
+                    STRIPE_SHOULD_RETRY,
+                    HeaderValue::from_static(if retry { "true" } else { "false" }),
+                );
+            }
+            let mut message = said.problem.title().to_string();
+            if !said.detail.is_empty() {
+                message = format!("{message}: {}", said.detail);
+            }
+            let mut error = serde_json::json!({
+                "type": kind,
+                "code": code,
+                "message": message,
+                "doc_url": format!("{TYPE_BASE}{}", said.problem.name()),
+            });
+            if let Some(id) = &said.record_id {
+                error["record_id"] = serde_json::Value::from(id.as_str());
+            }
+            serde_json::json!({ "error": error })
+        }
+        ErrorFormat::Template(t) => render_template(t, &said),
+    };
+    let body = serde_json::to_vec(&doc).unwrap_or_else(|_| b"{}".to_vec());
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    *res.body_mut() = crate::body::full(body);
+    res
+}
+
+/// Stripe's header that tells its SDKs whether to retry.
+pub const STRIPE_SHOULD_RETRY: &str = "stripe-should-retry";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    async fn json(res: Response<Body>) -> (u16, hyper::HeaderMap, serde_json::Value) {
+        let status = res.status().as_u16();
+        let headers = res.headers().clone();
+        let body = res.into_body().collect().await.expect("body").to_bytes();
+        (
+            status,
+            headers,
+            serde_json::from_slice(&body).expect("json"),
+        )
+    }
+
+    #[tokio::test]
+    async fn stripe_errors_carry_the_types_its_sdks_map_and_whether_to_retry() {
+        let res = Problem::FingerprintMismatch.response("another amount", None, None);
+        let (status, h, doc) = json(in_dialect(res, &ErrorFormat::Stripe)).await;
+        assert_eq!(status, 422);
+        assert_eq!(doc["error"]["type"], "idempotency_error");
+        assert_eq!(h[IDEMGATE_ERROR], "fingerprint-mismatch");
+        assert_eq!(h[CONTENT_TYPE], "application/json");
+        assert_eq!(h[STRIPE_SHOULD_RETRY], "false");
+        assert!(doc["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("another amount"));
+
+        let res = Problem::InProgress.response("running", None, Some(2));
+        let (status, h, doc) = json(in_dialect(res, &ErrorFormat::Stripe)).await;
+        assert_eq!(status, 409);
+        assert_eq!(doc["error"]["code"], "idempotency_key_in_use");
+        assert_eq!(h[STRIPE_SHOULD_RETRY], "true");
+        assert_eq!(h[RETRY_AFTER], "2");
+
+        for p in [Problem::OutcomeUnknown, Problem::UpstreamTimeout] {
+            let (_, h, doc) =
+                json(in_dialect(p.response("", None, None), &ErrorFormat::Stripe)).await;
+            assert_eq!(doc["error"]["type"], "api_error", "{p:?}");
+            assert_eq!(h[STRIPE_SHOULD_RETRY], "false", "{p:?}");
+        }
+        let (_, h, _) = json(in_dialect(
+            Problem::UpstreamUnreachable.response("", None, None),
+            &ErrorFormat::Stripe,
+        ))
+        .await;
+        assert_eq!(h[STRIPE_SHOULD_RETRY], "true");
+    }
+
+    #[tokio::test]
+    async fn a_template_is_filled_with_typed_values_and_text() {
+        let t = parse_template(
+            r#"{"errors":[{"status":"{status}","code":"{code}","message":"{title} ({detail})","record":"{record_id}","retry":"{retry_after}"}],"kept":true}"#,
+        )
+        .expect("template");
+        let id = RecordId::from_hex(&"ab".repeat(32)).expect("id");
+        let res = Problem::InProgress.response("still running", Some(&id), Some(3));
+        let (status, h, doc) = json(in_dialect(res, &ErrorFormat::Template(t.into()))).await;
+        assert_eq!(status, 409);
+        assert_eq!(h[IDEMGATE_ERROR], "in-progress");
+        let e = &doc["errors"][0];
+        assert_eq!(e["status"], 409);
+        assert_eq!(e["code"], "in-progress");
+        assert_eq!(e["retry"], 3);
+        assert_eq!(e["record"], "ab".repeat(32));
+        assert_eq!(
+            e["message"],
+            "A request with this Idempotency-Key is still in progress (still running)"
+        );
+        assert_eq!(doc["kept"], true);
+        assert!(parse_template(r#"{"x":"{nope}"}"#)
+            .unwrap_err()
+            .contains("{nope}"));
+        assert!(parse_template("not json").is_err());
+    }
+
+    #[tokio::test]
+    async fn answers_not_of_idemgate_s_own_are_left_alone() {
+        let res = Response::new(crate::body::full("upstream"));
+        let out = in_dialect(res, &ErrorFormat::Stripe);
+        let body = out.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(&body[..], b"upstream");
     }
 }
