@@ -610,8 +610,10 @@ async fn serve_on(
         ))
     });
     let releases = Arc::new(Releases::new(metrics.pending_releases()));
+    let upstream_tls = settings.upstream.tls.clone();
     let proxy = Proxy::new(
         settings,
+        upstream_tls,
         store,
         scoper,
         tasks.clone(),
