@@ -69,6 +69,7 @@ pub mod store;
 pub mod telemetry;
 pub mod tls;
 pub mod upstream;
+pub mod wiring;
 
 pub use config::Config;
 pub use server::{run, start, Error, Running};
