@@ -786,7 +786,11 @@ impl Drop for CallGuard<'_> {
     }
 }
 
-impl Store for Instrumented {
+impl crate::store::Layer for Instrumented {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
         self.timed(StoreOp::Claim, self.store_timeout, self.inner.claim(req))
     }
@@ -878,50 +882,8 @@ impl Store for Instrumented {
         self.timed(StoreOp::Delete, self.store_timeout, call)
     }
 
-    fn complete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        response: &'a StoredResponse,
-        force: bool,
-    ) -> BoxFuture<'a, Result<crate::store::Completed, StoreError>> {
-        self.inner.complete(id, response, force)
-    }
-
-    fn list<'a>(
-        &'a self,
-        state: Option<crate::store::RecordState>,
-        cursor: &'a str,
-        count: usize,
-    ) -> BoxFuture<'a, Result<crate::store::Page, StoreError>> {
-        self.inner.list(state, cursor, count)
-    }
-
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         self.timed(StoreOp::Ping, self.store_timeout, self.inner.ping())
-    }
-
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-
-    fn can_list(&self) -> bool {
-        self.inner.can_list()
-    }
-
-    fn room_after(&self) -> Option<std::time::Duration> {
-        self.inner.room_after()
-    }
-
-    fn meta<'a>(
-        &'a self,
-        name: &'a str,
-        offer: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<crate::store::Meta, StoreError>> {
-        self.inner.meta(name, offer)
-    }
-
-    fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
-        self.inner.server_stats()
     }
 }
 

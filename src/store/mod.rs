@@ -24,6 +24,7 @@ use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
 use crate::scope::ScopeSecret;
 
+pub mod layer;
 pub mod memory;
 pub mod postgres;
 pub mod postgres_tls;
@@ -33,6 +34,7 @@ pub mod redis_setup;
 pub mod seal;
 pub mod sqlite;
 
+pub use self::layer::Layer;
 pub use self::memory::MemoryStore;
 pub use self::postgres::PostgresStore;
 pub use self::redis::RedisStore;

@@ -21,15 +21,14 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use aes_gcm::aead::{Aead, Payload};
 use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
-    RecordView, ServerStats, Store, StoreError, StoredResponse,
+    BoxFuture, Claim, ClaimRequest, Completed, OwnerToken, RecordView, Store, StoreError,
+    StoredResponse,
 };
 use crate::config::{AtRest, SealingKey};
 use crate::key::RecordId;
@@ -319,7 +318,11 @@ impl Enveloped {
     }
 }
 
-impl Store for Enveloped {
+impl super::Layer for Enveloped {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
         Box::pin(async move {
             match self.inner.claim(req).await? {
@@ -353,51 +356,6 @@ impl Store for Enveloped {
         })
     }
 
-    fn shorten<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        retain: std::time::Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.shorten(id, owner, retain)
-    }
-
-    fn record_not_kept<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        status: u16,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        // Nothing of the answer is kept, so nothing to seal.
-        self.inner.record_not_kept(id, owner, status)
-    }
-
-    fn renew<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.renew(id, owner, lease)
-    }
-
-    fn mark_unknown<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.mark_unknown(id, owner)
-    }
-
-    fn release<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        linger: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.release(id, owner, linger)
-    }
-
     fn inspect<'a>(
         &'a self,
         id: &'a RecordId,
@@ -416,14 +374,6 @@ impl Store for Enveloped {
         })
     }
 
-    fn delete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        force: bool,
-    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
-        self.inner.delete(id, force)
-    }
-
     fn complete<'a>(
         &'a self,
         id: &'a RecordId,
@@ -437,43 +387,6 @@ impl Store for Enveloped {
             let closed = self.envelope.close(id, response);
             self.inner.complete(id, &closed, force).await
         })
-    }
-
-    fn list<'a>(
-        &'a self,
-        state: Option<RecordState>,
-        cursor: &'a str,
-        count: usize,
-    ) -> BoxFuture<'a, Result<Page, StoreError>> {
-        self.inner.list(state, cursor, count)
-    }
-
-    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.inner.ping()
-    }
-
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-
-    fn can_list(&self) -> bool {
-        self.inner.can_list()
-    }
-
-    fn room_after(&self) -> Option<std::time::Duration> {
-        self.inner.room_after()
-    }
-
-    fn meta<'a>(
-        &'a self,
-        name: &'a str,
-        offer: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Meta, StoreError>> {
-        self.inner.meta(name, offer)
-    }
-
-    fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
-        self.inner.server_stats()
     }
 }
 
