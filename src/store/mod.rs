@@ -31,6 +31,7 @@ pub mod postgres_tls;
 pub mod redis;
 pub mod redis_link;
 pub mod redis_setup;
+mod row;
 pub mod seal;
 pub mod sqlite;
 

@@ -28,11 +28,11 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, NoTls, Row, Socket, Statement};
 
 use super::postgres_tls::PostgresSetup;
+use super::row::ViewRow;
 use super::{
     BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
     RecordView, Store, StoreError, StoredResponse,
 };
-use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
 
 /// The schema this build writes, kept in `idemgate_meta`. A database with a higher version
@@ -869,44 +869,20 @@ impl Store for PostgresStore {
 /// A record as operators see it, from a row with INSPECT's columns.
 fn view_of(id: &RecordId, r: &Row) -> Result<RecordView, StoreError> {
     let state: i16 = col(r, 0)?;
-    let fp: Vec<u8> = col(r, 1)?;
-    let fp: [u8; 32] = fp
-        .try_into()
-        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
     let fv: i32 = col(r, 2)?;
-    let (lease_left, busy_left): (i64, i64) = (col(r, 3)?, col(r, 4)?);
-    let (created, ttl): (i64, i64) = (col(r, 5)?, col(r, 6)?);
     let status: Option<i32> = col(r, 7)?;
-    let body: Option<Vec<u8>> = col(r, 8)?;
-    let kept: bool = col(r, 9)?;
-    let live = state == 0 && lease_left > 0;
-    let completed = state == 1;
-    Ok(RecordView {
-        id: id.to_string(),
-        state: if completed {
-            RecordState::Completed
-        } else if live {
-            RecordState::InProgress
-        } else {
-            RecordState::Unknown
-        },
-        created_ms: created.max(0) as u64,
-        lease_left_ms: live.then_some(lease_left as u64),
-        ttl_ms: Some(ttl.max(0) as u64),
-        owner_busy_ms: (state == 0 && busy_left > 0).then_some(busy_left as u64),
-        fingerprint: Fingerprint(fp).to_hex(),
+    let row = ViewRow {
+        state: state.into(),
+        fingerprint: col(r, 1)?,
         fingerprint_version: u16::try_from(fv)
             .map_err(|_| corrupt("fingerprint version out of range"))?,
-        status: if completed {
-            status.and_then(|s| u16::try_from(s).ok())
-        } else {
-            None
-        },
-        body: if completed {
-            body.map(|b| String::from_utf8_lossy(&b).into_owned())
-        } else {
-            None
-        },
-        body_kept: completed.then_some(kept),
-    })
+        lease_left: col(r, 3)?,
+        busy_left: col(r, 4)?,
+        created: col(r, 5)?,
+        ttl: col(r, 6)?,
+        status: status.and_then(|s| u16::try_from(s).ok()),
+        body: col(r, 8)?,
+        body_kept: col(r, 9)?,
+    };
+    row.view(id, corrupt)
 }

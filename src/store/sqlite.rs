@@ -37,11 +37,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
+use super::row::{ViewRow, COMPLETED, IN_PROGRESS, UNKNOWN};
 use super::{
     BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
     RecordView, Store, StoreError, StoredResponse,
 };
-use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
 
 /// The database file inside `store_path`.
@@ -81,10 +81,6 @@ CREATE TABLE IF NOT EXISTS withdrawn (
   PRIMARY KEY (id, owner)
 ) WITHOUT ROWID;
 ";
-
-const IN_PROGRESS: i64 = 0;
-const COMPLETED: i64 = 1;
-const UNKNOWN: i64 = 2;
 
 /// The SQLite store. Cheap to clone; clones share the connection.
 #[derive(Clone)]
@@ -832,32 +828,19 @@ fn inspect_in(
     else {
         return Ok(None);
     };
-    let fp: [u8; 32] = fp
-        .try_into()
-        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
-    let live = state == IN_PROGRESS && lease_until > now;
-    Ok(Some(RecordView {
-        id: id.to_string(),
-        state: match state {
-            COMPLETED => RecordState::Completed,
-            _ if live => RecordState::InProgress,
-            _ => RecordState::Unknown,
-        },
-        created_ms: created.max(0) as u64,
-        lease_left_ms: live.then(|| (lease_until - now) as u64),
-        ttl_ms: Some((expires - now) as u64),
-        owner_busy_ms: (state == IN_PROGRESS && busy_until > now)
-            .then(|| (busy_until - now) as u64),
-        fingerprint: Fingerprint(fp).to_hex(),
+    let row = ViewRow {
+        state,
+        fingerprint: fp,
         fingerprint_version: fv,
-        status: if state == COMPLETED { status } else { None },
-        body: if state == COMPLETED {
-            body.map(|b| String::from_utf8_lossy(&b).into_owned())
-        } else {
-            None
-        },
-        body_kept: (state == COMPLETED).then_some(kept),
-    }))
+        lease_left: lease_until - now,
+        busy_left: busy_until - now,
+        created,
+        ttl: expires - now,
+        status,
+        body,
+        body_kept: kept,
+    };
+    row.view(&id, corrupt).map(Some)
 }
 
 #[cfg(test)]
