@@ -19,10 +19,7 @@ use prometheus_client::registry::Registry;
 
 use crate::key::RecordId;
 use crate::outcome::Outcome;
-use crate::store::{
-    renew_deadline, BoxFuture, Claim, ClaimRequest, Deleted, OwnerToken, RecordView, ServerStats,
-    Store, StoreError, StoredResponse,
-};
+use crate::store::{renew_deadline, BoxFuture, Call, OwnerToken, ServerStats, Store, StoreError};
 
 /// The content type of [`Metrics::encode`]'s output (OpenMetrics text, which Prometheus
 /// scrapes natively).
@@ -791,38 +788,22 @@ impl crate::store::Layer for Instrumented {
         &*self.inner
     }
 
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        self.timed(StoreOp::Claim, self.store_timeout, self.inner.claim(req))
-    }
-
-    fn record<'a>(
+    fn around<'a, T: Send + 'a>(
         &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let call = self.inner.record(id, owner, response);
-        self.timed(StoreOp::Record, self.store_timeout, call)
-    }
-
-    fn shorten<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        retain: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let call = self.inner.shorten(id, owner, retain);
-        self.timed(StoreOp::Record, self.store_timeout, call)
-    }
-
-    fn record_not_kept<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        status: u16,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let call = self.inner.record_not_kept(id, owner, status);
-        self.timed(StoreOp::Record, self.store_timeout, call)
+        call: Call,
+        future: BoxFuture<'a, Result<T, StoreError>>,
+    ) -> BoxFuture<'a, Result<T, StoreError>> {
+        let op = match call {
+            Call::Claim => StoreOp::Claim,
+            Call::Record | Call::Shorten | Call::RecordNotKept => StoreOp::Record,
+            Call::Release => StoreOp::Release,
+            Call::Inspect => StoreOp::Inspect,
+            Call::Delete => StoreOp::Delete,
+            Call::Ping => StoreOp::Ping,
+            // Operators' and start-up's calls, and the ones stated below.
+            _ => return future,
+        };
+        self.timed(op, self.store_timeout, future)
     }
 
     fn renew<'a>(
@@ -852,38 +833,6 @@ impl crate::store::Layer for Instrumented {
             }
             r
         })
-    }
-
-    fn release<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        linger: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let call = self.inner.release(id, owner, linger);
-        self.timed(StoreOp::Release, self.store_timeout, call)
-    }
-
-    fn inspect<'a>(
-        &'a self,
-        id: &'a RecordId,
-        with_body: bool,
-    ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>> {
-        let call = self.inner.inspect(id, with_body);
-        self.timed(StoreOp::Inspect, self.store_timeout, call)
-    }
-
-    fn delete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        force: bool,
-    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
-        let call = self.inner.delete(id, force);
-        self.timed(StoreOp::Delete, self.store_timeout, call)
-    }
-
-    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.timed(StoreOp::Ping, self.store_timeout, self.inner.ping())
     }
 }
 

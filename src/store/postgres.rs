@@ -28,7 +28,7 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, NoTls, Row, Socket, Statement};
 
 use super::postgres_tls::PostgresSetup;
-use super::row::ViewRow;
+use super::row::{ViewRow, Walk};
 use super::{
     BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
     RecordView, Store, StoreError, StoredResponse,
@@ -436,17 +436,9 @@ impl PostgresStore {
     /// Sweeps expired rows every `period` in a background task, which ends when the last
     /// clone of the store is dropped.
     pub fn spawn_sweeper(&self, period: Duration) -> tokio::task::JoinHandle<()> {
-        let weak = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let Some(inner) = weak.upgrade() else { return };
-                let store = PostgresStore { inner };
-                if let Err(e) = store.sweep().await {
-                    tracing::warn!(error = %e, "sweeping expired records failed");
-                }
+        super::spawn_sweeper(&self.inner, period, |inner| async move {
+            if let Err(e) = (PostgresStore { inner }).sweep().await {
+                tracing::warn!(error = %e, "sweeping expired records failed");
             }
         })
     }
@@ -760,13 +752,7 @@ impl Store for PostgresStore {
                 .await
                 .map_err(pg)
                 .and_then(|r| col(&r, 0))?;
-            match n {
-                1 => Ok(Completed::Completed),
-                0 => Ok(Completed::NotFound),
-                2 => Ok(Completed::OwnerBusy),
-                3 => Ok(Completed::AlreadyCompleted),
-                _ => Err(corrupt("complete reply")),
-            }
+            Completed::from_code(n.into()).ok_or_else(|| corrupt("complete reply"))
         })
     }
 
@@ -793,28 +779,13 @@ impl Store for PostgresStore {
                 .query(&c.list, &[&after.as_slice(), &(count as i64)])
                 .await
                 .map_err(pg)?;
-            let mut records = Vec::new();
-            let mut last = None;
+            let mut walk = Walk::new(state);
             for r in &rows {
                 let raw: Vec<u8> = col(r, 10)?;
-                let bytes: [u8; 32] = raw
-                    .try_into()
-                    .map_err(|_| corrupt("record id is not 32 bytes"))?;
-                let id = RecordId::from_bytes(bytes);
-                let view = view_of(&id, r)?;
-                last = Some(id);
-                if state.is_none_or(|s| s == view.state) {
-                    records.push(view);
-                }
+                let id = walk.id(&raw, corrupt)?;
+                walk.saw(Some(view_of(&id, r)?));
             }
-            Ok(Page {
-                records,
-                cursor: if rows.len() == count {
-                    last.map(|id| id.to_string())
-                } else {
-                    None
-                },
-            })
+            Ok(walk.page(rows.len(), count))
         })
     }
 

@@ -1,7 +1,7 @@
 //! A record as the SQL stores (SQLite, PostgreSQL) read it for operators: the columns both
 //! keep, and the one mapping from them to a [`RecordView`].
 
-use super::{RecordState, RecordView, StoreError};
+use super::{Page, RecordState, RecordView, StoreError};
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
 
@@ -66,5 +66,58 @@ impl ViewRow {
             },
             body_kept: completed.then_some(self.body_kept),
         })
+    }
+}
+
+/// A page of [`Store::list`](super::Store::list) being read: the ids examined, in order,
+/// and the views among them in the state asked for.
+pub(super) struct Walk {
+    state: Option<RecordState>,
+    records: Vec<RecordView>,
+    last: Option<RecordId>,
+}
+
+impl Walk {
+    /// A walk that keeps the records in `state` (all if `None`).
+    pub fn new(state: Option<RecordState>) -> Walk {
+        Walk {
+            state,
+            records: Vec::new(),
+            last: None,
+        }
+    }
+
+    /// The id of the next row examined, from its 32 bytes.
+    pub fn id(
+        &mut self,
+        raw: &[u8],
+        corrupt: fn(&str) -> StoreError,
+    ) -> Result<RecordId, StoreError> {
+        let bytes: [u8; 32] = raw
+            .try_into()
+            .map_err(|_| corrupt("record id is not 32 bytes"))?;
+        let id = RecordId::from_bytes(bytes);
+        self.last = Some(id);
+        Ok(id)
+    }
+
+    /// The view of the row just examined; `None`: gone since (expired between two reads).
+    pub fn saw(&mut self, view: Option<RecordView>) {
+        if let Some(view) = view.filter(|v| self.state.is_none_or(|s| s == v.state)) {
+            self.records.push(view);
+        }
+    }
+
+    /// The page, when `examined` rows were read for `count`: a full read may have more
+    /// after it, so its last id is the cursor.
+    pub fn page(self, examined: usize, count: usize) -> Page {
+        Page {
+            records: self.records,
+            cursor: if examined == count {
+                self.last.map(|id| id.to_string())
+            } else {
+                None
+            },
+        }
     }
 }

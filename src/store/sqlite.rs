@@ -37,7 +37,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use super::row::{ViewRow, COMPLETED, IN_PROGRESS, UNKNOWN};
+use super::row::{ViewRow, Walk, COMPLETED, IN_PROGRESS, UNKNOWN};
 use super::{
     BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
     RecordView, Store, StoreError, StoredResponse,
@@ -282,18 +282,13 @@ impl SqliteStore {
     /// Sweeps expired records every `period` in a background task, which ends when the last
     /// clone of the store is dropped.
     pub fn spawn_sweeper(&self, period: Duration) -> tokio::task::JoinHandle<()> {
-        let weak = Arc::downgrade(&self.conn);
         let path = self.path.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let Some(conn) = weak.upgrade() else { return };
-                let store = SqliteStore {
-                    conn,
-                    path: path.clone(),
-                };
+        super::spawn_sweeper(&self.conn, period, move |conn| {
+            let store = SqliteStore {
+                conn,
+                path: path.clone(),
+            };
+            async move {
                 if let Err(e) = store.sweep().await {
                     tracing::warn!(error = %e, "sweeping expired records failed");
                 }
@@ -597,30 +592,10 @@ impl Store for SqliteStore {
             let tx = c
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(backend)?;
-            let row = tx
-                .query_row(
-                    "SELECT state, lease_until, busy_until FROM records
-                     WHERE id = ?1 AND expires > ?2",
-                    params![id, now],
-                    |r| {
-                        Ok((
-                            r.get::<_, i64>(0)?,
-                            r.get::<_, i64>(1)?,
-                            r.get::<_, i64>(2)?,
-                        ))
-                    },
-                )
-                .optional()
-                .map_err(backend)?;
+            let row = operator_row(&tx, id, now)?;
             let out = match row {
                 None => Deleted::NotFound,
-                Some((state, lease_until, busy_until))
-                    if !force
-                        && state == IN_PROGRESS
-                        && (lease_until > now || busy_until > now) =>
-                {
-                    Deleted::OwnerBusy
-                }
+                Some((_, true)) if !force => Deleted::OwnerBusy,
                 Some(_) => {
                     tx.execute("DELETE FROM records WHERE id = ?1", params![id])
                         .map_err(backend)?;
@@ -648,32 +623,12 @@ impl Store for SqliteStore {
             let tx = c
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(backend)?;
-            let row = tx
-                .query_row(
-                    "SELECT state, lease_until, busy_until FROM records
-                     WHERE id = ?1 AND expires > ?2",
-                    params![id, now],
-                    |r| {
-                        Ok((
-                            r.get::<_, i64>(0)?,
-                            r.get::<_, i64>(1)?,
-                            r.get::<_, i64>(2)?,
-                        ))
-                    },
-                )
-                .optional()
-                .map_err(backend)?;
+            let row = operator_row(&tx, id, now)?;
             let out = match row {
                 None => Completed::NotFound,
                 // Kept or not kept, it holds the upstream's (or an operator's) answer.
-                Some((COMPLETED, _, _)) => Completed::AlreadyCompleted,
-                Some((state, lease_until, busy_until))
-                    if !force
-                        && state == IN_PROGRESS
-                        && (lease_until > now || busy_until > now) =>
-                {
-                    Completed::OwnerBusy
-                }
+                Some((COMPLETED, _)) => Completed::AlreadyCompleted,
+                Some((_, true)) if !force => Completed::OwnerBusy,
                 Some(_) => {
                     // The owner is cleared, so the former owner's late record is refused.
                     tx.execute(
@@ -720,31 +675,12 @@ impl Store for SqliteStore {
                         .collect()
                 })
                 .map_err(backend)?;
-            let mut records = Vec::new();
-            let mut last = None;
+            let mut walk = Walk::new(state);
             for raw in &ids {
-                let bytes: [u8; 32] = raw
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| corrupt("record id is not 32 bytes"))?;
-                let id = RecordId::from_bytes(bytes);
-                last = Some(id);
-                // Gone since (expired between the two reads): nothing to show.
-                let Some(view) = inspect_in(c, id, false)? else {
-                    continue;
-                };
-                if state.is_none_or(|s| s == view.state) {
-                    records.push(view);
-                }
+                let id = walk.id(raw, corrupt)?;
+                walk.saw(inspect_in(c, id, false)?);
             }
-            Ok(Page {
-                records,
-                cursor: if ids.len() == count {
-                    last.map(|id| id.to_string())
-                } else {
-                    None
-                },
-            })
+            Ok(walk.page(ids.len(), count))
         })
     }
 
@@ -788,6 +724,33 @@ impl Store for SqliteStore {
             Ok(Meta { value, created })
         })
     }
+}
+
+/// What an operator's delete or complete checks, in its transaction: the live record's
+/// state, and whether its owner may still be working (a live lease, or busy).
+fn operator_row(
+    tx: &rusqlite::Transaction<'_>,
+    id: &[u8],
+    now: i64,
+) -> Result<Option<(i64, bool)>, StoreError> {
+    let row = tx
+        .query_row(
+            "SELECT state, lease_until, busy_until FROM records WHERE id = ?1 AND expires > ?2",
+            params![id, now],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(backend)?;
+    Ok(row.map(|(state, lease_until, busy_until)| {
+        let busy = state == IN_PROGRESS && (lease_until > now || busy_until > now);
+        (state, busy)
+    }))
 }
 
 /// A record as operators see it, read on `c`; `None` if there is none live.

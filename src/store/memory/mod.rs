@@ -226,26 +226,19 @@ impl MemoryStore {
     /// Sweeps expired records every `period` in a background task, which ends when the last
     /// clone of the store is dropped.
     pub fn spawn_sweeper(&self, period: Duration) -> tokio::task::JoinHandle<()> {
-        let weak = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let Some(inner) = weak.upgrade() else { return };
-                let store = MemoryStore { inner };
-                // As `sweep`, but yielding to the runtime after every batch that removed
-                // anything, so the sweep does not hold a worker thread either.
-                let now = Instant::now();
-                for shard in 0..SHARDS {
-                    loop {
-                        let taken = store.sweep_batch(shard, now);
-                        if taken > 0 {
-                            tokio::task::yield_now().await;
-                        }
-                        if taken < EXPIRE_BATCH {
-                            break;
-                        }
+        super::spawn_sweeper(&self.inner, period, |inner| async move {
+            let store = MemoryStore { inner };
+            // As `sweep`, but yielding to the runtime after every batch that removed
+            // anything, so the sweep does not hold a worker thread either.
+            let now = Instant::now();
+            for shard in 0..SHARDS {
+                loop {
+                    let taken = store.sweep_batch(shard, now);
+                    if taken > 0 {
+                        tokio::task::yield_now().await;
+                    }
+                    if taken < EXPIRE_BATCH {
+                        break;
                     }
                 }
             }

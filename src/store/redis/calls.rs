@@ -256,13 +256,7 @@ impl Store for RedisStore {
             if n == 1 {
                 self.acknowledged("completion", acked)?;
             }
-            match n {
-                1 => Ok(Completed::Completed),
-                0 => Ok(Completed::NotFound),
-                2 => Ok(Completed::OwnerBusy),
-                3 => Ok(Completed::AlreadyCompleted),
-                _ => Err(corrupt("complete reply")),
-            }
+            Completed::from_code(n).ok_or_else(|| corrupt("complete reply"))
         })
     }
 

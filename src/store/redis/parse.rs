@@ -41,6 +41,22 @@ pub(super) fn text_of(v: &Value) -> Option<String> {
     bytes_of(v).and_then(|b| String::from_utf8(b.to_vec()).ok())
 }
 
+/// The status and headers of a completed record, the second and third items of a claim's
+/// reply.
+fn answer_head(items: &[Value]) -> Result<(u16, Vec<(String, Bytes)>), StoreError> {
+    let status: u16 = items
+        .get(1)
+        .and_then(text_of)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| corrupt("status"))?;
+    let headers = items
+        .get(2)
+        .and_then(bytes_of)
+        .and_then(|b| StoredResponse::decode_headers(&b))
+        .ok_or_else(|| corrupt("headers"))?;
+    Ok((status, headers))
+}
+
 /// A claim's reply: what it found, or a completed record whose large body is still to read.
 pub(super) enum Parsed {
     Claim(Claim),
@@ -63,16 +79,7 @@ pub(super) fn parse_claim(v: Value) -> Result<Parsed, StoreError> {
         _ => None,
     };
     if let Some(at) = at {
-        let status: u16 = items
-            .get(1)
-            .and_then(text_of)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| corrupt("status"))?;
-        let headers = items
-            .get(2)
-            .and_then(bytes_of)
-            .and_then(|b| StoredResponse::decode_headers(&b))
-            .ok_or_else(|| corrupt("headers"))?;
+        let (status, headers) = answer_head(&items)?;
         let len = items
             .get(3)
             .and_then(text_of)
@@ -117,16 +124,7 @@ pub(super) fn parse_claim_tag(tag: &str, items: Vec<Value>) -> Result<Claim, Sto
             })
         }
         "completed" => {
-            let status: u16 = items
-                .get(1)
-                .and_then(text_of)
-                .and_then(|s| s.parse().ok())
-                .ok_or_else(|| corrupt("status"))?;
-            let headers = items
-                .get(2)
-                .and_then(bytes_of)
-                .and_then(|b| StoredResponse::decode_headers(&b))
-                .ok_or_else(|| corrupt("headers"))?;
+            let (status, headers) = answer_head(&items)?;
             let body = items
                 .get(3)
                 .and_then(bytes_of)
