@@ -245,15 +245,8 @@ pub async fn start_wrapped(
     let stop = CancellationToken::new();
     let token = stop.clone();
     let task = tokio::spawn(async move {
-        serve(
-            wired,
-            store,
-            scoper,
-            listener,
-            admin,
-            token.cancelled_owned(),
-        )
-        .await;
+        let stop = token.cancelled_owned();
+        serve_on(wired, store, scoper, listener, admin, stop, Vec::new()).await;
     });
     Ok(Running {
         addr,
@@ -470,19 +463,8 @@ impl Job {
     }
 }
 
-/// Serves on already-bound listeners until `shutdown`, then drains.
-pub async fn serve(
-    wired: Wired,
-    store: Arc<dyn Store>,
-    scoper: Scoper,
-    listener: TcpListener,
-    admin: Option<TcpListener>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) {
-    serve_on(wired, store, scoper, listener, admin, shutdown, Vec::new()).await
-}
-
-/// [`serve`], with `workers` serving from the same listener on threads of their own.
+/// Serves on already-bound listeners until `shutdown`, then drains; `workers` serve from
+/// the same listener on threads of their own.
 async fn serve_on(
     wired: Wired,
     store: Arc<dyn Store>,
