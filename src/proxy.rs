@@ -115,6 +115,7 @@ struct Claimed {
 
 impl Proxy {
     /// Builds the service over a store, counting into `metrics`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         settings: Settings,
         upstream_tls: Option<UpstreamTls>,
