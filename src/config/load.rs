@@ -64,7 +64,6 @@ impl Config {
 }
 
 /// `IDEMGATE_` variables that are read elsewhere, not settings.
-
 /// (The secrets and the namespace are read verbatim, see [`Config::figment`].)
 const NOT_SETTINGS: &[&str] = &[
     "CONFIG",
@@ -130,7 +129,8 @@ pub fn unknown_env_vars(names: impl Iterator<Item = String>) -> Vec<String> {
     unknown
 }
 
-/// A configuration error: the key at fault and what is wrong with it.
+/// figment's message without its profile name (`default.`), which means nothing to
+/// someone who never chose a profile: `what is wrong for key `defaults.lease` in file`.
 pub(super) fn describe(e: &figment::Error) -> String {
     let mut out = Vec::new();
     for e in e.clone() {

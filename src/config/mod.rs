@@ -599,16 +599,13 @@ pub enum ConfigError {
     },
 }
 
-/// figment's message without its profile name (`default.`), which means nothing to
-/// someone who never chose a profile: `what is wrong for key `defaults.lease` in file`.
+/// A [`ConfigError::Invalid`] for `key`.
 pub(crate) fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),
         reason: reason.into(),
     }
 }
-
-/// The policy that applies to one request, resolved from defaults and its route.
 
 #[cfg(test)]
 pub(crate) mod tests {

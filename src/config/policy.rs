@@ -15,6 +15,7 @@ use crate::retry_after::TypicalTime;
 use crate::scope::client_cert::ClientCert;
 use crate::scope::{path, PathError, PathRules, TenantSource};
 
+/// The policy that applies to one request, resolved from defaults and its route.
 #[derive(Debug, Clone)]
 pub struct Policy {
     /// The route prefix that matched, or `None` for the defaults.
@@ -91,6 +92,8 @@ impl Policy {
     }
 }
 
+/// Where a request's path led: its policy, and the path's normal form when it differs from
+/// the spelling the client sent.
 #[derive(Debug)]
 pub struct Routed<'a> {
     /// The policy of the longest matching route, or the defaults.

@@ -62,9 +62,6 @@ impl Settings {
     }
 }
 
-/// Where a request's path led: its policy, and the path's normal form when it differs from
-/// the spelling the client sent.
-
 impl Settings {
     /// Validates a configuration.
     pub fn new(config: Config) -> Result<Settings, ConfigError> {
