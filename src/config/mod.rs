@@ -10,7 +10,8 @@
 //! - `load`: the layered sources (figment) and the environment names that are no setting.
 //! - `validate`: [`Settings::new`], the checks of values, and [`Upstream`].
 //! - `at_rest`: the sealing keys and compression of recorded answers, as values.
-//! - `policy`: routes resolved into [`Policy`], and [`Settings::route`].
+//! - `policy`: routes resolved into [`Policy`].
+//! - `route`: which route a path leads to ([`Settings::route`]) and how it is forwarded.
 //! - `redact`: `idemgate config check`'s output, its secrets replaced.
 //!
 //! It imports no runtime module (proxy, admin, stores, TLS, upstream client): they import
@@ -32,13 +33,15 @@ mod defaults;
 mod load;
 mod policy;
 mod redact;
+mod route;
 mod validate;
 
 pub use at_rest::{AtRest, SealingKey};
 pub use defaults::defaults_toml;
 pub use load::{unknown_env, unknown_env_vars};
-pub use policy::{Forward, Policy, Routed};
+pub use policy::Policy;
 pub use redact::redacted_toml;
+pub use route::{Forward, Routed};
 pub use validate::{Settings, Upstream};
 
 /// What to do when the store cannot be reached at claim time.
