@@ -449,11 +449,8 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
                     )
                 }
             }
-            let path = if force {
-                format!("/records/{id}/complete?force=true")
-            } else {
-                format!("/records/{id}/complete")
-            };
+            let force = if force { "?force=true" } else { "" };
+            let path = format!("/records/{id}/complete{force}");
             let answer = api.call(Method::POST, &path, Some(outcome)).await?;
             if !answer.status.is_success() {
                 return Err(refusal(&answer, json));
