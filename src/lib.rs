@@ -3,16 +3,30 @@
 //!
 //! # Layout
 //!
-//! - [`config`]: the layered configuration (defaults < TOML < env < flags) and its
-//!   validation into per-route [`config::Policy`].
+//! - [`config`]: configuration as data: the schema and defaults, the layered sources
+//!   (defaults < TOML < env < flags), validation into plain [`config::Settings`] and
+//!   per-route [`config::Policy`], and `config check`'s redacted output. It imports no
+//!   runtime module; the runtime modules import it.
+//! - [`limits`], [`outcome`]: what both the configuration and the request path need (the
+//!   head room of a recorded answer, the admin body limit; a request's outcome), below
+//!   both.
+//! - [`wiring`]: where the process is wired: the runtime objects the settings describe
+//!   (the TLS listener and the upstream's TLS client, the Redis and PostgreSQL setups,
+//!   the envelope of records at rest) are built here, their errors naming keys as
+//!   configuration errors do.
 //! - [`key`]: parsing the `Idempotency-Key` header; the [`key::RecordId`] type.
 //! - [`scope`]: who owns a record: the normalized path, the tenant (headers or a verified
 //!   JWT claim), the namespace, and the keyed hash that makes them a record id.
 //! - [`fingerprint`]: what makes two requests "the same": canonical JSON, forms, raw bytes.
-//! - [`store`]: the [`store::Store`] trait, the embedded [`store::MemoryStore`] and
-//!   [`store::RedisStore`]; `store::redis_setup` validates how Redis is reached (one
-//!   server, Sentinel, Cluster, TLS, ACL user, replica acknowledgement) and
-//!   `store::redis_link` holds the connection for each topology.
+//! - [`store`]: the [`store::Store`] trait and one backend each: `memory/` (shards, their
+//!   records and expiry, the calls), `redis/` (scripts, the calls, large bodies in
+//!   pieces, replica acknowledgement, the secret's cluster copies, replies), `sqlite`,
+//!   `postgres` (sharing `row`, a record's columns as operators see them);
+//!   [`store::Layer`], a wrapper that states only the calls it changes (sealing at rest
+//!   in `store::seal`, the metrics' timing, the lab's tracking); `store::redis_setup`
+//!   validates how Redis is reached and `store::redis_link` holds the connection for
+//!   each topology. A store may read the configuration's plain values, never the other
+//!   way round.
 //! - [`admission`]: the slots of `max_in_flight` and of pass-through, the queue in front of
 //!   them, and the budget of bodies held for slow clients.
 //! - [`proxy`]: the hyper service and the claim → forward → record → replay flow.
@@ -41,6 +55,11 @@
 //! - [`body`]: the body type shared by all of the above.
 //! - [`lab`]: beside the product, not in its request path: a deliberately non-idempotent
 //!   bank, a day of retrying traffic and an auditor (`idemgate bank`, `idemgate lab`).
+//!
+//! Imports run one way: `server` and `wiring` at the top import the runtime modules
+//! (`proxy`, `admin`, `store`, `tls`, `upstream`, `metrics`), which import `config`, which
+//! imports only the value types below it (`scope`, `fingerprint`, `key`, `limits`,
+//! `retry_after`). `tests/layout.rs` fails on any circle between top-level modules.
 
 pub mod admin;
 pub mod admission;
@@ -69,6 +88,7 @@ pub mod store;
 pub mod telemetry;
 pub mod tls;
 pub mod upstream;
+pub mod wiring;
 
 pub use config::Config;
 pub use server::{run, start, Error, Running};

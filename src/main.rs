@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use figment::providers::Serialized;
 use idemgate::config::Config;
+use idemgate::wiring::Wired;
 use serde::Serialize;
 
 #[global_allocator]
@@ -315,14 +316,14 @@ fn main() -> ExitCode {
         None => {}
     }
     let figment = Config::figment(cli.config.as_deref()).merge(Serialized::globals(&cli.overrides));
-    let mut settings = match Config::load(figment) {
+    let mut wired = match Wired::load(figment) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("idemgate: configuration error: {e}");
             return ExitCode::from(64);
         }
     };
-    let otlp_endpoint = settings.config.otlp_endpoint.as_deref();
+    let otlp_endpoint = wired.settings.config.otlp_endpoint.as_deref();
     let telemetry = if idemgate::telemetry::wanted(otlp_endpoint) {
         match idemgate::telemetry::Telemetry::start(otlp_endpoint) {
             Ok((telemetry, tracer)) => Some((telemetry, tracer)),
@@ -343,15 +344,15 @@ fn main() -> ExitCode {
             "environment variables with the IDEMGATE_ prefix that name no setting are ignored"
         );
     }
-    let grace = settings.config.shutdown_grace;
+    let grace = wired.settings.config.shutdown_grace;
     // With spans to export, the drain ends a tenth of the grace early (at most 100 ms), so
     // that the last export has that much of the one grace even when the drain needs all
     // of its share.
     if telemetry.is_some() {
-        settings.config.shutdown_grace = grace - (grace / 10).min(Duration::from_millis(100));
+        wired.settings.config.shutdown_grace = grace - (grace / 10).min(Duration::from_millis(100));
     }
     let signaled = Arc::new(OnceLock::new());
-    let code = serve(settings, signaled.clone());
+    let code = serve(wired, signaled.clone());
     // The spans still buffered go out before the process ends, within what is left of the
     // one shutdown grace (a silent collector would otherwise add its own export timeout).
     if let Some(telemetry) = telemetry {
@@ -380,7 +381,7 @@ fn config_command(
         ConfigAction::Check { file, connect } => {
             let file = file.or(config);
             let figment = Config::figment(file.as_deref()).merge(Serialized::globals(overrides));
-            let settings = match Config::load(figment) {
+            let wired = match Wired::load(figment) {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("idemgate: configuration error: {e}");
@@ -405,13 +406,13 @@ fn config_command(
                         return ExitCode::FAILURE;
                     }
                 };
-                let opened = runtime.block_on(idemgate::server::open_store(&settings));
+                let opened = runtime.block_on(idemgate::server::open_store(&wired));
                 if let Err(e) = opened {
                     eprintln!("idemgate: {e}");
                     return ExitCode::from(e.exit_code() as u8);
                 }
             }
-            match idemgate::config::redacted_toml(&settings.config) {
+            match idemgate::config::redacted_toml(&wired.settings.config) {
                 Ok(text) => {
                     print!("{text}");
                     ExitCode::SUCCESS
@@ -435,15 +436,16 @@ fn left_of(grace: Duration, signaled: &OnceLock<Instant>) -> Duration {
 /// Runs the proxy until SIGTERM/SIGINT; notes in `signaled` when the signal came, so that
 /// everything after it (the drain, the runtime's end, the last spans) fits in one
 /// `shutdown_grace`.
-fn serve(settings: idemgate::config::Settings, signaled: Arc<OnceLock<Instant>>) -> ExitCode {
+fn serve(wired: Wired, signaled: Arc<OnceLock<Instant>>) -> ExitCode {
     let runtime = match serving_runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    let grace = settings.config.shutdown_grace;
+    let grace = wired.settings.config.shutdown_grace;
     let noted = signaled.clone();
     let code = runtime.block_on(async move {
-        let (listener, admin) = match idemgate::server::bind(&settings).await {
+        let settings = &wired.settings;
+        let (listener, admin) = match idemgate::server::bind(settings).await {
             Ok(l) => l,
             Err(e) => {
                 eprintln!("idemgate: {e}");
@@ -452,13 +454,13 @@ fn serve(settings: idemgate::config::Settings, signaled: Arc<OnceLock<Instant>>)
         };
         tracing::info!(
             listen = %settings.config.listen,
-            tls = settings.listener_tls.is_some(),
+            tls = wired.listener_tls.is_some(),
             upstream = %settings.config.upstream,
             admin = %settings
                 .config
                 .admin_listen
                 .map_or_else(|| "off".to_string(), |a| a.to_string()),
-            store = if settings.redis.is_some() {
+            store = if wired.redis.is_some() {
                 "redis"
             } else if settings.config.postgres_url.is_some() {
                 "postgres"
@@ -475,7 +477,7 @@ fn serve(settings: idemgate::config::Settings, signaled: Arc<OnceLock<Instant>>)
             shutdown_signal().await;
             let _ = noted.set(Instant::now());
         };
-        match idemgate::run(settings, listener, admin, signal).await {
+        match idemgate::run(wired, listener, admin, signal).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("idemgate: {e}");

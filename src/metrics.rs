@@ -19,10 +19,7 @@ use prometheus_client::registry::Registry;
 
 use crate::key::RecordId;
 use crate::outcome::Outcome;
-use crate::store::{
-    renew_deadline, BoxFuture, Claim, ClaimRequest, Deleted, OwnerToken, RecordView, ServerStats,
-    Store, StoreError, StoredResponse,
-};
+use crate::store::{renew_deadline, BoxFuture, Call, OwnerToken, ServerStats, Store, StoreError};
 
 /// The content type of [`Metrics::encode`]'s output (OpenMetrics text, which Prometheus
 /// scrapes natively).
@@ -786,39 +783,27 @@ impl Drop for CallGuard<'_> {
     }
 }
 
-impl Store for Instrumented {
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        self.timed(StoreOp::Claim, self.store_timeout, self.inner.claim(req))
+impl crate::store::Layer for Instrumented {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
     }
 
-    fn record<'a>(
+    fn around<'a, T: Send + 'a>(
         &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let call = self.inner.record(id, owner, response);
-        self.timed(StoreOp::Record, self.store_timeout, call)
-    }
-
-    fn shorten<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        retain: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let call = self.inner.shorten(id, owner, retain);
-        self.timed(StoreOp::Record, self.store_timeout, call)
-    }
-
-    fn record_not_kept<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        status: u16,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let call = self.inner.record_not_kept(id, owner, status);
-        self.timed(StoreOp::Record, self.store_timeout, call)
+        call: Call,
+        future: BoxFuture<'a, Result<T, StoreError>>,
+    ) -> BoxFuture<'a, Result<T, StoreError>> {
+        let op = match call {
+            Call::Claim => StoreOp::Claim,
+            Call::Record | Call::Shorten | Call::RecordNotKept => StoreOp::Record,
+            Call::Release => StoreOp::Release,
+            Call::Inspect => StoreOp::Inspect,
+            Call::Delete => StoreOp::Delete,
+            Call::Ping => StoreOp::Ping,
+            // Operators' and start-up's calls, and the ones stated below.
+            _ => return future,
+        };
+        self.timed(op, self.store_timeout, future)
     }
 
     fn renew<'a>(
@@ -848,80 +833,6 @@ impl Store for Instrumented {
             }
             r
         })
-    }
-
-    fn release<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        linger: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        let call = self.inner.release(id, owner, linger);
-        self.timed(StoreOp::Release, self.store_timeout, call)
-    }
-
-    fn inspect<'a>(
-        &'a self,
-        id: &'a RecordId,
-        with_body: bool,
-    ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>> {
-        let call = self.inner.inspect(id, with_body);
-        self.timed(StoreOp::Inspect, self.store_timeout, call)
-    }
-
-    fn delete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        force: bool,
-    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
-        let call = self.inner.delete(id, force);
-        self.timed(StoreOp::Delete, self.store_timeout, call)
-    }
-
-    fn complete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        response: &'a StoredResponse,
-        force: bool,
-    ) -> BoxFuture<'a, Result<crate::store::Completed, StoreError>> {
-        self.inner.complete(id, response, force)
-    }
-
-    fn list<'a>(
-        &'a self,
-        state: Option<crate::store::RecordState>,
-        cursor: &'a str,
-        count: usize,
-    ) -> BoxFuture<'a, Result<crate::store::Page, StoreError>> {
-        self.inner.list(state, cursor, count)
-    }
-
-    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.timed(StoreOp::Ping, self.store_timeout, self.inner.ping())
-    }
-
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-
-    fn can_list(&self) -> bool {
-        self.inner.can_list()
-    }
-
-    fn room_after(&self) -> Option<std::time::Duration> {
-        self.inner.room_after()
-    }
-
-    fn meta<'a>(
-        &'a self,
-        name: &'a str,
-        offer: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<crate::store::Meta, StoreError>> {
-        self.inner.meta(name, offer)
-    }
-
-    fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
-        self.inner.server_stats()
     }
 }
 

@@ -17,6 +17,7 @@ use serde::Deserialize;
 
 use crate::config::Settings;
 use crate::key::{self, RecordId};
+use crate::scope::client_cert::Authorities;
 use crate::scope::Scoper;
 use crate::store::{RecordState, StoredResponse};
 use rustls::pki_types::pem::PemObject;
@@ -26,6 +27,9 @@ use rustls::pki_types::pem::PemObject;
 pub struct Resolver {
     settings: Arc<Settings>,
     scoper: Scoper,
+    // The TLS listener's client CAs (`tls_client_ca_file`), to verify a certificate that a
+    // lookup names; `None` without them.
+    authorities: Option<Arc<Authorities>>,
 }
 
 /// `POST /records/lookup`: a request as the client sent it.
@@ -64,8 +68,16 @@ pub struct Outcome {
 
 impl Resolver {
     /// Over the proxy's settings and scoper.
-    pub fn new(settings: Arc<Settings>, scoper: Scoper) -> Resolver {
-        Resolver { settings, scoper }
+    pub fn new(
+        settings: Arc<Settings>,
+        scoper: Scoper,
+        authorities: Option<Arc<Authorities>>,
+    ) -> Resolver {
+        Resolver {
+            settings,
+            scoper,
+            authorities,
+        }
     }
 
     /// The id of the record that `req` belongs to, or why it has none.
@@ -91,10 +103,8 @@ impl Resolver {
             None => None,
             Some(pem) => {
                 let authorities = self
-                    .settings
-                    .listener_tls
+                    .authorities
                     .as_ref()
-                    .and_then(|t| t.authorities.as_ref())
                     .ok_or("`client_certificate`: the listener verifies no client certificates (no tls_client_ca_file)")?;
                 let chain = rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
                     .collect::<Result<Vec<_>, _>>()

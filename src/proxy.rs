@@ -47,6 +47,7 @@ use crate::scope::{method, Scoper, Tenant, TenantError, TenantSource};
 use crate::secret::SecretHealth;
 use crate::store::{deadline, Claim, ClaimRequest, OwnerToken, Store, StoreError, StoredResponse};
 use crate::telemetry::{self, Step};
+use crate::tls::UpstreamTls;
 use crate::upstream::{self, Failure, FreshClient, UpstreamClient};
 
 /// Header added to every replayed response.
@@ -60,6 +61,8 @@ pub struct Proxy {
 
 struct Shared {
     settings: Settings,
+    // How the clients below talk TLS to an `https://` upstream (built at start-up).
+    upstream_tls: Option<UpstreamTls>,
     store: Arc<dyn Store>,
     // Record ids: this store's secret and this instance's namespace.
     scoper: Scoper,
@@ -112,8 +115,10 @@ struct Claimed {
 
 impl Proxy {
     /// Builds the service over a store, counting into `metrics`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         settings: Settings,
+        upstream_tls: Option<UpstreamTls>,
         store: Arc<dyn Store>,
         scoper: Scoper,
         tasks: TaskTracker,
@@ -141,12 +146,12 @@ impl Proxy {
             metrics.buffered_bytes(),
         ));
         let client = upstream::client(
-            &settings.upstream,
+            upstream_tls.as_ref(),
             upstream::CONNECT_TIMEOUT,
             c.upstream_idle_timeout,
             idle_per_thread(c),
         );
-        let fresh = upstream::fresh_client(&settings.upstream, upstream::CONNECT_TIMEOUT);
+        let fresh = upstream::fresh_client(upstream_tls.as_ref(), upstream::CONNECT_TIMEOUT);
         Proxy {
             shared: Arc::new(Shared {
                 protected,
@@ -155,6 +160,7 @@ impl Proxy {
                 store_failing: Arc::default(),
                 observe_log: Arc::default(),
                 settings,
+                upstream_tls,
                 store,
                 scoper,
                 fresh,
@@ -173,7 +179,7 @@ impl Proxy {
     pub fn sibling(&self, store: Arc<dyn Store>) -> Proxy {
         let s = &self.shared;
         let client = upstream::client(
-            &s.settings.upstream,
+            s.upstream_tls.as_ref(),
             upstream::CONNECT_TIMEOUT,
             s.settings.config.upstream_idle_timeout,
             idle_per_thread(&s.settings.config),
@@ -186,10 +192,11 @@ impl Proxy {
                 store_failing: s.store_failing.clone(),
                 observe_log: s.observe_log.clone(),
                 settings: s.settings.clone(),
+                upstream_tls: s.upstream_tls.clone(),
                 store,
                 scoper: s.scoper.clone(),
                 client,
-                fresh: upstream::fresh_client(&s.settings.upstream, upstream::CONNECT_TIMEOUT),
+                fresh: upstream::fresh_client(s.upstream_tls.as_ref(), upstream::CONNECT_TIMEOUT),
                 tasks: s.tasks.clone(),
                 metrics: s.metrics.clone(),
                 releases: s.releases.clone(),

@@ -357,11 +357,7 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
         Action::List { state, limit } => list(&api, state.as_deref(), limit, json).await,
         Action::Show { id, body } => {
             check_id(&id)?;
-            let path = if body {
-                format!("/records/{id}?body=1")
-            } else {
-                format!("/records/{id}")
-            };
+            let path = format!("/records/{id}{}", if body { "?body=1" } else { "" });
             let answer = api.call(Method::GET, &path, None).await?;
             if !answer.status.is_success() {
                 return Err(refusal(&answer, json));
@@ -402,11 +398,7 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
         }
         Action::Release { id, force } => {
             check_id(&id)?;
-            let path = if force {
-                format!("/records/{id}?force=true")
-            } else {
-                format!("/records/{id}")
-            };
+            let path = format!("/records/{id}{}", if force { "?force=true" } else { "" });
             let answer = api.call(Method::DELETE, &path, None).await?;
             if !answer.status.is_success() {
                 let mut failure = refusal(&answer, json);
@@ -457,11 +449,8 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
                     )
                 }
             }
-            let path = if force {
-                format!("/records/{id}/complete?force=true")
-            } else {
-                format!("/records/{id}/complete")
-            };
+            let force = if force { "?force=true" } else { "" };
+            let path = format!("/records/{id}/complete{force}");
             let answer = api.call(Method::POST, &path, Some(outcome)).await?;
             if !answer.status.is_success() {
                 return Err(refusal(&answer, json));

@@ -32,6 +32,7 @@ use crate::store::seal::Enveloped;
 use crate::store::{
     MemoryStore, PostgresStore, RedisSetup, RedisStore, SqliteStore, Store, StoreError,
 };
+use crate::wiring::Wired;
 
 /// Why idemgate could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -85,15 +86,16 @@ impl Error {
 /// Opens the configured store (Redis when `redis_url`, `redis_sentinels` or
 /// `redis_cluster_nodes` is set, else the embedded one) and
 /// reads the secret that its record ids are keyed with.
-pub async fn open_store(settings: &Settings) -> Result<(Arc<dyn Store>, Scoper), Error> {
-    let mut store = open_backend(settings).await?;
-    if let Some(keys) = &settings.envelope.keys {
+pub async fn open_store(wired: &Wired) -> Result<(Arc<dyn Store>, Scoper), Error> {
+    let settings = &wired.settings;
+    let mut store = open_backend(wired).await?;
+    if let Some(keys) = &wired.envelope.keys {
         tracing::info!(
             sealing_key = keys.sealing_id(),
             "recorded answers are sealed at rest"
         );
     }
-    store = sealed(settings, store);
+    store = sealed(wired, store);
     let timeout = settings.config.store_timeout;
     // With replica acknowledgement on, the secret's write may wait for the replicas a few
     // times (`SECRET_ACK_TRIES`), each a round trip of its own that takes up to
@@ -131,8 +133,8 @@ pub async fn open_store(settings: &Settings) -> Result<(Arc<dyn Store>, Scoper),
     Ok((store, Scoper::new(&secret, &settings.namespace)))
 }
 
-async fn open_backend(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
-    let c = &settings.config;
+async fn open_backend(wired: &Wired) -> Result<Arc<dyn Store>, Error> {
+    let c = &wired.settings.config;
     if let Some(url) = &c.postgres_url {
         let store =
             PostgresStore::connect(url.expose(), c.redis_connect_timeout, c.store_timeout).await?;
@@ -140,7 +142,7 @@ async fn open_backend(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
         tracing::info!("connected to PostgreSQL");
         return Ok(Arc::new(store));
     }
-    if let (None, Some(dir)) = (&settings.redis, &c.store_path) {
+    if let (None, Some(dir)) = (&wired.redis, &c.store_path) {
         let dir = dir.clone();
         let store = tokio::task::spawn_blocking(move || SqliteStore::open(&dir))
             .await
@@ -149,7 +151,7 @@ async fn open_backend(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
         tracing::info!(path = %store.path().display(), "using the persistent embedded store");
         return Ok(Arc::new(store));
     }
-    let Some(setup) = &settings.redis else {
+    let Some(setup) = &wired.redis else {
         tracing::warn!(
             "using the embedded in-memory store: records do not survive a restart and are not shared between instances; set store_path or redis_url for production"
         );
@@ -157,7 +159,7 @@ async fn open_backend(settings: &Settings) -> Result<Arc<dyn Store>, Error> {
         store.spawn_sweeper(Duration::from_secs(10));
         return Ok(Arc::new(store));
     };
-    let store = connect_redis(settings, setup).await?;
+    let store = connect_redis(&wired.settings, setup).await?;
     let info = crate::store::deadline(c.store_timeout, store.server_info())
         .await
         .map_err(|source| Error::RedisUnreachable {
@@ -190,8 +192,8 @@ async fn connect_redis(settings: &Settings, setup: &RedisSetup) -> Result<RedisS
 /// `store` behind the envelope. Always, keys or not: an instance without keys must still
 /// know a sealed record when it meets one (and refuse it), never replay its envelope as if
 /// it were the answer.
-fn sealed(settings: &Settings, store: Arc<dyn Store>) -> Arc<dyn Store> {
-    Arc::new(Enveloped::new(store, settings.envelope.clone()))
+fn sealed(wired: &Wired, store: Arc<dyn Store>) -> Arc<dyn Store> {
+    Arc::new(Enveloped::new(store, wired.envelope.clone()))
 }
 
 /// A running idemgate, started in-process (tests, the lab).
@@ -230,27 +232,21 @@ pub async fn start_wrapped(
     config: Config,
     wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
 ) -> Result<Running, Error> {
-    let settings = Settings::new(config)?;
-    let (listener, admin) = bind(&settings).await?;
-    let addr = local_addr(&listener, settings.config.listen)?;
+    let wired = Wired::new(config)?;
+    let (listener, admin) = bind(&wired.settings).await?;
+    let listen = wired.settings.config.listen;
+    let addr = local_addr(&listener, listen)?;
     let admin_addr = match &admin {
-        Some(l) => Some(local_addr(l, settings.config.listen)?),
+        Some(l) => Some(local_addr(l, listen)?),
         None => None,
     };
-    let (store, scoper) = open_store(&settings).await?;
+    let (store, scoper) = open_store(&wired).await?;
     let store = wrap(store);
     let stop = CancellationToken::new();
     let token = stop.clone();
     let task = tokio::spawn(async move {
-        serve(
-            settings,
-            store,
-            scoper,
-            listener,
-            admin,
-            token.cancelled_owned(),
-        )
-        .await;
+        let stop = token.cancelled_owned();
+        serve_on(wired, store, scoper, listener, admin, stop, Vec::new()).await;
     });
     Ok(Running {
         addr,
@@ -342,17 +338,17 @@ fn check_file_limit(c: &Config) {
 /// calls of that thread's requests together. The embedded, SQLite and PostgreSQL stores are
 /// shared by all threads.
 pub async fn run(
-    settings: Settings,
+    wired: Wired,
     listener: TcpListener,
     admin: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let (store, scoper) = open_store(&settings).await?;
+    let (store, scoper) = open_store(&wired).await?;
     let mut workers = Vec::new();
-    for n in 1..settings.config.worker_threads.max(1) {
-        workers.push(Worker::start(n, &settings, &store).await?);
+    for n in 1..wired.settings.config.worker_threads.max(1) {
+        workers.push(Worker::start(n, &wired, &store).await?);
     }
-    serve_on(settings, store, scoper, listener, admin, shutdown, workers).await;
+    serve_on(wired, store, scoper, listener, admin, shutdown, workers).await;
     Ok(())
 }
 
@@ -380,15 +376,11 @@ struct Job {
 impl Worker {
     /// Starts thread `n` and opens its store there (a Redis connection of its own; the
     /// other stores are shared). Fails as start-up fails if that store cannot be opened.
-    async fn start(
-        n: usize,
-        settings: &Settings,
-        shared: &Arc<dyn Store>,
-    ) -> Result<Worker, Error> {
+    async fn start(n: usize, wired: &Wired, shared: &Arc<dyn Store>) -> Result<Worker, Error> {
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<Result<(), Error>>();
         let (job_tx, job_rx) = tokio::sync::oneshot::channel::<Job>();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-        let settings = settings.clone();
+        let wired = wired.clone();
         let shared = shared.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("idemgate-worker-{n}"))
@@ -406,9 +398,9 @@ impl Worker {
                 runtime.block_on(async move {
                     // Its own Redis connection; the first thread's start-up checks and
                     // scope secret hold for it.
-                    let store = match &settings.redis {
-                        Some(setup) => match connect_redis(&settings, setup).await {
-                            Ok(store) => sealed(&settings, Arc::new(store)),
+                    let store = match &wired.redis {
+                        Some(setup) => match connect_redis(&wired.settings, setup).await {
+                            Ok(store) => sealed(&wired, Arc::new(store)),
                             Err(e) => {
                                 let _ = ready_tx.send(Err(e));
                                 return;
@@ -419,7 +411,7 @@ impl Worker {
                     let _ = ready_tx.send(Ok(()));
                     // The first thread gave up (start-up failed elsewhere): nothing to serve.
                     let Ok(job) = job_rx.await else { return };
-                    job.serve(store, settings.config.store_timeout).await;
+                    job.serve(store, wired.settings.config.store_timeout).await;
                     let _ = done_tx.send(());
                 });
             });
@@ -471,30 +463,10 @@ impl Job {
     }
 }
 
-/// Serves on already-bound listeners until `shutdown`, then drains.
-pub async fn serve(
-    settings: Settings,
-    store: Arc<dyn Store>,
-    scoper: Scoper,
-    listener: TcpListener,
-    admin: Option<TcpListener>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) {
-    serve_on(
-        settings,
-        store,
-        scoper,
-        listener,
-        admin,
-        shutdown,
-        Vec::new(),
-    )
-    .await
-}
-
-/// [`serve`], with `workers` serving from the same listener on threads of their own.
+/// Serves on already-bound listeners until `shutdown`, then drains; `workers` serve from
+/// the same listener on threads of their own.
 async fn serve_on(
-    settings: Settings,
+    wired: Wired,
     store: Arc<dyn Store>,
     scoper: Scoper,
     listener: TcpListener,
@@ -502,6 +474,12 @@ async fn serve_on(
     shutdown: impl Future<Output = ()> + Send + 'static,
     workers: Vec<Worker>,
 ) {
+    let Wired {
+        settings,
+        listener_tls,
+        upstream_tls,
+        ..
+    } = wired;
     let tasks = TaskTracker::new();
     let stop = CancellationToken::new();
     let c = &settings.config;
@@ -523,7 +501,7 @@ async fn serve_on(
     let open = Arc::new(Semaphore::new(limits.max_connections));
     // The TLS listener: one acceptor and one bound on handshakes for all serving threads,
     // and the task that reloads its certificate.
-    let tls = settings.listener_tls.as_ref().map(|t| Handshakes {
+    let tls = listener_tls.as_ref().map(|t| Handshakes {
         acceptor: tokio_rustls::TlsAcceptor::from(t.config.clone()),
         permits: Arc::new(Semaphore::new(crate::tls::MAX_HANDSHAKES)),
         // Read only where a route takes its tenant from them.
@@ -532,7 +510,7 @@ async fn serve_on(
             .clone()
             .filter(|_| settings.reads_client_certs()),
     });
-    let reloader = settings.listener_tls.as_ref().map(|t| {
+    let reloader = listener_tls.as_ref().map(|t| {
         let (reloads, failures) = metrics.tls_reloads();
         tokio::spawn(crate::tls::Reloader::new(t, reloads, failures).run())
     });
@@ -569,7 +547,8 @@ async fn serve_on(
     let (end_tx, end_rx) = tokio::sync::watch::channel(None::<Instant>);
     let admin_task = admin.map(|l| {
         let token = settings.config.admin_token.clone();
-        let resolver = Resolver::new(Arc::new(settings.clone()), scoper.clone());
+        let authorities = listener_tls.as_ref().and_then(|t| t.authorities.clone());
+        let resolver = Resolver::new(Arc::new(settings.clone()), scoper.clone(), authorities);
         let admin = Admin::new(store.clone(), store_timeout, metrics.clone(), token)
             .with_resolver(resolver)
             .with_secret(secret_health.clone(), scoper.secret().clone());
@@ -612,6 +591,7 @@ async fn serve_on(
     let releases = Arc::new(Releases::new(metrics.pending_releases()));
     let proxy = Proxy::new(
         settings,
+        upstream_tls,
         store,
         scoper,
         tasks.clone(),

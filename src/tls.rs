@@ -21,8 +21,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
-use serde::{Deserialize, Serialize};
 
+pub use crate::config::ClientAuth;
 use crate::config::{Config, ConfigError};
 
 /// ALPN of the TLS listener, and of an upstream with `upstream_http2` on: h2 preferred.
@@ -264,18 +264,6 @@ pub fn upstream(c: &Config, https: bool) -> Result<Option<UpstreamTls>, ConfigEr
         server_name,
         http2: c.upstream_http2,
     }))
-}
-
-/// Whether a TLS listener asks clients for a certificate, once `tls_client_ca_file` is set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ClientAuth {
-    /// A client without a certificate is served; one with a certificate that does not
-    /// verify is refused.
-    Optional,
-    /// A client without a verified certificate is refused in the handshake (the default
-    /// with a client CA).
-    Required,
 }
 
 /// A TLS listener: its configuration, and the key pair it serves, which the reloader swaps.

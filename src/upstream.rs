@@ -85,7 +85,7 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// hyper-util (`retry_canceled_requests`, on by default, and left on: those are provably
 /// unsent).
 pub fn client(
-    upstream: &Upstream,
+    tls: Option<&UpstreamTls>,
     connect_timeout: Duration,
     idle_timeout: Duration,
     max_idle: usize,
@@ -95,7 +95,7 @@ pub fn client(
     connector.set_connect_timeout(Some(connect_timeout));
     // https:// URIs reach it too, from the TLS connector around it.
     connector.enforce_http(false);
-    let connector = over_tls(upstream.tls.as_ref(), connector);
+    let connector = over_tls(tls, connector);
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(idle_timeout)
         // Requests in use are bounded by their slots; idle connections beyond them would
@@ -131,14 +131,14 @@ pub fn client(
 /// `close_notify` may be written when hyper closes it, and the reset follows. On h2 (an
 /// upstream that picks it by ALPN) the request is the connection's only stream, and
 /// `Connection: close` is left out, as h2 forbids it.
-pub fn fresh_client(upstream: &Upstream, connect_timeout: Duration) -> FreshClient {
+pub fn fresh_client(tls: Option<&UpstreamTls>, connect_timeout: Duration) -> FreshClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(connect_timeout));
     connector.enforce_http(false);
     Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(0)
-        .build(over_tls(upstream.tls.as_ref(), FreshConnector(connector)))
+        .build(over_tls(tls, FreshConnector(connector)))
 }
 
 /// Marks a protected request's connection as closed after its answer (RFC 9112 9.6), so

@@ -15,6 +15,18 @@ use idemgate::config::{Anonymous, PathMatch, Route};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// [`post`] with `Authorization: <authorization>`, the tenant of most requests here.
+async fn post_as(
+    c: &reqwest::Client,
+    app: &idemgate::Running,
+    path: &str,
+    key: Option<&str>,
+    body: &str,
+    authorization: &str,
+) -> Answer {
+    post(c, app, path, key, body, &[("authorization", authorization)]).await
+}
+
 const TRANSFER: &str = r#"{"from":"acc-1","to":"acc-2","amount":1000}"#;
 
 /// One request written by hand (reqwest would normalize the path before sending it), on
@@ -195,37 +207,13 @@ async fn the_auth_scheme_is_case_insensitive_and_a_new_credential_is_a_new_tenan
     let up = Upstream::start().await;
     let app = spawn_app(with_routes(&up, &backend, vec![])).await;
     let c = client();
-    let new = post(
-        &c,
-        &app,
-        "/pay",
-        Some("k"),
-        TRANSFER,
-        &[("authorization", "Bearer NEW")],
-    )
-    .await;
-    let lower = post(
-        &c,
-        &app,
-        "/pay",
-        Some("k"),
-        TRANSFER,
-        &[("authorization", "bearer NEW")],
-    )
-    .await;
+    let new = post_as(&c, &app, "/pay", Some("k"), TRANSFER, "Bearer NEW").await;
+    let lower = post_as(&c, &app, "/pay", Some("k"), TRANSFER, "bearer NEW").await;
     assert_eq!((new.status, lower.status), (201, 201));
     assert!(lower.replayed());
     assert_eq!(new.body, lower.body);
     // Without a principal source, a refreshed token is another tenant (docs/requests.md says so).
-    let old = post(
-        &c,
-        &app,
-        "/pay",
-        Some("k"),
-        TRANSFER,
-        &[("authorization", "Bearer OLD")],
-    )
-    .await;
+    let old = post_as(&c, &app, "/pay", Some("k"), TRANSFER, "Bearer OLD").await;
     assert!(!old.replayed());
     assert_eq!(up.hits(), 2);
     app.shutdown().await;
@@ -291,15 +279,7 @@ async fn a_shared_anonymous_scope_is_an_explicit_choice(backend: Backend) {
     assert_eq!((a.status, b.status), (201, 201));
     assert!(b.replayed(), "one shared anonymous scope");
     // A tenant that is present is still its own scope.
-    let t = post(
-        &c,
-        &app,
-        "/public",
-        Some("k"),
-        TRANSFER,
-        &[("authorization", "Bearer x")],
-    )
-    .await;
+    let t = post_as(&c, &app, "/public", Some("k"), TRANSFER, "Bearer x").await;
     assert!(!t.replayed());
     assert_eq!(up.hits(), 2);
     app.shutdown().await;
@@ -378,38 +358,14 @@ async fn a_refreshed_token_under_one_principal_is_one_operation() {
     let c = client();
     let (old, new) = (bearer(&hs_token("alice", 1)), bearer(&hs_token("alice", 2)));
     assert_ne!(old, new);
-    let a = post(
-        &c,
-        &app,
-        "/v1/transfers",
-        Some("pay-1"),
-        TRANSFER,
-        &[("authorization", &old)],
-    )
-    .await;
-    let b = post(
-        &c,
-        &app,
-        "/v1/transfers",
-        Some("pay-1"),
-        TRANSFER,
-        &[("authorization", &new)],
-    )
-    .await;
+    let a = post_as(&c, &app, "/v1/transfers", Some("pay-1"), TRANSFER, &old).await;
+    let b = post_as(&c, &app, "/v1/transfers", Some("pay-1"), TRANSFER, &new).await;
     assert_eq!((a.status, b.status), (201, 201));
     assert!(b.replayed(), "the same principal with a refreshed token");
     assert_eq!(a.body, b.body);
     // Another principal with the same key is its own operation.
     let bob = bearer(&hs_token("bob", 1));
-    let r = post(
-        &c,
-        &app,
-        "/v1/transfers",
-        Some("pay-1"),
-        TRANSFER,
-        &[("authorization", &bob)],
-    )
-    .await;
+    let r = post_as(&c, &app, "/v1/transfers", Some("pay-1"), TRANSFER, &bob).await;
     assert!(!r.replayed());
     assert_eq!(up.hits(), 2);
     // A token that fails verification never reaches a record.
@@ -419,13 +375,13 @@ async fn a_refreshed_token_under_one_principal_is_one_operation() {
         &EncodingKey::from_secret(b"not-the-secret-not-the-secret-00"),
     )
     .unwrap();
-    let f = post(
+    let f = post_as(
         &c,
         &app,
         "/v1/transfers",
         Some("pay-2"),
         TRANSFER,
-        &[("authorization", &bearer(&forged))],
+        &bearer(&forged),
     )
     .await;
     assert_eq!(f.status, 401);
@@ -437,13 +393,13 @@ async fn a_refreshed_token_under_one_principal_is_one_operation() {
         &EncodingKey::from_secret(HS_SECRET.as_bytes()),
     )
     .unwrap();
-    let e = post(
+    let e = post_as(
         &c,
         &app,
         "/v1/transfers",
         Some("pay-2"),
         TRANSFER,
-        &[("authorization", &bearer(&expired))],
+        &bearer(&expired),
     )
     .await;
     assert_eq!(e.status, 401);
@@ -452,15 +408,7 @@ async fn a_refreshed_token_under_one_principal_is_one_operation() {
     assert!(none.problem_type().ends_with("/missing-tenant"));
     assert_eq!(up.hits(), 2);
     // pay-2 was never claimed: the first valid request executes it.
-    let ok = post(
-        &c,
-        &app,
-        "/v1/transfers",
-        Some("pay-2"),
-        TRANSFER,
-        &[("authorization", &old)],
-    )
-    .await;
+    let ok = post_as(&c, &app, "/v1/transfers", Some("pay-2"), TRANSFER, &old).await;
     assert!(!ok.replayed());
     assert_eq!(up.hits(), 3);
     app.shutdown().await;
@@ -524,62 +472,22 @@ async fn jwks_keys_verify_rs256_and_es256_tokens() {
     es.kid = Some("ec-1".into());
     let rs_token = bearer(&encode(&rs, &claims, &rsa).unwrap());
     let es_token = bearer(&encode(&es, &claims, &ec).unwrap());
-    let a = post(
-        &c,
-        &app,
-        "/pay",
-        Some("k"),
-        TRANSFER,
-        &[("authorization", &rs_token)],
-    )
-    .await;
-    let b = post(
-        &c,
-        &app,
-        "/pay",
-        Some("k"),
-        TRANSFER,
-        &[("authorization", &es_token)],
-    )
-    .await;
+    let a = post_as(&c, &app, "/pay", Some("k"), TRANSFER, &rs_token).await;
+    let b = post_as(&c, &app, "/pay", Some("k"), TRANSFER, &es_token).await;
     assert_eq!((a.status, b.status), (201, 201), "{:?}", b.body);
     // The key that verified a token is part of its principal: whoever holds one key can
     // sign any `iss` and `sub`.
     assert!(!b.replayed(), "two keys, two principals");
-    let again = post(
-        &c,
-        &app,
-        "/pay",
-        Some("k"),
-        TRANSFER,
-        &[("authorization", &rs_token)],
-    )
-    .await;
+    let again = post_as(&c, &app, "/pay", Some("k"), TRANSFER, &rs_token).await;
     assert!(again.replayed());
     // An RS256 header naming the EC key's id finds no key; an HS256 token signed with
     // anything is refused: no HS256 secret is configured.
     rs.kid = Some("ec-1".into());
     let wrong_kid = bearer(&encode(&rs, &claims, &rsa).unwrap());
-    let r = post(
-        &c,
-        &app,
-        "/pay",
-        Some("k2"),
-        TRANSFER,
-        &[("authorization", &wrong_kid)],
-    )
-    .await;
+    let r = post_as(&c, &app, "/pay", Some("k2"), TRANSFER, &wrong_kid).await;
     assert_eq!(r.status, 401);
     let hs = bearer(&hs_token("carol", 1));
-    let r = post(
-        &c,
-        &app,
-        "/pay",
-        Some("k2"),
-        TRANSFER,
-        &[("authorization", &hs)],
-    )
-    .await;
+    let r = post_as(&c, &app, "/pay", Some("k2"), TRANSFER, &hs).await;
     assert_eq!(r.status, 401);
     assert_eq!(up.hits(), 2);
     app.shutdown().await;

@@ -509,48 +509,35 @@ fn bad_tls_files_stop_start_up_naming_the_key() {
     let ca_file = dir.write("ca.pem", &ca.pem());
     let missing = dir.path("missing.pem");
     let missing = missing.to_str().unwrap();
+    let (https, http) = ("https://127.0.0.1:9", "http://127.0.0.1:9");
+    let upstream_ca = ("IDEMGATE_UPSTREAM_TLS_CA_FILE", ca_file.as_str());
+    let upstream_cert = ("IDEMGATE_UPSTREAM_TLS_CERT_FILE", cert.as_str());
+    let upstream_key = ("IDEMGATE_UPSTREAM_TLS_KEY_FILE", other_key.as_str());
+    let listener = [
+        ("IDEMGATE_TLS_CERT_FILE", cert.as_str()),
+        ("IDEMGATE_TLS_KEY_FILE", other_key.as_str()),
+    ];
+    let client_ca = ("IDEMGATE_TLS_CLIENT_CA_FILE", missing);
     for (upstream, env, key) in [
         (
-            "https://127.0.0.1:9",
-            vec![
-                ("IDEMGATE_UPSTREAM_TLS_CA_FILE", ca_file.as_str()),
-                ("IDEMGATE_UPSTREAM_TLS_CERT_FILE", cert.as_str()),
-                ("IDEMGATE_UPSTREAM_TLS_KEY_FILE", other_key.as_str()),
-            ],
+            https,
+            vec![upstream_ca, upstream_cert, upstream_key],
             "upstream_tls_key_file",
         ),
         (
-            "https://127.0.0.1:9",
-            vec![
-                ("IDEMGATE_UPSTREAM_TLS_CA_FILE", ca_file.as_str()),
-                ("IDEMGATE_UPSTREAM_TLS_CERT_FILE", cert.as_str()),
-            ],
+            https,
+            vec![upstream_ca, upstream_cert],
             "upstream_tls_key_file",
         ),
         (
-            "https://127.0.0.1:9",
+            https,
             vec![("IDEMGATE_UPSTREAM_TLS_CA_FILE", missing)],
             "upstream_tls_ca_file",
         ),
+        (http, listener.to_vec(), "tls_key_file"),
+        (http, [&listener[..], &[client_ca]].concat(), "tls_key_file"),
         (
-            "http://127.0.0.1:9",
-            vec![
-                ("IDEMGATE_TLS_CERT_FILE", cert.as_str()),
-                ("IDEMGATE_TLS_KEY_FILE", other_key.as_str()),
-            ],
-            "tls_key_file",
-        ),
-        (
-            "http://127.0.0.1:9",
-            vec![
-                ("IDEMGATE_TLS_CERT_FILE", cert.as_str()),
-                ("IDEMGATE_TLS_KEY_FILE", other_key.as_str()),
-                ("IDEMGATE_TLS_CLIENT_CA_FILE", missing),
-            ],
-            "tls_key_file",
-        ),
-        (
-            "http://127.0.0.1:9",
+            http,
             vec![("IDEMGATE_TLS_CLIENT_AUTH", "required")],
             "tls_client_auth",
         ),

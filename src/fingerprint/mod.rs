@@ -188,14 +188,21 @@ pub fn fingerprint_with(parts: &RequestParts<'_>, rules: &Rules<'_>) -> Fingerpr
             BodyKind::Raw => None,
         }
     });
-    match &canonical {
+    let canonical = canonical.as_ref().map(|(kind, body)| (*kind, &body[..]));
+    body_field(h, canonical, content.unwrap_or(parts.body))
+}
+
+/// The body's kind and bytes, the last field: its canonical form where there is one, else
+/// `raw`; and the fingerprint of all that went before.
+fn body_field(mut h: Sha256, canonical: Option<(u8, &[u8])>, raw: &[u8]) -> Fingerprint {
+    match canonical {
         Some((kind, body)) => {
-            h.update([*kind]);
+            h.update([kind]);
             field(&mut h, body);
         }
         None => {
             h.update([BODY_RAW]);
-            field(&mut h, content.unwrap_or(parts.body));
+            field(&mut h, raw);
         }
     }
     Fingerprint(h.finalize().into())
@@ -221,17 +228,8 @@ fn fingerprint_v1(parts: &RequestParts<'_>, ignore: &[JsonPointer]) -> Fingerpri
         BodyKind::Form => Some((BODY_FORM, form::canonicalize(parts.body))),
         BodyKind::Multipart | BodyKind::Raw => None,
     };
-    match &canonical {
-        Some((kind, body)) => {
-            h.update([*kind]);
-            field(&mut h, body);
-        }
-        None => {
-            h.update([BODY_RAW]);
-            field(&mut h, parts.body);
-        }
-    }
-    Fingerprint(h.finalize().into())
+    let canonical = canonical.as_ref().map(|(kind, body)| (*kind, &body[..]));
+    body_field(h, canonical, parts.body)
 }
 
 fn field(h: &mut Sha256, bytes: &[u8]) {

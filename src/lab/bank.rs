@@ -528,17 +528,16 @@ mod tests {
         }
     }
 
+    /// `POST /transfers` with `body`.
+    async fn transfer(addr: std::net::SocketAddr, body: &str) -> (u16, serde_json::Value) {
+        exchange(addr, "POST", "/transfers", body).await
+    }
+
     #[tokio::test]
     async fn a_transfer_moves_money_and_is_recorded_with_its_key() {
         let bank = Bank::with_demo_accounts(quick());
         let (addr, _stop) = start(bank.clone()).await;
-        let (status, body) = exchange(
-            addr,
-            "POST",
-            "/transfers",
-            r#"{"from":"alice","to":"bob","amount":2500}"#,
-        )
-        .await;
+        let (status, body) = transfer(addr, r#"{"from":"alice","to":"bob","amount":2500}"#).await;
         assert_eq!(status, 201);
         assert_eq!(body["balances"]["alice"], 97_500);
         assert_eq!(body["balances"]["bob"], 52_500);
@@ -564,13 +563,7 @@ mod tests {
     async fn insufficient_funds_is_422_and_moves_nothing() {
         let bank = Bank::with_demo_accounts(quick());
         let (addr, _stop) = start(bank.clone()).await;
-        let (status, body) = exchange(
-            addr,
-            "POST",
-            "/transfers",
-            r#"{"from":"carol","to":"bob","amount":1}"#,
-        )
-        .await;
+        let (status, body) = transfer(addr, r#"{"from":"carol","to":"bob","amount":1}"#).await;
         assert_eq!(status, 422);
         assert_eq!(body["error"], "insufficient_funds");
         let snapshot = bank.snapshot();

@@ -11,10 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::key::RecordId;
-use crate::store::{
-    deadline, BoxFuture, Claim, ClaimRequest, Deleted, OwnerToken, RecordView, ServerStats, Store,
-    StoreError, StoredResponse,
-};
+use crate::store::{deadline, BoxFuture, Claim, ClaimRequest, Layer, Store, StoreError};
 
 /// A store that remembers the ids of the records claimed through it.
 pub struct Tracked {
@@ -58,7 +55,11 @@ impl Tracked {
     }
 }
 
-impl Store for Tracked {
+impl Layer for Tracked {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
         Box::pin(async move {
             // Noted before the call: a claim whose answer is lost may still have landed.
@@ -67,116 +68,5 @@ impl Store for Tracked {
             }
             self.inner.claim(req).await
         })
-    }
-
-    fn record<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.record(id, owner, response)
-    }
-
-    fn shorten<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        retain: std::time::Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.shorten(id, owner, retain)
-    }
-
-    fn record_not_kept<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        status: u16,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.record_not_kept(id, owner, status)
-    }
-
-    fn renew<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.renew(id, owner, lease)
-    }
-
-    fn mark_unknown<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.mark_unknown(id, owner)
-    }
-
-    fn release<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        linger: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.release(id, owner, linger)
-    }
-
-    fn inspect<'a>(
-        &'a self,
-        id: &'a RecordId,
-        with_body: bool,
-    ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>> {
-        self.inner.inspect(id, with_body)
-    }
-
-    fn delete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        force: bool,
-    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
-        self.inner.delete(id, force)
-    }
-
-    fn complete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        response: &'a StoredResponse,
-        force: bool,
-    ) -> BoxFuture<'a, Result<crate::store::Completed, StoreError>> {
-        self.inner.complete(id, response, force)
-    }
-
-    fn list<'a>(
-        &'a self,
-        state: Option<crate::store::RecordState>,
-        cursor: &'a str,
-        count: usize,
-    ) -> BoxFuture<'a, Result<crate::store::Page, StoreError>> {
-        self.inner.list(state, cursor, count)
-    }
-
-    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.inner.ping()
-    }
-
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-
-    fn room_after(&self) -> Option<std::time::Duration> {
-        self.inner.room_after()
-    }
-
-    fn meta<'a>(
-        &'a self,
-        name: &'a str,
-        offer: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<crate::store::Meta, StoreError>> {
-        self.inner.meta(name, offer)
-    }
-
-    fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
-        self.inner.server_stats()
     }
 }

@@ -15,6 +15,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -24,15 +25,18 @@ use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
 use crate::scope::ScopeSecret;
 
+pub mod layer;
 pub mod memory;
 pub mod postgres;
 pub mod postgres_tls;
 pub mod redis;
 pub mod redis_link;
 pub mod redis_setup;
+mod row;
 pub mod seal;
 pub mod sqlite;
 
+pub use self::layer::{Call, Layer};
 pub use self::memory::MemoryStore;
 pub use self::postgres::PostgresStore;
 pub use self::redis::RedisStore;
@@ -230,6 +234,20 @@ pub enum Completed {
     AlreadyCompleted,
 }
 
+impl Completed {
+    /// What a store's completion code says (the Redis script's and PostgreSQL's reply: 1
+    /// completed, 0 not found, 2 owner busy, 3 already completed); `None`: no such code.
+    pub fn from_code(code: i64) -> Option<Completed> {
+        match code {
+            1 => Some(Completed::Completed),
+            0 => Some(Completed::NotFound),
+            2 => Some(Completed::OwnerBusy),
+            3 => Some(Completed::AlreadyCompleted),
+            _ => None,
+        }
+    }
+}
+
 /// One page of an operator's walk over the records ([`Store::list`]).
 #[derive(Clone, Debug, Serialize)]
 pub struct Page {
@@ -399,6 +417,30 @@ pub trait Store: Send + Sync + 'static {
     fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
         Box::pin(async { Ok(None) })
     }
+}
+
+/// Runs `sweep` every `period` in a background task (the first a period from now), handed
+/// the store's shared state, until the last clone of the store is dropped: the sweeper
+/// holds it only while it sweeps.
+pub(crate) fn spawn_sweeper<T, Fut>(
+    state: &Arc<T>,
+    period: Duration,
+    mut sweep: impl FnMut(Arc<T>) -> Fut + Send + 'static,
+) -> tokio::task::JoinHandle<()>
+where
+    T: Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let weak = Arc::downgrade(state);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let Some(state) = weak.upgrade() else { return };
+            sweep(state).await;
+        }
+    })
 }
 
 /// The name under which [`Store::meta`] keeps the scope secret.

@@ -28,11 +28,11 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, NoTls, Row, Socket, Statement};
 
 use super::postgres_tls::PostgresSetup;
+use super::row::{ViewRow, Walk};
 use super::{
     BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
     RecordView, Store, StoreError, StoredResponse,
 };
-use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
 
 /// The schema this build writes, kept in `idemgate_meta`. A database with a higher version
@@ -436,17 +436,9 @@ impl PostgresStore {
     /// Sweeps expired rows every `period` in a background task, which ends when the last
     /// clone of the store is dropped.
     pub fn spawn_sweeper(&self, period: Duration) -> tokio::task::JoinHandle<()> {
-        let weak = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let Some(inner) = weak.upgrade() else { return };
-                let store = PostgresStore { inner };
-                if let Err(e) = store.sweep().await {
-                    tracing::warn!(error = %e, "sweeping expired records failed");
-                }
+        super::spawn_sweeper(&self.inner, period, |inner| async move {
+            if let Err(e) = (PostgresStore { inner }).sweep().await {
+                tracing::warn!(error = %e, "sweeping expired records failed");
             }
         })
     }
@@ -760,13 +752,7 @@ impl Store for PostgresStore {
                 .await
                 .map_err(pg)
                 .and_then(|r| col(&r, 0))?;
-            match n {
-                1 => Ok(Completed::Completed),
-                0 => Ok(Completed::NotFound),
-                2 => Ok(Completed::OwnerBusy),
-                3 => Ok(Completed::AlreadyCompleted),
-                _ => Err(corrupt("complete reply")),
-            }
+            Completed::from_code(n.into()).ok_or_else(|| corrupt("complete reply"))
         })
     }
 
@@ -793,28 +779,13 @@ impl Store for PostgresStore {
                 .query(&c.list, &[&after.as_slice(), &(count as i64)])
                 .await
                 .map_err(pg)?;
-            let mut records = Vec::new();
-            let mut last = None;
+            let mut walk = Walk::new(state);
             for r in &rows {
                 let raw: Vec<u8> = col(r, 10)?;
-                let bytes: [u8; 32] = raw
-                    .try_into()
-                    .map_err(|_| corrupt("record id is not 32 bytes"))?;
-                let id = RecordId::from_bytes(bytes);
-                let view = view_of(&id, r)?;
-                last = Some(id);
-                if state.is_none_or(|s| s == view.state) {
-                    records.push(view);
-                }
+                let id = walk.id(&raw, corrupt)?;
+                walk.saw(Some(view_of(&id, r)?));
             }
-            Ok(Page {
-                records,
-                cursor: if rows.len() == count {
-                    last.map(|id| id.to_string())
-                } else {
-                    None
-                },
-            })
+            Ok(walk.page(rows.len(), count))
         })
     }
 
@@ -869,44 +840,20 @@ impl Store for PostgresStore {
 /// A record as operators see it, from a row with INSPECT's columns.
 fn view_of(id: &RecordId, r: &Row) -> Result<RecordView, StoreError> {
     let state: i16 = col(r, 0)?;
-    let fp: Vec<u8> = col(r, 1)?;
-    let fp: [u8; 32] = fp
-        .try_into()
-        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
     let fv: i32 = col(r, 2)?;
-    let (lease_left, busy_left): (i64, i64) = (col(r, 3)?, col(r, 4)?);
-    let (created, ttl): (i64, i64) = (col(r, 5)?, col(r, 6)?);
     let status: Option<i32> = col(r, 7)?;
-    let body: Option<Vec<u8>> = col(r, 8)?;
-    let kept: bool = col(r, 9)?;
-    let live = state == 0 && lease_left > 0;
-    let completed = state == 1;
-    Ok(RecordView {
-        id: id.to_string(),
-        state: if completed {
-            RecordState::Completed
-        } else if live {
-            RecordState::InProgress
-        } else {
-            RecordState::Unknown
-        },
-        created_ms: created.max(0) as u64,
-        lease_left_ms: live.then_some(lease_left as u64),
-        ttl_ms: Some(ttl.max(0) as u64),
-        owner_busy_ms: (state == 0 && busy_left > 0).then_some(busy_left as u64),
-        fingerprint: Fingerprint(fp).to_hex(),
+    let row = ViewRow {
+        state: state.into(),
+        fingerprint: col(r, 1)?,
         fingerprint_version: u16::try_from(fv)
             .map_err(|_| corrupt("fingerprint version out of range"))?,
-        status: if completed {
-            status.and_then(|s| u16::try_from(s).ok())
-        } else {
-            None
-        },
-        body: if completed {
-            body.map(|b| String::from_utf8_lossy(&b).into_owned())
-        } else {
-            None
-        },
-        body_kept: completed.then_some(kept),
-    })
+        lease_left: col(r, 3)?,
+        busy_left: col(r, 4)?,
+        created: col(r, 5)?,
+        ttl: col(r, 6)?,
+        status: status.and_then(|s| u16::try_from(s).ok()),
+        body: col(r, 8)?,
+        body_kept: col(r, 9)?,
+    };
+    row.view(id, corrupt)
 }

@@ -681,7 +681,10 @@ fn client_config(
 ) -> Result<ClientConfig, ConfigError> {
     let provider = provider();
     let verifier: Arc<dyn ServerCertVerifier> = match mode {
-        SslMode::Require => Arc::new(NoServerVerification(provider.clone())),
+        SslMode::Require => Arc::new(Forgiving {
+            chain: None,
+            provider: provider.clone(),
+        }),
         SslMode::VerifyCa | SslMode::VerifyFull => {
             let webpki = WebPkiServerVerifier::builder_with_provider(
                 Arc::new(root_store(roots)?),
@@ -690,7 +693,10 @@ fn client_config(
             .build()
             .map_err(|e| invalid("postgres_tls_ca_file", format!("no usable roots: {e}")))?;
             if mode == SslMode::VerifyCa {
-                Arc::new(ChainOnly(webpki))
+                Arc::new(Forgiving {
+                    chain: Some(webpki),
+                    provider: provider.clone(),
+                })
             } else {
                 webpki
             }
@@ -747,13 +753,28 @@ fn half_pair(given: Source, missing_key: &'static str, missing_param: &str) -> C
     }
 }
 
-/// `verify-ca`: the chain up to a trusted root (validity dates, usage, signatures) as
-/// webpki verifies it, and nothing about the name. webpki checks the name last, once the
-/// chain is verified, so a name that does not match is the only failure forgiven.
+/// What an `sslmode` below `verify-full` forgives of a server certificate.
+///
+/// `verify-ca` (`chain`): the chain up to a trusted root (validity dates, usage,
+/// signatures) as webpki verifies it, and nothing about the name. webpki checks the name
+/// last, once the chain is verified, so a name that does not match is the only failure
+/// forgiven.
+///
+/// DANGER, `sslmode=require` without a root certificate (no `chain`): ANY server
+/// certificate is accepted, expired, self-signed or another server's. The handshake's
+/// signature is still checked against the certificate presented, which proves nothing
+/// about who the server is. Encryption against passive listeners only; start-up warns that
+/// the server is not verified.
+///
+/// Either way the handshake's signatures are checked with the provider's algorithms, as
+/// webpki checks them.
 #[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
+struct Forgiving {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    provider: Arc<CryptoProvider>,
+}
 
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for Forgiving {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -762,10 +783,10 @@ impl ServerCertVerifier for ChainOnly {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, TlsError> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(TlsError::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -779,7 +800,8 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, TlsError> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
     }
 
     fn verify_tls13_signature(
@@ -788,64 +810,14 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, TlsError> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
-}
-
-/// DANGER, `sslmode=require` without a root certificate: ANY server certificate is
-/// accepted, expired, self-signed or another server's. The handshake's signature is still
-/// checked against the certificate presented, which proves nothing about who the server
-/// is. Encryption against passive listeners only; start-up warns that the server is not
-/// verified.
-#[derive(Debug)]
-struct NoServerVerification(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for NoServerVerification {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, TlsError> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, TlsError> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, TlsError> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 

@@ -392,8 +392,15 @@ mod tests {
     use super::*;
     use crate::config::Settings;
 
+    /// How Redis is reached, once the rest of `c` is valid too (as start-up checks it).
+    fn setup(c: Config) -> Result<Option<RedisSetup>, ConfigError> {
+        let redis = RedisSetup::from_config(&c)?;
+        Settings::new(c)?;
+        Ok(redis)
+    }
+
     fn error_of(c: Config) -> String {
-        match Settings::new(c) {
+        match setup(c) {
             Ok(_) => panic!("accepted"),
             Err(e) => e.to_string(),
         }
@@ -532,22 +539,22 @@ mod tests {
 
     #[test]
     fn rediss_urls_for_sentinels_and_cluster_nodes_turn_tls_on() {
-        let s = Settings::new(with(|c| {
+        let s = setup(with(|c| {
             c.redis_sentinels = vec!["rediss://s1:26379".into(), "rediss://[::1]:26380/".into()];
             c.redis_sentinel_master = Some("m".into());
             c.namespace = Some("payments".into());
         }))
         .expect("valid");
-        let r = s.redis.expect("redis");
+        let r = s.expect("redis");
         assert!(r.tls.is_some());
         assert!(matches!(&r.topology, Topology::Sentinel { sentinels, .. }
             if sentinels == &[("s1".to_string(), 26379), ("::1".to_string(), 26380)]));
-        let s = Settings::new(with(|c| {
+        let s = setup(with(|c| {
             c.redis_cluster_nodes = vec!["redis://n1:7000".into(), "redis://n2:7000".into()];
             c.namespace = Some("payments".into());
         }))
         .expect("valid");
-        assert!(s.redis.expect("redis").tls.is_none());
+        assert!(s.expect("redis").tls.is_none());
     }
 
     /// A password that breaks the URL is not printed; the message says what to do.
@@ -566,7 +573,7 @@ mod tests {
 
     #[test]
     fn every_topology_with_tls_and_credentials_is_accepted() {
-        let s = Settings::new(with(|c| {
+        let s = setup(with(|c| {
             c.redis_cluster_nodes = vec!["10.0.0.1:7000".into(), "[::1]:7001".into()];
             c.redis_tls = true;
             c.namespace = Some("payments".into());
@@ -575,7 +582,7 @@ mod tests {
             c.min_replicas_ack = 1;
         }))
         .expect("valid");
-        let r = s.redis.expect("redis");
+        let r = s.expect("redis");
         assert!(r.tls.is_some());
         assert!(
             matches!(&r.topology, Topology::Cluster { nodes } if nodes[1] == ("::1".to_string(), 7001))
@@ -583,9 +590,6 @@ mod tests {
         assert!(r.replica_ack.is_some_and(|a| a.replicas == 1));
         // The password never prints.
         assert!(!format!("{r:?}").contains("secret"));
-        assert!(Settings::new(Config::default())
-            .expect("valid")
-            .redis
-            .is_none());
+        assert!(setup(Config::default()).expect("valid").is_none());
     }
 }

@@ -21,17 +21,16 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use aes_gcm::aead::{Aead, Payload};
 use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
-use base64::Engine as _;
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
-    RecordView, ServerStats, Store, StoreError, StoredResponse,
+    BoxFuture, Claim, ClaimRequest, Completed, OwnerToken, RecordView, Store, StoreError,
+    StoredResponse,
 };
+use crate::config::{AtRest, SealingKey};
 use crate::key::RecordId;
 
 /// The header name that marks a stored answer as an envelope. A colon cannot start an
@@ -63,43 +62,18 @@ impl fmt::Debug for Keyring {
 }
 
 impl Keyring {
-    /// Parses `<id>:<base64 of 32 bytes>` entries. The id is 1 to 32 characters of
-    /// letters, digits, `-`, `_` or `.`; ids are unique. Errors name the entry by position
-    /// and id, never by its key.
+    /// The keyring of the configured keys, the first the one that seals.
+    pub fn new(keys: &[SealingKey]) -> Keyring {
+        let keys: Vec<(String, Aes256Gcm)> = keys
+            .iter()
+            .map(|k| (k.id.clone(), Aes256Gcm::new(&k.key.into())))
+            .collect();
+        Keyring { keys: keys.into() }
+    }
+
+    /// Parses `<id>:<base64 of 32 bytes>` entries (see [`SealingKey::parse_all`]).
     pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<Keyring, String> {
-        let mut keys: Vec<(String, Aes256Gcm)> = Vec::new();
-        for (i, entry) in entries.iter().enumerate() {
-            let entry = entry.as_ref().trim();
-            let Some((id, b64)) = entry.split_once(':') else {
-                return Err(format!("entry {i} is not `<id>:<base64 key>`"));
-            };
-            let id_ok = (1..=32).contains(&id.len())
-                && id
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-            if !id_ok {
-                return Err(format!(
-                    "entry {i}: the key id must be 1 to 32 letters, digits, '-', '_' or '.'"
-                ));
-            }
-            if keys.iter().any(|(k, _)| k == id) {
-                return Err(format!("entry {i}: key id `{id}` is listed twice"));
-            }
-            let raw = base64::engine::general_purpose::STANDARD
-                .decode(b64.trim())
-                .map_err(|_| format!("key `{id}` is not valid base64"))?;
-            let cipher = Aes256Gcm::new_from_slice(&raw).map_err(|_| {
-                format!(
-                    "key `{id}` must be 32 bytes (base64 of `openssl rand 32`), not {}",
-                    raw.len()
-                )
-            })?;
-            keys.push((id.to_string(), cipher));
-        }
-        if keys.is_empty() {
-            return Err("no keys".into());
-        }
-        Ok(Keyring { keys: keys.into() })
+        SealingKey::parse_all(entries).map(|keys| Keyring::new(&keys))
     }
 
     /// The id of the key that seals.
@@ -129,6 +103,15 @@ pub struct Envelope {
 }
 
 impl Envelope {
+    /// The envelope that the settings describe.
+    pub fn new(at_rest: &AtRest) -> Envelope {
+        Envelope {
+            keys: at_rest.keys.as_deref().map(Keyring::new),
+            compress_min_bytes: at_rest.compress_min_bytes,
+            max_body: at_rest.max_body,
+        }
+    }
+
     /// Whether this changes anything (else the store is used as is).
     pub fn is_active(&self) -> bool {
         self.keys.is_some() || self.compress_min_bytes.is_some()
@@ -335,7 +318,11 @@ impl Enveloped {
     }
 }
 
-impl Store for Enveloped {
+impl super::Layer for Enveloped {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
         Box::pin(async move {
             match self.inner.claim(req).await? {
@@ -369,51 +356,6 @@ impl Store for Enveloped {
         })
     }
 
-    fn shorten<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        retain: std::time::Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.shorten(id, owner, retain)
-    }
-
-    fn record_not_kept<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        status: u16,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        // Nothing of the answer is kept, so nothing to seal.
-        self.inner.record_not_kept(id, owner, status)
-    }
-
-    fn renew<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.renew(id, owner, lease)
-    }
-
-    fn mark_unknown<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.mark_unknown(id, owner)
-    }
-
-    fn release<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        linger: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        self.inner.release(id, owner, linger)
-    }
-
     fn inspect<'a>(
         &'a self,
         id: &'a RecordId,
@@ -432,14 +374,6 @@ impl Store for Enveloped {
         })
     }
 
-    fn delete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        force: bool,
-    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
-        self.inner.delete(id, force)
-    }
-
     fn complete<'a>(
         &'a self,
         id: &'a RecordId,
@@ -454,47 +388,12 @@ impl Store for Enveloped {
             self.inner.complete(id, &closed, force).await
         })
     }
-
-    fn list<'a>(
-        &'a self,
-        state: Option<RecordState>,
-        cursor: &'a str,
-        count: usize,
-    ) -> BoxFuture<'a, Result<Page, StoreError>> {
-        self.inner.list(state, cursor, count)
-    }
-
-    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.inner.ping()
-    }
-
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-
-    fn can_list(&self) -> bool {
-        self.inner.can_list()
-    }
-
-    fn room_after(&self) -> Option<std::time::Duration> {
-        self.inner.room_after()
-    }
-
-    fn meta<'a>(
-        &'a self,
-        name: &'a str,
-        offer: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Meta, StoreError>> {
-        self.inner.meta(name, offer)
-    }
-
-    fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
-        self.inner.server_stats()
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use base64::Engine as _;
+
     use super::*;
 
     fn key(id: &str, byte: u8) -> String {

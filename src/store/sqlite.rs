@@ -37,11 +37,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
+use super::row::{ViewRow, Walk, COMPLETED, IN_PROGRESS, UNKNOWN};
 use super::{
     BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
     RecordView, Store, StoreError, StoredResponse,
 };
-use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
 
 /// The database file inside `store_path`.
@@ -81,10 +81,6 @@ CREATE TABLE IF NOT EXISTS withdrawn (
   PRIMARY KEY (id, owner)
 ) WITHOUT ROWID;
 ";
-
-const IN_PROGRESS: i64 = 0;
-const COMPLETED: i64 = 1;
-const UNKNOWN: i64 = 2;
 
 /// The SQLite store. Cheap to clone; clones share the connection.
 #[derive(Clone)]
@@ -286,18 +282,13 @@ impl SqliteStore {
     /// Sweeps expired records every `period` in a background task, which ends when the last
     /// clone of the store is dropped.
     pub fn spawn_sweeper(&self, period: Duration) -> tokio::task::JoinHandle<()> {
-        let weak = Arc::downgrade(&self.conn);
         let path = self.path.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let Some(conn) = weak.upgrade() else { return };
-                let store = SqliteStore {
-                    conn,
-                    path: path.clone(),
-                };
+        super::spawn_sweeper(&self.conn, period, move |conn| {
+            let store = SqliteStore {
+                conn,
+                path: path.clone(),
+            };
+            async move {
                 if let Err(e) = store.sweep().await {
                     tracing::warn!(error = %e, "sweeping expired records failed");
                 }
@@ -601,30 +592,10 @@ impl Store for SqliteStore {
             let tx = c
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(backend)?;
-            let row = tx
-                .query_row(
-                    "SELECT state, lease_until, busy_until FROM records
-                     WHERE id = ?1 AND expires > ?2",
-                    params![id, now],
-                    |r| {
-                        Ok((
-                            r.get::<_, i64>(0)?,
-                            r.get::<_, i64>(1)?,
-                            r.get::<_, i64>(2)?,
-                        ))
-                    },
-                )
-                .optional()
-                .map_err(backend)?;
+            let row = operator_row(&tx, id, now)?;
             let out = match row {
                 None => Deleted::NotFound,
-                Some((state, lease_until, busy_until))
-                    if !force
-                        && state == IN_PROGRESS
-                        && (lease_until > now || busy_until > now) =>
-                {
-                    Deleted::OwnerBusy
-                }
+                Some((_, true)) if !force => Deleted::OwnerBusy,
                 Some(_) => {
                     tx.execute("DELETE FROM records WHERE id = ?1", params![id])
                         .map_err(backend)?;
@@ -652,32 +623,12 @@ impl Store for SqliteStore {
             let tx = c
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(backend)?;
-            let row = tx
-                .query_row(
-                    "SELECT state, lease_until, busy_until FROM records
-                     WHERE id = ?1 AND expires > ?2",
-                    params![id, now],
-                    |r| {
-                        Ok((
-                            r.get::<_, i64>(0)?,
-                            r.get::<_, i64>(1)?,
-                            r.get::<_, i64>(2)?,
-                        ))
-                    },
-                )
-                .optional()
-                .map_err(backend)?;
+            let row = operator_row(&tx, id, now)?;
             let out = match row {
                 None => Completed::NotFound,
                 // Kept or not kept, it holds the upstream's (or an operator's) answer.
-                Some((COMPLETED, _, _)) => Completed::AlreadyCompleted,
-                Some((state, lease_until, busy_until))
-                    if !force
-                        && state == IN_PROGRESS
-                        && (lease_until > now || busy_until > now) =>
-                {
-                    Completed::OwnerBusy
-                }
+                Some((COMPLETED, _)) => Completed::AlreadyCompleted,
+                Some((_, true)) if !force => Completed::OwnerBusy,
                 Some(_) => {
                     // The owner is cleared, so the former owner's late record is refused.
                     tx.execute(
@@ -724,31 +675,12 @@ impl Store for SqliteStore {
                         .collect()
                 })
                 .map_err(backend)?;
-            let mut records = Vec::new();
-            let mut last = None;
+            let mut walk = Walk::new(state);
             for raw in &ids {
-                let bytes: [u8; 32] = raw
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| corrupt("record id is not 32 bytes"))?;
-                let id = RecordId::from_bytes(bytes);
-                last = Some(id);
-                // Gone since (expired between the two reads): nothing to show.
-                let Some(view) = inspect_in(c, id, false)? else {
-                    continue;
-                };
-                if state.is_none_or(|s| s == view.state) {
-                    records.push(view);
-                }
+                let id = walk.id(raw, corrupt)?;
+                walk.saw(inspect_in(c, id, false)?);
             }
-            Ok(Page {
-                records,
-                cursor: if ids.len() == count {
-                    last.map(|id| id.to_string())
-                } else {
-                    None
-                },
-            })
+            Ok(walk.page(ids.len(), count))
         })
     }
 
@@ -794,6 +726,33 @@ impl Store for SqliteStore {
     }
 }
 
+/// What an operator's delete or complete checks, in its transaction: the live record's
+/// state, and whether its owner may still be working (a live lease, or busy).
+fn operator_row(
+    tx: &rusqlite::Transaction<'_>,
+    id: &[u8],
+    now: i64,
+) -> Result<Option<(i64, bool)>, StoreError> {
+    let row = tx
+        .query_row(
+            "SELECT state, lease_until, busy_until FROM records WHERE id = ?1 AND expires > ?2",
+            params![id, now],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(backend)?;
+    Ok(row.map(|(state, lease_until, busy_until)| {
+        let busy = state == IN_PROGRESS && (lease_until > now || busy_until > now);
+        (state, busy)
+    }))
+}
+
 /// A record as operators see it, read on `c`; `None` if there is none live.
 fn inspect_in(
     c: &Connection,
@@ -832,32 +791,19 @@ fn inspect_in(
     else {
         return Ok(None);
     };
-    let fp: [u8; 32] = fp
-        .try_into()
-        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
-    let live = state == IN_PROGRESS && lease_until > now;
-    Ok(Some(RecordView {
-        id: id.to_string(),
-        state: match state {
-            COMPLETED => RecordState::Completed,
-            _ if live => RecordState::InProgress,
-            _ => RecordState::Unknown,
-        },
-        created_ms: created.max(0) as u64,
-        lease_left_ms: live.then(|| (lease_until - now) as u64),
-        ttl_ms: Some((expires - now) as u64),
-        owner_busy_ms: (state == IN_PROGRESS && busy_until > now)
-            .then(|| (busy_until - now) as u64),
-        fingerprint: Fingerprint(fp).to_hex(),
+    let row = ViewRow {
+        state,
+        fingerprint: fp,
         fingerprint_version: fv,
-        status: if state == COMPLETED { status } else { None },
-        body: if state == COMPLETED {
-            body.map(|b| String::from_utf8_lossy(&b).into_owned())
-        } else {
-            None
-        },
-        body_kept: (state == COMPLETED).then_some(kept),
-    }))
+        lease_left: lease_until - now,
+        busy_left: busy_until - now,
+        created,
+        ttl: expires - now,
+        status,
+        body,
+        body_kept: kept,
+    };
+    row.view(&id, corrupt).map(Some)
 }
 
 #[cfg(test)]

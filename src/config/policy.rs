@@ -1,0 +1,459 @@
+//! Routes resolved into policies: what applies to one request on a route, from the
+//! defaults and the route's own settings.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::header::HeaderName;
+use hyper::Method;
+
+use super::{invalid, Anonymous, ConfigError, Defaults, Mode, OnAmbiguous, OnStoreError};
+use super::{PathMatch, PathParams, RecordMode, Route};
+use crate::fingerprint::{JsonPointer, QueryOrder, Rules};
+use crate::retry_after::TypicalTime;
+use crate::scope::{path, PathRules, TenantSource};
+
+/// The policy that applies to one request, resolved from defaults and its route.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// The route prefix that matched, or `None` for the defaults.
+    pub route: Option<String>,
+    /// Its place in [`Settings::modes`] (0 for the defaults, then the routes longest
+    /// first): the row of its per-route metrics.
+    pub index: usize,
+    #[allow(missing_docs)]
+    pub methods: Vec<Method>,
+    #[allow(missing_docs)]
+    pub require_key: bool,
+    #[allow(missing_docs)]
+    pub retention: Duration,
+    #[allow(missing_docs)]
+    pub lease: Duration,
+    #[allow(missing_docs)]
+    pub upstream_timeout: Duration,
+    #[allow(missing_docs)]
+    pub max_body_bytes: u64,
+    #[allow(missing_docs)]
+    pub max_response_bytes: u64,
+    #[allow(missing_docs)]
+    pub max_key_length: usize,
+    /// Where the tenant comes from (`tenant_headers`, `tenant_jwt_claim` or
+    /// `tenant_client_cert`).
+    pub tenant: TenantSource,
+    #[allow(missing_docs)]
+    pub anonymous: Anonymous,
+    /// `path_match` and `case_insensitive_paths`.
+    pub path_rules: PathRules,
+    #[allow(missing_docs)]
+    pub on_store_error: OnStoreError,
+    #[allow(missing_docs)]
+    pub on_ambiguous: OnAmbiguous,
+    #[allow(missing_docs)]
+    pub record_mode: RecordMode,
+    #[allow(missing_docs)]
+    pub mode: Mode,
+    #[allow(missing_docs)]
+    pub fingerprint_ignore: Vec<JsonPointer>,
+    #[allow(missing_docs)]
+    pub query_order: QueryOrder,
+    #[allow(missing_docs)]
+    pub path_params: PathParams,
+    /// `format_suffixes` without their dots (lower case on a case-insensitive route).
+    pub format_suffixes: Vec<String>,
+    /// Headers that carry the key, the preferred first.
+    pub key_headers: Vec<HeaderName>,
+    /// Statuses whose answers are passed on and not recorded (the claim is released).
+    pub release_on_status: Vec<u16>,
+    /// Statuses whose records are kept only `short_retention`.
+    pub short_retention_statuses: Vec<u16>,
+    #[allow(missing_docs)]
+    pub short_retention: Duration,
+    /// Override headers the upstream honours (`method_override_headers`), lowercase.
+    pub method_override_headers: Vec<HeaderName>,
+    /// How long this route's upstream typically takes (measured while running), for the
+    /// `Retry-After` of a 409 in-progress.
+    pub upstream_time: Arc<TypicalTime>,
+}
+
+impl Policy {
+    /// This route's settings of the fingerprint.
+    pub fn fingerprint_rules(&self) -> Rules<'_> {
+        Rules {
+            ignore: &self.fingerprint_ignore,
+            query_order: self.query_order,
+        }
+    }
+
+    /// Whether requests with this method are protected.
+    pub fn protects(&self, method: &Method) -> bool {
+        self.methods.contains(method)
+    }
+}
+
+pub(super) fn resolve(
+    at: &str,
+    route: Option<String>,
+    d: &Defaults,
+    r: &Route,
+    jwt_keys: bool,
+    client_ca: bool,
+) -> Result<Policy, ConfigError> {
+    let methods = r.methods.as_ref().unwrap_or(&d.methods);
+    let key_of = |name: &str| {
+        if matches_override(r, name) {
+            format!("{at}.{name}")
+        } else {
+            format!("defaults.{name}")
+        }
+    };
+    let methods = methods
+        .iter()
+        .map(|m| {
+            Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                .map_err(|_| invalid(key_of("methods"), format!("`{m}` is not an HTTP method")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let tenant_header_names = r
+        .tenant_headers
+        .as_ref()
+        .unwrap_or(&d.tenant_headers)
+        .iter()
+        .map(|h| {
+            HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                invalid(
+                    key_of("tenant_headers"),
+                    format!("`{h}` is not a header name"),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // A certificate is a route's one principal source: a route that names it with a claim
+    // or headers is refused, as are defaults naming both a claim and a certificate field
+    // (the defaults' headers always have a value, so they give way to either). A claim
+    // beside headers keeps its older meaning: the claim wins.
+    let named = [
+        ("tenant_jwt_claim", r.tenant_jwt_claim.is_some()),
+        ("tenant_client_cert", r.tenant_client_cert.is_some()),
+        ("tenant_headers", r.tenant_headers.is_some()),
+    ];
+    let set: Vec<&str> = named.iter().filter(|(_, s)| *s).map(|(n, _)| *n).collect();
+    if r.tenant_client_cert.is_some() {
+        if let Some(other) = set.iter().find(|n| **n != "tenant_client_cert") {
+            return Err(invalid(
+                format!("{at}.tenant_client_cert"),
+                format!("a route reads its tenant from one source: {other} is set too"),
+            ));
+        }
+    }
+    if d.tenant_jwt_claim.is_some() && d.tenant_client_cert.is_some() {
+        return Err(invalid(
+            "defaults.tenant_client_cert",
+            "a route reads its tenant from one source: tenant_jwt_claim is set too",
+        ));
+    }
+    // A route's own choice wins: its `tenant_jwt_claim`, `tenant_client_cert` or
+    // `tenant_headers`, else the defaults' claim or certificate field, else the defaults'
+    // headers.
+    let own = !set.is_empty();
+    let cert = match (r.tenant_client_cert, own) {
+        (Some(f), _) => Some(f),
+        (None, true) => None,
+        (None, false) => d.tenant_client_cert,
+    };
+    if cert.is_some() && !client_ca {
+        return Err(invalid(
+            key_of("tenant_client_cert"),
+            "needs verified client certificates: a TLS listener (tls_cert_file, tls_key_file) with tls_client_ca_file",
+        ));
+    }
+    let claim = match (&r.tenant_jwt_claim, own) {
+        (Some(c), _) => Some(c),
+        (None, true) => None,
+        (None, false) => d.tenant_jwt_claim.as_ref(),
+    };
+    let tenant = match claim {
+        Some(c) if c.is_empty() => {
+            return Err(invalid(key_of("tenant_jwt_claim"), "must name a claim"))
+        }
+        Some(_) if !jwt_keys => {
+            return Err(invalid(
+                key_of("tenant_jwt_claim"),
+                "needs keys to verify tokens with: set jwt_hs256_secret (or IDEMGATE_JWT_HS256_SECRET) and/or jwks_file",
+            ))
+        }
+        Some(c) => TenantSource::JwtClaim(c.clone()),
+        None => match cert {
+            Some(field) => TenantSource::ClientCert(field),
+            None => TenantSource::Headers(tenant_header_names),
+        },
+    };
+    let path_rules = PathRules {
+        strict: r.path_match.unwrap_or(d.path_match) == PathMatch::Strict,
+        case_insensitive: r.case_insensitive_paths.unwrap_or(d.case_insensitive_paths),
+    };
+    let mut format_suffixes = Vec::new();
+    for f in r.format_suffixes.as_ref().unwrap_or(&d.format_suffixes) {
+        let ext = path::FormatExt::of(f).ok_or_else(|| {
+            invalid(
+                key_of("format_suffixes"),
+                format!("`{f}` is not a format suffix: a '.' and 1 to 5 letters or digits, such as \".json\""),
+            )
+        })?;
+        let ext = if path_rules.case_insensitive {
+            ext.as_str().to_ascii_lowercase()
+        } else {
+            ext.as_str().to_string()
+        };
+        if !format_suffixes.contains(&ext) {
+            format_suffixes.push(ext);
+        }
+    }
+    let fingerprint_ignore = r
+        .fingerprint_ignore
+        .as_ref()
+        .unwrap_or(&d.fingerprint_ignore)
+        .iter()
+        .map(|p| {
+            JsonPointer::parse(p)
+                .map_err(|e| invalid(key_of("fingerprint_ignore"), format!("`{p}`: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut key_headers: Vec<HeaderName> = Vec::new();
+    for h in r.key_headers.as_ref().unwrap_or(&d.key_headers) {
+        let name = HeaderName::from_bytes(h.as_bytes())
+            .map_err(|_| invalid(key_of("key_headers"), format!("`{h}` is not a header name")))?;
+        if key_headers.contains(&name) {
+            return Err(invalid(
+                key_of("key_headers"),
+                format!("`{h}` is listed twice"),
+            ));
+        }
+        key_headers.push(name);
+    }
+    if key_headers.is_empty() {
+        return Err(invalid(
+            key_of("key_headers"),
+            "must name at least one header",
+        ));
+    }
+    let release_on_status = r
+        .release_on_status
+        .clone()
+        .unwrap_or_else(|| d.release_on_status.clone());
+    if let Some(bad) = release_on_status.iter().find(|s| !(400..=599).contains(*s)) {
+        return Err(invalid(
+            key_of("release_on_status"),
+            format!("{bad}: only 4xx and 5xx answers can say that nothing was done"),
+        ));
+    }
+    let short_retention_statuses = r
+        .short_retention_statuses
+        .clone()
+        .unwrap_or_else(|| d.short_retention_statuses.clone());
+    if let Some(bad) = short_retention_statuses
+        .iter()
+        .find(|s| !(400..=499).contains(*s))
+    {
+        return Err(invalid(
+            key_of("short_retention_statuses"),
+            format!("{bad}: only 4xx answers can show that nothing ran"),
+        ));
+    }
+    let mut method_override_headers: Vec<HeaderName> = Vec::new();
+    for h in r
+        .method_override_headers
+        .as_ref()
+        .unwrap_or(&d.method_override_headers)
+    {
+        let name = HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+            invalid(
+                key_of("method_override_headers"),
+                format!("`{h}` is not a header name"),
+            )
+        })?;
+        if method_override_headers.contains(&name) {
+            return Err(invalid(
+                key_of("method_override_headers"),
+                format!("`{h}` is listed twice"),
+            ));
+        }
+        if key_headers.contains(&name) || name == hyper::header::AUTHORIZATION {
+            return Err(invalid(
+                key_of("method_override_headers"),
+                format!("`{h}` already carries the key or the credential"),
+            ));
+        }
+        method_override_headers.push(name);
+    }
+    let p = Policy {
+        route,
+        methods,
+        require_key: r.require_key.unwrap_or(d.require_key),
+        retention: r.retention.unwrap_or(d.retention),
+        lease: r.lease.unwrap_or(d.lease),
+        upstream_timeout: r.upstream_timeout.unwrap_or(d.upstream_timeout),
+        max_body_bytes: r.max_body_bytes.unwrap_or(d.max_body_bytes),
+        max_response_bytes: r.max_response_bytes.unwrap_or(d.max_response_bytes),
+        max_key_length: r.max_key_length.unwrap_or(d.max_key_length),
+        tenant,
+        anonymous: r.anonymous.unwrap_or(d.anonymous),
+        path_rules,
+        on_store_error: r.on_store_error.unwrap_or(d.on_store_error),
+        on_ambiguous: r.on_ambiguous.unwrap_or(d.on_ambiguous),
+        record_mode: r.record_mode.unwrap_or(d.record_mode),
+        mode: r.mode.unwrap_or(d.mode),
+        fingerprint_ignore,
+        query_order: r.query_order.unwrap_or(d.query_order),
+        path_params: r.path_params.unwrap_or(d.path_params),
+        format_suffixes,
+        key_headers,
+        release_on_status,
+        short_retention_statuses,
+        short_retention: r.short_retention.unwrap_or(d.short_retention),
+        method_override_headers,
+        upstream_time: Arc::default(),
+        index: 0,
+    };
+    if p.short_retention.is_zero() {
+        return Err(invalid(
+            key_of("short_retention"),
+            "must be greater than zero (remove the status from short_retention_statuses to keep its answers for retention)",
+        ));
+    }
+    if p.lease < Duration::from_millis(100) {
+        return Err(invalid(key_of("lease"), "must be at least 100ms"));
+    }
+    if p.upstream_timeout.is_zero() {
+        return Err(invalid(
+            key_of("upstream_timeout"),
+            "must be greater than zero",
+        ));
+    }
+    if p.retention <= p.upstream_timeout || p.retention <= p.lease {
+        return Err(invalid(
+            key_of("retention"),
+            "must be longer than both lease and upstream_timeout, or records would expire while their request runs",
+        ));
+    }
+    if !(1..=4096).contains(&p.max_key_length) {
+        return Err(invalid(
+            key_of("max_key_length"),
+            "must be between 1 and 4096",
+        ));
+    }
+    if p.max_body_bytes == 0 {
+        return Err(invalid(key_of("max_body_bytes"), "must be at least 1"));
+    }
+    if p.max_response_bytes == 0 {
+        return Err(invalid(key_of("max_response_bytes"), "must be at least 1"));
+    }
+    Ok(p)
+}
+
+fn matches_override(r: &Route, name: &str) -> bool {
+    match name {
+        "methods" => r.methods.is_some(),
+        "tenant_headers" => r.tenant_headers.is_some(),
+        "tenant_jwt_claim" => r.tenant_jwt_claim.is_some(),
+        "tenant_client_cert" => r.tenant_client_cert.is_some(),
+        "fingerprint_ignore" => r.fingerprint_ignore.is_some(),
+        "key_headers" => r.key_headers.is_some(),
+        "release_on_status" => r.release_on_status.is_some(),
+        "short_retention_statuses" => r.short_retention_statuses.is_some(),
+        "short_retention" => r.short_retention.is_some(),
+        "method_override_headers" => r.method_override_headers.is_some(),
+        "lease" => r.lease.is_some(),
+        "upstream_timeout" => r.upstream_timeout.is_some(),
+        "retention" => r.retention.is_some(),
+        "max_key_length" => r.max_key_length.is_some(),
+        "max_body_bytes" => r.max_body_bytes.is_some(),
+        "max_response_bytes" => r.max_response_bytes.is_some(),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use figment::providers::Serialized;
+    use figment::Figment;
+
+    use super::*;
+    use crate::config::tests::settings;
+    use crate::config::{unknown_env_vars, Config};
+
+    #[test]
+    fn query_order_is_a_route_setting() {
+        let s = settings(
+            r#"
+            [defaults]
+            query_order = "significant"
+            [[routes]]
+            path = "/v1/sorted"
+            query_order = "sorted"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(s.policy_for("/v1/x").query_order, QueryOrder::Significant);
+        assert_eq!(s.policy_for("/v1/sorted").query_order, QueryOrder::Sorted);
+        let s = settings("").unwrap();
+        assert_eq!(s.policy_for("/").query_order, QueryOrder::Sorted);
+        assert!(settings("[defaults]\nquery_order = \"random\"").is_err());
+    }
+
+    #[test]
+    fn record_mode_defaults_to_before_response_and_routes_override_it() {
+        let s = settings("").unwrap();
+        assert_eq!(s.default_policy.record_mode, RecordMode::BeforeResponse);
+        let s = settings(
+            r#"
+            [defaults]
+            record_mode = "after_response"
+            [[routes]]
+            path = "/v1/transfers"
+            record_mode = "before_response"
+            [[routes]]
+            path = "/v1/quotes"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(s.default_policy.record_mode, RecordMode::AfterResponse);
+        assert_eq!(
+            s.policy_for("/v1/transfers").record_mode,
+            RecordMode::BeforeResponse
+        );
+        assert_eq!(
+            s.policy_for("/v1/quotes").record_mode,
+            RecordMode::AfterResponse
+        );
+        let s = settings("[[routes]]\npath = \"/a\"\nrecord_mode = \"after_response\"").unwrap();
+        assert_eq!(s.policy_for("/a").record_mode, RecordMode::AfterResponse);
+        assert_eq!(s.default_policy.record_mode, RecordMode::BeforeResponse);
+        // The environment's form: `IDEMGATE_DEFAULTS__RECORD_MODE=after_response` names a
+        // setting, and its value is read as this string.
+        assert!(
+            unknown_env_vars(["IDEMGATE_DEFAULTS__RECORD_MODE".to_string()].into_iter()).is_empty()
+        );
+        let env = Figment::from(Serialized::defaults(Config::default())).merge(
+            Serialized::default("defaults.record_mode", "after_response"),
+        );
+        let s = Config::load(env).unwrap();
+        assert_eq!(s.default_policy.record_mode, RecordMode::AfterResponse);
+        for (toml, key) in [
+            (
+                "[defaults]\nrecord_mode = \"after\"",
+                "defaults.record_mode",
+            ),
+            (
+                "[defaults]\nrecord_mode = \"AfterResponse\"",
+                "defaults.record_mode",
+            ),
+            (
+                "[[routes]]\npath = \"/a\"\nrecord_mode = \"later\"",
+                "record_mode",
+            ),
+        ] {
+            let err = settings(toml).unwrap_err().to_string();
+            assert!(err.contains(key), "{toml:?}: {err}");
+        }
+    }
+}

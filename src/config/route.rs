@@ -1,0 +1,340 @@
+//! Which route a path leads to: the longest matching prefix in the path's normal form,
+//! and how the path is forwarded.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use hyper::Method;
+
+use super::{Anonymous, PathParams, Policy, Settings};
+use crate::scope::client_cert::ClientCert;
+use crate::scope::{path, PathError, PathRules, TenantSource};
+
+/// Where a request's path led: its policy, and the path's normal form when it differs from
+/// the spelling the client sent.
+#[derive(Debug)]
+pub struct Routed<'a> {
+    /// The policy of the longest matching route, or the defaults.
+    pub policy: &'a Arc<Policy>,
+    /// The path in the normal form of that policy's rules (what scope and fingerprint
+    /// use); `None` when that is the path as sent.
+    pub normalized: Option<String>,
+    /// What the upstream gets instead of `normalized`, where the two differ: the client's
+    /// letter case on a case-insensitive route, the `;` parameters a `strip` route leaves out
+    /// of the scope, a folded format suffix.
+    pub forward: Forward,
+    /// A spelling this route refuses on the methods it protects (`;` parameters where
+    /// `path_params = "refuse"`, a format suffix it does not list). The path was routed
+    /// as if it had none: a request on an unprotected method passes through as sent.
+    pub refused: Option<PathError>,
+}
+
+/// The path a protected request is forwarded with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Forward {
+    /// `Routed::normalized` (or the path as sent when that is `None`).
+    Normalized,
+    /// The path as sent: it already is the form to forward.
+    AsSent,
+    /// This path.
+    Path(String),
+}
+
+impl Settings {
+    /// The policy for a request path: the longest route prefix that matches at a segment
+    /// boundary, else the defaults. Each route is matched against the path in the normal
+    /// form of that route's own rules. An error: the path cannot be normalized safely.
+    pub fn route<'a>(&'a self, raw: &str) -> Result<Routed<'a>, PathError> {
+        // Normal forms already computed, per rules: a path is normalized at most once per
+        // distinct rule set (there are four), and a path in normal form costs no copy.
+        // No allocation for the bookkeeping: there are four rule sets at most.
+        let mut forms: [Option<(PathRules, Cow<'_, str>)>; 4] = Default::default();
+        fn form_for<'p>(
+            forms: &mut [Option<(PathRules, Cow<'p, str>)>; 4],
+            raw: &'p str,
+            rules: PathRules,
+        ) -> Result<usize, PathError> {
+            for (i, slot) in forms.iter_mut().enumerate() {
+                match slot {
+                    Some((r, _)) if *r == rules => return Ok(i),
+                    Some(_) => {}
+                    None => {
+                        *slot = Some((rules, path::normalize(raw, rules)?));
+                        return Ok(i);
+                    }
+                }
+            }
+            // Two booleans make four rule sets, so a slot was free or matched above.
+            Err(PathError::NotAbsolute)
+        }
+        // Longest prefix first; a route also takes its own path plus a format suffix
+        // (`/v1/transfers.json`), which frameworks such as Rails route to the same
+        // handler: it must not fall through to a shorter route or the defaults.
+        let mut chosen = None;
+        for (prefix, policy) in &self.routes {
+            let i = form_for(&mut forms, raw, policy.path_rules)?;
+            let Some((_, form)) = forms[i].as_ref() else {
+                continue;
+            };
+            if prefix_matches(prefix, form) {
+                chosen = Some((policy, i, None));
+                break;
+            }
+            if let Some(ext) = format_suffix(prefix, form) {
+                chosen = Some((policy, i, Some(ext)));
+                break;
+            }
+        }
+        let (policy, i, suffix) = match chosen {
+            Some(c) => c,
+            None => (
+                &self.default_policy,
+                form_for(&mut forms, raw, self.default_policy.path_rules)?,
+                None,
+            ),
+        };
+        let rules = policy.path_rules;
+        let mut refused = None;
+        // `;` is never in a normal form: a raw one is a parameter, left out above.
+        let params = raw.contains(';');
+        if params && policy.path_params == PathParams::Refuse {
+            refused = Some(PathError::PathParams);
+        }
+        let mut normalized = match forms[i].take() {
+            Some((_, Cow::Owned(s))) => Some(s),
+            _ => None,
+        };
+        let mut fold_suffix = false;
+        if let Some(ext) = suffix {
+            if policy.format_suffixes.iter().any(|f| f == ext.as_str()) {
+                fold_suffix = true;
+                let form = normalized.as_deref().unwrap_or(raw);
+                normalized = Some(form[..form.len() - ext.as_str().len() - 1].to_string());
+            } else {
+                refused = refused.or(Some(PathError::FormatSuffix(ext)));
+            }
+        }
+        // The scope's form decodes every escape, so it is not a path to send: a path that
+        // was not already normal goes in its RFC 3986 form (path::forward_form).
+        let forward = if rules.case_insensitive
+            || (params && refused.is_none())
+            || fold_suffix
+            || normalized.is_some()
+        {
+            match path::forward_form(raw, rules)? {
+                Cow::Borrowed(_) => Forward::AsSent,
+                Cow::Owned(p) => Forward::Path(p),
+            }
+        } else {
+            Forward::Normalized
+        };
+        Ok(Routed {
+            policy,
+            normalized,
+            forward,
+            refused,
+        })
+    }
+
+    /// The policy for a path, for callers that need no normal form (a path that cannot be
+    /// normalized gets the defaults).
+    pub fn policy_for(&self, raw: &str) -> &Arc<Policy> {
+        self.route(raw)
+            .map(|r| r.policy)
+            .unwrap_or(&self.default_policy)
+    }
+
+    /// The tenant of a request on `policy`'s route: its own principal, or the shared
+    /// anonymous one where the route allows it. `Ok(None)`: refused for want of a tenant.
+    /// The proxy and the operator's lookup both use this, so they compute the same ids.
+    pub fn tenant(
+        &self,
+        headers: &hyper::HeaderMap,
+        cert: Option<&ClientCert>,
+        policy: &Policy,
+    ) -> Result<Option<crate::scope::Tenant>, crate::scope::TenantError> {
+        match crate::scope::tenant::resolve(headers, cert, &policy.tenant, self.jwt.as_deref())? {
+            Some(tenant) => Ok(Some(tenant)),
+            None if policy.anonymous == Anonymous::Shared => {
+                Ok(Some(crate::scope::Tenant::anonymous()))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Whether any route (or the defaults) reads its tenant from client certificates.
+    pub fn reads_client_certs(&self) -> bool {
+        std::iter::once(&self.default_policy)
+            .chain(self.routes.iter().map(|(_, p)| p))
+            .any(|p| matches!(p.tenant, TenantSource::ClientCert(_)))
+    }
+
+    /// Whether any route (or the defaults) protects this method.
+    pub fn protects_anywhere(&self, method: &Method) -> bool {
+        self.protected_methods.contains(method)
+    }
+
+    /// Whether a route that enforces (not `mode = "observe"`) protects `method`.
+    pub fn enforces_anywhere(&self, method: &Method) -> bool {
+        self.enforced_methods.contains(method)
+    }
+}
+
+/// The format suffix of `path` when it is `prefix` (a route's path, ending in a segment)
+/// plus `.` and 1 to 5 letters or digits.
+fn format_suffix(prefix: &str, path: &str) -> Option<path::FormatExt> {
+    if prefix.ends_with('/') {
+        return None;
+    }
+    path::FormatExt::of(path.strip_prefix(prefix)?)
+}
+
+fn prefix_matches(prefix: &str, path: &str) -> bool {
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use hyper::header::HeaderName;
+
+    use super::*;
+    use crate::config::tests::settings;
+
+    #[test]
+    fn longest_prefix_wins_at_segment_boundaries() {
+        let s = settings(
+            r#"
+            [[routes]]
+            path = "/v1"
+            require_key = true
+            [[routes]]
+            path = "/v1/transfers"
+            methods = ["post"]
+            retention = "48h"
+            fingerprint_ignore = ["/client_time"]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(
+            s.policy_for("/v1/transfers").retention,
+            Duration::from_secs(48 * 3600)
+        );
+        assert_eq!(
+            s.policy_for("/v1/transfers/7").route.as_deref(),
+            Some("/v1/transfers")
+        );
+        assert_eq!(s.policy_for("/v1/transfersx").route.as_deref(), Some("/v1"));
+        assert!(s.policy_for("/v1/x").require_key);
+        assert_eq!(s.policy_for("/v2").route, None);
+        assert_eq!(s.policy_for("/v1/transfers").methods, vec![Method::POST]);
+    }
+
+    #[test]
+    fn routes_match_the_normal_form_of_the_path() {
+        let s = settings(
+            r#"
+            [defaults]
+            tenant_jwt_claim = "sub"
+            [[routes]]
+            path = "/v1/transfers/"
+            tenant_headers = ["X-Account-Id"]
+            [[routes]]
+            path = "/IIS"
+            case_insensitive_paths = true
+            [[routes]]
+            path = "/strict"
+            path_match = "strict"
+            "#
+            .replace(
+                "[defaults]",
+                "jwt_hs256_secret = \"0123456789abcdef0123456789abcdef\"\n[defaults]",
+            )
+            .as_str(),
+        )
+        .unwrap();
+        let r = s.route("/v1//%74ransfers/7/").unwrap();
+        assert_eq!(r.policy.route.as_deref(), Some("/v1/transfers/"));
+        assert_eq!(r.normalized.as_deref(), Some("/v1/transfers/7"));
+        assert_eq!(
+            r.policy.tenant,
+            TenantSource::Headers(vec![HeaderName::from_static("x-account-id")])
+        );
+        let r = s.route("/v1/transfers").unwrap();
+        assert_eq!(r.normalized, None);
+        assert_eq!(r.policy.route.as_deref(), Some("/v1/transfers/"));
+        let r = s.route("/iis/Pay").unwrap();
+        assert_eq!(r.policy.route.as_deref(), Some("/IIS"));
+        assert_eq!(r.normalized.as_deref(), Some("/iis/pay"));
+        assert_eq!(s.route("/strict//x").unwrap().normalized, None);
+        let d = s.route("/other").unwrap().policy;
+        assert_eq!(d.tenant, TenantSource::JwtClaim("sub".into()));
+        assert!(s.route("/a%2fb").is_err());
+    }
+
+    #[test]
+    fn path_parameters_and_format_suffixes_are_routed_then_refused_or_folded() {
+        let s = settings(
+            r#"
+            [[routes]]
+            path = "/v1/transfers"
+            [[routes]]
+            path = "/v1/payees"
+            path_params = "strip"
+            format_suffixes = [".json", ".XML"]
+            [[routes]]
+            path = "/v1"
+            methods = []
+            [[routes]]
+            path = "/IIS/Pay"
+            case_insensitive_paths = true
+            format_suffixes = [".JSON"]
+            "#,
+        )
+        .unwrap();
+        // Refused where the route does not accept them, after routing as if absent: never
+        // the shorter, unprotected `/v1`.
+        for p in ["/v1/transfers;jsessionid=A", "/v1;v=2/transfers"] {
+            let r = s.route(p).unwrap();
+            assert_eq!(r.policy.route.as_deref(), Some("/v1/transfers"), "{p}");
+            assert_eq!(r.refused, Some(PathError::PathParams), "{p}");
+        }
+        let r = s.route("/v1/transfers.json").unwrap();
+        assert_eq!(r.policy.route.as_deref(), Some("/v1/transfers"));
+        assert!(matches!(r.refused, Some(PathError::FormatSuffix(e)) if e.as_str() == "json"));
+        // Not a format suffix: another path under `/v1`.
+        let r = s.route("/v1/transfers.toolong").unwrap();
+        assert_eq!(r.policy.route.as_deref(), Some("/v1"));
+        assert_eq!(r.refused, None);
+        // Stripped: the scope leaves them out, the upstream gets them as sent.
+        let r = s.route("/v1//payees;jsessionid=A/7").unwrap();
+        assert_eq!(r.policy.route.as_deref(), Some("/v1/payees"));
+        assert_eq!(r.refused, None);
+        assert_eq!(r.normalized.as_deref(), Some("/v1/payees/7"));
+        assert_eq!(r.forward, Forward::Path("/v1/payees;jsessionid=A/7".into()));
+        // A listed suffix is the route's own path.
+        let r = s.route("/v1/payees.json").unwrap();
+        assert_eq!(r.refused, None);
+        assert_eq!(r.normalized.as_deref(), Some("/v1/payees"));
+        assert_eq!(r.forward, Forward::AsSent);
+        let r = s.route("/v1/payees.XML").unwrap();
+        assert_eq!(r.normalized.as_deref(), Some("/v1/payees"));
+        assert!(s.route("/v1/payees.csv").unwrap().refused.is_some());
+        // Case-insensitive: suffixes compared in lower case, trailing dots folded.
+        let r = s.route("/iis/pay.Json").unwrap();
+        assert_eq!(r.policy.route.as_deref(), Some("/IIS/Pay"));
+        assert_eq!(r.refused, None);
+        assert_eq!(r.normalized.as_deref(), Some("/iis/pay"));
+        assert_eq!(r.forward, Forward::AsSent);
+        let r = s.route("/IIS/Pay.").unwrap();
+        assert_eq!(r.normalized.as_deref(), Some("/iis/pay"));
+        assert_eq!(r.forward, Forward::Path("/IIS/Pay".into()));
+        assert!(settings("[defaults]\nformat_suffixes = [\"json\"]").is_err());
+        assert!(settings("[defaults]\nformat_suffixes = [\".toolong\"]").is_err());
+        assert!(settings("[defaults]\npath_params = \"keep\"").is_err());
+    }
+}

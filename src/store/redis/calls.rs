@@ -1,0 +1,407 @@
+//! The [`Store`] calls, each one script or one round trip.
+
+use super::*;
+
+impl Store for RedisStore {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(async move {
+            let mut cmd = evalsha(&self.scripts.claim, &Self::key(&req.id));
+            cmd.arg(&hex64(&req.fingerprint.0)[..])
+                .arg(req.fingerprint_version)
+                .arg(req.owner.as_str())
+                .arg(req.lease.as_millis() as u64)
+                .arg(req.retention.as_millis() as u64)
+                .arg(req.busy_for.as_millis() as u64);
+            let (v, acked) = self.eval(&self.scripts.claim, cmd, true).await?;
+            let claim = match parse_claim(v)? {
+                Parsed::Claim(c) => c,
+                Parsed::Large {
+                    status,
+                    headers,
+                    at,
+                    len,
+                } => {
+                    let body = self.read_large(&req.id, at, len).await?;
+                    Claim::Replay(StoredResponse {
+                        status,
+                        headers,
+                        body,
+                    })
+                }
+            };
+            if claim == Claim::Claimed {
+                if let Err(e) = self.acknowledged("claim", acked) {
+                    // Not forwarded, so not kept: a retry must be able to execute. Should
+                    // this release be lost too, the claim reads as unknown once its lease
+                    // runs out (409, never a second execution).
+                    let _ = self.release(&req.id, &req.owner, req.lease).await;
+                    return Err(e);
+                }
+            }
+            Ok(claim)
+        })
+    }
+
+    fn record<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        response: &'a StoredResponse,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            if response.body.len() > INLINE_MAX {
+                return self.record_large(id, owner, response).await;
+            }
+            let status = response.status.to_string();
+            let headers = response.encode_headers();
+            let args: [&[u8]; 3] = [status.as_bytes(), &headers, &response.body];
+            self.owner_checked(&self.scripts.record, id, owner, &args, Some("record"))
+                .await
+        })
+    }
+
+    fn shorten<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        retain: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let ms = retain.as_millis().max(1).to_string();
+            let args: [&[u8]; 1] = [ms.as_bytes()];
+            self.owner_checked(&self.scripts.shorten, id, owner, &args, None)
+                .await
+        })
+    }
+
+    fn record_not_kept<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        status: u16,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let status = status.to_string();
+            let args: [&[u8]; 1] = [status.as_bytes()];
+            self.owner_checked(
+                &self.scripts.record_not_kept,
+                id,
+                owner,
+                &args,
+                Some("record"),
+            )
+            .await
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let lease_ms = lease.as_millis().to_string();
+            self.owner_checked(&self.scripts.renew, id, owner, &[lease_ms.as_bytes()], None)
+                .await
+        })
+    }
+
+    fn mark_unknown<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(self.owner_checked(&self.scripts.mark_unknown, id, owner, &[], None))
+    }
+
+    fn release<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: &'a OwnerToken,
+        linger: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let script = &self.scripts.release;
+            let mut cmd = evalsha(script, &Self::key(id));
+            cmd.arg(owner.as_str())
+                // At least a millisecond: PEXPIRE 0 would delete the note at once.
+                .arg((linger.as_millis() as u64).max(1));
+            match self.eval(script, cmd, false).await? {
+                (Value::Int(n), _) => Ok(n == 1),
+                _ => Err(corrupt("release reply")),
+            }
+        })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        id: &'a RecordId,
+        with_body: bool,
+    ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>> {
+        Box::pin(async move {
+            let script = &self.scripts.inspect;
+            let mut cmd = evalsha(script, &Self::key(id));
+            cmd.arg(if with_body { "1" } else { "0" });
+            let (v, _) = self.eval(script, cmd, false).await?;
+            let items = match v {
+                Value::Nil => return Ok(None),
+                Value::Array(items) => items,
+                _ => return Err(corrupt("inspect reply")),
+            };
+            let text = |i: usize| items.get(i).and_then(text_of).unwrap_or_default();
+            let num = |i: usize| text(i).parse::<i64>().ok();
+            let now = num(6).unwrap_or(0);
+            let lease_until = num(3);
+            let busy_until = num(9);
+            let st = text(0);
+            let state = match st.as_str() {
+                "c" | "n" => RecordState::Completed,
+                "p" if lease_until.is_some_and(|l| l > now) => RecordState::InProgress,
+                _ => RecordState::Unknown,
+            };
+            Ok(Some(RecordView {
+                id: id.to_string(),
+                state,
+                created_ms: num(4).unwrap_or(0).max(0) as u64,
+                lease_left_ms: match state {
+                    RecordState::InProgress => lease_until.map(|l| (l - now).max(0) as u64),
+                    _ => None,
+                },
+                ttl_ms: num(7).filter(|t| *t >= 0).map(|t| t as u64),
+                owner_busy_ms: match text(0).as_str() {
+                    "p" => busy_until.filter(|b| *b > now).map(|b| (b - now) as u64),
+                    _ => None,
+                },
+                fingerprint: text(1),
+                fingerprint_version: text(2).parse().unwrap_or(0),
+                status: text(5).parse().ok(),
+                body_kept: (state == RecordState::Completed).then_some(st == "c"),
+                body: match (with_body, items.get(8).and_then(bytes_of)) {
+                    (false, _) => None,
+                    (true, Some(b)) => Some(String::from_utf8_lossy(&b).into_owned()),
+                    // A large body: read a piece at a time, as a replay reads it.
+                    (true, None) => {
+                        let large = match (num(10), num(11)) {
+                            (Some(len), _) => Some((Body::Pieces, len)),
+                            (None, Some(len)) => Some((Body::OldKey, len)),
+                            _ => None,
+                        };
+                        match large {
+                            Some((at, len)) => {
+                                let len = usize::try_from(len)
+                                    .map_err(|_| corrupt("a large body's length"))?;
+                                let b = self.read_large(id, at, len).await?;
+                                Some(String::from_utf8_lossy(&b).into_owned())
+                            }
+                            None => None,
+                        }
+                    }
+                },
+            }))
+        })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
+        Box::pin(async move {
+            let script = &self.scripts.delete;
+            let mut cmd = evalsha(script, &Self::key(id));
+            cmd.arg(if force { "1" } else { "0" });
+            let n = match self.eval(script, cmd, false).await? {
+                (Value::Int(n), _) => n,
+                _ => return Err(corrupt("delete reply")),
+            };
+            if n == 4 {
+                // Written by the previous version, whose large bodies had a key of their
+                // own. Not in the script, which names the record alone (see the module's
+                // comment); should this fail, the body expires a minute after the record
+                // would have, and nothing reads it in the meantime.
+                let mut del = redis::cmd("DEL");
+                del.arg(&Self::old_body_key(id)[..]);
+                let _: Result<i64, _> = query_keyed(&mut self.conn.clone(), &del).await;
+            }
+            match n {
+                1 | 4 => Ok(Deleted::Deleted),
+                0 => Ok(Deleted::NotFound),
+                2 => Ok(Deleted::OwnerBusy),
+                _ => Err(corrupt("delete reply")),
+            }
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        response: &'a StoredResponse,
+        force: bool,
+    ) -> BoxFuture<'a, Result<Completed, StoreError>> {
+        Box::pin(async move {
+            let script = &self.scripts.complete;
+            let mut cmd = evalsha(script, &Self::key(id));
+            cmd.arg(if force { "1" } else { "0" })
+                .arg(response.status.to_string())
+                .arg(response.encode_headers())
+                .arg(&response.body[..]);
+            // Waits for replicas like a record: a completion lost in a failover would leave
+            // the record `unknown` again.
+            let (v, acked) = self.eval(script, cmd, true).await?;
+            let n = match v {
+                Value::Int(n) => n,
+                _ => return Err(corrupt("complete reply")),
+            };
+            if n == 1 {
+                self.acknowledged("completion", acked)?;
+            }
+            Completed::from_code(n).ok_or_else(|| corrupt("complete reply"))
+        })
+    }
+
+    fn list<'a>(
+        &'a self,
+        state: Option<RecordState>,
+        cursor: &'a str,
+        count: usize,
+    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+        Box::pin(async move {
+            // SCAN, never KEYS: each call costs Redis about `count` keys' work, and a
+            // record that exists for the whole walk is returned at least once.
+            // A cluster's keys are spread over its primaries, each with its own SCAN
+            // cursor; a walk over one of them would look complete and miss the others.
+            if self.conn.is_cluster() {
+                return Err(StoreError::Backend(
+                    "listing records is not available on Redis Cluster: look records up one \
+                     by one (POST /records/lookup, GET /records/{id})"
+                        .into(),
+                ));
+            }
+            let start = if cursor.is_empty() { "0" } else { cursor };
+            if !start.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(corrupt("not a cursor of this store"));
+            }
+            let mut c = self.conn.clone();
+            let (next, keys): (String, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(start)
+                .arg("MATCH")
+                .arg("idemgate:{*}")
+                .arg("COUNT")
+                .arg(count.max(1))
+                .arg("TYPE")
+                .arg("hash")
+                .query_async(&mut c)
+                .await
+                .map_err(backend)?;
+            let mut records = Vec::new();
+            for key in keys {
+                let Some(id) = key
+                    .strip_prefix(KEY_PREFIX)
+                    .and_then(|k| k.strip_suffix(b"}"))
+                    .and_then(|hex| std::str::from_utf8(hex).ok())
+                    .and_then(RecordId::from_hex)
+                else {
+                    continue;
+                };
+                // Gone since the scan saw it: nothing to show.
+                let Some(view) = self.inspect(&id, false).await? else {
+                    continue;
+                };
+                if state.is_none_or(|s| s == view.state) {
+                    records.push(view);
+                }
+            }
+            Ok(Page {
+                records,
+                cursor: (next != "0").then_some(next),
+            })
+        })
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut c = self.conn.clone();
+            let _: String = redis::cmd("PING")
+                .query_async(&mut c)
+                .await
+                .map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    fn can_list(&self) -> bool {
+        !self.conn.is_cluster()
+    }
+
+    fn meta<'a>(
+        &'a self,
+        name: &'a str,
+        offer: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Meta, StoreError>> {
+        Box::pin(async move {
+            if self.conn.is_cluster() {
+                return self.cluster_meta(name, offer).await;
+            }
+            let key = meta_key(name);
+            let mut c = self.conn.clone();
+            // SET NX, then GET: whichever instance came first, every instance reads the one
+            // value that won. Two commands rather than `SET NX GET`, which Redis before
+            // 7.0 refuses; this runs at start-up and every `scope_secret_check_interval`.
+            let created = match offer {
+                Some(v) => meta_set_if_absent(&mut c, &key, v).await?,
+                None => false,
+            };
+            let value = meta_get(&mut c, &key).await?;
+            // Every record id hangs on the secret: one lost in a failover would orphan every
+            // record. With replica acknowledgement on, it must be on the replicas too.
+            // A replica that has only just finished its first sync can let a WAIT run out
+            // although it is online (seen with Redis 7.0: 0 of 1 within 200 ms, three times
+            // in ten, right after the primary listed it as online). Start-up is in no hurry:
+            // the acknowledgement gets `SECRET_ACK_TRIES` tries before idemgate gives up.
+            if offer.is_some() {
+                self.meta_acknowledged(&mut c).await?;
+            }
+            Ok(Meta { value, created })
+        })
+    }
+
+    fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
+        Box::pin(async move {
+            // The default sections hold all four fields; `all` would add per-command ones.
+            // A cluster's primaries are read as one server: a restart of any changes the
+            // run id, evictions add up, the youngest uptime and any evicting policy show.
+            let infos = self.info_all("default").await?;
+            let number = |info: &str, name: &str| {
+                info_field(info, name)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .ok_or_else(|| corrupt(&format!("INFO without {name}")))
+            };
+            let mut run_ids = Vec::new();
+            let (mut uptime, mut evicted) = (u64::MAX, 0u64);
+            let mut policy = String::new();
+            for info in &infos {
+                run_ids.push(
+                    info_field(info, "run_id").ok_or_else(|| corrupt("INFO without run_id"))?,
+                );
+                uptime = uptime.min(number(info, "uptime_in_seconds")?);
+                evicted += number(info, "evicted_keys")?;
+                let p = info_field(info, "maxmemory_policy").unwrap_or_default();
+                if policy.is_empty() || p != "noeviction" {
+                    policy = p;
+                }
+            }
+            run_ids.sort();
+            Ok(Some(ServerStats {
+                run_id: run_ids.join(","),
+                uptime_secs: uptime,
+                evicted_keys: evicted,
+                maxmemory_policy: policy,
+            }))
+        })
+    }
+}

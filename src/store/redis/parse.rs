@@ -1,0 +1,140 @@
+//! Reading Redis's replies into records, claims and errors.
+
+use super::*;
+
+pub(super) const KEY_PREFIX: &[u8] = b"idemgate:{";
+pub(super) const KEY_LEN: usize = KEY_PREFIX.len() + 64 + 1;
+
+/// One `name:value` line of an `INFO` reply.
+pub(super) fn info_field(info: &str, name: &str) -> Option<String> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(|v| v.trim().to_string())
+}
+
+pub(super) fn backend(e: redis::RedisError) -> StoreError {
+    if e.code() == Some("OOM") {
+        return StoreError::Full(e.to_string());
+    }
+    // A certificate refused at run time (a server restarted with an expired one): said
+    // as such, in rustls' words, as at start-up.
+    if crate::store::redis_link::tls_failure(&e) {
+        return StoreError::Backend(format!("Redis TLS failed: {e}"));
+    }
+    StoreError::Backend(e.to_string())
+}
+
+pub(super) fn corrupt(what: &str) -> StoreError {
+    StoreError::Corrupt(what.to_string())
+}
+
+pub(super) fn bytes_of(v: &Value) -> Option<Bytes> {
+    match v {
+        Value::BulkString(b) => Some(Bytes::copy_from_slice(b)),
+        Value::SimpleString(s) => Some(Bytes::copy_from_slice(s.as_bytes())),
+        Value::Int(i) => Some(Bytes::from(i.to_string())),
+        _ => None,
+    }
+}
+
+pub(super) fn text_of(v: &Value) -> Option<String> {
+    bytes_of(v).and_then(|b| String::from_utf8(b.to_vec()).ok())
+}
+
+/// The status and headers of a completed record, the second and third items of a claim's
+/// reply.
+fn answer_head(items: &[Value]) -> Result<(u16, Vec<(String, Bytes)>), StoreError> {
+    let status: u16 = items
+        .get(1)
+        .and_then(text_of)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| corrupt("status"))?;
+    let headers = items
+        .get(2)
+        .and_then(bytes_of)
+        .and_then(|b| StoredResponse::decode_headers(&b))
+        .ok_or_else(|| corrupt("headers"))?;
+    Ok((status, headers))
+}
+
+/// A claim's reply: what it found, or a completed record whose large body is still to read.
+pub(super) enum Parsed {
+    Claim(Claim),
+    Large {
+        status: u16,
+        headers: Vec<(String, Bytes)>,
+        at: Body,
+        len: usize,
+    },
+}
+
+pub(super) fn parse_claim(v: Value) -> Result<Parsed, StoreError> {
+    let Value::Array(items) = v else {
+        return Err(corrupt("claim reply is not an array"));
+    };
+    let tag = items.first().and_then(text_of).unwrap_or_default();
+    let at = match tag.as_str() {
+        "completed_pieces" => Some(Body::Pieces),
+        "completed_large" => Some(Body::OldKey),
+        _ => None,
+    };
+    if let Some(at) = at {
+        let (status, headers) = answer_head(&items)?;
+        let len = items
+            .get(3)
+            .and_then(text_of)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| corrupt("body length"))?;
+        return Ok(Parsed::Large {
+            status,
+            headers,
+            at,
+            len,
+        });
+    }
+    parse_claim_tag(&tag, items).map(Parsed::Claim)
+}
+
+pub(super) fn parse_claim_tag(tag: &str, items: Vec<Value>) -> Result<Claim, StoreError> {
+    match tag {
+        "claimed" => Ok(Claim::Claimed),
+        "mismatch" => Ok(Claim::Mismatch),
+        "not_kept" => items
+            .get(1)
+            .and_then(text_of)
+            .and_then(|s| s.parse().ok())
+            .map(|status| Claim::NotKept { status })
+            .ok_or_else(|| corrupt("status")),
+        "unknown" => Ok(Claim::Unknown),
+        "withdrawn" => Ok(Claim::Withdrawn),
+        "version" => items
+            .get(1)
+            .and_then(text_of)
+            .and_then(|s| s.parse().ok())
+            .map(Claim::OtherVersion)
+            .ok_or_else(|| corrupt("fingerprint version")),
+        "in_progress" => {
+            let ms: u64 = items
+                .get(1)
+                .and_then(text_of)
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| corrupt("lease left"))?;
+            Ok(Claim::InFlight {
+                lease_left: Duration::from_millis(ms),
+            })
+        }
+        "completed" => {
+            let (status, headers) = answer_head(&items)?;
+            let body = items
+                .get(3)
+                .and_then(bytes_of)
+                .ok_or_else(|| corrupt("body"))?;
+            Ok(Claim::Replay(StoredResponse {
+                status,
+                headers,
+                body,
+            }))
+        }
+        other => Err(corrupt(&format!("claim reply tag {other:?}"))),
+    }
+}
