@@ -159,6 +159,7 @@ contract!(
     operator_delete_refuses_while_the_owner_may_be_working,
     operator_complete_resolves_an_unsettled_record_once,
     list_walks_every_record_in_bounded_pages,
+    a_later_answer_supersedes_a_recorded_failure_and_nothing_else,
 );
 
 /// How long a release remembers a withdrawn claim, in tests that do not wait for it.
@@ -599,6 +600,85 @@ async fn an_answer_not_kept_completes_the_record_with_its_status_alone(f: Fixtur
         Claim::NotKept { status: 201 }
     );
     assert_eq!(f.store.delete(&c.id, true).await.unwrap(), Deleted::Deleted);
+}
+
+async fn a_later_answer_supersedes_a_recorded_failure_and_nothing_else(f: Fixture) {
+    let failed = StoredResponse {
+        status: 500,
+        ..response("failed")
+    };
+    let later = response("later");
+    let a = claim("s", 1, 10_000);
+    // No record: nothing to supersede.
+    assert!(!f
+        .store
+        .supersede(&a.id, &a.fingerprint, &later)
+        .await
+        .unwrap());
+    f.store.claim(&a).await.unwrap();
+    // In progress: left alone.
+    assert!(!f
+        .store
+        .supersede(&a.id, &a.fingerprint, &later)
+        .await
+        .unwrap());
+    assert!(f.store.record(&a.id, &a.owner, &failed).await.unwrap());
+    // Another request's fingerprint: left alone.
+    assert!(!f
+        .store
+        .supersede(&a.id, &Fingerprint([2; 32]), &later)
+        .await
+        .unwrap());
+    assert_eq!(
+        f.store.claim(&claim("s", 1, 10_000)).await.unwrap(),
+        Claim::Replay(failed.clone())
+    );
+    // The same request's later answer replaces the failure, and is then kept: a success is
+    // never superseded.
+    assert!(f
+        .store
+        .supersede(&a.id, &a.fingerprint, &later)
+        .await
+        .unwrap());
+    assert_eq!(
+        f.store.claim(&claim("s", 1, 10_000)).await.unwrap(),
+        Claim::Replay(later.clone())
+    );
+    let again = StoredResponse {
+        status: 502,
+        ..response("again")
+    };
+    assert!(!f
+        .store
+        .supersede(&a.id, &a.fingerprint, &again)
+        .await
+        .unwrap());
+    assert_eq!(
+        f.store.claim(&claim("s", 1, 10_000)).await.unwrap(),
+        Claim::Replay(later)
+    );
+    // A failure not kept (its answer was too large) is superseded too.
+    let b = claim("t", 1, 10_000);
+    f.store.claim(&b).await.unwrap();
+    assert!(f.store.record_not_kept(&b.id, &b.owner, 503).await.unwrap());
+    assert!(f
+        .store
+        .supersede(&b.id, &b.fingerprint, &response("b"))
+        .await
+        .unwrap());
+    assert_eq!(
+        f.store.claim(&claim("t", 1, 10_000)).await.unwrap(),
+        Claim::Replay(response("b"))
+    );
+    // Unknown: left alone (an operator resolves it).
+    let c = claim("u", 1, 10_000);
+    f.store.claim(&c).await.unwrap();
+    assert!(f.store.mark_unknown(&c.id, &c.owner).await.unwrap());
+    assert!(!f
+        .store
+        .supersede(&c.id, &c.fingerprint, &response("c"))
+        .await
+        .unwrap());
 }
 
 async fn a_multi_mib_answer_replays_exactly_and_goes_with_its_record(f: Fixture) {

@@ -12,6 +12,7 @@ use super::{
     BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
     RecordView, ScopeSecret, ServerStats, Store, StoreError, StoredResponse,
 };
+use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
 
 macro_rules! layer {
@@ -86,6 +87,7 @@ layer! {
     Inspect => fn inspect<'a>(&'a self, id: &'a RecordId, with_body: bool) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>>;
     Delete => fn delete<'a>(&'a self, id: &'a RecordId, force: bool) -> BoxFuture<'a, Result<Deleted, StoreError>>;
     Complete => fn complete<'a>(&'a self, id: &'a RecordId, response: &'a StoredResponse, force: bool) -> BoxFuture<'a, Result<Completed, StoreError>>;
+    Supersede => fn supersede<'a>(&'a self, id: &'a RecordId, fingerprint: &'a Fingerprint, response: &'a StoredResponse) -> BoxFuture<'a, Result<bool, StoreError>>;
     List => fn list<'a>(&'a self, state: Option<RecordState>, cursor: &'a str, count: usize) -> BoxFuture<'a, Result<Page, StoreError>>;
     Meta => fn meta<'a>(&'a self, name: &'a str, offer: Option<&'a str>) -> BoxFuture<'a, Result<Meta, StoreError>>;
     Ping => fn ping<'a>(&'a self) -> BoxFuture<'a, Result<(), StoreError>>;

@@ -361,6 +361,18 @@ pub trait Store: Send + Sync + 'static {
         response: &'a StoredResponse,
         force: bool,
     ) -> BoxFuture<'a, Result<Completed, StoreError>>;
+    /// While a route observes: the answer of a later execution of the same request (same
+    /// `fingerprint`) replaces a recorded answer that was not a success (a `completed`
+    /// record, kept or not, whose status is outside 2xx), so that once the route enforces a
+    /// retry is never answered with a failure that a later execution superseded. A record
+    /// with a 2xx answer, another fingerprint, in another state or none is left alone.
+    /// `Ok(true)`: replaced. One atomic step.
+    fn supersede<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fingerprint: &'a Fingerprint,
+        response: &'a StoredResponse,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
     /// One page of a walk over every record, for operators: those in `state` (all if
     /// `None`) among the next `count` or so examined, starting at `cursor` (`""`: the
     /// beginning). The work per call is bounded by `count`, whatever the store holds; a

@@ -180,6 +180,14 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM u) THEN 1
             WHEN EXISTS (SELECT 1 FROM cur WHERE state = 1) THEN 3 ELSE 2 END
 ";
 
+// While observing: a later execution's answer replaces a completed record's answer (kept or
+// not) whose status is outside 2xx, when the fingerprint `$2` is the record's.
+const SUPERSEDE: &str = "
+UPDATE idemgate_records SET status = $3, headers = $4, body = $5
+WHERE id = $1 AND expires > clock_timestamp() AND state = 1 AND fingerprint = $2
+  AND (status IS NULL OR status < 200 OR status >= 300)
+";
+
 // The columns of a record view (see `view_of`), `$2`: with its body.
 const INSPECT: &str = "
 SELECT state, fingerprint, fingerprint_version,
@@ -244,6 +252,7 @@ struct Conn {
     delete: Statement,
     inspect: Statement,
     complete: Statement,
+    supersede: Statement,
     list: Statement,
     sweep: Statement,
 }
@@ -366,6 +375,7 @@ impl PostgresStore {
             delete: p(DELETE).await?,
             inspect: p(INSPECT).await?,
             complete: p(COMPLETE).await?,
+            supersede: p(SUPERSEDE).await?,
             list: p(LIST).await?,
             sweep: p(SWEEP).await?,
             client,
@@ -753,6 +763,34 @@ impl Store for PostgresStore {
                 .map_err(pg)
                 .and_then(|r| col(&r, 0))?;
             Completed::from_code(n.into()).ok_or_else(|| corrupt("complete reply"))
+        })
+    }
+
+    fn supersede<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fingerprint: &'a crate::fingerprint::Fingerprint,
+        response: &'a StoredResponse,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let c = self.conn().await?;
+            let status = i32::from(response.status);
+            let headers = response.encode_headers();
+            let n = c
+                .client
+                .execute(
+                    &c.supersede,
+                    &[
+                        &id.as_bytes().as_slice(),
+                        &&fingerprint.0[..],
+                        &status,
+                        &headers.as_slice(),
+                        &&response.body[..],
+                    ],
+                )
+                .await
+                .map_err(pg)?;
+            Ok(n == 1)
         })
     }
 

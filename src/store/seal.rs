@@ -388,6 +388,21 @@ impl super::Layer for Enveloped {
             self.inner.complete(id, &closed, force).await
         })
     }
+
+    fn supersede<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fingerprint: &'a crate::fingerprint::Fingerprint,
+        response: &'a StoredResponse,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        if !self.envelope.is_active() {
+            return self.inner.supersede(id, fingerprint, response);
+        }
+        Box::pin(async move {
+            let closed = self.envelope.close(id, response);
+            self.inner.supersede(id, fingerprint, &closed).await
+        })
+    }
 }
 
 #[cfg(test)]

@@ -646,6 +646,38 @@ impl Store for SqliteStore {
         })
     }
 
+    fn supersede<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fingerprint: &'a crate::fingerprint::Fingerprint,
+        response: &'a StoredResponse,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let id = *id;
+        let fingerprint = fingerprint.0;
+        let status = response.status;
+        let headers = response.encode_headers();
+        let body = response.body.to_vec();
+        self.run(move |c| {
+            let n = c
+                .execute(
+                    "UPDATE records SET status = ?3, headers = ?4, body = ?5
+                     WHERE id = ?1 AND expires > ?6 AND state = ?7 AND fingerprint = ?2
+                       AND (status IS NULL OR status < 200 OR status >= 300)",
+                    params![
+                        id.as_bytes().as_slice(),
+                        fingerprint.as_slice(),
+                        status,
+                        headers,
+                        body,
+                        now_ms(),
+                        COMPLETED
+                    ],
+                )
+                .map_err(backend)?;
+            Ok(n == 1)
+        })
+    }
+
     fn list<'a>(
         &'a self,
         state: Option<RecordState>,

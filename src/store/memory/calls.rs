@@ -177,6 +177,42 @@ impl Store for MemoryStore {
         ready(Ok(done))
     }
 
+    fn supersede<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fingerprint: &'a Fingerprint,
+        response: &'a StoredResponse,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        let now = Instant::now();
+        let inner = &*self.inner;
+        let mut records = self.lock_for(id);
+        let Some(e) = records.entry_mut(id).filter(|e| e.expires > now) else {
+            return ready(Ok(false));
+        };
+        let failed = match &e.state {
+            State::Completed(r) => !(200..300).contains(&r.status),
+            State::NotKept { status } => !(200..300).contains(status),
+            State::InProgress { .. } | State::Unknown => false,
+        };
+        if !failed || e.fingerprint != *fingerprint {
+            return ready(Ok(false));
+        }
+        let state = State::Completed(StoredResponse {
+            status: response.status,
+            headers: response.headers.clone(),
+            body: Bytes::copy_from_slice(&response.body),
+        });
+        let (old, new) = (e.state.size(), state.size());
+        if new > old && !inner.reserve_bytes(new - old) {
+            return ready(Err(self.full(Cap::Bytes)));
+        }
+        e.state = state;
+        if old > new {
+            inner.bytes.fetch_sub(old - new, Ordering::Relaxed);
+        }
+        ready(Ok(true))
+    }
+
     fn list<'a>(
         &'a self,
         state: Option<RecordState>,

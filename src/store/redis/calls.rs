@@ -260,6 +260,31 @@ impl Store for RedisStore {
         })
     }
 
+    fn supersede<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fingerprint: &'a crate::fingerprint::Fingerprint,
+        response: &'a StoredResponse,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let script = &self.scripts.supersede;
+            let mut cmd = evalsha(script, &Self::key(id));
+            cmd.arg(&hex64(&fingerprint.0)[..])
+                .arg(response.status.to_string())
+                .arg(response.encode_headers())
+                .arg(&response.body[..]);
+            let (v, acked) = self.eval(script, cmd, true).await?;
+            match v {
+                Value::Int(1) => {
+                    self.acknowledged("superseding answer", acked)?;
+                    Ok(true)
+                }
+                Value::Int(0) => Ok(false),
+                _ => Err(corrupt("supersede reply")),
+            }
+        })
+    }
+
     fn list<'a>(
         &'a self,
         state: Option<RecordState>,

@@ -140,6 +140,7 @@ impl RedisStore {
             delete: Script::new(&format!("{NOW_MS}{DROP_RECORD}{DELETE}")),
             inspect: Script::new(&format!("{NOW_MS}{NOW}{INSPECT}")),
             complete: Script::new(&format!("{NOW_MS}{DROP_PIECES}{COMPLETE}")),
+            supersede: Script::new(&format!("{DROP_PIECES}{SUPERSEDE}")),
         };
         let leader = conn.primary_epoch();
         let store = RedisStore {

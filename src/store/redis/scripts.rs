@@ -243,6 +243,21 @@ redis.call('HDEL', KEYS[1], 'lu', 'bl', 'bp')
 return 1
 "#;
 
+// While observing: a later execution's answer (ARGV[2..4]) replaces a completed record's
+// answer, kept or not, whose status is outside 2xx, when the fingerprint (ARGV[1]) is the
+// record's. 1: replaced, 0: left alone.
+pub(super) const SUPERSEDE: &str = r#"
+local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'sc')
+if not r[1] then return 0 end
+if (r[1] ~= 'c' and r[1] ~= 'n') or r[2] ~= ARGV[1] then return 0 end
+local sc = tonumber(r[3] or '0') or 0
+if sc >= 200 and sc < 300 then return 0 end
+drop_pieces(KEYS[1])
+redis.call('HSET', KEYS[1], 'st', 'c', 'sc', ARGV[2], 'hd', ARGV[3], 'bd', ARGV[4])
+redis.call('HDEL', KEYS[1], 'bl', 'bp')
+return 1
+"#;
+
 // The record, with its inline body when ARGV[1] = '1'; a large one's length comes back
 // instead (`bp`: pieces in the hash, `bl`: the previous version's key), for the caller to
 // read a piece at a time.
@@ -267,4 +282,5 @@ pub(super) struct Scripts {
     pub(super) delete: Script,
     pub(super) inspect: Script,
     pub(super) complete: Script,
+    pub(super) supersede: Script,
 }
