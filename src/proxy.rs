@@ -22,19 +22,19 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper::header::{
-    HeaderName, HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, DATE, SET_COOKIE,
-};
+use hyper::header::{HeaderName, HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, DATE, SET_COOKIE};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio_util::task::TaskTracker;
 use tracing::Span;
 
-use crate::admission::{Buffered, Buffers, Refusal, Slot, Slots};
+mod decision;
+
+use crate::admission::{Buffered, Buffers, Refusal as Refused, Slot, Slots};
 use crate::answer::{self, Answer};
 use crate::body::{self, Body};
-use crate::config::{Forward, Mode, OnAmbiguous, OnStoreError, Policy, RecordMode, Settings};
-use crate::fingerprint::{self, RequestParts, FINGERPRINT_VERSION};
-use crate::key::{self, RecordId};
+use crate::config::{Mode, OnAmbiguous, OnStoreError, Policy, RecordMode, Settings};
+use crate::fingerprint::{self, FINGERPRINT_VERSION};
+use crate::key::RecordId;
 use crate::limits::ANSWER_HEAD_ROOM;
 use crate::metrics::Metrics;
 pub use crate::outcome::Outcome;
@@ -43,11 +43,12 @@ use crate::releases::Releases;
 use crate::request_id::{self, X_REQUEST_ID};
 use crate::retry_after;
 use crate::scope::client_cert::ClientCert;
-use crate::scope::{method, Scoper, Tenant, TenantError, TenantSource};
+use crate::scope::Scoper;
 use crate::secret::SecretHealth;
 use crate::store::{deadline, Claim, ClaimRequest, OwnerToken, Store, StoreError, StoredResponse};
 use crate::telemetry::{self, Step};
 use crate::upstream::{self, Failure, FreshClient, UpstreamClient};
+use decision::{Action, Content, Decision, Operation, Pass, Refusal};
 
 /// Header added to every replayed response.
 pub const REPLAYED: &str = "idempotent-replayed";
@@ -98,6 +99,32 @@ struct Shared {
 #[derive(Clone, Copy)]
 struct UpstreamLatency(Duration);
 
+/// What a request's handling carries besides the request itself.
+struct Head {
+    peer: SocketAddr,
+    request_id: HeaderValue,
+    started: Instant,
+}
+
+/// A protected request's body step: its record id and fingerprint, and the decoded
+/// content a claim under an older fingerprint version is compared over.
+struct Identified {
+    id: RecordId,
+    fingerprint: fingerprint::Fingerprint,
+    encoding: Option<String>,
+    decoded: Option<Vec<u8>>,
+}
+
+impl Identified {
+    fn content<'a>(&'a self, body: &'a [u8]) -> Content<'a> {
+        Content {
+            encoding: self.encoding.as_deref(),
+            body,
+            decoded: self.decoded.as_deref(),
+        }
+    }
+}
+
 /// A protected request that owns its claim, on its way upstream.
 struct Claimed {
     id: RecordId,
@@ -137,7 +164,7 @@ impl Proxy {
         ));
         let buffers = Arc::new(Buffers::new(
             c.max_buffered_bytes,
-            metrics.refused("protected", Refusal::BuffersFull),
+            metrics.refused("protected", Refused::BuffersFull),
             metrics.buffered_bytes(),
         ));
         let client = upstream::client(
@@ -216,257 +243,83 @@ impl Proxy {
     ) -> Response<Body> {
         let started = Instant::now();
         let settings = &self.shared.settings;
-        let metrics = &self.shared.metrics;
-        let routed = match settings.route(req.uri().path()) {
-            Ok(routed) => routed,
-            Err(e) => {
-                let (policy, method) = (&settings.default_policy, req.method().clone());
-                let line = Line {
-                    method: &method,
-                    policy,
-                    request_id: &request_id,
-                    span: &Span::none(),
-                    started,
-                };
-                // An override naming a method that is protected somewhere counts too: the
-                // upstream would run that method.
-                let overridden = |protects: &dyn Fn(&Method) -> bool| {
-                    method::read(&method, req.headers(), req.uri().query(), &[])
-                        .map(|o| o.unseen.iter().any(|m| m.as_ref().is_some_and(protects)))
-                        .unwrap_or(false)
-                };
-                let enforced = |m: &Method| settings.enforces_anywhere(m);
-                if enforced(&method) || overridden(&enforced) {
-                    let res = Problem::InvalidPath.response(e.to_string(), None, None);
-                    log_request(metrics, &res, Outcome::Rejected, None, &line);
-                    return res;
-                }
-                // Protected only where routes observe: forwarded as sent, and counted as
-                // what enforcing would have done (on no route: none could be matched).
-                let observed = |m: &Method| settings.protects_anywhere(m);
-                if observed(&method) || overridden(&observed) {
-                    let timeout = policy.upstream_timeout;
-                    let res = self.pass_through(req.map(body::boxed), peer, timeout).await;
-                    self.observed("default", "invalid_path", None, false);
-                    log_request(metrics, &res, Outcome::Observed, None, &line);
-                    return res;
-                }
-                // No route protects this method: it would pass through wherever it led.
+        let (method, uri, headers) = (req.method(), req.uri(), req.headers());
+        let decision = decision::decide(settings, method, uri, headers, peer_cert(&req));
+        // Said in either mode: both see the same request.
+        match &decision.action {
+            Action::PassThrough(Pass::KeyIgnored) => tracing::warn!(
+                method = %decision.method,
+                route = decision.policy.route.as_deref().unwrap_or("-"),
+                "a request with an Idempotency-Key on a method this route does not protect was forwarded unprotected (methods are case-sensitive)"
+            ),
+            Action::Refuse(Refusal::InvalidToken(e)) => {
+                tracing::info!(error = %e, "bearer token refused")
+            }
+            _ => {}
+        }
+        let head = Head {
+            peer,
+            request_id,
+            started,
+        };
+        match decision.mode {
+            Mode::Enforce => self.enforce(req, decision, head).await,
+            Mode::Observe => self.observe(req, decision, head).await,
+        }
+    }
+
+    /// Acts on a decision: forwards what passes through, answers a refusal, and takes a
+    /// protected request through body, fingerprint, claim, forward and record (or replay).
+    async fn enforce(
+        &self,
+        req: Request<Incoming>,
+        decision: Decision<'_>,
+        head: Head,
+    ) -> Response<Body> {
+        let Decision {
+            policy,
+            method,
+            traced,
+            action,
+            ..
+        } = decision;
+        let Head {
+            peer,
+            request_id,
+            started,
+        } = head;
+        let span = if traced {
+            let id = request_id::as_str(&request_id);
+            telemetry::request_span(req.headers(), &method, policy.route.as_deref(), id)
+        } else {
+            Span::none()
+        };
+        let line = Line {
+            method: &method,
+            policy,
+            request_id: &request_id,
+            span: &span,
+            started,
+        };
+        let operation = match action {
+            Action::PassThrough(pass) => {
                 let timeout = policy.upstream_timeout;
                 let res = self.pass_through(req.map(body::boxed), peer, timeout).await;
-                log_request(metrics, &res, Outcome::Passthrough, None, &line);
+                log_request(&self.shared.metrics, &res, pass.outcome(), None, &line);
                 return res;
             }
-        };
-        let policy = routed.policy;
-        // The method the upstream will run. Which requests an unseen override refuses: those
-        // where the request's method *or* a method an override names is protected on this
-        // route. idemgate cannot know which of the two the upstream runs, and if either is
-        // protected, scoping by one of them could be wrong: by the request's method, `POST`
-        // + `X-HTTP-Method-Override: DELETE` would replay a `POST`'s answer for a `DELETE`;
-        // ignoring the header, `GET` + `X-HTTP-Method-Override: POST` would run a protected
-        // `POST` unprotected. Where neither is protected, whatever the upstream runs passes
-        // through anyway, as it would without idemgate.
-        let overrides = match method::read(
-            req.method(),
-            req.headers(),
-            req.uri().query(),
-            &policy.method_override_headers,
-        ) {
-            Ok(o) => o,
-            // A declared header that names no method, or two: what runs is unknown.
-            Err(_) if !policy.methods.is_empty() && policy.mode == Mode::Observe => {
-                return self
-                    .observe_unseen(
-                        req,
-                        peer,
-                        policy,
-                        "invalid_method_override",
-                        &request_id,
-                        started,
-                    )
-                    .await;
-            }
-            Err(e) if !policy.methods.is_empty() => {
-                return self.refuse_override(
-                    e.to_string(),
-                    policy,
-                    req.method(),
-                    &request_id,
-                    started,
-                );
-            }
-            Err(_) => method::Overrides {
-                declared: None,
-                unseen: Vec::new(),
-            },
-        };
-        let effective = overrides.effective(req.method()).clone();
-        if !overrides.unseen.is_empty() {
-            let protected = policy.protects(&effective)
-                || overrides.unseen.iter().any(|m| match m {
-                    Some(m) => policy.protects(m),
-                    None => !policy.methods.is_empty(),
-                });
-            if protected && policy.mode == Mode::Observe {
-                return self
-                    .observe_unseen(
-                        req,
-                        peer,
-                        policy,
-                        "invalid_method_override",
-                        &request_id,
-                        started,
-                    )
-                    .await;
-            }
-            if protected {
-                let named: Vec<&str> = overrides
-                    .unseen
-                    .iter()
-                    .map(|m| m.as_ref().map_or("(not a method)", |m| m.as_str()))
-                    .collect();
-                let detail = format!(
-                    "this request is {} but a method override names {}; this route does not declare that override (method_override_headers), so idemgate cannot tell which method the upstream runs: send the method itself",
-                    effective,
-                    named.join(", ")
-                );
-                return self.refuse_override(detail, policy, &effective, &request_id, started);
-            }
-        }
-        // A spelling this route refuses (`;` parameters, an unlisted format suffix): the
-        // framework behind it may route it to the protected handler as another operation.
-        if let Some(e) = routed.refused.filter(|_| policy.protects(&effective)) {
-            if policy.mode == Mode::Observe {
-                return self
-                    .observe_unseen(req, peer, policy, "invalid_path", &request_id, started)
-                    .await;
-            }
-            let res = Problem::InvalidPath.response(e.to_string(), None, None);
-            let line = Line {
-                method: &effective,
-                policy,
-                request_id: &request_id,
-                span: &Span::none(),
-                started,
-            };
-            log_request(metrics, &res, Outcome::Rejected, None, &line);
-            return res;
-        }
-        if !policy.protects(&effective) {
-            let (timeout, method) = (policy.upstream_timeout, effective);
-            // A key on a method that is not protected is a client that expects protection
-            // and does not get it (`post` is not `POST`: methods are case-sensitive).
-            let keyed = policy
-                .key_headers
-                .iter()
-                .any(|h| req.headers().contains_key(h));
-            if keyed {
-                tracing::warn!(
-                    method = %method,
-                    route = policy.route.as_deref().unwrap_or("-"),
-                    "a request with an Idempotency-Key on a method this route does not protect was forwarded unprotected (methods are case-sensitive)"
-                );
-            }
-            let res = self.pass_through(req.map(body::boxed), peer, timeout).await;
-            let outcome = if keyed && policy.mode == Mode::Observe {
-                // Enforcing would forward it unprotected too: counted as observe mode counts.
-                let route = policy.route.as_deref().unwrap_or("default");
-                self.observed(route, "unprotected", None, false);
-                Outcome::Observed
-            } else if keyed {
-                Outcome::Unprotected
-            } else {
-                Outcome::Passthrough
-            };
-            let line = Line {
-                method: &method,
-                policy,
-                request_id: &request_id,
-                span: &Span::none(),
-                started,
-            };
-            log_request(metrics, &res, outcome, None, &line);
-            return res;
-        }
-        let policy = policy.clone();
-        let method = effective;
-        if policy.mode == Mode::Observe {
-            let scope_path = routed
-                .normalized
-                .as_deref()
-                .unwrap_or(req.uri().path())
-                .to_string();
-            return self
-                .observe(req, peer, request_id, policy, (method, scope_path), started)
-                .await;
-        }
-        let span = telemetry::request_span(
-            req.headers(),
-            &method,
-            policy.route.as_deref(),
-            request_id::as_str(&request_id),
-        );
-        let log = |res: &Response<Body>, outcome: Outcome, policy: &Policy| {
-            let line = Line {
-                method: &method,
-                policy,
-                request_id: &request_id,
-                span: &span,
-                started,
-            };
-            log_request(metrics, res, outcome, None, &line);
-        };
-        let key = match key::parse_any(req.headers(), &policy.key_headers, policy.max_key_length) {
-            Ok(Some(key)) => key,
-            Ok(None) if policy.require_key => {
-                let detail = "send an Idempotency-Key header with a unique value per operation";
-                let res = Problem::MissingKey.response(detail, None, None);
-                log(&res, Outcome::Rejected, &policy);
-                return res;
-            }
-            Ok(None) => {
-                let res = self
-                    .pass_through(req.map(body::boxed), peer, policy.upstream_timeout)
-                    .await;
-                log(&res, Outcome::Unprotected, &policy);
-                return res;
-            }
-            Err(e) => {
-                let res = Problem::InvalidKey.response(e.to_string(), None, None);
-                log(&res, Outcome::Rejected, &policy);
-                return res;
-            }
-        };
-        let tenant = match self.tenant(req.headers(), peer_cert(&req), &policy) {
-            Ok(tenant) => tenant,
-            Err(res) => {
-                log(&res, Outcome::Rejected, &policy);
-                return res;
-            }
-        };
-        // Scope and fingerprint use the path's normal form; the upstream gets it too, so
-        // that what was scoped as one operation is sent as one request. Only what the
-        // route folds stays as the client wrote it: letter case on a case-insensitive
-        // route, `;` parameters where it strips them, a format suffix it lists.
-        let raw_path = req.uri().path();
-        let scope_path = routed.normalized.as_deref().unwrap_or(raw_path).to_string();
-        let forward_path = match routed.forward {
-            Forward::Normalized => routed.normalized,
-            Forward::AsSent => None,
-            Forward::Path(p) => Some(p),
+            Action::Refuse(refusal) => return self.refuse(&refusal, &line),
+            Action::Protect(operation) => operation,
         };
         let (mut parts, incoming) = req.into_parts();
-        if let Some(p) = forward_path {
-            set_path(&mut parts.uri, &p);
+        if let Some(p) = &operation.forward_path {
+            set_path(&mut parts.uri, p);
         }
         // Beyond the slots and a full queue, refused before the body is read: a refusal must
         // cost little, or the clients it sends away (and straight back) take the CPU the
         // admitted ones need.
         if self.shared.protected.would_refuse() {
-            let res = self.overloaded(Refusal::QueueFull, &self.shared.protected);
-            log(&res, Outcome::Overloaded, &policy);
-            return res;
+            return self.refuse(&Refusal::Overloaded(Refused::QueueFull), &line);
         }
         // The body is read before a slot is taken, so that slow clients hold no slot: bodies
         // still arriving are bounded by `max_buffered_bytes` (counting what has arrived)
@@ -476,88 +329,44 @@ impl Proxy {
             .await
         {
             Ok(b) => b,
-            Err(res) => {
-                let outcome = if res.status() == StatusCode::SERVICE_UNAVAILABLE {
-                    Outcome::Overloaded
-                } else {
-                    Outcome::Rejected
-                };
-                log(&res, outcome, &policy);
-                return res;
-            }
+            Err(refusal) => return self.refuse(&refusal, &line),
         };
         // The slot is taken before the claim: once a key is claimed, nothing waits for a
         // slot or is refused for want of one.
         let slot = match self.shared.protected.admit().await {
             Ok(slot) => slot,
-            Err(why) => {
-                let res = self.overloaded(why, &self.shared.protected);
-                log(&res, Outcome::Overloaded, &policy);
-                return res;
-            }
+            Err(why) => return self.refuse(&Refusal::Overloaded(why), &line),
         };
         // Admitted: the body now counts against `max_in_flight`, not the arrival budget.
         drop(buffered);
         // The fingerprint is taken over a coded body's content; the upstream still gets the
         // body as sent.
-        let content_encoding = joined(&parts.headers, CONTENT_ENCODING);
-        let decoded =
-            match decode_body(content_encoding.as_deref(), &body, policy.max_body_bytes).await {
-                Ok(decoded) => decoded,
-                Err(res) => {
-                    log(&res, Outcome::Rejected, &policy);
-                    return res;
-                }
-            };
-        let rules = policy.fingerprint_rules();
-        let content = Content {
-            encoding: content_encoding.as_deref(),
-            body: &body,
-            decoded: decoded.as_deref(),
+        let identified = match self
+            .identify(policy, &method, &operation, &parts, &body)
+            .await
+        {
+            Ok(identified) => identified,
+            Err(refusal) => return self.refuse(&refusal, &line),
         };
-        let fp = fingerprint::fingerprint_with(
-            &request_parts(&method, &scope_path, &parts.uri, &parts.headers, content),
-            &rules,
-        );
-        let id = self
-            .shared
-            .scoper
-            .record_id(&tenant, method.as_str(), &scope_path, &key);
         // Checked at the last moment before the claim: a disagreement found while the body
         // was arriving still refuses this request.
         if !self.shared.secret.agreed() {
-            let res = Problem::StoreUnavailable.response(
-                "this instance's scope secret differs from the store's, so its record ids are not the fleet's; nothing was done, retry (another instance will answer)",
-                None,
-                Some(1),
-            );
-            log(&res, Outcome::StoreError, &policy);
-            return res;
+            return self.refuse(&Refusal::SecretDisagrees, &line);
         }
-        let mut claim = new_claim(id, fp, &policy, self.shared.settings.config.store_timeout);
         let request = Request::from_parts(parts, body::full(body.clone()));
-        // The claim runs on the connection's own task: a replay, a 409 or a 422 costs no
-        // task of its own. A client that hangs up while the claim is in flight drops this
-        // future; the guard then takes the claim back (owner-checked, so nothing else is
-        // touched), and a retry is not left behind a record that was never forwarded.
-        let pending = PendingClaim {
-            shared: &self.shared,
-            id,
-            owner: claim.owner.clone(),
-            linger: claim.retention,
-            armed: true,
-        };
-        let claim_span = telemetry::child(&span, Step::Claim);
+        let store_timeout = self.shared.settings.config.store_timeout;
+        let mut claim = new_claim(identified.id, identified.fingerprint, policy, store_timeout);
+        let content = identified.content(&body);
         let found = self
-            .claim(&mut claim, &request, &method, &scope_path, content, &policy)
+            .claim_guarded(
+                &mut claim, &request, &method, &operation, content, policy, &span,
+            )
             .await;
-        drop(decoded);
-        drop(claim_span);
-        pending.disarm();
+        drop(identified);
         let protected = Protected {
             claim,
             request,
-            policy,
+            policy: policy.clone(),
             peer,
             method,
             request_id,
@@ -567,6 +376,84 @@ impl Proxy {
             observed: false,
         };
         self.settle(found, protected).await
+    }
+
+    /// Enforcing's answer to a refusal, counted and logged.
+    fn refuse(&self, refusal: &Refusal, line: &Line<'_>) -> Response<Body> {
+        let res = refusal.response(|why| self.overloaded(why, &self.shared.protected));
+        log_request(&self.shared.metrics, &res, refusal.outcome(), None, line);
+        res
+    }
+
+    /// The body step both modes share once a body is read: its content decoded (under
+    /// `max_body_bytes`), its fingerprint and its record id.
+    async fn identify(
+        &self,
+        policy: &Policy,
+        method: &Method,
+        operation: &Operation,
+        parts: &hyper::http::request::Parts,
+        body: &Bytes,
+    ) -> Result<Identified, Refusal> {
+        let encoding = joined(&parts.headers, CONTENT_ENCODING);
+        let decoded = decode_body(encoding.as_deref(), body, policy.max_body_bytes).await?;
+        let content = Content {
+            encoding: encoding.as_deref(),
+            body,
+            decoded: decoded.as_deref(),
+        };
+        let fingerprint = decision::fingerprint(
+            policy,
+            method,
+            operation,
+            &parts.uri,
+            &parts.headers,
+            content,
+        );
+        let id = self.shared.scoper.record_id(
+            &operation.tenant,
+            method.as_str(),
+            &operation.scope_path,
+            &operation.key,
+        );
+        Ok(Identified {
+            id,
+            fingerprint,
+            encoding,
+            decoded,
+        })
+    }
+
+    /// Claims the key on the connection's own task: a replay, a 409 or a 422 costs no task
+    /// of its own. A client that hangs up while the claim is in flight drops this future;
+    /// the guard then takes the claim back (owner-checked, so nothing else is touched), and
+    /// a retry is not left behind a record that was never forwarded.
+    #[allow(clippy::too_many_arguments)]
+    async fn claim_guarded(
+        &self,
+        claim: &mut ClaimRequest,
+        request: &Request<Body>,
+        method: &Method,
+        operation: &Operation,
+        content: Content<'_>,
+        policy: &Policy,
+        span: &Span,
+    ) -> Result<Claim, StoreError> {
+        let pending = PendingClaim {
+            shared: &self.shared,
+            id: claim.id,
+            owner: claim.owner.clone(),
+            linger: claim.retention,
+            armed: true,
+        };
+        let claim_span = telemetry::child(span, Step::Claim);
+        let scope_path = &operation.scope_path;
+        let found = self
+            .claim(claim, request, method, scope_path, content, policy)
+            .await;
+        drop(claim_span);
+        pending.disarm();
+        found
     }
 
     /// Claims the key; a record made under another fingerprint version is compared in
@@ -585,7 +472,7 @@ impl Proxy {
         let Ok(Claim::OtherVersion(version)) = found else {
             return found;
         };
-        let parts = request_parts(
+        let parts = decision::request_parts(
             method,
             scope_path,
             request.uri(),
@@ -698,7 +585,7 @@ impl Proxy {
             Ok(Claim::Replay(stored)) => {
                 let mut held = self.shared.buffers.hold();
                 if held.grow(stored.body.len()).is_err() {
-                    let res = self.overloaded(Refusal::BuffersFull, &self.shared.protected);
+                    let res = self.overloaded(Refused::BuffersFull, &self.shared.protected);
                     (res, Outcome::Overloaded)
                 } else {
                     (replay(stored).map(|b| body::holding(b, held)), Outcome::Replayed)
@@ -815,198 +702,70 @@ impl Proxy {
         res
     }
 
-    /// 400 `invalid-method-override`: nothing claimed or forwarded.
-    /// On an observed route, a request enforcing would refuse for its method override:
-    /// forwarded as pass-through and counted.
-    async fn observe_unseen(
-        &self,
-        req: Request<Incoming>,
-        peer: SocketAddr,
-        policy: &Arc<Policy>,
-        would: &'static str,
-        request_id: &HeaderValue,
-        started: Instant,
-    ) -> Response<Body> {
-        let route = policy.route.as_deref().unwrap_or("default");
-        let method = req.method().clone();
-        let res = self
-            .pass_through(req.map(body::boxed), peer, policy.upstream_timeout)
-            .await;
-        self.observed(route, would, None, false);
-        let line = Line {
-            method: &method,
-            policy,
-            request_id,
-            span: &Span::none(),
-            started,
-        };
-        log_request(&self.shared.metrics, &res, Outcome::Observed, None, &line);
-        res
-    }
-
-    fn refuse_override(
-        &self,
-        detail: String,
-        policy: &Policy,
-        method: &hyper::Method,
-        request_id: &HeaderValue,
-        started: Instant,
-    ) -> Response<Body> {
-        let res = Problem::InvalidMethodOverride.response(detail, None, None);
-        let line = Line {
-            method,
-            policy,
-            request_id,
-            span: &Span::none(),
-            started,
-        };
-        log_request(&self.shared.metrics, &res, Outcome::Rejected, None, &line);
-        res
-    }
-
-    /// The tenant of a protected request, or the response that refuses it.
-    #[allow(clippy::result_large_err)]
-    fn tenant(
-        &self,
-        headers: &hyper::HeaderMap,
-        cert: Option<&ClientCert>,
-        policy: &Policy,
-    ) -> Result<Tenant, Response<Body>> {
-        match self.shared.settings.tenant(headers, cert, policy) {
-            Ok(Some(tenant)) => Ok(tenant),
-            Ok(None) => {
-                let detail = match &policy.tenant {
-                    TenantSource::Headers(names) if names.is_empty() => "this route reads no tenant headers and does not share an anonymous scope".to_string(),
-                    TenantSource::Headers(names) => format!(
-                        "send one of the headers that name the tenant ({}); requests without a tenant are not accepted on this route",
-                        names.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
-                    ),
-                    TenantSource::JwtClaim(claim) => format!("send a bearer token whose `{claim}` claim names the tenant"),
-                    TenantSource::ClientCert(_) => "connect with a client certificate: this route reads the tenant from it".to_string(),
-                };
-                Err(Problem::MissingTenant.response(detail, None, None))
-            }
-            Err(TenantError::Certificate(why)) => {
-                Err(Problem::MissingTenant.response(why, None, None))
-            }
-            Err(e) => {
-                tracing::info!(error = %e, "bearer token refused");
-                let mut res = Problem::InvalidToken.response(e.to_string(), None, None);
-                res.headers_mut().insert(
-                    hyper::header::WWW_AUTHENTICATE,
-                    HeaderValue::from_static("Bearer error=\"invalid_token\""),
-                );
-                Err(res)
-            }
-        }
-    }
-
-    /// A protected request on a route in `mode = "observe"`: decided as when enforcing
-    /// (key, tenant, admission, fingerprint, claim), then forwarded whatever the decision,
-    /// which is counted (`idemgate_observed_total{route, would}`) and, for a refusal or a
-    /// replay, logged. A won claim is forwarded and recorded as when enforcing, so that
-    /// switching the route to `enforce` replays what was seen here; everything else goes
-    /// out as pass-through, with the path as the client sent it.
+    /// Acts on a decision on a route in `mode = "observe"`: forwards the request whatever
+    /// the decision says, and counts what enforcing would have done
+    /// (`idemgate_observed_total{route, would}`), logging a refusal or a replay. A protected
+    /// request is read, fingerprinted and claimed as when enforcing; a won claim is
+    /// forwarded and recorded as when enforcing, so that switching the route to `enforce`
+    /// replays what was seen here; everything else goes out as pass-through, with the path
+    /// as the client sent it.
     async fn observe(
         &self,
         req: Request<Incoming>,
-        peer: SocketAddr,
-        request_id: HeaderValue,
-        policy: Arc<Policy>,
-        // The method the upstream runs (an override's, where declared) and the path's
-        // normal form: what the record is scoped and fingerprinted by.
-        (method, scope_path): (hyper::Method, String),
-        started: Instant,
+        decision: Decision<'_>,
+        head: Head,
     ) -> Response<Body> {
-        let policy_for_route = policy.clone();
-        let route: &str = policy_for_route.route.as_deref().unwrap_or("default");
-        let timeout = policy.upstream_timeout;
-        let line = |res: &Response<Body>| {
-            let line = Line {
-                method: &method,
-                policy: &policy,
-                request_id: &request_id,
-                span: &Span::none(),
-                started,
-            };
-            log_request(&self.shared.metrics, res, Outcome::Observed, None, &line);
+        let Decision {
+            policy,
+            method,
+            action,
+            ..
+        } = decision;
+        let none = Span::none();
+        let line = Line {
+            method: &method,
+            policy,
+            request_id: &head.request_id,
+            span: &none,
+            started: head.started,
         };
-        // Forwarded as pass-through (streamed, unclaimed), counted as `would`; a 2xx
-        // answer for a record that had one is a duplicate let through.
+        let peer = head.peer;
+        let operation = match action {
+            Action::PassThrough(pass) => match pass.would() {
+                Some(would) => {
+                    return self
+                        .forward_as_is(req.map(body::boxed), peer, &line, would, None, false)
+                        .await
+                }
+                None => {
+                    let timeout = policy.upstream_timeout;
+                    let res = self.pass_through(req.map(body::boxed), peer, timeout).await;
+                    log_request(&self.shared.metrics, &res, pass.outcome(), None, &line);
+                    return res;
+                }
+            },
+            Action::Refuse(refusal) => {
+                let would = refusal.would();
+                return self
+                    .forward_as_is(req.map(body::boxed), peer, &line, would, None, false)
+                    .await;
+            }
+            Action::Protect(operation) => operation,
+        };
         macro_rules! forward_as_is {
-            ($req:expr, $would:expr, $id:expr, $duplicate:expr) => {{
-                let id: Option<RecordId> = $id;
-                let res = match id.filter(|_| $duplicate) {
-                    // A request that may run a record a second time runs in a task of its
-                    // own, as a claimed one does: its answer is counted even when its client
-                    // hangs up first (the upstream still runs it).
-                    Some(id) => {
-                        let this = self.clone();
-                        let (req, in_task) = ($req, route.to_string());
-                        let task = self.shared.tasks.spawn(async move {
-                            let res = this.pass_through(req, peer, timeout).await;
-                            let dup = this.shared.metrics.observed_answer(
-                                &in_task,
-                                id,
-                                res.status().as_u16(),
-                            );
-                            (res, dup)
-                        });
-                        match task.await {
-                            Ok((res, dup)) => {
-                                self.observed(route, $would, Some(id), dup);
-                                res
-                            }
-                            Err(_) => Problem::UpstreamTimeout.response(
-                                "internal error; the outcome is unknown",
-                                Some(&id),
-                                None,
-                            ),
-                        }
-                    }
-                    None => {
-                        let res = self.pass_through($req, peer, timeout).await;
-                        self.observed(route, $would, id, false);
-                        res
-                    }
-                };
-                line(&res);
-                return res;
-            }};
+            ($req:expr, $would:expr, $id:expr, $duplicate:expr) => {
+                return self
+                    .forward_as_is($req, peer, &line, $would, $id, $duplicate)
+                    .await
+            };
         }
-        let key = match key::parse_any(req.headers(), &policy.key_headers, policy.max_key_length) {
-            Ok(Some(key)) => key,
-            Ok(None) => {
-                let would = if policy.require_key {
-                    "missing_key"
-                } else {
-                    "unprotected"
-                };
-                forward_as_is!(req.map(body::boxed), would, None, false)
-            }
-            Err(_) => forward_as_is!(req.map(body::boxed), "invalid_key", None, false),
-        };
-        let tenant = match self.tenant(req.headers(), peer_cert(&req), &policy) {
-            Ok(t) => t,
-            Err(res) => {
-                let would = if res.status() == StatusCode::UNAUTHORIZED {
-                    "invalid_token"
-                } else {
-                    "missing_tenant"
-                };
-                forward_as_is!(req.map(body::boxed), would, None, false)
-            }
-        };
+        let route: &str = policy.route.as_deref().unwrap_or("default");
         if self.shared.protected.would_refuse() {
-            forward_as_is!(req.map(body::boxed), "overloaded", None, false)
+            let would = Refusal::Overloaded(Refused::QueueFull).would();
+            forward_as_is!(req.map(body::boxed), would, None, false)
         }
-        let declared = req
-            .headers()
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > policy.max_body_bytes) {
-            forward_as_is!(req.map(body::boxed), "body_too_large", None, false)
+        if let Some(refusal) = decision::declared_too_large(req.headers(), policy.max_body_bytes) {
+            forward_as_is!(req.map(body::boxed), refusal.would(), None, false)
         }
         // The body is read up to `max_body_bytes` within `body_read_timeout`; one that
         // grows beyond, breaks or stalls goes on, what was read first, as it came.
@@ -1017,51 +776,35 @@ impl Proxy {
         let (read, ended) = read_up_to(&mut incoming, limit, &mut held, 0, timeout_read).await;
         if let Err(end) = ended {
             let req = Request::from_parts(parts, body::prefixed(read.chunks, incoming));
-            forward_as_is!(req, end.would(), None, false)
+            let would = end.refusal(policy.max_body_bytes).would();
+            forward_as_is!(req, would, None, false)
         }
         drop(incoming);
         let body_bytes = read.into_bytes();
         let slot = match self.shared.protected.admit().await {
             Ok(slot) => slot,
-            Err(_) => {
+            Err(why) => {
                 let req = Request::from_parts(parts, body::full(body_bytes));
-                forward_as_is!(req, "overloaded", None, false)
+                forward_as_is!(req, Refusal::Overloaded(why).would(), None, false)
             }
         };
         drop(held);
-        let content_encoding = joined(&parts.headers, CONTENT_ENCODING);
-        let decoded = match decode_body(
-            content_encoding.as_deref(),
-            &body_bytes,
-            policy.max_body_bytes,
-        )
-        .await
+        let identified = match self
+            .identify(policy, &method, &operation, &parts, &body_bytes)
+            .await
         {
-            Ok(decoded) => decoded,
-            Err(_) => {
+            Ok(identified) => identified,
+            Err(refusal) => {
                 drop(slot);
                 let req = Request::from_parts(parts, body::full(body_bytes));
-                forward_as_is!(req, "body_too_large", None, false)
+                forward_as_is!(req, refusal.would(), None, false)
             }
         };
-        let rules = policy.fingerprint_rules();
-        let content = Content {
-            encoding: content_encoding.as_deref(),
-            body: &body_bytes,
-            decoded: decoded.as_deref(),
-        };
-        let fp = fingerprint::fingerprint_with(
-            &request_parts(&method, &scope_path, &parts.uri, &parts.headers, content),
-            &rules,
-        );
-        let id = self
-            .shared
-            .scoper
-            .record_id(&tenant, method.as_str(), &scope_path, &key);
+        let id = identified.id;
         let request = Request::from_parts(parts, body::full(body_bytes.clone()));
         if !self.shared.secret.agreed() {
             drop(slot);
-            forward_as_is!(request, "store_unavailable", Some(id), false)
+            forward_as_is!(request, Refusal::SecretDisagrees.would(), Some(id), false)
         }
         // A store that just failed is not asked again for a second, then by one request at
         // a time until it answers: during an outage about one observed request a second
@@ -1071,19 +814,14 @@ impl Proxy {
             drop(slot);
             forward_as_is!(request, "store_unavailable", Some(id), false)
         }
-        let mut claim = new_claim(id, fp, &policy, store_timeout);
-        let pending = PendingClaim {
-            shared: &self.shared,
-            id,
-            owner: claim.owner.clone(),
-            linger: claim.retention,
-            armed: true,
-        };
+        let mut claim = new_claim(id, identified.fingerprint, policy, store_timeout);
+        let content = identified.content(&body_bytes);
         let found = self
-            .claim(&mut claim, &request, &method, &scope_path, content, &policy)
+            .claim_guarded(
+                &mut claim, &request, &method, &operation, content, policy, &none,
+            )
             .await;
-        drop(decoded);
-        pending.disarm();
+        drop(identified);
         match &found {
             Err(StoreError::Full(_) | StoreError::Unreadable(_)) | Ok(_) => {
                 self.shared.store_failing.answered()
@@ -1099,9 +837,9 @@ impl Proxy {
                     policy: policy.clone(),
                     peer,
                     method: method.clone(),
-                    request_id: request_id.clone(),
+                    request_id: head.request_id.clone(),
                     span: Span::none(),
-                    started,
+                    started: head.started,
                     slot,
                     observed: true,
                 };
@@ -1132,6 +870,55 @@ impl Proxy {
         };
         drop(slot);
         forward_as_is!(request, would, Some(id), duplicate)
+    }
+
+    /// Observe mode's forwarding of what enforcing would not have forwarded as it is:
+    /// pass-through (streamed, unclaimed), counted as `would`; a 2xx answer for a record
+    /// that had one is a duplicate let through.
+    async fn forward_as_is(
+        &self,
+        req: Request<Body>,
+        peer: SocketAddr,
+        line: &Line<'_>,
+        would: &'static str,
+        id: Option<RecordId>,
+        duplicate: bool,
+    ) -> Response<Body> {
+        let route = line.policy.route.as_deref().unwrap_or("default");
+        let timeout = line.policy.upstream_timeout;
+        let res = match id.filter(|_| duplicate) {
+            // A request that may run a record a second time runs in a task of its own, as
+            // a claimed one does: its answer is counted even when its client hangs up
+            // first (the upstream still runs it).
+            Some(id) => {
+                let this = self.clone();
+                let in_task = route.to_string();
+                let task = self.shared.tasks.spawn(async move {
+                    let res = this.pass_through(req, peer, timeout).await;
+                    let status = res.status().as_u16();
+                    let dup = this.shared.metrics.observed_answer(&in_task, id, status);
+                    (res, dup)
+                });
+                match task.await {
+                    Ok((res, dup)) => {
+                        self.observed(route, would, Some(id), dup);
+                        res
+                    }
+                    Err(_) => Problem::UpstreamTimeout.response(
+                        "internal error; the outcome is unknown",
+                        Some(&id),
+                        None,
+                    ),
+                }
+            }
+            None => {
+                let res = self.pass_through(req, peer, timeout).await;
+                self.observed(route, would, id, false);
+                res
+            }
+        };
+        log_request(&self.shared.metrics, &res, Outcome::Observed, None, line);
+        res
     }
 
     /// Counts (and, for what would have been refused or replayed, logs at most a few
@@ -1165,13 +952,13 @@ impl Proxy {
 
     /// The 503 of a request not admitted: nothing was buffered beyond what the refusal
     /// needed, nothing claimed.
-    fn overloaded(&self, why: Refusal, slots: &Slots) -> Response<Body> {
+    fn overloaded(&self, why: Refused, slots: &Slots) -> Response<Body> {
         let detail = match why {
-            Refusal::QueueFull => "too many requests are in progress and waiting; nothing was done, retry later",
-            Refusal::QueueTimeout => "too many requests are in progress; this one waited queue_timeout for its turn; nothing was done, retry later",
-            Refusal::BuffersFull => "too many request and answer bodies are held in memory (max_buffered_bytes); nothing was done, retry later",
+            Refused::QueueFull => "too many requests are in progress and waiting; nothing was done, retry later",
+            Refused::QueueTimeout => "too many requests are in progress; this one waited queue_timeout for its turn; nothing was done, retry later",
+            Refused::BuffersFull => "too many request and answer bodies are held in memory (max_buffered_bytes); nothing was done, retry later",
         };
-        if why != Refusal::BuffersFull {
+        if why != Refused::BuffersFull {
             let class = if std::ptr::eq(slots, &*self.shared.passing) {
                 "pass_through"
             } else {
@@ -1189,23 +976,11 @@ impl Proxy {
         headers: &hyper::HeaderMap,
         incoming: Incoming,
         max: u64,
-    ) -> Result<(Bytes, Buffered), Response<Body>> {
-        let too_large = || {
-            Problem::BodyTooLarge.response(
-                format!("protected request bodies are limited to {max} bytes"),
-                None,
-                None,
-            )
-        };
-        let declared = headers
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > max) {
-            return Err(too_large());
+    ) -> Result<(Bytes, Buffered), Refusal> {
+        if let Some(refusal) = decision::declared_too_large(headers, max) {
+            return Err(refusal);
         }
         let mut held = self.shared.buffers.hold();
-        let full = || self.overloaded(Refusal::BuffersFull, &self.shared.protected);
         // Bytes are taken from the budget as they arrive, never a declared length up front:
         // a client that declares 1 MiB and sends a byte a second holds one byte a second,
         // not 1 MiB for `body_read_timeout` (64 such clients spent the default budget, and
@@ -1216,23 +991,7 @@ impl Proxy {
         let (read, ended) = read_up_to(&mut incoming, limit, &mut held, 0, timeout).await;
         match ended {
             Ok(()) => Ok((read.into_bytes(), held)),
-            Err(BodyEnd::BuffersFull) => Err(full()),
-            Err(BodyEnd::Trailers) => Err(Problem::TrailersNotSupported.response(
-                "protected requests cannot carry trailer fields; send them as headers",
-                None,
-                None,
-            )),
-            Err(BodyEnd::TooLarge) => Err(too_large()),
-            Err(BodyEnd::Broken) => Err(Problem::BodyUnreadable.response(
-                "the request body ended early or was malformed",
-                None,
-                None,
-            )),
-            Err(BodyEnd::Timeout) => Err(Problem::BodyTimeout.response(
-                "the request body did not arrive within body_read_timeout",
-                None,
-                None,
-            )),
+            Err(end) => Err(end.refusal(max)),
         }
     }
 
@@ -1359,27 +1118,6 @@ fn millis(d: Duration) -> f64 {
     d.as_micros() as f64 / 1000.0
 }
 
-/// Replaces a URI's path, keeping its query.
-/// What the fingerprint reads of a request: the method it is scoped by, the path's normal
-/// form, its query, its content type and its body's content.
-fn request_parts<'a>(
-    method: &'a hyper::Method,
-    scope_path: &'a str,
-    uri: &'a hyper::Uri,
-    headers: &'a hyper::HeaderMap,
-    content: Content<'a>,
-) -> RequestParts<'a> {
-    RequestParts {
-        method: method.as_str(),
-        path: scope_path,
-        query: uri.query(),
-        content_type: headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()),
-        content_encoding: content.encoding,
-        body: content.body,
-        decoded: content.decoded,
-    }
-}
-
 /// A new claim on record `id` under `policy`, with a fresh owner.
 fn new_claim(
     id: RecordId,
@@ -1397,15 +1135,6 @@ fn new_claim(
         busy_for: busy_for(policy, store_timeout),
         answer_room: answer_room(policy),
     }
-}
-
-/// What the fingerprint takes of a request's body: as sent, its codings, and its content
-/// when decoded.
-#[derive(Clone, Copy)]
-struct Content<'a> {
-    encoding: Option<&'a str>,
-    body: &'a [u8],
-    decoded: Option<&'a [u8]>,
 }
 
 /// The values of every `name` header line as one list (`None` without any).
@@ -1426,7 +1155,7 @@ async fn decode_body(
     encoding: Option<&str>,
     body: &Bytes,
     max: u64,
-) -> Result<Option<Vec<u8>>, Response<Body>> {
+) -> Result<Option<Vec<u8>>, Refusal> {
     let limit = usize::try_from(max).unwrap_or(usize::MAX);
     let decoded = if fingerprint::decoding_is_heavy(encoding, body, limit) {
         let (owned, body) = (encoding.map(str::to_owned), body.clone());
@@ -1442,16 +1171,11 @@ async fn decode_body(
     match decoded {
         Ok(fingerprint::Decoded::Content(content)) => Ok(Some(content)),
         Ok(fingerprint::Decoded::Identity | fingerprint::Decoded::Raw) => Ok(None),
-        Err(fingerprint::TooLarge) => Err(Problem::BodyTooLarge.response(
-            format!(
-                "protected request bodies are limited to {max} bytes, decoded (Content-Encoding)"
-            ),
-            None,
-            None,
-        )),
+        Err(fingerprint::TooLarge) => Err(Refusal::BodyTooLarge { max, decoded: true }),
     }
 }
 
+/// Replaces a URI's path, keeping its query.
 fn set_path(uri: &mut hyper::Uri, path: &str) {
     let pq = match uri.query() {
         Some(q) => format!("{path}?{q}"),
@@ -2013,14 +1737,17 @@ enum BodyEnd {
 }
 
 impl BodyEnd {
-    /// The `would` of observe mode.
-    fn would(self) -> &'static str {
+    /// What enforcing answers a body that ended so (`max`: `max_body_bytes`).
+    fn refusal(self, max: u64) -> Refusal {
         match self {
-            BodyEnd::BuffersFull => "buffers_full",
-            BodyEnd::Trailers => "trailers_not_supported",
-            BodyEnd::TooLarge => "body_too_large",
-            BodyEnd::Broken => "body_unreadable",
-            BodyEnd::Timeout => "body_timeout",
+            BodyEnd::BuffersFull => Refusal::Overloaded(Refused::BuffersFull),
+            BodyEnd::Trailers => Refusal::TrailersNotSupported,
+            BodyEnd::TooLarge => Refusal::BodyTooLarge {
+                max,
+                decoded: false,
+            },
+            BodyEnd::Broken => Refusal::BodyUnreadable,
+            BodyEnd::Timeout => Refusal::BodyTimeout,
         }
     }
 }
