@@ -200,21 +200,11 @@ impl Refusal {
                 );
                 res
             }
-            Refusal::BodyTooLarge {
-                max,
-                decoded: false,
-            } => Problem::BodyTooLarge.response(
-                format!("protected request bodies are limited to {max} bytes"),
-                None,
-                None,
-            ),
-            Refusal::BodyTooLarge { max, decoded: true } => Problem::BodyTooLarge.response(
-                format!(
-                    "protected request bodies are limited to {max} bytes, decoded (Content-Encoding)"
-                ),
-                None,
-                None,
-            ),
+            Refusal::BodyTooLarge { max, decoded } => {
+                let decoded = if *decoded { ", decoded (Content-Encoding)" } else { "" };
+                let detail = format!("protected request bodies are limited to {max} bytes{decoded}");
+                Problem::BodyTooLarge.response(detail, None, None)
+            }
             Refusal::TrailersNotSupported => Problem::TrailersNotSupported.response(
                 "protected requests cannot carry trailer fields; send them as headers",
                 None,
