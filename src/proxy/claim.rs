@@ -60,21 +60,24 @@ impl Proxy {
         })
     }
 
-    /// Claims the key on the connection's own task: a replay, a 409 or a 422 costs no task
-    /// of its own. A client that hangs up while the claim is in flight drops this future;
-    /// the guard then takes the claim back (owner-checked, so nothing else is touched), and
-    /// a retry is not left behind a record that was never forwarded.
+    /// Claims an identified request's key under a fresh owner: the claim made, and what it
+    /// found. The claim runs on the connection's own task: a replay, a 409 or a 422 costs no
+    /// task of its own. A client that hangs up while the claim is in flight drops this
+    /// future; the guard then takes the claim back (owner-checked, so nothing else is
+    /// touched), and a retry is not left behind a record that was never forwarded.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn claim_guarded(
         &self,
-        claim: &mut ClaimRequest,
+        identified: Identified,
         request: &Request<Body>,
+        body: &[u8],
         method: &Method,
         operation: &Operation,
-        content: Content<'_>,
         policy: &Policy,
         span: &Span,
-    ) -> Result<Claim, StoreError> {
+    ) -> (ClaimRequest, Found) {
+        let store_timeout = self.shared.settings.config.store_timeout;
+        let mut claim = new_claim(identified.id, identified.fingerprint, policy, store_timeout);
         let pending = PendingClaim {
             shared: &self.shared,
             id: claim.id,
@@ -83,13 +86,31 @@ impl Proxy {
             armed: true,
         };
         let claim_span = telemetry::child(span, Step::Claim);
-        let scope_path = &operation.scope_path;
+        let (scope_path, content) = (&operation.scope_path, identified.content(body));
         let found = self
-            .claim(claim, request, method, scope_path, content, policy)
+            .claim(&mut claim, request, method, scope_path, content, policy)
             .await;
         drop(claim_span);
         pending.disarm();
-        found
+        let found = match found {
+            Ok(Claim::Unknown) if self.shared.releases.is_pending(&claim.id) => {
+                Found::ReleasePending
+            }
+            Ok(answer) => Found::Store(answer),
+            Err(e) => {
+                // The claim may have landed even though its answer did not, or may still
+                // land: take it back (owner-checked, so nothing else is touched) so that a
+                // retry is not stuck behind a record that was never forwarded. A full store
+                // refused it outright, and an unreadable record is an execution's, not this
+                // claim's: nothing is left to take back.
+                if !matches!(e, StoreError::Full(_) | StoreError::Unreadable(_)) {
+                    let (id, owner) = (claim.id, claim.owner.clone());
+                    release_in_background(&self.shared, id, owner, claim.retention);
+                }
+                Found::Failed(e)
+            }
+        };
+        (claim, found)
     }
 
     /// Claims the key; a record made under another fingerprint version is compared in
@@ -136,7 +157,7 @@ pub(super) struct Identified {
 }
 
 impl Identified {
-    pub(super) fn content<'a>(&'a self, body: &'a [u8]) -> Content<'a> {
+    fn content<'a>(&'a self, body: &'a [u8]) -> Content<'a> {
         Content {
             encoding: self.encoding.as_deref(),
             body,
@@ -145,8 +166,44 @@ impl Identified {
     }
 }
 
+/// What a claim found, read once for both modes: enforcing answers it (`Proxy::settle`),
+/// observing counts it as what enforcing would have done ([`Found::would`]).
+pub(super) enum Found {
+    /// The store's answer (`Claim::Unknown` only for an outcome that is really unknown).
+    Store(Claim),
+    /// This instance's own claim, never forwarded, not yet taken back: its lease ran out
+    /// while the store was away. Not unknown: it is about to be free.
+    ReleasePending,
+    /// The claim failed (taken back in the background where it may have landed).
+    Failed(StoreError),
+}
+
+impl Found {
+    /// The `would` label of observe mode, and whether forwarding the request anyway may
+    /// run an existing record a second time.
+    pub(super) fn would(&self) -> (&'static str, bool) {
+        match self {
+            Found::Store(Claim::Claimed) => ("execute", false),
+            Found::Store(Claim::Replay(_)) => ("replay", true),
+            Found::Store(Claim::InFlight { .. } | Claim::OtherVersion(_)) => ("in_progress", true),
+            // The same record (same key, tenant, method and path) with another request: if
+            // it runs, it is that record's second execution too.
+            Found::Store(Claim::Mismatch) => ("mismatch", true),
+            Found::Store(Claim::Unknown) => ("unknown", true),
+            Found::Store(Claim::NotKept { .. }) => ("response_not_stored", true),
+            // Nothing was created (a claim of this very owner was taken back): as a store
+            // failure would be, nothing is known of the key.
+            Found::Store(Claim::Withdrawn) => ("store_unavailable", false),
+            // Enforcing answers 503 `store-unavailable` (retry), not `outcome-unknown`.
+            Found::ReleasePending => ("store_unavailable", true),
+            Found::Failed(StoreError::Unreadable(_)) => ("record_unreadable", true),
+            Found::Failed(_) => ("store_unavailable", false),
+        }
+    }
+}
+
 /// A new claim on record `id` under `policy`, with a fresh owner.
-pub(super) fn new_claim(
+fn new_claim(
     id: RecordId,
     fingerprint: fingerprint::Fingerprint,
     policy: &Policy,
@@ -304,4 +361,24 @@ pub(super) fn release_in_background(
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_claim_found_is_counted_as_what_enforcing_would_answer() {
+        let table = [
+            (Found::Store(Claim::Claimed), ("execute", false)),
+            (Found::Store(Claim::Mismatch), ("mismatch", true)),
+            (Found::Store(Claim::OtherVersion(9)), ("in_progress", true)),
+            (Found::Store(Claim::Unknown), ("unknown", true)),
+            (Found::ReleasePending, ("store_unavailable", true)),
+            (Found::Store(Claim::Withdrawn), ("store_unavailable", false)),
+        ];
+        for (found, want) in table {
+            assert_eq!(found.would(), want);
+        }
+    }
 }

@@ -1,13 +1,12 @@
 //! Enforcing a decision: pass through, refuse, or take a protected request through body,
 //! fingerprint and claim, then act on what the claim found (forward, replay, 409, 422).
 
-use hyper::body::Incoming;
 use hyper::{Request, Response};
 use tracing::Span;
 
 use crate::admission::Refusal as Refused;
 use crate::body::{self, Body};
-use crate::config::OnStoreError;
+use crate::config::{OnStoreError, Policy};
 use crate::outcome::Outcome;
 use crate::problem::Problem;
 use crate::request_id;
@@ -15,33 +14,24 @@ use crate::retry_after;
 use crate::store::{Claim, StoreError};
 use crate::telemetry;
 
-use super::claim::{new_claim, release_in_background};
+use super::claim::Found;
 use super::decision::{Action, Decision, Refusal};
 use super::exchange::Protected;
 use super::replay::replay;
-use super::{log_request, Head, Line, Proxy};
+use super::{log_request, Arrived, Line, Proxy};
 
 impl Proxy {
     /// Acts on a decision: forwards what passes through, answers a refusal, and takes a
     /// protected request through body, fingerprint, claim, forward and record (or replay).
-    pub(super) async fn enforce(
-        &self,
-        req: Request<Incoming>,
-        decision: Decision<'_>,
-        head: Head,
-    ) -> Response<Body> {
-        let Decision {
-            policy,
-            method,
-            traced,
-            action,
-            ..
-        } = decision;
-        let Head {
+    pub(super) async fn enforce(&self, arrived: Arrived, decision: Decision<'_>) -> Response<Body> {
+        let (policy, method, action) = (decision.policy, decision.method, decision.action);
+        let Arrived {
+            req,
             peer,
             request_id,
             started,
-        } = head;
+        } = arrived;
+        let traced = decision.traced;
         let span = if traced {
             let id = request_id::as_str(&request_id);
             telemetry::request_span(req.headers(), &method, policy.route.as_deref(), id)
@@ -108,15 +98,11 @@ impl Proxy {
             return self.refuse(&Refusal::SecretDisagrees, &line);
         }
         let request = Request::from_parts(parts, body::full(body.clone()));
-        let store_timeout = self.shared.settings.config.store_timeout;
-        let mut claim = new_claim(identified.id, identified.fingerprint, policy, store_timeout);
-        let content = identified.content(&body);
-        let found = self
+        let (claim, found) = self
             .claim_guarded(
-                &mut claim, &request, &method, &operation, content, policy, &span,
+                identified, &request, &body, &method, &operation, policy, &span,
             )
             .await;
-        drop(identified);
         let protected = Protected {
             claim,
             request,
@@ -132,6 +118,20 @@ impl Proxy {
         self.settle(found, protected).await
     }
 
+    /// Seconds until a full store should have room: the route's typical upstream time when
+    /// requests in flight hold reserved room, else the soonest expiry (at most a day), else 1.
+    fn room_after(&self, policy: &Policy) -> u64 {
+        match self.shared.store.room_after() {
+            Some(d) if d.is_zero() => policy
+                .upstream_time
+                .get()
+                .map_or(1, |t| t.as_secs_f64().ceil() as u64)
+                .max(1),
+            Some(d) => (d.as_secs_f64().ceil() as u64).clamp(1, 86_400),
+            None => 1,
+        }
+    }
+
     /// Enforcing's answer to a refusal, counted and logged.
     pub(super) fn refuse(&self, refusal: &Refusal, line: &Line<'_>) -> Response<Body> {
         let res = refusal.response(|why| self.overloaded(why, &self.shared.protected));
@@ -140,14 +140,10 @@ impl Proxy {
     }
 
     /// Acts on the claim's answer: forwards a won claim, answers the others.
-    pub(super) async fn settle(
-        &self,
-        found: Result<Claim, StoreError>,
-        protected: Protected,
-    ) -> Response<Body> {
+    pub(super) async fn settle(&self, found: Found, protected: Protected) -> Response<Body> {
         let id = protected.claim.id;
         let (res, outcome) = match found {
-            Ok(Claim::OtherVersion(version)) => (
+            Found::Store(Claim::OtherVersion(version)) => (
                 Problem::InProgress.response(
                     format!("this key's record was made by an idemgate with fingerprint version {version}, which this instance does not know; retry (an up-to-date instance will answer)"),
                     Some(&id),
@@ -155,10 +151,10 @@ impl Proxy {
                 ),
                 Outcome::InProgress,
             ),
-            Ok(Claim::Claimed) => return self.forward_claimed(protected).await,
+            Found::Store(Claim::Claimed) => return self.forward_claimed(protected).await,
             // A replay's body counts against the buffer budget until it is written: clients
             // that stop reading a large answer must not hold memory without bound.
-            Ok(Claim::Replay(stored)) => {
+            Found::Store(Claim::Replay(stored)) => {
                 let mut held = self.shared.buffers.hold();
                 if held.grow(stored.body.len()).is_err() {
                     let res = self.overloaded(Refused::BuffersFull, &self.shared.protected);
@@ -167,7 +163,7 @@ impl Proxy {
                     (replay(stored).map(|b| body::holding(b, held)), Outcome::Replayed)
                 }
             }
-            Ok(Claim::NotKept { status }) => (
+            Found::Store(Claim::NotKept { status }) => (
                 Problem::ResponseNotStored.response(
                     format!("this request was executed once and answered with status {status}, but the answer was larger than max_response_bytes (or did not fit in the store) and was not kept, so it cannot be replayed; it will not be sent again"),
                     Some(&id),
@@ -175,7 +171,7 @@ impl Proxy {
                 ),
                 Outcome::NotStored,
             ),
-            Ok(Claim::InFlight { lease_left }) => {
+            Found::Store(Claim::InFlight { lease_left }) => {
                 let policy = &protected.policy;
                 let typical = policy.upstream_time.get();
                 let wait = retry_after::in_progress(policy.lease, lease_left, typical);
@@ -186,7 +182,7 @@ impl Proxy {
                 );
                 (res, Outcome::InProgress)
             }
-            Ok(Claim::Mismatch) => (
+            Found::Store(Claim::Mismatch) => (
                 Problem::FingerprintMismatch.response(
                     "this key was used with a different request (method, path, query, content type or body); use a new key for a new operation",
                     Some(&id),
@@ -196,7 +192,7 @@ impl Proxy {
             ),
             // Only a claim that reached the store after its own release can find this, and
             // nobody waits for that one; it was not forwarded either way.
-            Ok(Claim::Withdrawn) => (
+            Found::Store(Claim::Withdrawn) => (
                 Problem::StoreUnavailable.response(
                     "the idempotency store answered too late; the request was not forwarded",
                     Some(&id),
@@ -204,9 +200,7 @@ impl Proxy {
                 ),
                 Outcome::StoreError,
             ),
-            // This instance's own claim, never forwarded, not yet taken back: its lease ran
-            // out while the store was away. Not unknown: it is about to be free.
-            Ok(Claim::Unknown) if self.shared.releases.is_pending(&id) => (
+            Found::ReleasePending => (
                 Problem::StoreUnavailable.response(
                     "a claim of this key that was never forwarded is still being taken back; retry",
                     Some(&id),
@@ -214,7 +208,7 @@ impl Proxy {
                 ),
                 Outcome::StoreError,
             ),
-            Ok(Claim::Unknown) => (
+            Found::Store(Claim::Unknown) => (
                 Problem::OutcomeUnknown.response(
                     "this request was sent to the upstream once and its outcome is unknown; it will not be sent again until an operator releases the record",
                     Some(&id),
@@ -225,7 +219,7 @@ impl Proxy {
             // The request was executed once and its answer was kept, sealed under a key
             // that is gone: a second execution is the one thing this must not become, so
             // not even `on_store_error = "forward"` forwards it.
-            Err(StoreError::Unreadable(why)) => {
+            Found::Failed(StoreError::Unreadable(why)) => {
                 tracing::error!(record = %id, error = %why, "recorded answer cannot be read");
                 let res = Problem::RecordUnreadable.response(
                     "this request was executed once and its recorded answer cannot be read (its encryption key is no longer configured); it will not be executed again",
@@ -234,16 +228,9 @@ impl Proxy {
                 );
                 (res, Outcome::StoreError)
             }
-            Err(e) => {
+            // Taken back already, where it may have landed (see `claim_guarded`).
+            Found::Failed(e) => {
                 tracing::warn!(record = %id, error = %e, "claim failed");
-                // The claim may have landed even though its answer did not, or may still
-                // land: take it back (owner-checked, so nothing else is touched) so that a
-                // retry is not stuck behind a record that was never forwarded. A full store
-                // refused it outright: nothing landed, and nothing is left to take back.
-                if !matches!(e, StoreError::Full(_)) {
-                    let claim = &protected.claim;
-                    release_in_background(&self.shared, id, claim.owner.clone(), claim.retention);
-                }
                 if let StoreError::Full(why) = &e {
                     self.shared.metrics.refused_store_full().inc();
                     let wait = self.room_after(&protected.policy);

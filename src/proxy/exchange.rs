@@ -31,27 +31,18 @@ impl Proxy {
     /// its own task: a client that hangs up must never cut a claim off from its exchange
     /// and its record.
     pub(super) async fn forward_claimed(&self, protected: Protected) -> Response<Body> {
-        let Protected {
-            claim,
-            request,
-            policy,
-            peer,
-            method,
-            request_id,
-            span,
-            started,
-            slot,
-            observed,
-        } = protected;
-        let id = claim.id;
+        let (policy, peer, observed) = (protected.policy, protected.peer, protected.observed);
+        let (id, span) = (protected.claim.id, protected.span);
         let claimed = Claimed {
             id,
-            owner: claim.owner,
+            owner: protected.claim.owner,
             policy: policy.clone(),
-            request,
-            slot,
+            request: protected.request,
+            slot: protected.slot,
             span: span.clone(),
         };
+        let (method, request_id, started) =
+            (protected.method, protected.request_id, protected.started);
         let this = self.clone();
         // Boxed: the exchange → record state machine is several kilobytes, and tokio
         // moves an unboxed future by value into the task and out again.
@@ -112,6 +103,20 @@ pub(super) struct Claimed {
     pub(super) slot: Slot,
     // The request's span (none with tracing off): parent of the upstream and record spans.
     pub(super) span: Span,
+}
+
+/// An upstream's whole answer on its way into its record.
+pub(super) struct Recording {
+    id: RecordId,
+    owner: OwnerToken,
+    stored: StoredResponse,
+    // The request's span: parent of the record's.
+    span: Span,
+    // Bounds how long the record may take (see `record_deadline`).
+    upstream_timeout: Duration,
+    // How long the record is kept instead of the route's retention (an answer that shows
+    // nothing ran), if it is.
+    retain: Option<Duration>,
 }
 
 /// A protected request between its claim and its answer, with what its log line needs.
@@ -218,7 +223,6 @@ pub(super) async fn exchange(
         Ok((mut parts, Answer::Whole(bytes))) => {
             policy.upstream_time.observe(latency.0);
             upstream::strip_hop_by_hop(&mut parts.headers);
-            let upstream_timeout = policy.upstream_timeout;
             let stored = StoredResponse {
                 status: parts.status.as_u16(),
                 headers: parts
@@ -237,37 +241,25 @@ pub(super) async fn exchange(
                 .short_retention_statuses
                 .contains(&stored.status)
                 .then_some(policy.short_retention);
+            let recording = Recording {
+                id,
+                owner,
+                stored,
+                span: span.clone(),
+                upstream_timeout: policy.upstream_timeout,
+                retain,
+            };
             match policy.record_mode {
-                RecordMode::BeforeResponse => {
-                    record_answer(
-                        shared,
-                        &id,
-                        &owner,
-                        &stored,
-                        &span,
-                        upstream_timeout,
-                        retain,
-                    )
-                    .await;
-                }
+                RecordMode::BeforeResponse => record_answer(shared, &recording).await,
                 // The client's answer goes out now; the record is written meanwhile, in a
                 // task that shutdown waits for and that keeps the in-flight slot until it
                 // is done. Until it lands, the claim stays in progress under its lease: a
                 // retry gets 409, and should this process die first, the lease runs out to
                 // `unknown`. Never a second execution.
                 RecordMode::AfterResponse => {
-                    let (shared, span) = (Arc::clone(shared), span.clone());
+                    let shared = Arc::clone(shared);
                     shared.tasks.clone().spawn(async move {
-                        record_answer(
-                            &shared,
-                            &id,
-                            &owner,
-                            &stored,
-                            &span,
-                            upstream_timeout,
-                            retain,
-                        )
-                        .await;
+                        record_answer(&shared, &recording).await;
                         drop(slot);
                     });
                 }
@@ -330,15 +322,16 @@ pub(super) async fn exchange(
 
 /// Writes an upstream's whole answer into its record (owner-checked), logging what went
 /// wrong; an answer the store has no room for is recorded without its body.
-pub(super) async fn record_answer(
-    shared: &Shared,
-    id: &RecordId,
-    owner: &OwnerToken,
-    stored: &StoredResponse,
-    span: &Span,
-    upstream_timeout: Duration,
-    retain: Option<Duration>,
-) {
+pub(super) async fn record_answer(shared: &Shared, recording: &Recording) {
+    let Recording {
+        id,
+        owner,
+        stored,
+        span,
+        upstream_timeout,
+        retain,
+    } = recording;
+    let (upstream_timeout, retain) = (*upstream_timeout, *retain);
     let store_timeout = shared.settings.config.store_timeout;
     let limit = record_deadline(store_timeout, upstream_timeout, stored.body.len());
     let record_span = telemetry::child(span, Step::Record);

@@ -121,8 +121,9 @@ struct Shared {
 #[derive(Clone, Copy)]
 struct UpstreamLatency(Duration);
 
-/// What a request's handling carries besides the request itself.
-struct Head {
+/// A request as it arrived, with what its handling carries beside it.
+struct Arrived {
+    req: Request<Incoming>,
     peer: SocketAddr,
     request_id: HeaderValue,
     started: Instant,
@@ -248,28 +249,15 @@ impl Proxy {
             }
             _ => {}
         }
-        let head = Head {
+        let arrived = Arrived {
+            req,
             peer,
             request_id,
             started,
         };
         match decision.mode {
-            Mode::Enforce => self.enforce(req, decision, head).await,
-            Mode::Observe => self.observe(req, decision, head).await,
-        }
-    }
-
-    /// Seconds until a full store should have room: the route's typical upstream time when
-    /// requests in flight hold reserved room, else the soonest expiry (at most a day), else 1.
-    fn room_after(&self, policy: &Policy) -> u64 {
-        match self.shared.store.room_after() {
-            Some(d) if d.is_zero() => policy
-                .upstream_time
-                .get()
-                .map_or(1, |t| t.as_secs_f64().ceil() as u64)
-                .max(1),
-            Some(d) => (d.as_secs_f64().ceil() as u64).clamp(1, 86_400),
-            None => 1,
+            Mode::Enforce => self.enforce(arrived, decision).await,
+            Mode::Observe => self.observe(arrived, decision).await,
         }
     }
 

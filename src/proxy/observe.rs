@@ -5,7 +5,6 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use hyper::body::Incoming;
 use hyper::{Request, Response};
 use tracing::Span;
 
@@ -17,10 +16,10 @@ use crate::problem::Problem;
 use crate::store::{Claim, StoreError};
 
 use super::body_read::read_up_to;
-use super::claim::{new_claim, release_in_background};
+use super::claim::Found;
 use super::decision::{self, Action, Decision, Refusal};
 use super::exchange::Protected;
-use super::{log_request, Head, Line, Proxy};
+use super::{log_request, Arrived, Line, Proxy};
 
 impl Proxy {
     /// Acts on a decision on a route in `mode = "observe"`: forwards the request whatever
@@ -30,27 +29,18 @@ impl Proxy {
     /// forwarded and recorded as when enforcing, so that switching the route to `enforce`
     /// replays what was seen here; everything else goes out as pass-through, with the path
     /// as the client sent it.
-    pub(super) async fn observe(
-        &self,
-        req: Request<Incoming>,
-        decision: Decision<'_>,
-        head: Head,
-    ) -> Response<Body> {
-        let Decision {
-            policy,
-            method,
-            action,
-            ..
-        } = decision;
+    pub(super) async fn observe(&self, arrived: Arrived, decision: Decision<'_>) -> Response<Body> {
+        let (policy, method, action) = (decision.policy, decision.method, decision.action);
+        let (req, peer) = (arrived.req, arrived.peer);
+        let (request_id, started) = (arrived.request_id, arrived.started);
         let none = Span::none();
         let line = Line {
             method: &method,
             policy,
-            request_id: &head.request_id,
+            request_id: &request_id,
             span: &none,
-            started: head.started,
+            started,
         };
-        let peer = head.peer;
         let operation = match action {
             Action::PassThrough(pass) => match pass.would() {
                 Some(would) => {
@@ -135,60 +125,40 @@ impl Proxy {
             drop(slot);
             forward_as_is!(request, "store_unavailable", Some(id), false)
         }
-        let mut claim = new_claim(id, identified.fingerprint, policy, store_timeout);
-        let content = identified.content(&body_bytes);
-        let found = self
+        let (claim, found) = self
             .claim_guarded(
-                &mut claim, &request, &method, &operation, content, policy, &none,
+                identified,
+                &request,
+                &body_bytes,
+                &method,
+                &operation,
+                policy,
+                &none,
             )
             .await;
-        drop(identified);
         match &found {
-            Err(StoreError::Full(_) | StoreError::Unreadable(_)) | Ok(_) => {
-                self.shared.store_failing.answered()
+            Found::Failed(e) if !matches!(e, StoreError::Full(_) | StoreError::Unreadable(_)) => {
+                self.shared.store_failing.failed()
             }
-            Err(_) => self.shared.store_failing.failed(),
+            _ => self.shared.store_failing.answered(),
         }
-        let (would, duplicate) = match &found {
-            Ok(Claim::Claimed) => {
-                self.observed(route, "execute", Some(id), false);
-                let protected = Protected {
-                    claim,
-                    request,
-                    policy: policy.clone(),
-                    peer,
-                    method: method.clone(),
-                    request_id: head.request_id.clone(),
-                    span: Span::none(),
-                    started: head.started,
-                    slot,
-                    observed: true,
-                };
-                return self.forward_claimed(protected).await;
-            }
-            Ok(Claim::Replay(_)) => ("replay", true),
-            Ok(Claim::InFlight { .. }) | Ok(Claim::OtherVersion(_)) => ("in_progress", true),
-            // The same record (same key, tenant, method and path) with another request: if it
-            // runs, it is that record's second execution too.
-            Ok(Claim::Mismatch) => ("mismatch", true),
-            // This instance's own claim, never forwarded, still being taken back: enforcing
-            // answers 503 `store-unavailable` (retry), not `outcome-unknown`.
-            Ok(Claim::Unknown) if self.shared.releases.is_pending(&id) => {
-                ("store_unavailable", true)
-            }
-            Ok(Claim::Unknown) => ("unknown", true),
-            Ok(Claim::NotKept { .. }) => ("response_not_stored", true),
-            // Nothing was created (a claim of this very owner was taken back): as a store
-            // failure would be, nothing is known of the key.
-            Ok(Claim::Withdrawn) => ("store_unavailable", false),
-            Err(StoreError::Unreadable(_)) => ("record_unreadable", true),
-            Err(e) => {
-                if !matches!(e, StoreError::Full(_)) {
-                    release_in_background(&self.shared, id, claim.owner.clone(), claim.retention);
-                }
-                ("store_unavailable", false)
-            }
-        };
+        if let Found::Store(Claim::Claimed) = found {
+            self.observed(route, "execute", Some(id), false);
+            let protected = Protected {
+                claim,
+                request,
+                policy: policy.clone(),
+                peer,
+                method: method.clone(),
+                request_id: request_id.clone(),
+                span: Span::none(),
+                started,
+                slot,
+                observed: true,
+            };
+            return self.forward_claimed(protected).await;
+        }
+        let (would, duplicate) = found.would();
         drop(slot);
         forward_as_is!(request, would, Some(id), duplicate)
     }
