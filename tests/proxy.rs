@@ -376,11 +376,8 @@ async fn refused_upstream_is_502_and_released(backend: Backend) {
 }
 
 async fn upstream_timeout_is_504_and_held_as_unknown(backend: Backend) {
-    let up = Upstream::start().await;
-    up.set_mode(Mode::Hang);
-    let mut cfg = config(&up, &backend);
-    cfg.defaults.upstream_timeout = Duration::from_millis(300);
-    let app = spawn_app(cfg).await;
+    let timeout = Duration::from_millis(300);
+    let (up, app) = hanging_upstream(&backend, timeout, |_| {}).await;
     let c = client();
     let r = post(&c, &app, "/v1/transfers", Some("k-hang"), TRANSFER, &[]).await;
     assert_eq!(r.status, 504);
@@ -396,12 +393,11 @@ async fn upstream_timeout_is_504_and_held_as_unknown(backend: Backend) {
 }
 
 async fn on_ambiguous_release_frees_the_key(backend: Backend) {
-    let up = Upstream::start().await;
-    up.set_mode(Mode::Hang);
-    let mut cfg = config(&up, &backend);
-    cfg.defaults.upstream_timeout = Duration::from_millis(300);
-    cfg.defaults.on_ambiguous = OnAmbiguous::Release;
-    let app = spawn_app(cfg).await;
+    let timeout = Duration::from_millis(300);
+    let (up, app) = hanging_upstream(&backend, timeout, |c| {
+        c.defaults.on_ambiguous = OnAmbiguous::Release
+    })
+    .await;
     let c = client();
     let r = post(&c, &app, "/v1/transfers", Some("k-rel"), TRANSFER, &[]).await;
     assert_eq!(r.status, 504);
@@ -444,11 +440,8 @@ async fn lease_is_renewed_while_the_upstream_works(backend: Backend) {
 }
 
 async fn admin_inspects_and_releases_records(backend: Backend) {
-    let up = Upstream::start().await;
-    up.set_mode(Mode::Hang);
-    let mut cfg = config(&up, &backend);
-    cfg.defaults.upstream_timeout = Duration::from_millis(200);
-    let app = spawn_app(cfg).await;
+    let timeout = Duration::from_millis(200);
+    let (up, app) = hanging_upstream(&backend, timeout, |_| {}).await;
     let admin = app.admin_addr().expect("admin listener");
     let c = client();
     let r = post(&c, &app, "/v1/transfers", Some("k-admin"), TRANSFER, &[]).await;
@@ -464,31 +457,16 @@ async fn admin_inspects_and_releases_records(backend: Backend) {
         .unwrap();
     assert_eq!(view["state"], "unknown");
     assert!(view.get("body").is_none());
-    let health = c
-        .get(format!("http://{admin}/healthz"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(health.status(), 200);
-    let ready = c
-        .get(format!("http://{admin}/readyz"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(ready.status(), 200);
+    let status = |req: reqwest::RequestBuilder| async move { req.send().await.unwrap().status() };
+    let health = status(c.get(format!("http://{admin}/healthz"))).await;
+    assert_eq!(health, 200);
+    let ready = status(c.get(format!("http://{admin}/readyz"))).await;
+    assert_eq!(ready, 200);
     // After reconciling with the upstream, an operator releases the record.
-    let del = c
-        .delete(format!("http://{admin}/records/{id}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(del.status(), 200);
-    let gone = c
-        .get(format!("http://{admin}/records/{id}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(gone.status(), 404);
+    let del = status(c.delete(format!("http://{admin}/records/{id}"))).await;
+    assert_eq!(del, 200);
+    let gone = status(c.get(format!("http://{admin}/records/{id}"))).await;
+    assert_eq!(gone, 404);
     up.set_mode(Mode::Answer);
     let retry = post(&c, &app, "/v1/transfers", Some("k-admin"), TRANSFER, &[]).await;
     assert_eq!(retry.status, 201);

@@ -626,6 +626,21 @@ pub fn post_in_background(
     })
 }
 
+/// An upstream that never answers (until `set_mode(Mode::Answer)`) and the proxy in front
+/// of it, which gives up after `upstream_timeout`; `tweak` changes the rest of its config.
+pub async fn hanging_upstream(
+    backend: &Backend,
+    upstream_timeout: Duration,
+    tweak: impl FnOnce(&mut Config),
+) -> (Upstream, Running) {
+    let up = Upstream::start().await;
+    up.set_mode(Mode::Hang);
+    let mut cfg = config(&up, backend);
+    cfg.defaults.upstream_timeout = upstream_timeout;
+    tweak(&mut cfg);
+    (up, spawn_app(cfg).await)
+}
+
 /// Waits (at most 5 s) until the upstream has seen `n` requests.
 pub async fn upstream_reached(up: &Upstream, n: usize) {
     eventually(Duration::from_secs(5), "upstream reached", || {
