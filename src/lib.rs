@@ -29,7 +29,9 @@
 //!   way round.
 //! - [`admission`]: the slots of `max_in_flight` and of pass-through, the queue in front of
 //!   them, and the budget of bodies held for slow clients.
-//! - [`proxy`]: the hyper service and the claim → forward → record → replay flow.
+//! - [`proxy`]: the hyper service. A request is first decided as a value, without I/O
+//!   (pass through, refuse, or protect as which operation), then enforced (claim → forward →
+//!   record → replay) or observed (forwarded as sent, counted as what enforcing would do).
 //! - [`answer`]: reading an upstream's answer up to `max_response_bytes`, streaming the
 //!   rest.
 //! - [`releases`]: claims never forwarded that this instance is still taking back.

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::*;
-use idemgate::Config;
+use idemgate::{Config, Running};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TRANSFER: &str = r#"{"from":"acc-1","to":"acc-2","amount":1250,"currency":"EUR"}"#;
@@ -215,17 +215,7 @@ async fn trickled_headers_are_cut_off_after_the_header_timeout() {
     assert!(after < Duration::from_secs(3), "cut off late: {after:?}");
     assert_eq!(up.hits(), 0);
     // Nothing claimed: the key works.
-    let r = post(
-        &client(),
-        &app,
-        "/v1/transfers",
-        Some("k-slow-head"),
-        TRANSFER,
-        &[],
-    )
-    .await;
-    assert_eq!(r.status, 201);
-    assert!(!r.replayed());
+    executes_as_new(&app, "k-slow-head").await;
     app.shutdown().await;
 }
 
@@ -260,17 +250,7 @@ async fn trickled_body_is_408_and_claims_nothing() {
     let took = started.elapsed();
     assert!(took < Duration::from_secs(3), "{took:?}");
     assert_eq!(up.hits(), 0);
-    let r = post(
-        &client(),
-        &app,
-        "/v1/transfers",
-        Some("k-slow-body"),
-        TRANSFER,
-        &[],
-    )
-    .await;
-    assert_eq!(r.status, 201);
-    assert!(!r.replayed());
+    executes_as_new(&app, "k-slow-body").await;
     app.shutdown().await;
 }
 
@@ -290,17 +270,7 @@ async fn too_many_or_too_large_headers_are_431() {
         assert_eq!(status_of(&res), 431, "{what}: {res}");
     }
     assert_eq!(up.hits(), 0);
-    let r = post(
-        &client(),
-        &app,
-        "/v1/transfers",
-        Some("k-headers"),
-        TRANSFER,
-        &[],
-    )
-    .await;
-    assert_eq!(r.status, 201);
-    assert!(!r.replayed());
+    executes_as_new(&app, "k-headers").await;
     app.shutdown().await;
 }
 
@@ -389,27 +359,11 @@ async fn key_floods_hit_the_cap_with_503_and_expired_records_make_room() {
     .await;
     let c = client();
     for i in 0..20 {
-        let r = post(
-            &c,
-            &app,
-            "/v1/transfers",
-            Some(&format!("flood-{i}")),
-            TRANSFER,
-            &[],
-        )
-        .await;
+        let r = transfer(&c, &app, &format!("flood-{i}")).await;
         assert_eq!(r.status, 201);
     }
     for i in 20..60 {
-        let r = post(
-            &c,
-            &app,
-            "/v1/transfers",
-            Some(&format!("flood-{i}")),
-            TRANSFER,
-            &[],
-        )
-        .await;
+        let r = transfer(&c, &app, &format!("flood-{i}")).await;
         assert_eq!(r.status, 503, "record {i} beyond the cap");
         assert!(r.problem_type().ends_with("/store-unavailable"));
     }
@@ -417,15 +371,7 @@ async fn key_floods_hit_the_cap_with_503_and_expired_records_make_room() {
     // Once the first records expire, new keys fit again (and only up to the cap).
     let until = Instant::now() + Duration::from_secs(5);
     loop {
-        let r = post(
-            &c,
-            &app,
-            "/v1/transfers",
-            Some("flood-late-0"),
-            TRANSFER,
-            &[],
-        )
-        .await;
+        let r = transfer(&c, &app, "flood-late-0").await;
         if r.status == 201 {
             break;
         }
@@ -434,15 +380,7 @@ async fn key_floods_hit_the_cap_with_503_and_expired_records_make_room() {
     }
     let mut accepted = 1;
     for i in 1..40 {
-        let r = post(
-            &c,
-            &app,
-            "/v1/transfers",
-            Some(&format!("flood-late-{i}")),
-            TRANSFER,
-            &[],
-        )
-        .await;
+        let r = transfer(&c, &app, &format!("flood-late-{i}")).await;
         accepted += usize::from(r.status == 201);
     }
     assert_eq!(accepted, 20);
@@ -475,4 +413,16 @@ async fn the_sweeper_drops_expired_records() {
         store.is_empty()
     })
     .await;
+}
+
+/// A transfer under `key`, without extra headers.
+async fn transfer(c: &reqwest::Client, app: &Running, key: &str) -> Answer {
+    post(c, app, "/v1/transfers", Some(key), TRANSFER, &[]).await
+}
+
+/// Nothing was claimed for `key`: a transfer under it executes as a new one.
+async fn executes_as_new(app: &Running, key: &str) {
+    let r = transfer(&client(), app, key).await;
+    assert_eq!(r.status, 201);
+    assert!(!r.replayed());
 }

@@ -23,6 +23,8 @@ fn metric(gate: &Gate, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+const OVERRIDE: &str = "x-http-method-override";
+
 const OBSERVE: [(&str, &str); 2] = [
     ("IDEMGATE_DEFAULTS__MODE", "observe"),
     ("IDEMGATE_DEFAULTS__REQUIRE_KEY", "true"),
@@ -152,16 +154,9 @@ async fn observe_forwards_when_the_store_is_down_without_waiting_on_it_each_time
 async fn observe_forwards_an_unseen_method_override() {
     let up = Upstream::start().await;
     let gate = Gate::start(&up.url(), "", &OBSERVE);
-    let a = client()
-        .post(gate.url("/v1/transfers"))
-        .header("idempotency-key", "ov-1")
-        .header("x-http-method-override", "DELETE")
-        .header("content-type", "application/json")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(a.status().as_u16(), 201);
+    let url = gate.url("/v1/transfers");
+    let a = post_url(&client(), &url, Some("ov-1"), "{}", &[(OVERRIDE, "DELETE")]).await;
+    assert_eq!(a.status, 201);
     assert_eq!(up.hits(), 1);
     let o = observe_json(&gate);
     assert_eq!(o["routes"][0]["would"]["invalid_method_override"], 1, "{o}");
@@ -179,15 +174,8 @@ async fn observe_forwards_paths_that_enforcing_refuses() {
         "/v1/transfers;jsessionid=A",
         "/v1;v=2/transfers",
     ] {
-        let a = client()
-            .post(gate.url(path))
-            .header("idempotency-key", "p-1")
-            .header("content-type", "application/json")
-            .body("{}")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(a.status().as_u16(), 201, "{path}");
+        let a = post_url(&client(), &gate.url(path), Some("p-1"), "{}", &[]).await;
+        assert_eq!(a.status, 201, "{path}");
     }
     assert_eq!(up.hits(), 3);
     let seen: Vec<String> = up.seen().into_iter().map(|s| s.uri).collect();
@@ -199,17 +187,10 @@ async fn observe_forwards_paths_that_enforcing_refuses() {
     let up = Upstream::start().await;
     let gate = Gate::start(&up.url(), "", &[]);
     for path in ["/v1/a%2Fb", "/v1/transfers;jsessionid=A"] {
-        let a = client()
-            .post(gate.url(path))
-            .header("idempotency-key", "p-1")
-            .header("authorization", "Bearer a")
-            .header("content-type", "application/json")
-            .body("{}")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(a.status().as_u16(), 400, "{path}");
-        assert_eq!(a.headers()["idemgate-error"], "invalid-path", "{path}");
+        let auth = [("authorization", "Bearer a")];
+        let a = post_url(&client(), &gate.url(path), Some("p-1"), "{}", &auth).await;
+        assert_eq!(a.status, 400, "{path}");
+        assert_eq!(a.headers["idemgate-error"], "invalid-path", "{path}");
     }
     assert_eq!(up.hits(), 0);
 }
@@ -661,19 +642,8 @@ async fn a_request_running_while_observed_gets_409_from_an_enforcing_instance() 
     let observing = Gate::start(&up.url(), &redis.url(), &OBSERVE);
     let enforcing = Gate::start(&up.url(), &redis.url(), &[]);
     let c = client();
-    let slow = {
-        let (c, url) = (c.clone(), observing.url("/v1/transfers"));
-        tokio::spawn(async move {
-            post_url(
-                &c,
-                &url,
-                Some("live-1"),
-                "{\"amount\":5}",
-                &[(DELAY_MS, "1500")],
-            )
-            .await
-        })
-    };
+    let url = observing.url("/v1/transfers");
+    let slow = post_in_background(&c, url, "live-1", "{\"amount\":5}", &[(DELAY_MS, "1500")]);
     eventually(
         Duration::from_secs(5),
         "the observed request upstream",
@@ -737,14 +707,7 @@ async fn observed_records_on_disk_replay_after_a_restart_into_enforce() {
 async fn back_in_observe_mode_a_record_held_in_progress_refuses_nothing() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
-    let mut enforcing = Gate::start(
-        &up.url(),
-        &redis.url(),
-        &[
-            ("IDEMGATE_DEFAULTS__LEASE", "60s"),
-            ("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", "60s"),
-        ],
-    );
+    let mut enforcing = enforcing_with(&up, &redis, "60s", "60s");
     let hung = {
         let (c, url) = (client(), enforcing.url("/v1/transfers"));
         tokio::spawn(async move {
@@ -757,10 +720,7 @@ async fn back_in_observe_mode_a_record_held_in_progress_refuses_nothing() {
                 .await
         })
     };
-    eventually(Duration::from_secs(5), "upstream reached", || {
-        up.hits() == 1
-    })
-    .await;
+    upstream_reached(&up, 1).await;
     state_becomes(&enforcing, "/v1/transfers", "held-ip", "in_progress").await;
     enforcing.kill();
     assert!(hung.await.unwrap().is_err());
@@ -770,6 +730,15 @@ async fn back_in_observe_mode_a_record_held_in_progress_refuses_nothing() {
         "in_progress"
     );
     forwarded_and_counted(&observing, &up, "held-ip", "in_progress").await;
+}
+
+/// An enforcing instance on `redis` with this lease and upstream timeout.
+fn enforcing_with(up: &Upstream, redis: &RedisServer, lease: &str, upstream_timeout: &str) -> Gate {
+    let env = [
+        ("IDEMGATE_DEFAULTS__LEASE", lease),
+        ("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", upstream_timeout),
+    ];
+    Gate::start(&up.url(), &redis.url(), &env)
 }
 
 /// A retry of `key` through an observing instance: forwarded (the upstream's second
@@ -794,14 +763,7 @@ async fn forwarded_and_counted(observing: &Gate, up: &Upstream, key: &str, would
 async fn back_in_observe_mode_a_record_held_unknown_refuses_nothing() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
-    let mut enforcing = Gate::start(
-        &up.url(),
-        &redis.url(),
-        &[
-            ("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", "1s"),
-            ("IDEMGATE_DEFAULTS__LEASE", "1s"),
-        ],
-    );
+    let mut enforcing = enforcing_with(&up, &redis, "1s", "1s");
     let c = client();
     let url = enforcing.url("/v1/transfers");
     let hung = post_url(&c, &url, Some("held-unknown"), "{}", &[(FAULT, "hang")]).await;

@@ -125,11 +125,8 @@ async fn a_known_sequence_is_counted_exactly(backend: Backend) {
 }
 
 async fn an_ambiguous_outcome_counts_one_unknown_record(backend: Backend) {
-    let up = Upstream::start().await;
-    up.set_mode(Mode::Hang);
-    let mut cfg = config(&up, &backend);
-    cfg.defaults.upstream_timeout = Duration::from_millis(200);
-    let app = spawn_app(cfg).await;
+    let timeout = Duration::from_millis(200);
+    let (_up, app) = hanging_upstream(&backend, timeout, |_| {}).await;
     let admin = app.admin_addr().unwrap();
     let c = client();
     let r = post(&c, &app, "/v1/transfers", Some("k-amb"), TRANSFER, &[]).await;

@@ -79,17 +79,9 @@ async fn retry_after_follows_the_routes_upstream_time(backend: Backend) {
     // One measurement: this route's upstream takes 2.5 s.
     let first = post(&c, &app, "/v1/transfers", Some("k-ra-0"), TRANSFER, &slow).await;
     assert_eq!(first.status, 201);
-    let running = {
-        let (c, addr) = (c.clone(), app.addr());
-        tokio::spawn(async move {
-            let url = format!("http://{addr}/v1/transfers");
-            post_url(&c, &url, Some("k-ra-1"), TRANSFER, &[(DELAY_MS, "2500")]).await
-        })
-    };
-    eventually(Duration::from_secs(5), "upstream reached", || {
-        up.hits() == 2
-    })
-    .await;
+    let url = format!("http://{}/v1/transfers", app.addr());
+    let running = post_in_background(&c, url, "k-ra-1", TRANSFER, &slow);
+    upstream_reached(&up, 2).await;
     let dup = post(&c, &app, "/v1/transfers", Some("k-ra-1"), TRANSFER, &slow).await;
     assert_eq!(dup.status, 409);
     let wait: u64 = dup.header("retry-after").unwrap().parse().unwrap();
@@ -182,29 +174,15 @@ async fn duplicate_while_in_flight_gets_409_with_retry_after(backend: Backend) {
     up.set_delay(Duration::from_millis(600));
     let app = spawn_app(config(&up, &backend)).await;
     let c = client();
-    let first = {
-        let (c, addr) = (c.clone(), app.addr());
-        tokio::spawn(async move {
-            c.post(format!("http://{addr}/v1/transfers"))
-                .header("content-type", "application/json")
-                .header("idempotency-key", "k-3")
-                .body(TRANSFER)
-                .send()
-                .await
-                .expect("first")
-                .status()
-        })
-    };
-    eventually(Duration::from_secs(5), "upstream reached", || {
-        up.hits() == 1
-    })
-    .await;
+    let url = format!("http://{}/v1/transfers", app.addr());
+    let first = post_in_background(&c, url, "k-3", TRANSFER, &[]);
+    upstream_reached(&up, 1).await;
     let dup = post(&c, &app, "/v1/transfers", Some("k-3"), TRANSFER, &[]).await;
     assert_eq!(dup.status, 409);
     assert!(dup.problem_type().ends_with("/in-progress"));
     assert_eq!(dup.header("retry-after"), Some("1"));
     assert_eq!(dup.header("idemgate-error"), Some("in-progress"));
-    assert_eq!(first.await.unwrap(), 201);
+    assert_eq!(first.await.unwrap().status, 201);
     let after = post(&c, &app, "/v1/transfers", Some("k-3"), TRANSFER, &[]).await;
     assert!(after.replayed());
     assert_eq!(up.hits(), 1);
@@ -398,11 +376,8 @@ async fn refused_upstream_is_502_and_released(backend: Backend) {
 }
 
 async fn upstream_timeout_is_504_and_held_as_unknown(backend: Backend) {
-    let up = Upstream::start().await;
-    up.set_mode(Mode::Hang);
-    let mut cfg = config(&up, &backend);
-    cfg.defaults.upstream_timeout = Duration::from_millis(300);
-    let app = spawn_app(cfg).await;
+    let timeout = Duration::from_millis(300);
+    let (up, app) = hanging_upstream(&backend, timeout, |_| {}).await;
     let c = client();
     let r = post(&c, &app, "/v1/transfers", Some("k-hang"), TRANSFER, &[]).await;
     assert_eq!(r.status, 504);
@@ -418,12 +393,11 @@ async fn upstream_timeout_is_504_and_held_as_unknown(backend: Backend) {
 }
 
 async fn on_ambiguous_release_frees_the_key(backend: Backend) {
-    let up = Upstream::start().await;
-    up.set_mode(Mode::Hang);
-    let mut cfg = config(&up, &backend);
-    cfg.defaults.upstream_timeout = Duration::from_millis(300);
-    cfg.defaults.on_ambiguous = OnAmbiguous::Release;
-    let app = spawn_app(cfg).await;
+    let timeout = Duration::from_millis(300);
+    let (up, app) = hanging_upstream(&backend, timeout, |c| {
+        c.defaults.on_ambiguous = OnAmbiguous::Release
+    })
+    .await;
     let c = client();
     let r = post(&c, &app, "/v1/transfers", Some("k-rel"), TRANSFER, &[]).await;
     assert_eq!(r.status, 504);
@@ -442,23 +416,9 @@ async fn lease_is_renewed_while_the_upstream_works(backend: Backend) {
     cfg.defaults.lease = Duration::from_millis(300);
     let app = spawn_app(cfg).await;
     let c = client();
-    let first = {
-        let (c, addr) = (c.clone(), app.addr());
-        tokio::spawn(async move {
-            c.post(format!("http://{addr}/v1/transfers"))
-                .header("content-type", "application/json")
-                .header("idempotency-key", "k-lease")
-                .body(TRANSFER)
-                .send()
-                .await
-                .expect("first")
-                .status()
-        })
-    };
-    eventually(Duration::from_secs(5), "upstream reached", || {
-        up.hits() == 1
-    })
-    .await;
+    let url = format!("http://{}/v1/transfers", app.addr());
+    let first = post_in_background(&c, url, "k-lease", TRANSFER, &[]);
+    upstream_reached(&up, 1).await;
     // Well past the unrenewed lease, the record must still read as in progress.
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -472,7 +432,7 @@ async fn lease_is_renewed_while_the_upstream_works(backend: Backend) {
             dup.body
         );
     }
-    assert_eq!(first.await.unwrap(), 201);
+    assert_eq!(first.await.unwrap().status, 201);
     let after = post(&c, &app, "/v1/transfers", Some("k-lease"), TRANSFER, &[]).await;
     assert!(after.replayed());
     assert_eq!(up.hits(), 1);
@@ -480,11 +440,8 @@ async fn lease_is_renewed_while_the_upstream_works(backend: Backend) {
 }
 
 async fn admin_inspects_and_releases_records(backend: Backend) {
-    let up = Upstream::start().await;
-    up.set_mode(Mode::Hang);
-    let mut cfg = config(&up, &backend);
-    cfg.defaults.upstream_timeout = Duration::from_millis(200);
-    let app = spawn_app(cfg).await;
+    let timeout = Duration::from_millis(200);
+    let (up, app) = hanging_upstream(&backend, timeout, |_| {}).await;
     let admin = app.admin_addr().expect("admin listener");
     let c = client();
     let r = post(&c, &app, "/v1/transfers", Some("k-admin"), TRANSFER, &[]).await;
@@ -500,31 +457,16 @@ async fn admin_inspects_and_releases_records(backend: Backend) {
         .unwrap();
     assert_eq!(view["state"], "unknown");
     assert!(view.get("body").is_none());
-    let health = c
-        .get(format!("http://{admin}/healthz"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(health.status(), 200);
-    let ready = c
-        .get(format!("http://{admin}/readyz"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(ready.status(), 200);
+    let status = |req: reqwest::RequestBuilder| async move { req.send().await.unwrap().status() };
+    let health = status(c.get(format!("http://{admin}/healthz"))).await;
+    assert_eq!(health, 200);
+    let ready = status(c.get(format!("http://{admin}/readyz"))).await;
+    assert_eq!(ready, 200);
     // After reconciling with the upstream, an operator releases the record.
-    let del = c
-        .delete(format!("http://{admin}/records/{id}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(del.status(), 200);
-    let gone = c
-        .get(format!("http://{admin}/records/{id}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(gone.status(), 404);
+    let del = status(c.delete(format!("http://{admin}/records/{id}"))).await;
+    assert_eq!(del, 200);
+    let gone = status(c.get(format!("http://{admin}/records/{id}"))).await;
+    assert_eq!(gone, 404);
     up.set_mode(Mode::Answer);
     let retry = post(&c, &app, "/v1/transfers", Some("k-admin"), TRANSFER, &[]).await;
     assert_eq!(retry.status, 201);

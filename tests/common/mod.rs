@@ -606,6 +606,49 @@ pub async fn post(
     .await
 }
 
+/// POSTs JSON to a full URL with a key in a task of its own: a request that stays in
+/// flight while the test goes on.
+pub fn post_in_background(
+    client: &reqwest::Client,
+    url: String,
+    key: &str,
+    body: &str,
+    extra: &[(&str, &str)],
+) -> tokio::task::JoinHandle<Answer> {
+    let (c, key, body) = (client.clone(), key.to_string(), body.to_string());
+    let extra: Vec<(String, String)> = extra
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    tokio::spawn(async move {
+        let extra: Vec<(&str, &str)> = extra.iter().map(|(k, v)| (&**k, &**v)).collect();
+        post_url(&c, &url, Some(&key), &body, &extra).await
+    })
+}
+
+/// An upstream that never answers (until `set_mode(Mode::Answer)`) and the proxy in front
+/// of it, which gives up after `upstream_timeout`; `tweak` changes the rest of its config.
+pub async fn hanging_upstream(
+    backend: &Backend,
+    upstream_timeout: Duration,
+    tweak: impl FnOnce(&mut Config),
+) -> (Upstream, Running) {
+    let up = Upstream::start().await;
+    up.set_mode(Mode::Hang);
+    let mut cfg = config(&up, backend);
+    cfg.defaults.upstream_timeout = upstream_timeout;
+    tweak(&mut cfg);
+    (up, spawn_app(cfg).await)
+}
+
+/// Waits (at most 5 s) until the upstream has seen `n` requests.
+pub async fn upstream_reached(up: &Upstream, n: usize) {
+    eventually(Duration::from_secs(5), "upstream reached", || {
+        up.hits() == n
+    })
+    .await;
+}
+
 /// Waits until `cond` holds, polling; panics after `limit`.
 pub async fn eventually(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     let until = Instant::now() + limit;

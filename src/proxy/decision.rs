@@ -1,0 +1,695 @@
+//! What a request *is*, decided before anything acts on it: pass it through, refuse it with
+//! which problem, or protect it as which operation (tenant, method, normalized path, key).
+//!
+//! Every rule about routes, methods, method overrides, paths, tenants and keys lives here,
+//! once, in code that does no I/O: [`decide`] reads a request head, and the body step
+//! ([`declared_too_large`], [`Refusal`] for a body that could not be read, [`fingerprint`])
+//! reads what the body adds. Enforcing acts on the value (`enforce.rs`); observing forwards
+//! the request as sent and counts what the same value says enforcing would have done
+//! (`observe.rs`). The route's mode is read here and nowhere else: it is
+//! [`Decision::mode`].
+
+use std::sync::Arc;
+
+use hyper::header::{HeaderMap, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::{Method, Response, Uri};
+
+use crate::admission;
+use crate::body::Body;
+use crate::config::{Forward, Mode, Policy, Settings};
+use crate::fingerprint::{self, Fingerprint, RequestParts};
+use crate::key::{self, IdempotencyKey};
+use crate::outcome::Outcome;
+use crate::problem::Problem;
+use crate::scope::client_cert::ClientCert;
+use crate::scope::method::{self, Overrides};
+use crate::scope::path::PathError;
+use crate::scope::{Tenant, TenantError, TenantSource};
+
+/// What idemgate does with one request, and under which policy and mode.
+pub(crate) struct Decision<'s> {
+    /// The policy of the route the path leads to (the defaults when it leads nowhere).
+    pub policy: &'s Arc<Policy>,
+    /// The method the upstream runs (a declared override's), or the request's own where
+    /// its overrides could not be read: what the record is scoped by and the log names.
+    pub method: Method,
+    /// Enforce: act on [`Decision::action`]. Observe: forward as sent, and count it.
+    pub mode: Mode,
+    /// The route protects this method, so the request is traced and logged as a protected
+    /// one even when it is then refused for its key or tenant, or forwarded for want of a
+    /// key.
+    pub traced: bool,
+    /// What to do.
+    pub action: Action,
+}
+
+/// The three things idemgate can do with a request.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// Forwarded as sent, unprotected, its body streamed.
+    PassThrough(Pass),
+    /// Answered with idemgate's own problem; nothing claimed or forwarded.
+    Refuse(Refusal),
+    /// Claimed, forwarded once and recorded, or answered from its record.
+    Protect(Operation),
+}
+
+/// Why a request passes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pass {
+    /// Nothing protects it: as if idemgate were absent.
+    Plain,
+    /// It carries a key on a method its route does not protect (`post` is not `POST`): a
+    /// client that expects protection and does not get it.
+    KeyIgnored,
+    /// A protected method without a key, on a route that does not require one.
+    NoKey,
+}
+
+impl Pass {
+    /// The outcome enforcing counts.
+    pub fn outcome(self) -> Outcome {
+        match self {
+            Pass::Plain => Outcome::Passthrough,
+            Pass::KeyIgnored | Pass::NoKey => Outcome::Unprotected,
+        }
+    }
+
+    /// What observing counts (`idemgate_observed_total{would}`); `None`: not counted.
+    pub fn would(self) -> Option<&'static str> {
+        match self {
+            Pass::Plain => None,
+            Pass::KeyIgnored | Pass::NoKey => Some("unprotected"),
+        }
+    }
+}
+
+/// A protected request, as the store will know it.
+#[derive(PartialEq, Eq)]
+pub(crate) struct Operation {
+    /// Its `Idempotency-Key` (or an alias's).
+    pub key: IdempotencyKey,
+    /// Who owns its record.
+    pub tenant: Tenant,
+    /// The path's normal form: what scope and fingerprint use.
+    pub scope_path: String,
+    /// The path enforcing forwards instead of the one sent (`None`: as sent). Only what
+    /// the route folds stays as the client wrote it: letter case on a case-insensitive
+    /// route, `;` parameters where it strips them, a format suffix it lists.
+    pub forward_path: Option<String>,
+}
+
+// The tenant is a credential's hash: left out of debug output, as the key's value is.
+impl std::fmt::Debug for Operation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Operation")
+            .field("key", &self.key)
+            .field("scope_path", &self.scope_path)
+            .field("forward_path", &self.forward_path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why enforcing would answer a request itself, before any claim: each is one problem
+/// type, and one `would` label of observe mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The path cannot be normalized safely, or is a spelling its route refuses.
+    InvalidPath(String),
+    /// A malformed declared override, or an undeclared one that names another method.
+    InvalidMethodOverride(String),
+    /// The route requires a key and there is none.
+    MissingKey,
+    /// The key header is malformed.
+    InvalidKey(String),
+    /// No tenant can be read.
+    MissingTenant(String),
+    /// The bearer token that names the tenant failed verification.
+    InvalidToken(String),
+    /// The body is larger than `max_body_bytes` (`decoded`: once its codings are undone).
+    BodyTooLarge {
+        /// `max_body_bytes`.
+        max: u64,
+        /// Measured after `Content-Encoding` was decoded.
+        decoded: bool,
+    },
+    /// The body carries trailer fields, which are outside its fingerprint.
+    TrailersNotSupported,
+    /// The body ended early or was malformed.
+    BodyUnreadable,
+    /// The body did not arrive within `body_read_timeout`.
+    BodyTimeout,
+    /// Not admitted: no slot, or the budget of held bodies is spent.
+    Overloaded(admission::Refusal),
+    /// This instance's scope secret disagrees with the store's.
+    SecretDisagrees,
+}
+
+impl Refusal {
+    /// The `would` label observe mode counts it under.
+    pub fn would(&self) -> &'static str {
+        match self {
+            Refusal::InvalidPath(_) => "invalid_path",
+            Refusal::InvalidMethodOverride(_) => "invalid_method_override",
+            Refusal::MissingKey => "missing_key",
+            Refusal::InvalidKey(_) => "invalid_key",
+            Refusal::MissingTenant(_) => "missing_tenant",
+            Refusal::InvalidToken(_) => "invalid_token",
+            Refusal::BodyTooLarge { .. } => "body_too_large",
+            Refusal::TrailersNotSupported => "trailers_not_supported",
+            Refusal::BodyUnreadable => "body_unreadable",
+            Refusal::BodyTimeout => "body_timeout",
+            Refusal::Overloaded(admission::Refusal::BuffersFull) => "buffers_full",
+            Refusal::Overloaded(_) => "overloaded",
+            Refusal::SecretDisagrees => "store_unavailable",
+        }
+    }
+
+    /// The outcome enforcing counts.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Refusal::Overloaded(_) => Outcome::Overloaded,
+            Refusal::SecretDisagrees => Outcome::StoreError,
+            _ => Outcome::Rejected,
+        }
+    }
+
+    /// The problem enforcing answers with; `overloaded` makes the one of
+    /// [`Refusal::Overloaded`], whose `Retry-After` the proxy's slots know.
+    pub fn response(
+        &self,
+        overloaded: impl FnOnce(admission::Refusal) -> Response<Body>,
+    ) -> Response<Body> {
+        let res = match self {
+            Refusal::InvalidPath(detail) => Problem::InvalidPath.response(detail, None, None),
+            Refusal::InvalidMethodOverride(detail) => {
+                Problem::InvalidMethodOverride.response(detail, None, None)
+            }
+            Refusal::MissingKey => Problem::MissingKey.response(
+                "send an Idempotency-Key header with a unique value per operation",
+                None,
+                None,
+            ),
+            Refusal::InvalidKey(detail) => Problem::InvalidKey.response(detail, None, None),
+            Refusal::MissingTenant(detail) => Problem::MissingTenant.response(detail, None, None),
+            Refusal::InvalidToken(detail) => {
+                let mut res = Problem::InvalidToken.response(detail, None, None);
+                res.headers_mut().insert(
+                    WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer error=\"invalid_token\""),
+                );
+                res
+            }
+            Refusal::BodyTooLarge { max, decoded } => {
+                let decoded = if *decoded { ", decoded (Content-Encoding)" } else { "" };
+                let detail = format!("protected request bodies are limited to {max} bytes{decoded}");
+                Problem::BodyTooLarge.response(detail, None, None)
+            }
+            Refusal::TrailersNotSupported => Problem::TrailersNotSupported.response(
+                "protected requests cannot carry trailer fields; send them as headers",
+                None,
+                None,
+            ),
+            Refusal::BodyUnreadable => Problem::BodyUnreadable.response(
+                "the request body ended early or was malformed",
+                None,
+                None,
+            ),
+            Refusal::BodyTimeout => Problem::BodyTimeout.response(
+                "the request body did not arrive within body_read_timeout",
+                None,
+                None,
+            ),
+            Refusal::Overloaded(why) => overloaded(*why),
+            Refusal::SecretDisagrees => Problem::StoreUnavailable.response(
+                "this instance's scope secret differs from the store's, so its record ids are not the fleet's; nothing was done, retry (another instance will answer)",
+                None,
+                Some(1),
+            ),
+        };
+        res
+    }
+}
+
+/// Decides what a request is from its head: the route its path leads to, the method the
+/// upstream will run, and for a protected request its key and tenant.
+pub(crate) fn decide<'s>(
+    settings: &'s Settings,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    cert: Option<&ClientCert>,
+) -> Decision<'s> {
+    let routed = match settings.route(uri.path()) {
+        Ok(routed) => routed,
+        Err(e) => return unroutable(settings, method, uri, headers, e),
+    };
+    let policy = routed.policy;
+    let decision = |method: Method, traced: bool, action: Action| Decision {
+        policy,
+        method,
+        mode: policy.mode,
+        traced,
+        action,
+    };
+    // The method the upstream will run. Which requests an unseen override refuses: those
+    // where the request's method *or* a method an override names is protected on this
+    // route. idemgate cannot know which of the two the upstream runs, and if either is
+    // protected, scoping by one of them could be wrong: by the request's method, `POST`
+    // + `X-HTTP-Method-Override: DELETE` would replay a `POST`'s answer for a `DELETE`;
+    // ignoring the header, `GET` + `X-HTTP-Method-Override: POST` would run a protected
+    // `POST` unprotected. Where neither is protected, whatever the upstream runs passes
+    // through anyway, as it would without idemgate.
+    let overrides = match method::read(
+        method,
+        headers,
+        uri.query(),
+        &policy.method_override_headers,
+    ) {
+        Ok(o) => o,
+        // A declared header that names no method, or two: what runs is unknown.
+        Err(e) if !policy.methods.is_empty() => {
+            let refusal = Refusal::InvalidMethodOverride(e.to_string());
+            return decision(method.clone(), false, Action::Refuse(refusal));
+        }
+        Err(_) => Overrides {
+            declared: None,
+            unseen: Vec::new(),
+        },
+    };
+    let effective = overrides.effective(method).clone();
+    if let Some(detail) = unseen_override(policy, &overrides, &effective) {
+        let refusal = Refusal::InvalidMethodOverride(detail);
+        return decision(effective, false, Action::Refuse(refusal));
+    }
+    // A spelling this route refuses (`;` parameters, an unlisted format suffix): the
+    // framework behind it may route it to the protected handler as another operation.
+    if let Some(e) = routed.refused.filter(|_| policy.protects(&effective)) {
+        let refusal = Refusal::InvalidPath(e.to_string());
+        return decision(effective, false, Action::Refuse(refusal));
+    }
+    if !policy.protects(&effective) {
+        let keyed = policy.key_headers.iter().any(|h| headers.contains_key(h));
+        let pass = if keyed { Pass::KeyIgnored } else { Pass::Plain };
+        return decision(effective, false, Action::PassThrough(pass));
+    }
+    let key = match key::parse_any(headers, &policy.key_headers, policy.max_key_length) {
+        Ok(Some(key)) => key,
+        Ok(None) if policy.require_key => {
+            return decision(effective, true, Action::Refuse(Refusal::MissingKey))
+        }
+        Ok(None) => return decision(effective, true, Action::PassThrough(Pass::NoKey)),
+        Err(e) => {
+            let refusal = Refusal::InvalidKey(e.to_string());
+            return decision(effective, true, Action::Refuse(refusal));
+        }
+    };
+    let tenant = match tenant(settings, headers, cert, policy) {
+        Ok(tenant) => tenant,
+        Err(refusal) => return decision(effective, true, Action::Refuse(refusal)),
+    };
+    // Scope and fingerprint use the path's normal form; the upstream gets it too, so that
+    // what was scoped as one operation is sent as one request.
+    let scope_path = routed
+        .normalized
+        .clone()
+        .unwrap_or_else(|| uri.path().to_string());
+    let forward_path = match routed.forward {
+        Forward::Normalized => routed.normalized,
+        Forward::AsSent => None,
+        Forward::Path(p) => Some(p),
+    };
+    let operation = Operation {
+        key,
+        tenant,
+        scope_path,
+        forward_path,
+    };
+    decision(effective, true, Action::Protect(operation))
+}
+
+/// A path that routes nowhere (it cannot be normalized safely): refused where a route that
+/// enforces protects its method; where only observing routes do, observed as that refusal
+/// (on no route: none could be matched); elsewhere it would pass through wherever it led.
+fn unroutable<'s>(
+    settings: &'s Settings,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    e: PathError,
+) -> Decision<'s> {
+    let policy = &settings.default_policy;
+    // An override naming a method that is protected somewhere counts too: the upstream
+    // would run that method.
+    let overridden = |protects: &dyn Fn(&Method) -> bool| {
+        method::read(method, headers, uri.query(), &[])
+            .map(|o| o.unseen.iter().any(|m| m.as_ref().is_some_and(protects)))
+            .unwrap_or(false)
+    };
+    let enforced = |m: &Method| settings.enforces_anywhere(m);
+    let observed = |m: &Method| settings.protects_anywhere(m);
+    let (mode, action) = if enforced(method) || overridden(&enforced) {
+        (
+            Mode::Enforce,
+            Action::Refuse(Refusal::InvalidPath(e.to_string())),
+        )
+    } else if observed(method) || overridden(&observed) {
+        (
+            Mode::Observe,
+            Action::Refuse(Refusal::InvalidPath(e.to_string())),
+        )
+    } else {
+        (policy.mode, Action::PassThrough(Pass::Plain))
+    };
+    Decision {
+        policy,
+        method: method.clone(),
+        mode,
+        traced: false,
+        action,
+    }
+}
+
+/// The refusal's detail when an override the route does not declare names a method that
+/// matters here (see [`decide`]).
+fn unseen_override(policy: &Policy, overrides: &Overrides, effective: &Method) -> Option<String> {
+    if overrides.unseen.is_empty() {
+        return None;
+    }
+    let protected = policy.protects(effective)
+        || overrides.unseen.iter().any(|m| match m {
+            Some(m) => policy.protects(m),
+            None => !policy.methods.is_empty(),
+        });
+    if !protected {
+        return None;
+    }
+    let named: Vec<&str> = overrides
+        .unseen
+        .iter()
+        .map(|m| m.as_ref().map_or("(not a method)", |m| m.as_str()))
+        .collect();
+    Some(format!(
+        "this request is {} but a method override names {}; this route does not declare that override (method_override_headers), so idemgate cannot tell which method the upstream runs: send the method itself",
+        effective,
+        named.join(", ")
+    ))
+}
+
+/// The tenant of a protected request, or why it is refused.
+fn tenant(
+    settings: &Settings,
+    headers: &HeaderMap,
+    cert: Option<&ClientCert>,
+    policy: &Policy,
+) -> Result<Tenant, Refusal> {
+    match settings.tenant(headers, cert, policy) {
+        Ok(Some(tenant)) => Ok(tenant),
+        Ok(None) => {
+            let detail = match &policy.tenant {
+                TenantSource::Headers(names) if names.is_empty() => "this route reads no tenant headers and does not share an anonymous scope".to_string(),
+                TenantSource::Headers(names) => format!(
+                    "send one of the headers that name the tenant ({}); requests without a tenant are not accepted on this route",
+                    names.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
+                ),
+                TenantSource::JwtClaim(claim) => format!("send a bearer token whose `{claim}` claim names the tenant"),
+                TenantSource::ClientCert(_) => "connect with a client certificate: this route reads the tenant from it".to_string(),
+            };
+            Err(Refusal::MissingTenant(detail))
+        }
+        Err(TenantError::Certificate(why)) => Err(Refusal::MissingTenant(why)),
+        Err(e) => Err(Refusal::InvalidToken(e.to_string())),
+    }
+}
+
+/// The body step, before reading: a body its `Content-Length` already shows to be larger
+/// than `max` bytes.
+pub(crate) fn declared_too_large(headers: &HeaderMap, max: u64) -> Option<Refusal> {
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    declared
+        .filter(|n| *n > max)
+        .map(|_| Refusal::BodyTooLarge {
+            max,
+            decoded: false,
+        })
+}
+
+/// What the fingerprint takes of a request's body: as sent, its codings, and its content
+/// when decoded.
+#[derive(Clone, Copy)]
+pub(crate) struct Content<'a> {
+    pub encoding: Option<&'a str>,
+    pub body: &'a [u8],
+    pub decoded: Option<&'a [u8]>,
+}
+
+/// What the fingerprint reads of a request: the method it is scoped by, the path's normal
+/// form, its query, its content type and its body's content.
+pub(crate) fn request_parts<'a>(
+    method: &'a Method,
+    scope_path: &'a str,
+    uri: &'a Uri,
+    headers: &'a HeaderMap,
+    content: Content<'a>,
+) -> RequestParts<'a> {
+    RequestParts {
+        method: method.as_str(),
+        path: scope_path,
+        query: uri.query(),
+        content_type: headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()),
+        content_encoding: content.encoding,
+        body: content.body,
+        decoded: content.decoded,
+    }
+}
+
+/// The body step, once the body is read: the operation's fingerprint in the current
+/// version.
+pub(crate) fn fingerprint(
+    policy: &Policy,
+    method: &Method,
+    operation: &Operation,
+    uri: &Uri,
+    headers: &HeaderMap,
+    content: Content<'_>,
+) -> Fingerprint {
+    let parts = request_parts(method, &operation.scope_path, uri, headers, content);
+    fingerprint::fingerprint_with(&parts, &policy.fingerprint_rules())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use figment::providers::{Format, Serialized, Toml};
+    use figment::Figment;
+
+    use crate::config::Config;
+
+    const ROUTES: &str = r#"
+        [[routes]]
+        path = "/v1/transfers"
+        methods = ["POST"]
+        require_key = true
+
+        [[routes]]
+        path = "/v1/observed"
+        mode = "observe"
+
+        [[routes]]
+        path = "/v1/shared"
+        anonymous = "shared"
+        tenant_headers = []
+
+        [[routes]]
+        path = "/v1/overridden"
+        method_override_headers = ["X-HTTP-Method-Override"]
+        methods = ["POST", "DELETE"]
+
+        [[routes]]
+        path = "/v1/strict"
+        path_params = "refuse"
+    "#;
+
+    fn settings() -> Settings {
+        let figment =
+            Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(ROUTES));
+        Config::load(figment).expect("the test configuration is valid")
+    }
+
+    /// What a decision says, in one comparable line.
+    fn summary(d: &Decision<'_>) -> String {
+        let route = d.policy.route.as_deref().unwrap_or("default");
+        let mode = match d.mode {
+            Mode::Enforce => "enforce",
+            Mode::Observe => "observe",
+        };
+        let action = match &d.action {
+            Action::PassThrough(pass) => format!("pass {pass:?}"),
+            Action::Refuse(r) => format!("refuse {}", r.would()),
+            Action::Protect(op) => format!(
+                "protect {} key={} forward={}",
+                op.scope_path,
+                op.key.as_str(),
+                op.forward_path.as_deref().unwrap_or("-")
+            ),
+        };
+        format!("{mode} {route} {} {action}", d.method)
+    }
+
+    fn decided(s: &Settings, method: &str, uri: &str, headers: &[(&str, &str)]) -> String {
+        let method = Method::from_bytes(method.as_bytes()).expect("a method");
+        let uri: Uri = uri.parse().expect("a URI");
+        let mut h = HeaderMap::new();
+        for (n, v) in headers {
+            h.append(
+                hyper::header::HeaderName::from_bytes(n.as_bytes()).expect("a header name"),
+                HeaderValue::from_str(v).expect("a header value"),
+            );
+        }
+        summary(&decide(s, &method, &uri, &h, None))
+    }
+
+    /// Method, URI, headers, and the decision's summary.
+    type Row = (
+        &'static str,
+        &'static str,
+        &'static [(&'static str, &'static str)],
+        &'static str,
+    );
+
+    const AUTH: (&str, &str) = ("authorization", "Bearer alice");
+    const KEY: (&str, &str) = ("idempotency-key", "k1");
+
+    #[test]
+    fn request_heads_decide_as_the_table_says() {
+        let s = settings();
+        #[rustfmt::skip]
+        let table: &[Row] = &[
+            // Nothing protects it.
+            ("GET", "/v1/transfers", &[], "enforce /v1/transfers GET pass Plain"),
+            ("GET", "/anything", &[KEY], "enforce default GET pass KeyIgnored"),
+            ("post", "/v1/other", &[KEY, AUTH], "enforce default post pass KeyIgnored"),
+            ("PATCH", "/v1/transfers", &[KEY, AUTH], "enforce /v1/transfers PATCH pass KeyIgnored"),
+            ("POST", "/v1/other", &[AUTH], "enforce default POST pass NoKey"),
+            // Refused before the body.
+            ("POST", "/v1/transfers", &[AUTH], "enforce /v1/transfers POST refuse missing_key"),
+            ("POST", "/v1/other", &[("idempotency-key", ""), AUTH], "enforce default POST refuse invalid_key"),
+            ("POST", "/v1/other", &[KEY], "enforce default POST refuse missing_tenant"),
+            ("POST", "/v1/a%2Fb", &[KEY, AUTH], "enforce default POST refuse invalid_path"),
+            ("GET", "/v1/a%2Fb", &[KEY], "enforce default GET pass Plain"),
+            ("GET", "/v1/a%2Fb", &[("x-http-method-override", "POST")], "enforce default GET refuse invalid_path"),
+            ("POST", "/v1/strict;jsessionid=1", &[KEY, AUTH], "enforce /v1/strict POST refuse invalid_path"),
+            ("GET", "/v1/strict;jsessionid=1", &[], "enforce /v1/strict GET pass Plain"),
+            ("POST", "/v1/other", &[KEY, AUTH, ("x-http-method-override", "DELETE")], "enforce default POST refuse invalid_method_override"),
+            ("GET", "/v1/other", &[("x-http-method-override", "POST")], "enforce default GET refuse invalid_method_override"),
+            ("GET", "/v1/other?_method=PATCH", &[], "enforce default GET refuse invalid_method_override"),
+            ("GET", "/v1/other", &[("x-http-method-override", "PUT")], "enforce default GET pass Plain"),
+            ("POST", "/v1/overridden", &[KEY, AUTH, ("x-http-method-override", "not a method")], "enforce /v1/overridden POST refuse invalid_method_override"),
+            // Protected, as which operation.
+            ("POST", "/v1/transfers", &[KEY, AUTH], "enforce /v1/transfers POST protect /v1/transfers key=k1 forward=-"),
+            ("POST", "/v1/transfers//x/", &[KEY, AUTH], "enforce /v1/transfers POST protect /v1/transfers/x key=k1 forward=/v1/transfers/x"),
+            ("POST", "/v1/other", &[("idempotency-key", "\"quoted\""), AUTH], "enforce default POST protect /v1/other key=quoted forward=-"),
+            ("PATCH", "/v1/shared/1", &[KEY], "enforce /v1/shared PATCH protect /v1/shared/1 key=k1 forward=-"),
+            ("POST", "/v1/overridden", &[KEY, AUTH, ("x-http-method-override", "DELETE")], "enforce /v1/overridden DELETE protect /v1/overridden key=k1 forward=-"),
+            ("PUT", "/v1/overridden", &[KEY, AUTH, ("x-http-method-override", "post")], "enforce /v1/overridden POST protect /v1/overridden key=k1 forward=-"),
+            // Observed routes decide the same; only the mode differs.
+            ("POST", "/v1/observed", &[KEY, AUTH], "observe /v1/observed POST protect /v1/observed key=k1 forward=-"),
+            ("POST", "/v1/observed", &[KEY], "observe /v1/observed POST refuse missing_tenant"),
+            ("POST", "/v1/observed", &[AUTH], "observe /v1/observed POST pass NoKey"),
+            ("GET", "/v1/observed", &[KEY], "observe /v1/observed GET pass KeyIgnored"),
+        ];
+        for (method, uri, headers, want) in table {
+            assert_eq!(
+                decided(&s, method, uri, headers),
+                *want,
+                "{method} {uri} {headers:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unroutable_path_is_observed_where_only_observing_routes_protect_its_method() {
+        let figment = Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(
+            r#"
+            [defaults]
+            methods = ["POST"]
+            mode = "observe"
+            [[routes]]
+            path = "/v1/enforced"
+            methods = ["PUT"]
+            mode = "enforce"
+            "#,
+        ));
+        let s = Config::load(figment).expect("valid");
+        let table = [
+            ("POST", "observe default POST refuse invalid_path"),
+            ("PUT", "enforce default PUT refuse invalid_path"),
+            ("GET", "observe default GET pass Plain"),
+        ];
+        for (method, want) in table {
+            assert_eq!(decided(&s, method, "/a%2Fb", &[KEY, AUTH]), want);
+        }
+    }
+
+    #[test]
+    fn the_tenant_is_the_principal_or_the_shared_anonymous_scope() {
+        let s = settings();
+        let tenant = |uri: &str, auth: Option<&str>| {
+            let mut h = HeaderMap::new();
+            h.insert("idempotency-key", HeaderValue::from_static("k"));
+            if let Some(a) = auth {
+                h.insert("authorization", HeaderValue::from_str(a).expect("a value"));
+            }
+            let uri: Uri = uri.parse().expect("a URI");
+            match decide(&s, &Method::POST, &uri, &h, None).action {
+                Action::Protect(op) => op.tenant,
+                other => panic!("not protected: {other:?}"),
+            }
+        };
+        let alice = tenant("/v1/other", Some("Bearer alice"));
+        assert_eq!(alice, tenant("/v1/other", Some("bearer alice")));
+        assert_ne!(alice, tenant("/v1/other", Some("Bearer bob")));
+        assert!(tenant("/v1/shared", None) == Tenant::anonymous());
+    }
+
+    #[test]
+    fn refusals_answer_with_their_problem_and_count_as_rejected() {
+        let table = [
+            (Refusal::MissingKey, 400, Outcome::Rejected),
+            (Refusal::InvalidKey("x".into()), 400, Outcome::Rejected),
+            (Refusal::InvalidToken("x".into()), 401, Outcome::Rejected),
+            (
+                Refusal::BodyTooLarge {
+                    max: 1,
+                    decoded: true,
+                },
+                413,
+                Outcome::Rejected,
+            ),
+            (Refusal::SecretDisagrees, 503, Outcome::StoreError),
+        ];
+        for (refusal, status, outcome) in table {
+            let res = refusal.response(|_| panic!("not overloaded"));
+            assert_eq!(res.status().as_u16(), status, "{refusal:?}");
+            assert_eq!(refusal.outcome(), outcome, "{refusal:?}");
+        }
+        let overloaded = Refusal::Overloaded(admission::Refusal::QueueFull);
+        let res = overloaded.response(|_| Response::new(crate::body::full("")));
+        assert_eq!(res.status().as_u16(), 200, "made by the caller");
+        assert_eq!(overloaded.outcome(), Outcome::Overloaded);
+    }
+
+    #[test]
+    fn a_declared_length_over_the_limit_is_refused_before_reading() {
+        let mut h = HeaderMap::new();
+        assert_eq!(declared_too_large(&h, 10), None);
+        h.insert(CONTENT_LENGTH, HeaderValue::from_static("10"));
+        assert_eq!(declared_too_large(&h, 10), None);
+        h.insert(CONTENT_LENGTH, HeaderValue::from_static("11"));
+        let refusal = declared_too_large(&h, 10);
+        assert_eq!(refusal.as_ref().map(Refusal::would), Some("body_too_large"));
+    }
+}

@@ -1,0 +1,435 @@
+//! The upstream exchange of a claimed request and its record: forwarded in a task of its
+//! own (so it completes when the client has gone), the lease renewed while the upstream
+//! works, and the record settled: completed, released (provably not sent) or unknown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hyper::header::{HeaderValue, CONTENT_LENGTH, DATE, SET_COOKIE};
+use hyper::{Request, Response};
+use tracing::Span;
+
+use crate::admission::Slot;
+use crate::answer::{self, Answer};
+use crate::body::{self, Body};
+use crate::config::{OnAmbiguous, Policy, RecordMode};
+use crate::key::RecordId;
+use crate::outcome::Outcome;
+use crate::problem::Problem;
+use crate::request_id::X_REQUEST_ID;
+use crate::store::{deadline, ClaimRequest, OwnerToken, StoreError, StoredResponse};
+use crate::telemetry::{self, Step};
+use crate::upstream::{self, Failure};
+
+use super::claim::release_in_background;
+use super::{log_request, Line, Proxy, Shared, UpstreamLatency};
+
+impl Proxy {
+    /// Forwards a request whose claim this instance holds. From here on the work runs in
+    /// its own task: a client that hangs up must never cut a claim off from its exchange
+    /// and its record.
+    pub(super) async fn forward_claimed(&self, protected: Protected) -> Response<Body> {
+        let (policy, peer, observed) = (protected.policy, protected.peer, protected.observed);
+        let (id, span) = (protected.claim.id, protected.span);
+        let claimed = Claimed {
+            id,
+            owner: protected.claim.owner,
+            policy: policy.clone(),
+            request: protected.request,
+            slot: protected.slot,
+            span: span.clone(),
+        };
+        let (method, request_id, started) =
+            (protected.method, protected.request_id, protected.started);
+        let this = self.clone();
+        // Boxed: the exchange → record state machine is several kilobytes, and tokio
+        // moves an unboxed future by value into the task and out again.
+        let task = self.shared.tasks.spawn(Box::pin(async move {
+            let (res, outcome) = exchange(&this.shared, claimed, peer).await;
+            let outcome = if observed {
+                // Counted here, where the exchange ends whether or not its client waited:
+                // the record's first 2xx, against which later ones are duplicates.
+                let route = policy.route.as_deref().unwrap_or("default");
+                this.shared
+                    .metrics
+                    .observed_answer(route, id, res.status().as_u16());
+                Outcome::Observed
+            } else {
+                outcome
+            };
+            let metrics = &this.shared.metrics;
+            let line = Line {
+                method: &method,
+                policy: &policy,
+                request_id: &request_id,
+                span: &span,
+                started,
+            };
+            log_request(metrics, &res, outcome, Some(id), &line);
+            res
+        }));
+        match task.await {
+            // It ran: its answer is sent whatever the budget says, and counted while it is.
+            Ok(res) => {
+                let buffers = self.shared.buffers.clone();
+                res.map(|b| {
+                    let n = usize::try_from(hyper::body::Body::size_hint(&b).lower()).unwrap_or(0);
+                    body::holding(b, buffers.take(n))
+                })
+            }
+            // Only a panic gets here. Its claim stays in progress and its lease runs out
+            // to `unknown`, so nothing is executed twice.
+            Err(e) => {
+                tracing::error!(record = %id, error = %e, "request task failed");
+                Problem::UpstreamTimeout.response(
+                    "internal error; the outcome is unknown",
+                    Some(&id),
+                    None,
+                )
+            }
+        }
+    }
+}
+
+/// A protected request that owns its claim, on its way upstream.
+pub(super) struct Claimed {
+    pub(super) id: RecordId,
+    pub(super) owner: OwnerToken,
+    pub(super) policy: Arc<Policy>,
+    pub(super) request: Request<Body>,
+    // Held until the exchange and its record are done.
+    pub(super) slot: Slot,
+    // The request's span (none with tracing off): parent of the upstream and record spans.
+    pub(super) span: Span,
+}
+
+/// An upstream's whole answer on its way into its record.
+pub(super) struct Recording {
+    id: RecordId,
+    owner: OwnerToken,
+    stored: StoredResponse,
+    // The request's span: parent of the record's.
+    span: Span,
+    // Bounds how long the record may take (see `record_deadline`).
+    upstream_timeout: Duration,
+    // How long the record is kept instead of the route's retention (an answer that shows
+    // nothing ran), if it is.
+    retain: Option<Duration>,
+}
+
+/// A protected request between its claim and its answer, with what its log line needs.
+pub(super) struct Protected {
+    pub(super) claim: ClaimRequest,
+    pub(super) request: Request<Body>,
+    pub(super) policy: Arc<Policy>,
+    pub(super) peer: SocketAddr,
+    pub(super) method: hyper::Method,
+    pub(super) request_id: HeaderValue,
+    pub(super) span: Span,
+    pub(super) started: Instant,
+    pub(super) slot: Slot,
+    // On an observed route: logged and counted as `observed`.
+    pub(super) observed: bool,
+}
+
+/// Why an exchange produced no complete answer.
+pub(super) enum ExchangeError {
+    Request(hyper_util::client::legacy::Error),
+    Body(hyper::Error),
+    Timeout,
+}
+
+/// Forwards a claimed request, keeps its lease alive while the upstream works, and settles
+/// the record: completed, released (provably not sent) or unknown.
+pub(super) async fn exchange(
+    shared: &Arc<Shared>,
+    claimed: Claimed,
+    peer: SocketAddr,
+) -> (Response<Body>, Outcome) {
+    let Claimed {
+        id,
+        owner,
+        policy,
+        mut request,
+        slot,
+        span,
+    } = claimed;
+    upstream::prepare(&mut request, &shared.settings.upstream, peer);
+    upstream::close_after(&mut request);
+    let upstream_span = telemetry::child(&span, Step::Upstream);
+    // The upstream continues the trace under idemgate's span (with tracing off, the
+    // client's traceparent passes as it came).
+    telemetry::inject(&upstream_span, request.headers_mut());
+    let call = async {
+        let res = shared
+            .fresh
+            .request(request)
+            .await
+            .map_err(ExchangeError::Request)?;
+        let (parts, body) = res.into_parts();
+        let answer = answer::read(&parts.headers, body, policy.max_response_bytes)
+            .await
+            .map_err(ExchangeError::Body)?;
+        Ok::<_, ExchangeError>((parts, answer))
+    };
+    let timed = async {
+        tokio::time::timeout(policy.upstream_timeout, call)
+            .await
+            .unwrap_or(Err(ExchangeError::Timeout))
+    };
+    let sent = Instant::now();
+    let result = renewing_lease(shared, &id, &owner, policy.lease, timed).await;
+    drop(upstream_span);
+    let latency = UpstreamLatency(sent.elapsed());
+    shared.metrics.upstream(latency.0);
+    let store_timeout = shared.settings.config.store_timeout;
+    let store = &shared.store;
+    let (mut res, outcome) = match result {
+        // An answer that says the upstream did nothing (`release_on_status`): passed on, and
+        // the claim released so that the retry executes.
+        Ok((mut parts, answer)) if policy.release_on_status.contains(&parts.status.as_u16()) => {
+            upstream::strip_hop_by_hop(&mut parts.headers);
+            let status = parts.status.as_u16();
+            tracing::info!(record = %id, status, "answer not recorded (release_on_status); releasing the claim");
+            let linger = policy.retention;
+            if let Err(e) = deadline(store_timeout, store.release(&id, &owner, linger)).await {
+                tracing::warn!(record = %id, error = %e, "could not release the claim; trying again in the background");
+                release_in_background(shared, id, owner, linger);
+            }
+            (
+                Response::from_parts(
+                    parts,
+                    match answer {
+                        Answer::Whole(bytes) => body::full(bytes),
+                        Answer::TooLarge { read, rest } => body::prefixed(read, rest),
+                    },
+                ),
+                Outcome::Released,
+            )
+        }
+        Ok((mut parts, Answer::TooLarge { read, rest })) => {
+            policy.upstream_time.observe(latency.0);
+            upstream::strip_hop_by_hop(&mut parts.headers);
+            let status = parts.status.as_u16();
+            tracing::info!(record = %id, status, max_response_bytes = policy.max_response_bytes, "answer larger than max_response_bytes: streamed to the client, recorded without its body");
+            record_not_kept(shared, &id, &owner, status).await;
+            (
+                Response::from_parts(parts, body::prefixed(read, rest)),
+                Outcome::Forwarded,
+            )
+        }
+        Ok((mut parts, Answer::Whole(bytes))) => {
+            policy.upstream_time.observe(latency.0);
+            upstream::strip_hop_by_hop(&mut parts.headers);
+            let stored = StoredResponse {
+                status: parts.status.as_u16(),
+                headers: parts
+                    .headers
+                    .iter()
+                    // The request id names one request; a replay carries its own.
+                    .filter(|(n, _)| ![DATE, SET_COOKIE, CONTENT_LENGTH, X_REQUEST_ID].contains(n))
+                    .map(|(n, v)| (n.as_str().to_string(), Bytes::copy_from_slice(v.as_bytes())))
+                    .collect(),
+                body: bytes.clone(),
+            };
+            // An answer that shows nothing ran (401, 403, 407 by default) is kept only
+            // briefly: a flood of made-up credentials, each a tenant of its own, must not
+            // hold the store for a day.
+            let retain = policy
+                .short_retention_statuses
+                .contains(&stored.status)
+                .then_some(policy.short_retention);
+            let recording = Recording {
+                id,
+                owner,
+                stored,
+                span: span.clone(),
+                upstream_timeout: policy.upstream_timeout,
+                retain,
+            };
+            match policy.record_mode {
+                RecordMode::BeforeResponse => record_answer(shared, &recording).await,
+                // The client's answer goes out now; the record is written meanwhile, in a
+                // task that shutdown waits for and that keeps the in-flight slot until it
+                // is done. Until it lands, the claim stays in progress under its lease: a
+                // retry gets 409, and should this process die first, the lease runs out to
+                // `unknown`. Never a second execution.
+                RecordMode::AfterResponse => {
+                    let shared = Arc::clone(shared);
+                    shared.tasks.clone().spawn(async move {
+                        record_answer(&shared, &recording).await;
+                        drop(slot);
+                    });
+                }
+            }
+            (
+                Response::from_parts(parts, body::chunked(bytes)),
+                Outcome::Forwarded,
+            )
+        }
+        Err(ExchangeError::Request(e)) if upstream::classify(&e) == Failure::NotSent => {
+            tracing::warn!(record = %id, error = %upstream::describe(&e), "upstream unreachable; releasing the claim");
+            let linger = policy.retention;
+            if let Err(e) = deadline(store_timeout, store.release(&id, &owner, linger)).await {
+                tracing::warn!(record = %id, error = %e, "could not release the claim; trying again in the background");
+                release_in_background(shared, id, owner, linger);
+            }
+            let res = Problem::UpstreamUnreachable.response(
+                "the upstream could not be reached, or refused the request before processing it; nothing was executed and the request may be retried",
+                Some(&id),
+                Some(1),
+            );
+            (res, Outcome::UpstreamError)
+        }
+        Err(e) => {
+            let why = match &e {
+                ExchangeError::Timeout => {
+                    "the upstream did not answer within upstream_timeout".to_string()
+                }
+                ExchangeError::Request(e) => {
+                    format!(
+                        "the upstream connection failed after sending: {}",
+                        upstream::describe(e)
+                    )
+                }
+                ExchangeError::Body(e) => format!("the upstream's answer broke off: {e}"),
+            };
+            tracing::warn!(record = %id, reason = %why, "upstream outcome unknown");
+            let settled = match policy.on_ambiguous {
+                OnAmbiguous::Hold => deadline(store_timeout, store.mark_unknown(&id, &owner)).await,
+                OnAmbiguous::Release => {
+                    deadline(store_timeout, store.release(&id, &owner, policy.retention)).await
+                }
+            };
+            if let Err(e) = settled {
+                tracing::error!(record = %id, error = %e, "could not settle the record; it will read as unknown once its lease runs out");
+            }
+            let detail = match policy.on_ambiguous {
+                OnAmbiguous::Hold => format!("{why}; the request may have been executed, and retries with this key get 409 until an operator releases the record"),
+                OnAmbiguous::Release => format!("{why}; the request may have been executed, and the key was released"),
+            };
+            (
+                Problem::UpstreamTimeout.response(detail, Some(&id), None),
+                Outcome::Ambiguous,
+            )
+        }
+    };
+    res.extensions_mut().insert(latency);
+    (res, outcome)
+}
+
+/// Writes an upstream's whole answer into its record (owner-checked), logging what went
+/// wrong; an answer the store has no room for is recorded without its body.
+pub(super) async fn record_answer(shared: &Shared, recording: &Recording) {
+    let Recording {
+        id,
+        owner,
+        stored,
+        span,
+        upstream_timeout,
+        retain,
+    } = recording;
+    let (upstream_timeout, retain) = (*upstream_timeout, *retain);
+    let store_timeout = shared.settings.config.store_timeout;
+    let limit = record_deadline(store_timeout, upstream_timeout, stored.body.len());
+    let record_span = telemetry::child(span, Step::Record);
+    let recorded = deadline(limit, shared.store.record(id, owner, stored)).await;
+    drop(record_span);
+    match recorded {
+        Ok(true) => {
+            shared.metrics.answer_recorded(stored.status);
+            let Some(retain) = retain else { return };
+            // Failing, the record keeps the route's retention: it holds room longer, and
+            // nothing runs twice.
+            match deadline(store_timeout, shared.store.shorten(id, owner, retain)).await {
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(record = %id, error = %e, "could not shorten the retention of an answer that shows nothing ran; it is kept for the route's retention")
+                }
+            }
+        }
+        // No room for this answer (the embedded store's byte cap, Redis out of memory): the
+        // status alone still keeps retries from executing again.
+        Err(StoreError::Full(e)) => {
+            tracing::warn!(record = %id, error = %e, "no room in the store for the answer; recording it without its body");
+            record_not_kept(shared, id, owner, stored.status).await;
+        }
+        Ok(false) => {
+            tracing::warn!(record = %id, "record no longer owned (released by an operator?); response not stored")
+        }
+        // The record stays in progress, its lease runs out and retries see `unknown`: never
+        // a second execution.
+        Err(e) => {
+            tracing::error!(record = %id, error = %e, "could not record the upstream's answer")
+        }
+    }
+}
+
+/// How long recording an answer of `len` bytes may take: the store's
+/// [`record_budget`](crate::store::record_budget), the whole at most `upstream_timeout`
+/// (and never less than `store_timeout`). One `store_timeout` for the whole had an 80 MiB answer (320
+/// pieces) time out half way: the client got its answer, its record never landed, and
+/// the retry got 409 instead of the replay.
+pub(super) fn record_deadline(
+    store_timeout: Duration,
+    upstream_timeout: Duration,
+    len: usize,
+) -> Duration {
+    crate::store::record_budget(store_timeout, len).min(upstream_timeout.max(store_timeout))
+}
+
+/// Completes a record without its body, logging what went wrong.
+pub(super) async fn record_not_kept(
+    shared: &Shared,
+    id: &RecordId,
+    owner: &OwnerToken,
+    status: u16,
+) {
+    let store_timeout = shared.settings.config.store_timeout;
+    let call = shared.store.record_not_kept(id, owner, status);
+    match deadline(store_timeout, call).await {
+        Ok(true) => shared.metrics.answer_recorded(status),
+        Ok(false) => {
+            tracing::warn!(record = %id, "record no longer owned (released by an operator?); outcome not stored")
+        }
+        // As for a full answer: the lease runs out and retries see `unknown`.
+        Err(e) => {
+            tracing::error!(record = %id, error = %e, "could not record the upstream's answer")
+        }
+    }
+}
+
+/// Awaits `work` while renewing the lease every third of its length. The fast path (an
+/// upstream that answers within a third of the lease) costs no store call at all.
+pub(super) async fn renewing_lease<T>(
+    shared: &Shared,
+    id: &RecordId,
+    owner: &OwnerToken,
+    lease: Duration,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    let period = lease / 3;
+    let store_timeout = crate::store::renew_deadline(shared.settings.config.store_timeout, lease);
+    tokio::pin!(work);
+    let mut next = tokio::time::Instant::now() + period;
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            _ = tokio::time::sleep_until(next) => {
+                next += period;
+                let renew = shared.store.renew(id, owner, lease);
+                // The renewal races the work, so a slow store never delays the answer.
+                tokio::select! {
+                    out = &mut work => return out,
+                    r = deadline(store_timeout, renew) => match r {
+                        Ok(true) => {}
+                        Ok(false) => tracing::warn!(record = %id, "lease renewal refused: the claim is no longer ours"),
+                        Err(e) => tracing::warn!(record = %id, error = %e, "lease renewal failed"),
+                    },
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,427 @@
+//! The hyper service and the request flow of DESIGN.md:
+//!
+//! ```text
+//! parse key -> buffer body (limit) -> fingerprint -> claim (1 store round trip)
+//!   claimed            -> forward -> record (1 round trip, owner-checked) -> respond
+//!   same fp, completed -> replay + `Idempotent-Replayed: true`
+//!   same fp, in flight -> 409 + Retry-After
+//!   other fp           -> 422
+//! ```
+//!
+//! A route with `record_mode = "after_response"` answers before the record and writes it
+//! meanwhile, in a task of its own.
+//!
+//! Unprotected requests are streamed through untouched. A claimed request's upstream
+//! exchange runs in its own task, so it completes and is recorded even when the client that
+//! sent it has gone: that client is the one the product exists for.
+//!
+//! # Layout
+//!
+//! A request is decided first, then acted on, enforcing or observing:
+//!
+//! - `mod.rs`: the service ([`Proxy`]), what it shares across connections, `respond` (decide,
+//!   then hand the decision to the route's mode), pass-through forwarding and the log line.
+//! - `decision.rs`: what a request *is*, without I/O: pass through, refuse (which problem,
+//!   which `would` label), or protect (tenant, method, normalized path, key); the body
+//!   step's rules (declared length, fingerprint inputs). Every rule about routes, methods,
+//!   overrides, paths, tenants and keys is there, and the mode is read there only.
+//! - `enforce.rs`: acting on a decision; what a claim's answer becomes (forward, replay,
+//!   409, 422, 503).
+//! - `observe.rs`: forwarding as sent and counting what enforcing would have done; the
+//!   store breaker and the log rate limit of observe mode.
+//! - `body_read.rs`: reading a protected body within its size, time and memory budget.
+//! - `claim.rs`: fingerprint and record id from the body, the claim and its take-back
+//!   guard, background releases of claims never forwarded.
+//! - `exchange.rs`: a claimed request's upstream exchange in its own task, the lease
+//!   renewal, and the record (completed, released or unknown).
+//! - `replay.rs`: a recorded answer sent again.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyper::body::Incoming;
+use hyper::header::HeaderValue;
+use hyper::{Request, Response};
+use tokio_util::task::TaskTracker;
+use tracing::Span;
+
+mod body_read;
+mod claim;
+mod decision;
+mod enforce;
+mod exchange;
+mod observe;
+mod replay;
+
+use crate::admission::{Buffers, Refusal as Refused, Slots};
+use crate::body::{self, Body};
+use crate::config::{Mode, Policy, Settings};
+use crate::key::RecordId;
+use crate::metrics::Metrics;
+pub use crate::outcome::Outcome;
+use crate::problem::Problem;
+use crate::releases::Releases;
+use crate::request_id::{self, X_REQUEST_ID};
+use crate::scope::client_cert::ClientCert;
+use crate::scope::Scoper;
+use crate::secret::SecretHealth;
+use crate::store::Store;
+use crate::telemetry;
+use crate::tls::UpstreamTls;
+use crate::upstream::{self, Failure, FreshClient, UpstreamClient};
+use decision::{Action, Pass, Refusal};
+use observe::{Breaker, RateLimit};
+
+/// Header added to every replayed response.
+pub const REPLAYED: &str = "idempotent-replayed";
+
+/// The proxy service. Cheap to clone: one per connection.
+#[derive(Clone)]
+pub struct Proxy {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    settings: Settings,
+    // How the clients below talk TLS to an `https://` upstream (built at start-up).
+    upstream_tls: Option<UpstreamTls>,
+    store: Arc<dyn Store>,
+    // Record ids: this store's secret and this instance's namespace.
+    scoper: Scoper,
+    // Pass-through requests: pooled connections.
+    client: UpstreamClient,
+    // Protected requests: a fresh connection each, so none is written onto a connection the
+    // upstream may be closing (see `upstream::fresh_client`).
+    fresh: FreshClient,
+    // Upstream exchanges that outlive their client connection, and records written after
+    // their client's answer (`record_mode = "after_response"`); shutdown waits for them.
+    tasks: TaskTracker,
+    // Outcomes and latencies; shared with the admin listener's /metrics.
+    metrics: Arc<Metrics>,
+    // One slot per protected request from its complete body to the end of its exchange (a
+    // detached exchange included): `max_in_flight` bounds the bodies and answers held at
+    // once, and the upstream connections protected requests open. Per instance.
+    protected: Arc<Slots>,
+    // Pass-through requests' own share of `max_upstream_connections`, held until the
+    // answer's body is done.
+    passing: Arc<Slots>,
+    // Bodies being buffered or written (`max_buffered_bytes`).
+    buffers: Arc<Buffers>,
+    // Observe mode: a store that just failed is not waited on again for a moment, and
+    // would-be refusals are logged at a bounded rate.
+    store_failing: Arc<Breaker>,
+    observe_log: Arc<RateLimit>,
+    // Claims never forwarded whose release has not landed yet; one set per instance.
+    releases: Arc<Releases>,
+    // Off once this instance's scope secret disagrees with the store's: its record ids
+    // would be another fleet's, so protected requests are refused.
+    secret: Arc<SecretHealth>,
+}
+
+/// How long the upstream took, carried on a response from where it is measured to the
+/// request's log line.
+#[derive(Clone, Copy)]
+struct UpstreamLatency(Duration);
+
+/// A request as it arrived, with what its handling carries beside it.
+struct Arrived {
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    request_id: HeaderValue,
+    started: Instant,
+}
+
+impl Proxy {
+    /// Builds the service over a store, counting into `metrics`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        settings: Settings,
+        upstream_tls: Option<UpstreamTls>,
+        store: Arc<dyn Store>,
+        scoper: Scoper,
+        tasks: TaskTracker,
+        metrics: Arc<Metrics>,
+        releases: Arc<Releases>,
+        secret: Arc<SecretHealth>,
+    ) -> Proxy {
+        metrics.routes(&settings.modes());
+        let c = &settings.config;
+        let protected = Arc::new(Slots::new(
+            c.max_in_flight,
+            c.max_queued,
+            c.queue_timeout,
+            metrics.slot_gauges("protected"),
+        ));
+        let passing = Arc::new(Slots::new(
+            c.pass_through_share(),
+            c.max_queued,
+            c.queue_timeout,
+            metrics.slot_gauges("pass_through"),
+        ));
+        let buffers = Arc::new(Buffers::new(
+            c.max_buffered_bytes,
+            metrics.refused("protected", Refused::BuffersFull),
+            metrics.buffered_bytes(),
+        ));
+        let client = upstream::client(
+            upstream_tls.as_ref(),
+            upstream::CONNECT_TIMEOUT,
+            c.upstream_idle_timeout,
+            idle_per_thread(c),
+        );
+        let fresh = upstream::fresh_client(upstream_tls.as_ref(), upstream::CONNECT_TIMEOUT);
+        Proxy {
+            shared: Arc::new(Shared {
+                protected,
+                passing,
+                buffers,
+                store_failing: Arc::default(),
+                observe_log: Arc::default(),
+                settings,
+                upstream_tls,
+                store,
+                scoper,
+                fresh,
+                client,
+                tasks,
+                metrics,
+                releases,
+                secret,
+            }),
+        }
+    }
+
+    /// The proxy of another serving thread: its own store handle and its own upstream
+    /// connection pool, so that none of its calls crosses threads; the settings, record
+    /// ids, tracked exchanges, metrics, slots and buffer budget are this one's.
+    pub fn sibling(&self, store: Arc<dyn Store>) -> Proxy {
+        let s = &self.shared;
+        let client = upstream::client(
+            s.upstream_tls.as_ref(),
+            upstream::CONNECT_TIMEOUT,
+            s.settings.config.upstream_idle_timeout,
+            idle_per_thread(&s.settings.config),
+        );
+        Proxy {
+            shared: Arc::new(Shared {
+                protected: s.protected.clone(),
+                passing: s.passing.clone(),
+                buffers: s.buffers.clone(),
+                store_failing: s.store_failing.clone(),
+                observe_log: s.observe_log.clone(),
+                settings: s.settings.clone(),
+                upstream_tls: s.upstream_tls.clone(),
+                store,
+                scoper: s.scoper.clone(),
+                client,
+                fresh: upstream::fresh_client(s.upstream_tls.as_ref(), upstream::CONNECT_TIMEOUT),
+                tasks: s.tasks.clone(),
+                metrics: s.metrics.clone(),
+                releases: s.releases.clone(),
+                secret: s.secret.clone(),
+            }),
+        }
+    }
+
+    /// Handles one request. Never fails: every error becomes a response here. The
+    /// request's `X-Request-Id` (its own, or a fresh one) goes upstream with it and comes
+    /// back on every answer, replays and idemgate's own included.
+    pub async fn handle(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let request_id = request_id::ensure(req.headers_mut());
+        let mut res = self.respond(req, peer, request_id.clone()).await;
+        res.headers_mut().insert(X_REQUEST_ID, request_id);
+        res
+    }
+
+    async fn respond(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        request_id: HeaderValue,
+    ) -> Response<Body> {
+        let started = Instant::now();
+        let settings = &self.shared.settings;
+        let (method, uri, headers) = (req.method(), req.uri(), req.headers());
+        let decision = decision::decide(settings, method, uri, headers, peer_cert(&req));
+        // Said in either mode: both see the same request.
+        match &decision.action {
+            Action::PassThrough(Pass::KeyIgnored) => tracing::warn!(
+                method = %decision.method,
+                route = decision.policy.route.as_deref().unwrap_or("-"),
+                "a request with an Idempotency-Key on a method this route does not protect was forwarded unprotected (methods are case-sensitive)"
+            ),
+            Action::Refuse(Refusal::InvalidToken(e)) => {
+                tracing::info!(error = %e, "bearer token refused")
+            }
+            _ => {}
+        }
+        let arrived = Arrived {
+            req,
+            peer,
+            request_id,
+            started,
+        };
+        match decision.mode {
+            Mode::Enforce => self.enforce(arrived, decision).await,
+            Mode::Observe => self.observe(arrived, decision).await,
+        }
+    }
+
+    /// The 503 of a request not admitted: nothing was buffered beyond what the refusal
+    /// needed, nothing claimed.
+    fn overloaded(&self, why: Refused, slots: &Slots) -> Response<Body> {
+        let detail = match why {
+            Refused::QueueFull => "too many requests are in progress and waiting; nothing was done, retry later",
+            Refused::QueueTimeout => "too many requests are in progress; this one waited queue_timeout for its turn; nothing was done, retry later",
+            Refused::BuffersFull => "too many request and answer bodies are held in memory (max_buffered_bytes); nothing was done, retry later",
+        };
+        if why != Refused::BuffersFull {
+            let class = if std::ptr::eq(slots, &*self.shared.passing) {
+                "pass_through"
+            } else {
+                "protected"
+            };
+            self.shared.metrics.refused(class, why).inc();
+        }
+        Problem::Overloaded.response(detail, None, Some(slots.retry_after()))
+    }
+
+    /// Forwards a request as is, streaming both bodies.
+    async fn pass_through(
+        &self,
+        mut req: Request<Body>,
+        peer: SocketAddr,
+        timeout: Duration,
+    ) -> Response<Body> {
+        // Its own share of the upstream connections, held until the answer's body is done:
+        // pass-through traffic cannot take what protected requests need, nor the other way.
+        let slot = match self.shared.passing.admit().await {
+            Ok(slot) => slot,
+            Err(why) => return self.overloaded(why, &self.shared.passing),
+        };
+        upstream::prepare(&mut req, &self.shared.settings.upstream, peer);
+        let sent = Instant::now();
+        let answer = tokio::time::timeout(timeout, self.shared.client.request(req)).await;
+        let latency = UpstreamLatency(sent.elapsed());
+        self.shared.metrics.upstream(latency.0);
+        match answer {
+            Ok(Ok(res)) => {
+                let (mut parts, body) = res.into_parts();
+                upstream::strip_hop_by_hop(&mut parts.headers);
+                parts.extensions.insert(latency);
+                Response::from_parts(parts, body::holding(body::boxed(body), slot))
+            }
+            Ok(Err(e)) => match upstream::classify(&e) {
+                Failure::NotSent => {
+                    tracing::warn!(error = %upstream::describe(&e), "upstream unreachable");
+                    Problem::UpstreamUnreachable.response(
+                        "could not connect to the upstream",
+                        None,
+                        None,
+                    )
+                }
+                Failure::Ambiguous => Problem::UpstreamTimeout.response(
+                    "the upstream closed the connection without a complete answer",
+                    None,
+                    None,
+                ),
+            },
+            Err(_) => Problem::UpstreamTimeout.response(
+                "the upstream did not answer within upstream_timeout",
+                None,
+                None,
+            ),
+        }
+    }
+}
+
+/// What a request's log line says about the request itself.
+struct Line<'a> {
+    method: &'a hyper::Method,
+    policy: &'a Policy,
+    request_id: &'a HeaderValue,
+    span: &'a Span,
+    started: Instant,
+}
+
+/// Counts a finished request and writes its log line: `info` for protected requests,
+/// `debug` for pass-through ones (they are counted all the same). Never a body, a key's raw
+/// value or a credential: the record id and the request id name the request.
+fn log_request(
+    metrics: &Metrics,
+    res: &Response<Body>,
+    outcome: Outcome,
+    id: Option<RecordId>,
+    line: &Line<'_>,
+) {
+    let Line {
+        method,
+        policy,
+        request_id,
+        span,
+        started,
+    } = *line;
+    let elapsed = started.elapsed();
+    metrics.request(policy.index, outcome, elapsed);
+    if !span.is_none() {
+        let record = id.map(|r| r.to_string());
+        let status = res.status().as_u16();
+        telemetry::finish(span, outcome.as_str(), record.as_deref(), status);
+    }
+    let level_enabled = if outcome == Outcome::Passthrough {
+        tracing::enabled!(tracing::Level::DEBUG)
+    } else {
+        tracing::enabled!(tracing::Level::INFO)
+    };
+    if !level_enabled {
+        return;
+    }
+    let upstream_ms = res
+        .extensions()
+        .get::<UpstreamLatency>()
+        .map(|l| millis(l.0));
+    let record = id.map(|r| r.to_string());
+    macro_rules! line {
+        ($level:ident) => {
+            tracing::$level!(
+                outcome = outcome.as_str(),
+                record = record.as_deref().unwrap_or("-"),
+                request_id = request_id::as_str(request_id),
+                method = %method,
+                route = policy.route.as_deref().unwrap_or("-"),
+                status = res.status().as_u16(),
+                upstream_ms,
+                latency_ms = millis(elapsed),
+                "request"
+            )
+        };
+    }
+    if outcome == Outcome::Passthrough {
+        line!(debug);
+    } else {
+        line!(info);
+    }
+}
+
+/// Milliseconds with microsecond precision (`3.824`): what a log line needs, without the
+/// binary fraction's noise (`3.8241400000000003`).
+fn millis(d: Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
+}
+
+/// Idle pass-through connections one serving thread's pool may keep. Each thread has a pool
+/// of its own while the pass-through slots are the instance's: with the whole share per
+/// pool, four threads kept up to four times `max_upstream_connections - max_in_flight`
+/// idle. A thread's part of the share keeps the idle connections of all threads within
+/// the share. Connections in use are bounded by the slots; one thread's idle connections
+/// may sit beside another thread's in use, which a pool per thread cannot see.
+fn idle_per_thread(c: &crate::config::Config) -> usize {
+    (c.pass_through_share() / c.worker_threads.max(1)).max(1)
+}
+
+/// The verified client certificate of the request's TLS connection, when the listener
+/// reads certificates for a `tenant_client_cert` route.
+fn peer_cert<B>(req: &Request<B>) -> Option<&ClientCert> {
+    req.extensions().get::<Arc<ClientCert>>().map(|c| &**c)
+}

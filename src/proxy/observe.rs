@@ -1,0 +1,315 @@
+//! Observing a decision (`mode = "observe"`): every request is forwarded as sent, and what
+//! enforcing would have done is counted (`idemgate_observed_total{route, would}`). A won
+//! claim is forwarded and recorded as when enforcing, so switching to `enforce` replays it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use hyper::{Request, Response};
+use tracing::Span;
+
+use crate::admission::Refusal as Refused;
+use crate::body::{self, Body};
+use crate::key::RecordId;
+use crate::outcome::Outcome;
+use crate::problem::Problem;
+use crate::store::{Claim, StoreError};
+
+use super::body_read::read_up_to;
+use super::claim::Found;
+use super::decision::{self, Action, Decision, Refusal};
+use super::exchange::Protected;
+use super::{log_request, Arrived, Line, Proxy};
+
+impl Proxy {
+    /// Acts on a decision on a route in `mode = "observe"`: forwards the request whatever
+    /// the decision says, and counts what enforcing would have done
+    /// (`idemgate_observed_total{route, would}`), logging a refusal or a replay. A protected
+    /// request is read, fingerprinted and claimed as when enforcing; a won claim is
+    /// forwarded and recorded as when enforcing, so that switching the route to `enforce`
+    /// replays what was seen here; everything else goes out as pass-through, with the path
+    /// as the client sent it.
+    pub(super) async fn observe(&self, arrived: Arrived, decision: Decision<'_>) -> Response<Body> {
+        let (policy, method, action) = (decision.policy, decision.method, decision.action);
+        let (req, peer) = (arrived.req, arrived.peer);
+        let (request_id, started) = (arrived.request_id, arrived.started);
+        let none = Span::none();
+        let line = Line {
+            method: &method,
+            policy,
+            request_id: &request_id,
+            span: &none,
+            started,
+        };
+        let operation = match action {
+            Action::PassThrough(pass) => match pass.would() {
+                Some(would) => {
+                    return self
+                        .forward_as_is(req.map(body::boxed), peer, &line, would, None, false)
+                        .await
+                }
+                None => {
+                    let timeout = policy.upstream_timeout;
+                    let res = self.pass_through(req.map(body::boxed), peer, timeout).await;
+                    log_request(&self.shared.metrics, &res, pass.outcome(), None, &line);
+                    return res;
+                }
+            },
+            Action::Refuse(refusal) => {
+                let would = refusal.would();
+                return self
+                    .forward_as_is(req.map(body::boxed), peer, &line, would, None, false)
+                    .await;
+            }
+            Action::Protect(operation) => operation,
+        };
+        macro_rules! forward_as_is {
+            ($req:expr, $would:expr, $id:expr, $duplicate:expr) => {
+                return self
+                    .forward_as_is($req, peer, &line, $would, $id, $duplicate)
+                    .await
+            };
+        }
+        let route: &str = policy.route.as_deref().unwrap_or("default");
+        if self.shared.protected.would_refuse() {
+            let would = Refusal::Overloaded(Refused::QueueFull).would();
+            forward_as_is!(req.map(body::boxed), would, None, false)
+        }
+        if let Some(refusal) = decision::declared_too_large(req.headers(), policy.max_body_bytes) {
+            forward_as_is!(req.map(body::boxed), refusal.would(), None, false)
+        }
+        // The body is read up to `max_body_bytes` within `body_read_timeout`; one that
+        // grows beyond, breaks or stalls goes on, what was read first, as it came.
+        let (parts, mut incoming) = req.into_parts();
+        let mut held = self.shared.buffers.hold();
+        let limit = usize::try_from(policy.max_body_bytes).unwrap_or(usize::MAX);
+        let timeout_read = self.shared.settings.config.body_read_timeout;
+        let (read, ended) = read_up_to(&mut incoming, limit, &mut held, 0, timeout_read).await;
+        if let Err(end) = ended {
+            let req = Request::from_parts(parts, body::prefixed(read.chunks, incoming));
+            let would = end.refusal(policy.max_body_bytes).would();
+            forward_as_is!(req, would, None, false)
+        }
+        drop(incoming);
+        let body_bytes = read.into_bytes();
+        let slot = match self.shared.protected.admit().await {
+            Ok(slot) => slot,
+            Err(why) => {
+                let req = Request::from_parts(parts, body::full(body_bytes));
+                forward_as_is!(req, Refusal::Overloaded(why).would(), None, false)
+            }
+        };
+        drop(held);
+        let identified = match self
+            .identify(policy, &method, &operation, &parts, &body_bytes)
+            .await
+        {
+            Ok(identified) => identified,
+            Err(refusal) => {
+                drop(slot);
+                let req = Request::from_parts(parts, body::full(body_bytes));
+                forward_as_is!(req, refusal.would(), None, false)
+            }
+        };
+        let id = identified.id;
+        let request = Request::from_parts(parts, body::full(body_bytes.clone()));
+        if !self.shared.secret.agreed() {
+            drop(slot);
+            forward_as_is!(request, Refusal::SecretDisagrees.would(), Some(id), false)
+        }
+        // A store that just failed is not asked again for a second, then by one request at
+        // a time until it answers: during an outage about one observed request a second
+        // waits on it (at most `store_timeout`), not each.
+        let store_timeout = self.shared.settings.config.store_timeout;
+        if self.shared.store_failing.skip(store_timeout) {
+            drop(slot);
+            forward_as_is!(request, "store_unavailable", Some(id), false)
+        }
+        let (claim, found) = self
+            .claim_guarded(
+                identified,
+                &request,
+                &body_bytes,
+                &method,
+                &operation,
+                policy,
+                &none,
+            )
+            .await;
+        match &found {
+            Found::Failed(e) if !matches!(e, StoreError::Full(_) | StoreError::Unreadable(_)) => {
+                self.shared.store_failing.failed()
+            }
+            _ => self.shared.store_failing.answered(),
+        }
+        if let Found::Store(Claim::Claimed) = found {
+            self.observed(route, "execute", Some(id), false);
+            let protected = Protected {
+                claim,
+                request,
+                policy: policy.clone(),
+                peer,
+                method: method.clone(),
+                request_id: request_id.clone(),
+                span: Span::none(),
+                started,
+                slot,
+                observed: true,
+            };
+            return self.forward_claimed(protected).await;
+        }
+        let (would, duplicate) = found.would();
+        drop(slot);
+        forward_as_is!(request, would, Some(id), duplicate)
+    }
+
+    /// Observe mode's forwarding of what enforcing would not have forwarded as it is:
+    /// pass-through (streamed, unclaimed), counted as `would`; a 2xx answer for a record
+    /// that had one is a duplicate let through.
+    pub(super) async fn forward_as_is(
+        &self,
+        req: Request<Body>,
+        peer: SocketAddr,
+        line: &Line<'_>,
+        would: &'static str,
+        id: Option<RecordId>,
+        duplicate: bool,
+    ) -> Response<Body> {
+        let route = line.policy.route.as_deref().unwrap_or("default");
+        let timeout = line.policy.upstream_timeout;
+        let res = match id.filter(|_| duplicate) {
+            // A request that may run a record a second time runs in a task of its own, as
+            // a claimed one does: its answer is counted even when its client hangs up
+            // first (the upstream still runs it).
+            Some(id) => {
+                let this = self.clone();
+                let in_task = route.to_string();
+                let task = self.shared.tasks.spawn(async move {
+                    let res = this.pass_through(req, peer, timeout).await;
+                    let status = res.status().as_u16();
+                    let dup = this.shared.metrics.observed_answer(&in_task, id, status);
+                    (res, dup)
+                });
+                match task.await {
+                    Ok((res, dup)) => {
+                        self.observed(route, would, Some(id), dup);
+                        res
+                    }
+                    Err(_) => Problem::UpstreamTimeout.response(
+                        "internal error; the outcome is unknown",
+                        Some(&id),
+                        None,
+                    ),
+                }
+            }
+            None => {
+                let res = self.pass_through(req, peer, timeout).await;
+                self.observed(route, would, id, false);
+                res
+            }
+        };
+        log_request(&self.shared.metrics, &res, Outcome::Observed, None, line);
+        res
+    }
+
+    /// Counts (and, for what would have been refused or replayed, logs at most a few
+    /// lines a second) what enforcing would have done on an observed route.
+    pub(super) fn observed(
+        &self,
+        route: &str,
+        would: &'static str,
+        id: Option<RecordId>,
+        duplicate: bool,
+    ) {
+        self.shared.metrics.observed(route, would);
+        if !matches!(would, "execute" | "unprotected") && self.shared.observe_log.allow() {
+            tracing::info!(
+                route,
+                would,
+                record = id.map(|i| i.to_string()).as_deref().unwrap_or("-"),
+                duplicate_let_through = duplicate,
+                "observe mode: forwarded a request that enforcing would not have"
+            );
+        }
+    }
+}
+
+/// Observe mode's view of the store after a failure: not asked at all for a second, then
+/// asked by one request at a time (the others go on without it) until one gets an answer.
+/// During an outage, observed requests that wait on the store are about one a second.
+#[derive(Default)]
+pub(super) struct Breaker {
+    // `process_ms` of the last failure; 0 once the store answered again.
+    failed_at: std::sync::atomic::AtomicU64,
+    // `process_ms` at which the request now trying the store began; 0 for none.
+    trying: std::sync::atomic::AtomicU64,
+}
+
+impl Breaker {
+    /// Whether this request should go on without asking the store. While the store is
+    /// healthy, one atomic load.
+    fn skip(&self, store_timeout: Duration) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let at = self.failed_at.load(Relaxed);
+        if at == 0 {
+            return false;
+        }
+        let now = crate::admission::process_ms().max(1);
+        if now.saturating_sub(at) < 1000 {
+            return true;
+        }
+        // A trial still within its claim's deadline (two round trips at most) is waited
+        // for; one whose request was dropped is not.
+        let trying = self.trying.load(Relaxed);
+        let budget = u64::try_from(store_timeout.as_millis()).unwrap_or(u64::MAX);
+        if trying != 0 && now.saturating_sub(trying) <= budget.saturating_mul(2) {
+            return true;
+        }
+        self.trying
+            .compare_exchange(trying, now, Relaxed, Relaxed)
+            .is_err()
+    }
+
+    fn failed(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.failed_at
+            .store(crate::admission::process_ms().max(1), Relaxed);
+        self.trying.store(0, Relaxed);
+    }
+
+    /// The store answered: asked by every request again.
+    fn answered(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.failed_at.load(Relaxed) != 0 {
+            self.failed_at.store(0, Relaxed);
+            self.trying.store(0, Relaxed);
+        }
+    }
+}
+
+/// At most [`RateLimit::PER_SECOND`] events a second.
+#[derive(Default)]
+pub(super) struct RateLimit(std::sync::atomic::AtomicU64);
+
+impl RateLimit {
+    const PER_SECOND: u64 = 10;
+
+    fn allow(&self) -> bool {
+        let sec = crate::admission::process_ms() / 1000;
+        let r = self.0.fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |v| {
+                let (s, n) = (v >> 16, v & 0xffff);
+                if s != sec {
+                    Some((sec << 16) | 1)
+                } else if n < Self::PER_SECOND {
+                    Some(v + 1)
+                } else {
+                    None
+                }
+            },
+        );
+        r.is_ok()
+    }
+}
