@@ -10,7 +10,7 @@ use hyper::header::CONTENT_LENGTH;
 use hyper::HeaderMap;
 
 /// An upstream answer's body, as far as it was read.
-pub enum Answer {
+pub enum Answer<B = Incoming> {
     /// The whole body, within the limit: it can be recorded.
     Whole(Bytes),
     /// More than the limit: the frames read (the limit, and the frame that passed it), and
@@ -19,17 +19,16 @@ pub enum Answer {
         /// What was read, in the frames it came in (not copied into one buffer).
         read: Vec<Bytes>,
         /// The rest of the body.
-        rest: Incoming,
+        rest: B,
     },
 }
 
 /// Reads `body` up to `max` bytes. An answer that declares a larger `Content-Length` is
 /// not read at all.
-pub async fn read(
-    headers: &HeaderMap,
-    mut body: Incoming,
-    max: u64,
-) -> Result<Answer, hyper::Error> {
+pub async fn read<B>(headers: &HeaderMap, mut body: B, max: u64) -> Result<Answer<B>, B::Error>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+{
     let declared = headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

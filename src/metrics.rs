@@ -159,11 +159,13 @@ pub struct Metrics {
     send_timeouts: Counter,
     buffered_bytes: Gauge,
     observed: Family<ObservedLabel, Counter>,
+    observed_duplicates: Family<RouteLabel, Counter>,
     route_mode: Family<RouteModeLabel, Gauge>,
     // Per declared route (`routes`): its mode and its observe-mode series.
     observed_routes: std::sync::OnceLock<Vec<ObservedRoute>>,
     observe_since_ms: u64,
-    // 2xx answers forwarded per record on observed routes (at most OBSERVED_RECORDS).
+    // Duplicates this instance let through per record on observed routes (at most
+    // OBSERVED_RECORDS records): what `GET /observe?records=1` shows, for checks key by key.
     answers: std::sync::Mutex<IdMap>,
     records_not_followed: Counter,
     // The TLS listener's certificate reloads: pairs swapped in, and new pairs refused.
@@ -171,14 +173,20 @@ pub struct Metrics {
     tls_reload_failures: Counter,
 }
 
-/// Records whose 2xx answers observe mode counts; beyond, new records are not followed
-/// (their duplicates go uncounted, and `GET /observe` says so in `records_not_followed`).
+/// Records whose duplicates observe mode lists per record; beyond, new records are not
+/// listed (they are still counted per route; `GET /observe` says so in
+/// `records_not_followed`).
 const OBSERVED_RECORDS: usize = 200_000;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ObservedLabel {
     route: String,
     would: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabel {
+    route: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -303,6 +311,7 @@ impl Metrics {
         let send_timeouts = Counter::default();
         let buffered_bytes = Gauge::default();
         let observed = Family::<ObservedLabel, Counter>::default();
+        let observed_duplicates = Family::<RouteLabel, Counter>::default();
         let route_mode = Family::<RouteModeLabel, Gauge>::default();
         let tls_reloads = Counter::default();
         let tls_reload_failures = Counter::default();
@@ -320,6 +329,11 @@ impl Metrics {
             "idemgate_observed",
             "Requests on routes in observe mode, forwarded whatever enforcing would have done, by route and by what that would have been (would)",
             observed.clone(),
+        );
+        registry.register(
+            "idemgate_observed_duplicates",
+            "Duplicates let through on routes in observe mode, by route: requests forwarded and answered 2xx although their record (whichever instance made it) showed an execution already; summed over the fleet, the executions enforcing would have saved",
+            observed_duplicates.clone(),
         );
         registry.register(
             "idemgate_route_mode",
@@ -455,6 +469,7 @@ impl Metrics {
             send_timeouts,
             buffered_bytes,
             observed,
+            observed_duplicates,
             route_mode,
             observed_routes: std::sync::OnceLock::new(),
             observe_since_ms: std::time::SystemTime::now()
@@ -511,7 +526,9 @@ impl Metrics {
                                 })
                             })
                             .collect(),
-                        duplicates: Counter::default(),
+                        duplicates: self.observed_duplicates.get_or_create_owned(&RouteLabel {
+                            route: route.clone(),
+                        }),
                     }
                 })
                 .collect()
@@ -536,42 +553,29 @@ impl Metrics {
         r.would[i].inc();
     }
 
-    /// Takes in the status of an answer forwarded on an observed route for record `id`:
-    /// each 2xx beyond the record's first is a duplicate let through (what enforcing
-    /// would have replayed instead of executing again). Returns whether this one was.
-    pub fn observed_answer(&self, route: &str, id: RecordId, status: u16) -> bool {
-        if !(200..300).contains(&status) {
-            return false;
+    /// Counts a duplicate let through on an observed route for record `id`: a request
+    /// forwarded although its record, whichever instance or process made it, shows an
+    /// execution already (see the proxy's observe mode), and answered with a 2xx.
+    pub fn observed_duplicate(&self, route: &str, id: RecordId) {
+        if let Some(r) = self.observed_route(route) {
+            r.duplicates.inc();
         }
-        let duplicate = {
-            let mut answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
-            let full = answers.len() >= OBSERVED_RECORDS;
-            match answers.get_mut(&id) {
-                Some(n) => {
-                    *n += 1;
-                    true
-                }
-                None if full => {
-                    self.records_not_followed.inc();
-                    return false;
-                }
-                None => {
-                    answers.insert(id, 1);
-                    false
-                }
+        let mut answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
+        let full = answers.len() >= OBSERVED_RECORDS;
+        match answers.get_mut(&id) {
+            Some(n) => *n += 1,
+            None if full => {
+                self.records_not_followed.inc();
             }
-        };
-        if duplicate {
-            if let Some(r) = self.observed_route(route) {
-                r.duplicates.inc();
+            None => {
+                answers.insert(id, 1);
             }
         }
-        duplicate
     }
 
     /// What `GET /observe` returns: `{"since_ms", "routes": [{"route", "mode", "would",
-    /// "duplicates_let_through"}], "records_not_followed"}`; with `records`, also the 2xx
-    /// answers forwarded per record that had more than one (`{"<id>": n}`).
+    /// "duplicates_let_through"}], "records_not_followed"}`; with `records`, also the
+    /// duplicates this instance let through per record (`{"<id>": n}`).
     pub fn observations_json(&self, records: bool) -> String {
         let routes: Vec<serde_json::Value> = self
             .observed_routes
@@ -605,7 +609,6 @@ impl Metrics {
             let answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
             let more: serde_json::Map<String, serde_json::Value> = answers
                 .iter()
-                .filter(|(_, n)| **n > 1)
                 .map(|(id, n)| (id.to_string(), serde_json::Value::from(*n)))
                 .collect();
             v["records"] = serde_json::Value::Object(more);

@@ -1,7 +1,8 @@
 //! Observe mode in the lab: what idemgate says it let through, against the auditor.
 //!
-//! idemgate counts, per record, the 2xx answers it forwarded beyond the first
-//! (`GET /observe?records=1`); the auditor counts, per key, the executions beyond the first
+//! idemgate counts, per record, the duplicates it let through, by what the record said of
+//! executions before them (`GET /observe?records=1`); the auditor counts, per key, the
+//! executions beyond the first
 //! in the bank's ledger. The lab maps each key the ledger executed twice to its record id
 //! with the operator API's lookup (`POST /records/lookup`), as an operator would, and the
 //! two counts must agree key by key and in total.
@@ -103,11 +104,11 @@ pub fn compare(
         })
         .unwrap_or(0);
     let records = observed["records"].as_object();
-    let forwarded = |id: &str| {
+    let duplicates = |id: &str| {
         records
             .and_then(|m| m.get(id))
             .and_then(|n| n.as_u64())
-            .unwrap_or(1)
+            .unwrap_or(0)
     };
     let mut keys_disagreeing = 0;
     let mut matched = std::collections::BTreeSet::new();
@@ -121,7 +122,7 @@ pub fn compare(
                 continue;
             };
             matched.insert(id.clone());
-            if forwarded(id).saturating_sub(1) != executions - 1 {
+            if duplicates(id) != executions - 1 {
                 keys_disagreeing += 1;
             }
         }

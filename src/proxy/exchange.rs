@@ -40,6 +40,7 @@ impl Proxy {
             request: protected.request,
             slot: protected.slot,
             span: span.clone(),
+            observed,
         };
         let (method, request_id, started) =
             (protected.method, protected.request_id, protected.started);
@@ -48,17 +49,7 @@ impl Proxy {
         // moves an unboxed future by value into the task and out again.
         let task = self.shared.tasks.spawn(Box::pin(async move {
             let (res, outcome) = exchange(&this.shared, claimed, peer).await;
-            let outcome = if observed {
-                // Counted here, where the exchange ends whether or not its client waited:
-                // the record's first 2xx, against which later ones are duplicates.
-                let route = policy.route.as_deref().unwrap_or("default");
-                this.shared
-                    .metrics
-                    .observed_answer(route, id, res.status().as_u16());
-                Outcome::Observed
-            } else {
-                outcome
-            };
+            let outcome = if observed { Outcome::Observed } else { outcome };
             let metrics = &this.shared.metrics;
             let line = Line {
                 method: &method,
@@ -103,6 +94,9 @@ pub(super) struct Claimed {
     pub(super) slot: Slot,
     // The request's span (none with tracing off): parent of the upstream and record spans.
     pub(super) span: Span,
+    // On an observed route: the client gets its answer before the record is written, and a
+    // failed write counts towards observe mode's store breaker.
+    pub(super) observed: bool,
 }
 
 /// An upstream's whole answer on its way into its record.
@@ -155,6 +149,7 @@ pub(super) async fn exchange(
         mut request,
         slot,
         span,
+        observed,
     } = claimed;
     upstream::prepare(&mut request, &shared.settings.upstream, peer);
     upstream::close_after(&mut request);
@@ -185,7 +180,6 @@ pub(super) async fn exchange(
     let latency = UpstreamLatency(sent.elapsed());
     shared.metrics.upstream(latency.0);
     let store_timeout = shared.settings.config.store_timeout;
-    let store = &shared.store;
     let (mut res, outcome) = match result {
         // An answer that says the upstream did nothing (`release_on_status`): passed on, and
         // the claim released so that the retry executes.
@@ -193,11 +187,12 @@ pub(super) async fn exchange(
             upstream::strip_hop_by_hop(&mut parts.headers);
             let status = parts.status.as_u16();
             tracing::info!(record = %id, status, "answer not recorded (release_on_status); releasing the claim");
-            let linger = policy.retention;
-            if let Err(e) = deadline(store_timeout, store.release(&id, &owner, linger)).await {
-                tracing::warn!(record = %id, error = %e, "could not release the claim; trying again in the background");
-                release_in_background(shared, id, owner, linger);
-            }
+            settle(
+                shared,
+                observed,
+                release(Arc::clone(shared), id, owner, policy.retention),
+            )
+            .await;
             (
                 Response::from_parts(
                     parts,
@@ -214,7 +209,13 @@ pub(super) async fn exchange(
             upstream::strip_hop_by_hop(&mut parts.headers);
             let status = parts.status.as_u16();
             tracing::info!(record = %id, status, max_response_bytes = policy.max_response_bytes, "answer larger than max_response_bytes: streamed to the client, recorded without its body");
-            record_not_kept(shared, &id, &owner, status).await;
+            let (s, o) = (Arc::clone(shared), owner.clone());
+            settle(shared, observed, async move {
+                record_not_kept(&s, &id, &o, status).await;
+                // Failures are logged there; the breaker reads the claims.
+                true
+            })
+            .await;
             (
                 Response::from_parts(parts, body::prefixed(read, rest)),
                 Outcome::Forwarded,
@@ -223,17 +224,7 @@ pub(super) async fn exchange(
         Ok((mut parts, Answer::Whole(bytes))) => {
             policy.upstream_time.observe(latency.0);
             upstream::strip_hop_by_hop(&mut parts.headers);
-            let stored = StoredResponse {
-                status: parts.status.as_u16(),
-                headers: parts
-                    .headers
-                    .iter()
-                    // The request id names one request; a replay carries its own.
-                    .filter(|(n, _)| ![DATE, SET_COOKIE, CONTENT_LENGTH, X_REQUEST_ID].contains(n))
-                    .map(|(n, v)| (n.as_str().to_string(), Bytes::copy_from_slice(v.as_bytes())))
-                    .collect(),
-                body: bytes.clone(),
-            };
+            let stored = stored(&parts, bytes.clone());
             // An answer that shows nothing ran (401, 403, 407 by default) is kept only
             // briefly: a flood of made-up credentials, each a tenant of its own, must not
             // hold the store for a day.
@@ -249,20 +240,25 @@ pub(super) async fn exchange(
                 upstream_timeout: policy.upstream_timeout,
                 retain,
             };
-            match policy.record_mode {
-                RecordMode::BeforeResponse => record_answer(shared, &recording).await,
+            // Observing, the client waits for the claim and no other store round trip: the
+            // record is written after its answer, as `record_mode = "after_response"` does.
+            let after = observed || policy.record_mode == RecordMode::AfterResponse;
+            if after {
                 // The client's answer goes out now; the record is written meanwhile, in a
                 // task that shutdown waits for and that keeps the in-flight slot until it
                 // is done. Until it lands, the claim stays in progress under its lease: a
                 // retry gets 409, and should this process die first, the lease runs out to
                 // `unknown`. Never a second execution.
-                RecordMode::AfterResponse => {
-                    let shared = Arc::clone(shared);
-                    shared.tasks.clone().spawn(async move {
-                        record_answer(&shared, &recording).await;
-                        drop(slot);
-                    });
-                }
+                let shared = Arc::clone(shared);
+                shared.tasks.clone().spawn(async move {
+                    let answered = record_answer(&shared, &recording).await;
+                    if observed {
+                        shared.store_failing.took(answered);
+                    }
+                    drop(slot);
+                });
+            } else {
+                record_answer(shared, &recording).await;
             }
             (
                 Response::from_parts(parts, body::chunked(bytes)),
@@ -271,11 +267,12 @@ pub(super) async fn exchange(
         }
         Err(ExchangeError::Request(e)) if upstream::classify(&e) == Failure::NotSent => {
             tracing::warn!(record = %id, error = %upstream::describe(&e), "upstream unreachable; releasing the claim");
-            let linger = policy.retention;
-            if let Err(e) = deadline(store_timeout, store.release(&id, &owner, linger)).await {
-                tracing::warn!(record = %id, error = %e, "could not release the claim; trying again in the background");
-                release_in_background(shared, id, owner, linger);
-            }
+            settle(
+                shared,
+                observed,
+                release(Arc::clone(shared), id, owner, policy.retention),
+            )
+            .await;
             let res = Problem::UpstreamUnreachable.response(
                 "the upstream could not be reached, or refused the request before processing it; nothing was executed and the request may be retried",
                 Some(&id),
@@ -297,15 +294,21 @@ pub(super) async fn exchange(
                 ExchangeError::Body(e) => format!("the upstream's answer broke off: {e}"),
             };
             tracing::warn!(record = %id, reason = %why, "upstream outcome unknown");
-            let settled = match policy.on_ambiguous {
-                OnAmbiguous::Hold => deadline(store_timeout, store.mark_unknown(&id, &owner)).await,
-                OnAmbiguous::Release => {
-                    deadline(store_timeout, store.release(&id, &owner, policy.retention)).await
+            let (s, p) = (Arc::clone(shared), policy.clone());
+            settle(shared, observed, async move {
+                let store = &s.store;
+                let settled = match p.on_ambiguous {
+                    OnAmbiguous::Hold => deadline(store_timeout, store.mark_unknown(&id, &owner)).await,
+                    OnAmbiguous::Release => {
+                        deadline(store_timeout, store.release(&id, &owner, p.retention)).await
+                    }
+                };
+                if let Err(e) = &settled {
+                    tracing::error!(record = %id, error = %e, "could not settle the record; it will read as unknown once its lease runs out");
                 }
-            };
-            if let Err(e) = settled {
-                tracing::error!(record = %id, error = %e, "could not settle the record; it will read as unknown once its lease runs out");
-            }
+                settled.is_ok()
+            })
+            .await;
             let detail = match policy.on_ambiguous {
                 OnAmbiguous::Hold => format!("{why}; the request may have been executed, and retries with this key get 409 until an operator releases the record"),
                 OnAmbiguous::Release => format!("{why}; the request may have been executed, and the key was released"),
@@ -320,9 +323,58 @@ pub(super) async fn exchange(
     (res, outcome)
 }
 
+/// An answer as its record keeps it: its status, its replayable headers (the request id
+/// names one request, and a replay carries its own) and its body.
+pub(super) fn stored(parts: &hyper::http::response::Parts, body: Bytes) -> StoredResponse {
+    StoredResponse {
+        status: parts.status.as_u16(),
+        headers: parts
+            .headers
+            .iter()
+            .filter(|(n, _)| ![DATE, SET_COOKIE, CONTENT_LENGTH, X_REQUEST_ID].contains(n))
+            .map(|(n, v)| (n.as_str().to_string(), Bytes::copy_from_slice(v.as_bytes())))
+            .collect(),
+        body,
+    }
+}
+
+/// Runs a store write that settles a record: awaited, or on an observed route after the
+/// client's answer, in a task that shutdown waits for, whose failure counts towards observe
+/// mode's store breaker. `work` says whether the store answered.
+async fn settle(
+    shared: &Arc<Shared>,
+    observed: bool,
+    work: impl std::future::Future<Output = bool> + Send + 'static,
+) {
+    if observed {
+        let s = Arc::clone(shared);
+        shared.tasks.spawn(async move {
+            let answered = work.await;
+            s.store_failing.took(answered);
+        });
+    } else {
+        work.await;
+    }
+}
+
+/// Releases a claim never processed (owner-checked), and tries again in the background
+/// when the store does not answer. Whether it answered.
+async fn release(shared: Arc<Shared>, id: RecordId, owner: OwnerToken, linger: Duration) -> bool {
+    let store_timeout = shared.settings.config.store_timeout;
+    match deadline(store_timeout, shared.store.release(&id, &owner, linger)).await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(record = %id, error = %e, "could not release the claim; trying again in the background");
+            release_in_background(&shared, id, owner, linger);
+            false
+        }
+    }
+}
+
 /// Writes an upstream's whole answer into its record (owner-checked), logging what went
-/// wrong; an answer the store has no room for is recorded without its body.
-pub(super) async fn record_answer(shared: &Shared, recording: &Recording) {
+/// wrong; an answer the store has no room for is recorded without its body. Whether the
+/// store answered (`false`: it failed or did not answer in time).
+pub(super) async fn record_answer(shared: &Shared, recording: &Recording) -> bool {
     let Recording {
         id,
         owner,
@@ -340,7 +392,7 @@ pub(super) async fn record_answer(shared: &Shared, recording: &Recording) {
     match recorded {
         Ok(true) => {
             shared.metrics.answer_recorded(stored.status);
-            let Some(retain) = retain else { return };
+            let Some(retain) = retain else { return true };
             // Failing, the record keeps the route's retention: it holds room longer, and
             // nothing runs twice.
             match deadline(store_timeout, shared.store.shorten(id, owner, retain)).await {
@@ -349,20 +401,24 @@ pub(super) async fn record_answer(shared: &Shared, recording: &Recording) {
                     tracing::warn!(record = %id, error = %e, "could not shorten the retention of an answer that shows nothing ran; it is kept for the route's retention")
                 }
             }
+            true
         }
         // No room for this answer (the embedded store's byte cap, Redis out of memory): the
         // status alone still keeps retries from executing again.
         Err(StoreError::Full(e)) => {
             tracing::warn!(record = %id, error = %e, "no room in the store for the answer; recording it without its body");
             record_not_kept(shared, id, owner, stored.status).await;
+            true
         }
         Ok(false) => {
-            tracing::warn!(record = %id, "record no longer owned (released by an operator?); response not stored")
+            tracing::warn!(record = %id, "record no longer owned (released by an operator?); response not stored");
+            true
         }
         // The record stays in progress, its lease runs out and retries see `unknown`: never
         // a second execution.
         Err(e) => {
-            tracing::error!(record = %id, error = %e, "could not record the upstream's answer")
+            tracing::error!(record = %id, error = %e, "could not record the upstream's answer");
+            false
         }
     }
 }

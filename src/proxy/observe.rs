@@ -9,11 +9,12 @@ use hyper::{Request, Response};
 use tracing::Span;
 
 use crate::admission::Refusal as Refused;
+use crate::answer::{self, Answer};
 use crate::body::{self, Body};
 use crate::key::RecordId;
 use crate::outcome::Outcome;
 use crate::problem::Problem;
-use crate::store::{Claim, StoreError};
+use crate::store::{deadline, Claim, RecordState, StoreError, StoredResponse};
 
 use super::body_read::read_up_to;
 use super::claim::Found;
@@ -160,12 +161,21 @@ impl Proxy {
         }
         let (would, duplicate) = found.would();
         drop(slot);
-        forward_as_is!(request, would, Some(id), duplicate)
+        if duplicate {
+            let known = Known {
+                id,
+                fingerprint: claim.fingerprint,
+                found,
+            };
+            return self
+                .forward_duplicate(request, peer, &line, would, known)
+                .await;
+        }
+        forward_as_is!(request, would, Some(id), false)
     }
 
     /// Observe mode's forwarding of what enforcing would not have forwarded as it is:
-    /// pass-through (streamed, unclaimed), counted as `would`; a 2xx answer for a record
-    /// that had one is a duplicate let through.
+    /// pass-through (streamed, unclaimed), counted as `would`.
     pub(super) async fn forward_as_is(
         &self,
         req: Request<Body>,
@@ -177,39 +187,153 @@ impl Proxy {
     ) -> Response<Body> {
         let route = line.policy.route.as_deref().unwrap_or("default");
         let timeout = line.policy.upstream_timeout;
-        let res = match id.filter(|_| duplicate) {
-            // A request that may run a record a second time runs in a task of its own, as
-            // a claimed one does: its answer is counted even when its client hangs up
-            // first (the upstream still runs it).
-            Some(id) => {
-                let this = self.clone();
-                let in_task = route.to_string();
-                let task = self.shared.tasks.spawn(async move {
-                    let res = this.pass_through(req, peer, timeout).await;
-                    let status = res.status().as_u16();
-                    let dup = this.shared.metrics.observed_answer(&in_task, id, status);
-                    (res, dup)
-                });
-                match task.await {
-                    Ok((res, dup)) => {
-                        self.observed(route, would, Some(id), dup);
-                        res
+        let res = self.pass_through(req, peer, timeout).await;
+        self.observed(route, would, id, duplicate);
+        log_request(&self.shared.metrics, &res, Outcome::Observed, None, line);
+        res
+    }
+
+    /// Forwards a request whose record shows an execution already (completed, running or
+    /// unknown, whichever instance or process made it) and tells from the record what that
+    /// second execution was:
+    /// - a duplicate let through when its answer is a 2xx and the record (read again once
+    ///   the answer is in, when the claim did not say) holds a 2xx answer or is still
+    ///   running or unknown: what enforcing would have kept from executing again;
+    /// - where the record holds a failure (a status outside 2xx), this execution's answer
+    ///   replaces it ([`Store::supersede`](crate::store::Store::supersede)), so that once
+    ///   the route enforces a retry gets the answer of the latest execution, never the
+    ///   earlier failure; it is not a duplicate.
+    ///
+    /// The exchange runs in a task of its own, as a claimed one does: its answer is counted
+    /// even when its client hangs up first. The store is asked after the client has its
+    /// answer, and what it answers counts towards the breaker.
+    async fn forward_duplicate(
+        &self,
+        req: Request<Body>,
+        peer: SocketAddr,
+        line: &Line<'_>,
+        would: &'static str,
+        known: Known,
+    ) -> Response<Body> {
+        let policy = line.policy.clone();
+        let route = policy.route.clone().unwrap_or_else(|| "default".into());
+        let this = self.clone();
+        let id = known.id;
+        // Counted as it arrives, as every other observed request is.
+        self.shared.metrics.observed(&route, would);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.shared.tasks.spawn(async move {
+            let res = this.pass_through(req, peer, policy.upstream_timeout).await;
+            let ours = res.headers().contains_key(crate::problem::IDEMGATE_ERROR);
+            let (res, answer) = if ours {
+                (res, None)
+            } else {
+                let (parts, body) = res.into_parts();
+                match answer::read(&parts.headers, body, policy.max_response_bytes).await {
+                    Ok(Answer::Whole(bytes)) => {
+                        let stored = super::exchange::stored(&parts, bytes.clone());
+                        (
+                            Response::from_parts(parts, body::chunked(bytes)),
+                            Some(stored),
+                        )
                     }
-                    Err(_) => Problem::UpstreamTimeout.response(
-                        "internal error; the outcome is unknown",
-                        Some(&id),
+                    Ok(Answer::TooLarge { read, rest }) => (
+                        Response::from_parts(parts, body::prefixed(read, rest)),
                         None,
                     ),
+                    Err(e) => {
+                        tracing::warn!(record = %known.id, error = %e, "observe mode: the upstream's answer broke off");
+                        let res = Problem::UpstreamTimeout.response(
+                            "the upstream's answer broke off",
+                            Some(&known.id),
+                            None,
+                        );
+                        (res, None)
+                    }
                 }
+            };
+            let success = !ours && res.status().is_success();
+            // What the claim said of a completed record decides at once; otherwise the record
+            // is read again after the client has its answer.
+            let decided = match &known.found {
+                Found::Store(Claim::Replay(r)) => Some(r.status),
+                Found::Store(Claim::NotKept { status }) => Some(*status),
+                _ => None,
+            };
+            let early = decided.is_some_and(|s| (200..300).contains(&s)) && success;
+            if early {
+                this.shared.metrics.observed_duplicate(&route, known.id);
             }
-            None => {
-                let res = self.pass_through(req, peer, timeout).await;
-                self.observed(route, would, id, false);
-                res
-            }
+            // The client gets its answer now; the store is asked after.
+            let _ = tx.send(res);
+            let duplicate = if early {
+                true
+            } else {
+                let duplicate = this.settle_duplicate(&known, success, answer).await;
+                if duplicate {
+                    this.shared.metrics.observed_duplicate(&route, known.id);
+                }
+                duplicate
+            };
+            this.log_observed(&route, would, Some(known.id), duplicate);
+        });
+        let res = match rx.await {
+            Ok(res) => res,
+            Err(_) => Problem::UpstreamTimeout.response(
+                "internal error; the outcome is unknown",
+                Some(&id),
+                None,
+            ),
         };
         log_request(&self.shared.metrics, &res, Outcome::Observed, None, line);
         res
+    }
+
+    /// Whether a second execution, answered `success` or not, was a duplicate, by what its
+    /// record says; a recorded failure is superseded by `answer`.
+    async fn settle_duplicate(
+        &self,
+        known: &Known,
+        success: bool,
+        answer: Option<StoredResponse>,
+    ) -> bool {
+        let store = &self.shared.store;
+        let store_timeout = self.shared.settings.config.store_timeout;
+        let recorded = match &known.found {
+            Found::Store(Claim::Replay(r)) => Recorded::Completed(r.status),
+            Found::Store(Claim::NotKept { status }) => Recorded::Completed(*status),
+            // Running, unknown, another request's or unreadable when claimed: as it is now
+            // that this execution has its answer.
+            _ => match deadline(store_timeout, store.inspect(&known.id, false)).await {
+                Ok(Some(v)) => match (v.state, v.status) {
+                    (RecordState::Completed, Some(status)) => Recorded::Completed(status),
+                    _ => Recorded::Running,
+                },
+                Ok(None) => Recorded::Nothing,
+                Err(e) => {
+                    tracing::warn!(record = %known.id, error = %e, "observe mode: could not read the record of a duplicate");
+                    self.shared.store_failing.took(false);
+                    return false;
+                }
+            },
+        };
+        match recorded {
+            Recorded::Completed(status) if !(200..300).contains(&status) => {
+                if let Some(answer) = answer {
+                    let call = store.supersede(&known.id, &known.fingerprint, &answer);
+                    match deadline(store_timeout, call).await {
+                        Ok(_) => self.shared.store_failing.took(true),
+                        Err(e) => {
+                            tracing::warn!(record = %known.id, error = %e, "observe mode: could not replace a recorded failure with a later execution's answer");
+                            self.shared.store_failing.took(false);
+                        }
+                    }
+                }
+                false
+            }
+            Recorded::Completed(_) | Recorded::Running => success,
+            Recorded::Nothing => false,
+        }
     }
 
     /// Counts (and, for what would have been refused or replayed, logs at most a few
@@ -222,6 +346,17 @@ impl Proxy {
         duplicate: bool,
     ) {
         self.shared.metrics.observed(route, would);
+        self.log_observed(route, would, id, duplicate);
+    }
+
+    /// Logs (at most a few lines a second) a would-be refusal or replay.
+    fn log_observed(
+        &self,
+        route: &str,
+        would: &'static str,
+        id: Option<RecordId>,
+        duplicate: bool,
+    ) {
         if !matches!(would, "execute" | "unprotected") && self.shared.observe_log.allow() {
             tracing::info!(
                 route,
@@ -270,6 +405,15 @@ impl Breaker {
             .is_err()
     }
 
+    /// What a store call after the client's answer found: `answered`, or it failed.
+    pub(super) fn took(&self, answered: bool) {
+        if answered {
+            self.answered()
+        } else {
+            self.failed()
+        }
+    }
+
     fn failed(&self) {
         use std::sync::atomic::Ordering::Relaxed;
         self.failed_at
@@ -285,6 +429,23 @@ impl Breaker {
             self.trying.store(0, Relaxed);
         }
     }
+}
+
+/// What an observed duplicate's claim found, kept for after its answer.
+struct Known {
+    id: RecordId,
+    fingerprint: crate::fingerprint::Fingerprint,
+    found: Found,
+}
+
+/// What a record holds once a duplicate has its answer.
+enum Recorded {
+    /// Completed, with this status (its answer kept or not).
+    Completed(u16),
+    /// In progress or unknown: an execution that may have happened.
+    Running,
+    /// No record (expired, released, or the store lost it).
+    Nothing,
 }
 
 /// At most [`RateLimit::PER_SECOND`] events a second.

@@ -1,0 +1,223 @@
+//! Observe mode across a fleet: two instances (the real binary) on one Redis and one
+//! namespace, as the documented rollout runs them.
+//!
+//! - No record contradicts what the client got: a first attempt answered 500 while
+//!   observing, its retry forwarded by the other observer and answered 201, and then the
+//!   route enforcing: the retry after the switch gets the 201 replayed, never the 500.
+//! - Duplicates are counted from what the record says, whichever instance made it: summed
+//!   over the instances, `duplicates_let_through` equals the executions the upstream ran
+//!   beyond each key's first, sequential and concurrent, on either instance, in a mixed
+//!   fleet and after switching back; after Redis forgets its records a retry is a new
+//!   `execute`, never also a duplicate.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+
+fn observe_json(gate: &Gate) -> serde_json::Value {
+    let raw = http_get(gate.admin, "/observe").unwrap();
+    let body = raw.split("\r\n\r\n").nth(1).unwrap_or("");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {raw}"))
+}
+
+fn duplicates(gate: &Gate) -> u64 {
+    observe_json(gate)["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["duplicates_let_through"].as_u64())
+        .sum()
+}
+
+fn would(gate: &Gate, what: &str) -> u64 {
+    observe_json(gate)["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["would"][what].as_u64())
+        .sum()
+}
+
+const SECRET: &str = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
+
+fn instance(up: &Upstream, redis: &RedisServer, mode: &str) -> Gate {
+    Gate::start(
+        &up.url(),
+        &redis.url(),
+        &[
+            ("IDEMGATE_DEFAULTS__MODE", mode),
+            ("IDEMGATE_SCOPE_SECRET", SECRET),
+        ],
+    )
+}
+
+async fn send(gate: &Gate, key: &str, extra: &[(&str, &str)]) -> Answer {
+    post_url(
+        &client(),
+        &gate.url("/pay"),
+        Some(key),
+        "{\"amount\":7}",
+        extra,
+    )
+    .await
+}
+
+/// Executions the upstream ran beyond each key's first.
+fn true_duplicates(up: &Upstream) -> u64 {
+    let mut per_key: HashMap<String, u64> = HashMap::new();
+    for s in up.seen() {
+        if let Some(k) = s.headers.get("idempotency-key").and_then(|v| v.first()) {
+            *per_key.entry(k.clone()).or_default() += 1;
+        }
+    }
+    per_key.values().map(|n| n - 1).sum()
+}
+
+/// Waits until the instances' counts settle (a duplicate read again after its answer is
+/// counted just after its client has it), then returns their sum.
+async fn settled_sum(gates: &[&Gate], want: u64) -> u64 {
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let sum: u64 = gates.iter().map(|g| duplicates(g)).sum();
+        if sum == want || std::time::Instant::now() > until {
+            return sum;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_recorded_while_observing_is_superseded_by_the_later_success() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let (a, b) = (
+        instance(&up, &redis, "observe"),
+        instance(&up, &redis, "observe"),
+    );
+    const KEYS: usize = 20;
+    for i in 0..KEYS {
+        let key = format!("stale-{i}");
+        let first = send(&a, &key, &[(STATUS, "500")]).await;
+        assert_eq!(first.status, 500);
+        let retry = send(&b, &key, &[]).await;
+        assert_eq!(retry.status, 201, "{:?}", retry.body);
+        assert!(!retry.replayed());
+    }
+    // The superseding writes land after each client's answer: let them.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop((a, b));
+    // The switch: the fleet now enforces.
+    let enforcing = instance(&up, &redis, "enforce");
+    let hits = up.hits();
+    let mut stale = 0;
+    for i in 0..KEYS {
+        let later = send(&enforcing, &format!("stale-{i}"), &[]).await;
+        assert!(later.replayed(), "{} {:?}", later.status, later.body);
+        if later.status != 201 {
+            stale += 1;
+        }
+    }
+    assert_eq!(
+        stale, 0,
+        "replays of a failure a later execution superseded"
+    );
+    assert_eq!(up.hits(), hits, "the switch executed nothing again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_let_through_add_up_over_the_fleet_to_the_upstream_s() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let (a, b) = (
+        instance(&up, &redis, "observe"),
+        instance(&up, &redis, "observe"),
+    );
+    // Sequential retries, each on the other instance.
+    for i in 0..10 {
+        let key = format!("seq-{i}");
+        for g in [&a, &b, &a] {
+            assert_eq!(send(g, &key, &[]).await.status, 201);
+        }
+    }
+    assert_eq!(true_duplicates(&up), 20);
+    assert_eq!(settled_sum(&[&a, &b], 20).await, 20);
+    // Concurrent: a retry arrives at the other instance while the first still runs.
+    for i in 0..5 {
+        let key = format!("conc-{i}");
+        let slow = send(&a, &key, &[(DELAY_MS, "300")]);
+        let retry = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            send(&b, &key, &[]).await
+        };
+        let (x, y) = tokio::join!(slow, retry);
+        assert_eq!((x.status, y.status), (201, 201));
+    }
+    assert_eq!(true_duplicates(&up), 25);
+    assert_eq!(settled_sum(&[&a, &b], 25).await, 25);
+    // What an instance counted goes with it: the sum over the fleet keeps its figure.
+    let mut gone = duplicates(&b);
+    drop(b);
+
+    // A mixed fleet: b enforces now. Its replays execute nothing; a's forwards of keys b
+    // completed are duplicates.
+    let b = instance(&up, &redis, "enforce");
+    for i in 0..5 {
+        let key = format!("mixed-{i}");
+        assert_eq!(send(&b, &key, &[]).await.status, 201);
+        assert!(send(&b, &key, &[]).await.replayed());
+        assert_eq!(send(&a, &key, &[]).await.status, 201);
+    }
+    assert_eq!(true_duplicates(&up), 30);
+    assert_eq!(settled_sum(&[&a, &b], 30 - gone).await + gone, 30);
+
+    // Switching back: keys the enforcing instance completed are duplicates when observed.
+    gone += duplicates(&b);
+    drop(b);
+    let c = instance(&up, &redis, "observe");
+    for i in 0..5 {
+        assert_eq!(send(&c, &format!("mixed-{i}"), &[]).await.status, 201);
+    }
+    assert_eq!(true_duplicates(&up), 35);
+    assert_eq!(settled_sum(&[&a, &c], 35 - gone).await + gone, 35);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_redis_forgets_a_retry_is_an_execute_and_never_also_a_duplicate() {
+    let up = Upstream::start().await;
+    let mut redis = RedisServer::start();
+    let (a, b) = (
+        instance(&up, &redis, "observe"),
+        instance(&up, &redis, "observe"),
+    );
+    for i in 0..5 {
+        assert_eq!(send(&a, &format!("lost-{i}"), &[]).await.status, 201);
+    }
+    let executes = would(&a, "execute") + would(&b, "execute");
+    assert_eq!(executes, 5);
+    // No persistence: the restart forgets every record.
+    redis.restart();
+    for i in 0..5 {
+        let key = format!("lost-{i}");
+        // The first call after the restart may find the connection broken; observing, the
+        // client gets the upstream's answer all the same.
+        assert_eq!(send(&b, &key, &[]).await.status, 201);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let dups = duplicates(&a) + duplicates(&b);
+    assert_eq!(
+        dups, 0,
+        "records the store lost cannot be counted as duplicates"
+    );
+    let after: u64 = would(&a, "execute") + would(&b, "execute");
+    let unavailable = would(&a, "store_unavailable") + would(&b, "store_unavailable");
+    assert_eq!(
+        after + unavailable,
+        10,
+        "each retry counted once, as execute (or store_unavailable while reconnecting)"
+    );
+}
