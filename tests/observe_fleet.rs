@@ -221,3 +221,44 @@ async fn after_redis_forgets_a_retry_is_an_execute_and_never_also_a_duplicate() 
         "each retry counted once, as execute (or store_unavailable while reconnecting)"
     );
 }
+
+/// Observing costs the client one store round trip: with every Redis reply held back
+/// 300 ms, an observed new key answers in about 300 ms (the claim), not 600 (the claim and
+/// then the record before the answer, as it was). The record still lands, after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observed_new_key_waits_for_one_store_round_trip() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let proxy = faultproxy::FaultProxy::for_redis(&redis).await;
+    let g = Gate::start(
+        &up.url(),
+        &proxy.redis_url(),
+        &[
+            ("IDEMGATE_DEFAULTS__MODE", "observe"),
+            ("IDEMGATE_SCOPE_SECRET", SECRET),
+            ("IDEMGATE_STORE_TIMEOUT", "2s"),
+        ],
+    );
+    // Warm: the connection and the scripts are loaded before the replies slow down.
+    assert_eq!(send(&g, "warm", &[]).await.status, 201);
+    proxy.delay_replies(Duration::from_millis(300));
+    let mut worst = Duration::ZERO;
+    for i in 0..3 {
+        let started = std::time::Instant::now();
+        let a = send(&g, &format!("slow-store-{i}"), &[]).await;
+        assert_eq!(a.status, 201);
+        worst = worst.max(started.elapsed());
+    }
+    assert!(
+        worst < Duration::from_millis(550),
+        "an observed new key took {worst:?} with 300 ms store replies: more than one round trip"
+    );
+    // The records landed after the answers: enforcing replays them.
+    proxy.delay_replies(Duration::ZERO);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    drop(g);
+    let enforcing = instance(&up, &redis, "enforce");
+    let hits = up.hits();
+    assert!(send(&enforcing, "slow-store-0", &[]).await.replayed());
+    assert_eq!(up.hits(), hits);
+}
