@@ -405,6 +405,12 @@ pub fn in_dialect(mut res: Response<Body>, format: &ErrorFormat) -> Response<Bod
         ErrorFormat::Problem => return res,
         ErrorFormat::Stripe => {
             let (kind, code, retry) = stripe_error(said.problem);
+            // Stripe answers an idempotency error with 400, and its SDKs map the type to
+            // their idempotency exception only under 400 (stripe-python reads a 422 as a
+            // generic API error).
+            if said.problem == Problem::FingerprintMismatch {
+                *res.status_mut() = StatusCode::BAD_REQUEST;
+            }
             if let Some(retry) = retry {
                 res.headers_mut().insert(
                     STRIPE_SHOULD_RETRY,
@@ -458,7 +464,8 @@ mod tests {
     async fn stripe_errors_carry_the_types_its_sdks_map_and_whether_to_retry() {
         let res = Problem::FingerprintMismatch.response("another amount", None, None);
         let (status, h, doc) = json(in_dialect(res, &ErrorFormat::Stripe)).await;
-        assert_eq!(status, 422);
+        // Stripe's own status for it, under which its SDKs raise their idempotency error.
+        assert_eq!(status, 400);
         assert_eq!(doc["error"]["type"], "idempotency_error");
         assert_eq!(h[IDEMGATE_ERROR], "fingerprint-mismatch");
         assert_eq!(h[CONTENT_TYPE], "application/json");

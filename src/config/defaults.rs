@@ -123,6 +123,8 @@ impl Default for Defaults {
             on_ambiguous: OnAmbiguous::Hold,
             record_mode: RecordMode::BeforeResponse,
             mode: Mode::Enforce,
+            error_format: super::ErrorFormatName::Problem,
+            error_template: None,
             fingerprint_ignore: Vec::new(),
             query_order: QueryOrder::Sorted,
             path_params: PathParams::Refuse,

@@ -64,6 +64,19 @@ pub enum OnAmbiguous {
     Release,
 }
 
+/// The shape of idemgate's own answers on a route (`error_format`): see
+/// [`crate::problem::ErrorFormat`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorFormatName {
+    /// RFC 9457 `application/problem+json` (the default).
+    Problem,
+    /// Stripe's `{"error": {"type", "code", "message", "doc_url"}}`.
+    Stripe,
+    /// `error_template`, a JSON document with placeholders.
+    Template,
+}
+
 /// When a new key's recorded answer is written, relative to the client's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -476,6 +489,12 @@ pub struct Defaults {
     pub record_mode: RecordMode,
     /// See [`Mode`].
     pub mode: Mode,
+    /// See [`ErrorFormatName`].
+    pub error_format: ErrorFormatName,
+    /// With `error_format = "template"`: the JSON document of idemgate's own answers, its
+    /// strings holding `{status}`, `{code}`, `{title}`, `{detail}`, `{record_id}`,
+    /// `{retry_after}`.
+    pub error_template: Option<String>,
     /// JSON pointers left out of the fingerprint.
     pub fingerprint_ignore: Vec<String>,
     /// Whether the order of the query's pairs counts in the fingerprint.
@@ -548,6 +567,8 @@ pub struct Route {
     pub on_ambiguous: Option<OnAmbiguous>,
     pub record_mode: Option<RecordMode>,
     pub mode: Option<Mode>,
+    pub error_format: Option<ErrorFormatName>,
+    pub error_template: Option<String>,
     pub fingerprint_ignore: Option<Vec<String>>,
     pub query_order: Option<QueryOrder>,
     pub path_params: Option<PathParams>,

@@ -8,7 +8,7 @@ use hyper::header::HeaderName;
 use hyper::Method;
 
 use super::{invalid, Anonymous, ConfigError, Defaults, Mode, OnAmbiguous, OnStoreError};
-use super::{PathMatch, PathParams, RecordMode, Route};
+use super::{ErrorFormatName, PathMatch, PathParams, RecordMode, Route};
 use crate::fingerprint::{JsonPointer, QueryOrder, Rules};
 use crate::retry_after::TypicalTime;
 use crate::scope::{path, PathRules, TenantSource};
@@ -52,6 +52,8 @@ pub struct Policy {
     pub record_mode: RecordMode,
     #[allow(missing_docs)]
     pub mode: Mode,
+    /// The shape of idemgate's own answers on this route.
+    pub error_format: crate::problem::ErrorFormat,
     #[allow(missing_docs)]
     pub fingerprint_ignore: Vec<JsonPointer>,
     #[allow(missing_docs)]
@@ -302,6 +304,7 @@ pub(super) fn resolve(
         on_ambiguous: r.on_ambiguous.unwrap_or(d.on_ambiguous),
         record_mode: r.record_mode.unwrap_or(d.record_mode),
         mode: r.mode.unwrap_or(d.mode),
+        error_format: error_format(r, d, &key_of)?,
         fingerprint_ignore,
         query_order: r.query_order.unwrap_or(d.query_order),
         path_params: r.path_params.unwrap_or(d.path_params),
@@ -350,6 +353,31 @@ pub(super) fn resolve(
     Ok(p)
 }
 
+/// The route's error format, its template parsed and checked.
+fn error_format(
+    r: &Route,
+    d: &Defaults,
+    key_of: &dyn Fn(&str) -> String,
+) -> Result<crate::problem::ErrorFormat, ConfigError> {
+    use crate::problem::ErrorFormat;
+    let template = r.error_template.as_ref().or(d.error_template.as_ref());
+    Ok(match r.error_format.unwrap_or(d.error_format) {
+        ErrorFormatName::Problem => ErrorFormat::Problem,
+        ErrorFormatName::Stripe => ErrorFormat::Stripe,
+        ErrorFormatName::Template => {
+            let text = template.ok_or_else(|| {
+                invalid(
+                    key_of("error_template"),
+                    "error_format = \"template\" needs error_template, a JSON document",
+                )
+            })?;
+            let doc = crate::problem::parse_template(text)
+                .map_err(|e| invalid(key_of("error_template"), e))?;
+            ErrorFormat::Template(std::sync::Arc::new(doc))
+        }
+    })
+}
+
 fn matches_override(r: &Route, name: &str) -> bool {
     match name {
         "methods" => r.methods.is_some(),
@@ -368,6 +396,8 @@ fn matches_override(r: &Route, name: &str) -> bool {
         "max_key_length" => r.max_key_length.is_some(),
         "max_body_bytes" => r.max_body_bytes.is_some(),
         "max_response_bytes" => r.max_response_bytes.is_some(),
+        "error_format" => r.error_format.is_some(),
+        "error_template" => r.error_template.is_some(),
         _ => false,
     }
 }

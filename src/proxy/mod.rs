@@ -262,10 +262,15 @@ impl Proxy {
             request_id,
             started,
         };
-        match decision.mode {
+        let policy = Arc::clone(decision.policy);
+        let res = match decision.mode {
             Mode::Enforce => self.enforce(arrived, decision).await,
             Mode::Observe => self.observe(arrived, decision).await,
-        }
+        };
+        // idemgate's own answers in the route's dialect (`error_format`): its clients' SDKs
+        // read them as the errors they are. The upstream's answers and replays pass as
+        // they are.
+        crate::problem::in_dialect(res, &policy.error_format)
     }
 
     /// The 503 of a request not admitted: nothing was buffered beyond what the refusal

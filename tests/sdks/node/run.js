@@ -21,7 +21,7 @@ async function call(name, params, key) {
       call: name,
       ok: false,
       class: e.constructor.name,
-      type: e.type,
+      type: e.rawType || e.type,
       code: e.code,
       status: e.statusCode,
     };
@@ -50,6 +50,8 @@ async function main() {
     throw new Error(`unknown scenario ${scenario}`);
   }
   for (const o of out) console.log(JSON.stringify(o));
+  // Kept-alive connections would hold the process open.
+  process.exit(0);
 }
 
 main().catch((e) => {
