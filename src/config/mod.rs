@@ -511,6 +511,10 @@ pub struct Defaults {
     /// Answers with these statuses reach the client and release the claim instead of being
     /// recorded, so a retry executes: for upstreams that answer them without doing any work.
     pub release_on_status: Vec<u16>,
+    /// A response header by which the upstream declines to have an answer kept (its value
+    /// `no-store`): the answer reaches the client, the claim is released, and a retry
+    /// executes again. Never forwarded to the client; read from the upstream only.
+    pub record_control_header: Option<String>,
     /// Answers with these statuses show that nothing ran (authentication and authorization
     /// refusals): recorded, but kept only `short_retention`, and at the embedded store's
     /// record cap they make room before a new key is refused.
@@ -575,6 +579,7 @@ pub struct Route {
     pub format_suffixes: Option<Vec<String>>,
     pub key_headers: Option<Vec<String>>,
     pub release_on_status: Option<Vec<u16>>,
+    pub record_control_header: Option<String>,
     pub short_retention_statuses: Option<Vec<u16>>,
     #[serde(default, with = "humantime_serde")]
     pub short_retention: Option<Duration>,

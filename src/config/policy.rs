@@ -66,6 +66,8 @@ pub struct Policy {
     pub key_headers: Vec<HeaderName>,
     /// Statuses whose answers are passed on and not recorded (the claim is released).
     pub release_on_status: Vec<u16>,
+    /// The upstream's header that declines a record (`record_control_header`).
+    pub record_control_header: Option<HeaderName>,
     /// Statuses whose records are kept only `short_retention`.
     pub short_retention_statuses: Vec<u16>,
     #[allow(missing_docs)]
@@ -248,6 +250,19 @@ pub(super) fn resolve(
             format!("{bad}: only 4xx and 5xx answers can say that nothing was done"),
         ));
     }
+    let record_control_header = match r
+        .record_control_header
+        .as_ref()
+        .or(d.record_control_header.as_ref())
+    {
+        None => None,
+        Some(h) => Some(HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+            invalid(
+                key_of("record_control_header"),
+                format!("`{h}` is not a header name"),
+            )
+        })?),
+    };
     let short_retention_statuses = r
         .short_retention_statuses
         .clone()
@@ -311,6 +326,7 @@ pub(super) fn resolve(
         format_suffixes,
         key_headers,
         release_on_status,
+        record_control_header,
         short_retention_statuses,
         short_retention: r.short_retention.unwrap_or(d.short_retention),
         method_override_headers,
@@ -397,6 +413,7 @@ fn matches_override(r: &Route, name: &str) -> bool {
         "max_body_bytes" => r.max_body_bytes.is_some(),
         "max_response_bytes" => r.max_response_bytes.is_some(),
         "error_format" => r.error_format.is_some(),
+        "record_control_header" => r.record_control_header.is_some(),
         "error_template" => r.error_template.is_some(),
         _ => false,
     }

@@ -180,13 +180,33 @@ pub(super) async fn exchange(
     let latency = UpstreamLatency(sent.elapsed());
     shared.metrics.upstream(latency.0);
     let store_timeout = shared.settings.config.store_timeout;
+    // The upstream's word on keeping its answer (`record_control_header`): taken off the
+    // answer whatever it says, so that it never reaches the client nor the record.
+    let declined = match (&result, &policy.record_control_header) {
+        (Ok((parts, _)), Some(name)) => declines_record(&parts.headers, name),
+        _ => false,
+    };
+    let result = result.map(|(mut parts, answer)| {
+        if let Some(name) = &policy.record_control_header {
+            parts.headers.remove(name);
+        }
+        (parts, answer)
+    });
     let (mut res, outcome) = match result {
-        // An answer that says the upstream did nothing (`release_on_status`): passed on, and
-        // the claim released so that the retry executes.
-        Ok((mut parts, answer)) if policy.release_on_status.contains(&parts.status.as_u16()) => {
+        // An answer that says the upstream did nothing (`release_on_status`), or that it
+        // asks not to keep (`record_control_header`): passed on, and the claim released so
+        // that the retry executes.
+        Ok((mut parts, answer))
+            if declined || policy.release_on_status.contains(&parts.status.as_u16()) =>
+        {
             upstream::strip_hop_by_hop(&mut parts.headers);
             let status = parts.status.as_u16();
-            tracing::info!(record = %id, status, "answer not recorded (release_on_status); releasing the claim");
+            let why = if declined {
+                "the upstream declined it (record_control_header)"
+            } else {
+                "release_on_status"
+            };
+            tracing::info!(record = %id, status, why, "answer not recorded; releasing the claim");
             settle(
                 shared,
                 observed,
@@ -321,6 +341,17 @@ pub(super) async fn exchange(
     };
     res.extensions_mut().insert(latency);
     (res, outcome)
+}
+
+/// Whether an answer's `name` header says `no-store` (one of its comma-separated tokens,
+/// in any case).
+fn declines_record(headers: &hyper::HeaderMap, name: &hyper::header::HeaderName) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("no-store"))
 }
 
 /// An answer as its record keeps it: its status, its replayable headers (the request id
