@@ -127,6 +127,13 @@ async fn observed_the_day_is_unchanged_and_its_duplicates_are_counted_exactly() 
         let table = report.table();
         let through = &report.idemgate;
         assert!(through.audit.double_transfers > 0, "{table}");
+        // On a shared store the day goes through two instances, each attempt to the next:
+        // what they count from the store, summed, is the ledger's.
+        assert_eq!(
+            through.label.contains("2 instances"),
+            redis.is_some(),
+            "{table}"
+        );
         let observed = through.observed.expect("observed figures");
         assert_eq!(
             observed.duplicates_let_through, through.audit.double_transfers,

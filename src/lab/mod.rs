@@ -130,6 +130,12 @@ pub async fn run_lab(opts: LabOptions) -> Result<LabReport, LabError> {
         },
         if opts.tls { ", TLS" } else { "" },
     ));
+    let through = match through {
+        Through::Idemgate(label) if opts.observe && opts.redis_url.is_some() => {
+            Through::Idemgate(label.replacen(')', ", 2 instances)", 1))
+        }
+        other => other,
+    };
     let idemgate = run_day(&plan, &opts, through).await?;
     Ok(LabReport {
         seed: opts.seed,
@@ -171,30 +177,50 @@ async fn run_day(
         let _ = bank_stopped.await;
     }));
 
-    let (label, target, proxy) = match through {
-        Through::Direct if opts.tls => ("direct (TLS)".to_owned(), bank_addr, None),
-        Through::Direct => ("direct".to_owned(), bank_addr, None),
+    // Observing on a shared store, the day runs through two instances, each attempt to
+    // the next in turn, as a fleet in its rollout would: what they count is summed.
+    let instances = if opts.observe && opts.redis_url.is_some() {
+        2
+    } else {
+        1
+    };
+    let (label, targets, proxies) = match through {
+        Through::Direct if opts.tls => ("direct (TLS)".to_owned(), vec![bank_addr], Vec::new()),
+        Through::Direct => ("direct".to_owned(), vec![bank_addr], Vec::new()),
         Through::Idemgate(label) => {
-            match start_idemgate(
-                bank_addr,
-                opts.redis_url.clone(),
-                opts.observe,
-                pki.as_ref(),
-            )
-            .await
-            {
-                Ok((addr, handle)) => (label, addr, Some(handle)),
-                Err(err) => {
-                    let _ = stop_bank.send(());
-                    let _ = server.await;
-                    return Err(LabError::Proxy(err));
+            let mut addrs = Vec::new();
+            let mut handles = Vec::new();
+            for _ in 0..instances {
+                match start_idemgate(
+                    bank_addr,
+                    opts.redis_url.clone(),
+                    opts.observe,
+                    pki.as_ref(),
+                )
+                .await
+                {
+                    Ok((addr, handle)) => {
+                        addrs.push(addr);
+                        handles.push(handle);
+                    }
+                    Err(err) => {
+                        for (running, _) in handles {
+                            running.shutdown().await;
+                        }
+                        let _ = stop_bank.send(());
+                        let _ = server.await;
+                        return Err(LabError::Proxy(err));
+                    }
                 }
             }
+            (label, addrs, handles)
         }
     };
+    let target = targets[0];
 
     let client = traffic::LabClient {
         target,
+        also: targets[1..].to_vec(),
         key_prefix: run_tag(),
         timeout: opts.client_timeout,
         patient_timeout: opts.bank.slow_latency * 4 + Duration::from_secs(5),
@@ -213,13 +239,21 @@ async fn run_day(
     // In observe mode, idemgate's count is read once the bank is idle (every forwarded
     // request has its answer) and before idemgate stops (its admin listener with it).
     let mut observed_ids = None;
-    if let (true, Some((running, _))) = (opts.observe, &proxy) {
+    if let (true, Some((running, _))) = (opts.observe, proxies.first()) {
         let _ = bank.quiesce(SETTLE_LIMIT).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         observed_ids = running.admin_addr();
     }
     let observed_json = match observed_ids {
-        Some(admin) => Some(observe::fetch(admin).await.map_err(LabError::Proxy)?),
+        Some(_) => {
+            let mut each = Vec::new();
+            for (running, _) in &proxies {
+                if let Some(admin) = running.admin_addr() {
+                    each.push(observe::fetch(admin).await.map_err(LabError::Proxy)?);
+                }
+            }
+            Some(observe::sum(&each))
+        }
         None => None,
     };
     // idemgate drains the upstream calls its clients walked away from; then the bank's own
@@ -233,7 +267,7 @@ async fn run_day(
                 .map_err(LabError::Proxy)?,
         );
     }
-    if let Some((proxy, records)) = proxy {
+    for (proxy, records) in proxies {
         proxy.shutdown().await;
         // A lab on someone's Redis leaves nothing behind: every record it claimed goes.
         if opts.redis_url.is_some() {

@@ -57,6 +57,33 @@ pub async fn fetch(admin: SocketAddr) -> Result<serde_json::Value, String> {
     call(admin, Method::GET, "/observe?records=1", String::new()).await
 }
 
+/// What several instances' `GET /observe?records=1` say together: their duplicates
+/// summed per route (as one route list) and per record.
+pub fn sum(each: &[serde_json::Value]) -> serde_json::Value {
+    let mut duplicates: u64 = 0;
+    let mut records = serde_json::Map::new();
+    for one in each {
+        duplicates += one["routes"]
+            .as_array()
+            .map(|r| {
+                r.iter()
+                    .filter_map(|r| r["duplicates_let_through"].as_u64())
+                    .sum::<u64>()
+            })
+            .unwrap_or(0);
+        if let Some(m) = one["records"].as_object() {
+            for (id, n) in m {
+                let was = records.get(id).and_then(|v| v.as_u64()).unwrap_or(0);
+                records.insert(id.clone(), (was + n.as_u64().unwrap_or(0)).into());
+            }
+        }
+    }
+    serde_json::json!({
+        "routes": [{"duplicates_let_through": duplicates}],
+        "records": records,
+    })
+}
+
 /// The record id of every key the ledger executed more than once.
 pub async fn record_ids(
     admin: SocketAddr,

@@ -211,6 +211,9 @@ impl DayPlan {
 pub struct LabClient {
     /// Where requests go: the bank itself, or idemgate in front of it.
     pub target: SocketAddr,
+    /// More instances of idemgate beside `target`, on the same store: attempts go to each
+    /// in turn, so that a retry lands on another instance than its first attempt.
+    pub also: Vec<SocketAddr>,
     /// Prepended to every intent's key, so two lab runs against one Redis never share keys.
     pub key_prefix: String,
     /// The impatient clients' deadline; shorter than the bank's slow tail.
@@ -334,6 +337,8 @@ enum Final {
 type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 struct Run<'a> {
+    // Attempts so far: which instance the next one goes to.
+    turn: std::sync::atomic::AtomicUsize,
     client: HttpClient,
     opts: &'a LabClient,
     counters: Counters,
@@ -371,6 +376,7 @@ pub async fn replay(plan: &DayPlan, opts: &LabClient, progress: &ProgressBar) ->
         client,
         opts,
         counters: Counters::default(),
+        turn: std::sync::atomic::AtomicUsize::new(0),
     });
     let next = AtomicUsize::new(0);
     let workers = (0..opts.concurrency.max(1)).map(|_| async {
@@ -491,7 +497,7 @@ impl Run<'_> {
         } else {
             "http"
         };
-        let uri = format!("{scheme}://{}/transfers", self.opts.target);
+        let uri = format!("{scheme}://{}/transfers", self.next_target());
         let request = Request::builder()
             .method(Method::POST)
             .uri(uri)
@@ -568,21 +574,34 @@ impl Run<'_> {
         Answer::Bank(status)
     }
 
+    /// The instance the next attempt goes to.
+    fn next_target(&self) -> SocketAddr {
+        if self.opts.also.is_empty() {
+            return self.opts.target;
+        }
+        let n = self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match n % (self.opts.also.len() + 1) {
+            0 => self.opts.target,
+            i => self.opts.also[i - 1],
+        }
+    }
+
     /// Writes the whole request on a fresh socket and closes it without reading the answer.
     async fn hang_up(&self, key: &str, body: &Bytes) {
+        let target = self.next_target();
         let head = format!(
             "POST /transfers HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
              Idempotency-Key: {key}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            self.opts.target,
+            target,
             body.len()
         );
         let write = async {
-            let stream = TcpStream::connect(self.opts.target).await?;
+            let stream = TcpStream::connect(target).await?;
             stream.set_nodelay(true)?;
             let mut stream = match &self.opts.tls {
                 None => tokio_util::either::Either::Left(stream),
                 Some(tls) => {
-                    let name = rustls::pki_types::ServerName::from(self.opts.target.ip());
+                    let name = rustls::pki_types::ServerName::from(target.ip());
                     let tls = tokio_rustls::TlsConnector::from(tls.clone());
                     tokio_util::either::Either::Right(tls.connect(name, stream).await?)
                 }
