@@ -122,6 +122,21 @@ fn parse_header(
     Ok(Some(IdempotencyKey(key)))
 }
 
+/// A key taken from a request body (`key_json_pointer`): the same rules as the header's,
+/// 1 to `max_len` visible ASCII characters.
+pub fn from_body(value: &str, max_len: usize) -> Result<IdempotencyKey, KeyError> {
+    if value.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if !value.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+        return Err(KeyError::Invalid);
+    }
+    if value.len() > max_len {
+        return Err(KeyError::TooLong { max: max_len });
+    }
+    Ok(IdempotencyKey(value.to_string()))
+}
+
 fn trim_ows(mut b: &[u8]) -> &[u8] {
     while let [b' ' | b'\t', rest @ ..] = b {
         b = rest;

@@ -132,6 +132,7 @@ impl Default for Defaults {
             key_headers: vec![crate::key::HEADER.into()],
             release_on_status: Vec::new(),
             record_control_header: None,
+            key_json_pointer: None,
             short_retention_statuses: vec![401, 403, 407],
             short_retention: Duration::from_secs(60),
             method_override_headers: Vec::new(),

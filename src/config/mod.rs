@@ -515,6 +515,11 @@ pub struct Defaults {
     /// `no-store`): the answer reaches the client, the claim is released, and a retry
     /// executes again. Never forwarded to the client; read from the upstream only.
     pub record_control_header: Option<String>,
+    /// A JSON pointer (RFC 6901) to the key in the request's JSON body (Square's
+    /// `/idempotency_key`): the key comes from there, the header still accepted when both
+    /// agree (400 when they differ); the member is left out of the fingerprint. Needs
+    /// `require_key = true`.
+    pub key_json_pointer: Option<String>,
     /// Answers with these statuses show that nothing ran (authentication and authorization
     /// refusals): recorded, but kept only `short_retention`, and at the embedded store's
     /// record cap they make room before a new key is refused.
@@ -580,6 +585,7 @@ pub struct Route {
     pub key_headers: Option<Vec<String>>,
     pub release_on_status: Option<Vec<u16>>,
     pub record_control_header: Option<String>,
+    pub key_json_pointer: Option<String>,
     pub short_retention_statuses: Option<Vec<u16>>,
     #[serde(default, with = "humantime_serde")]
     pub short_retention: Option<Duration>,

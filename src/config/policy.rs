@@ -68,6 +68,8 @@ pub struct Policy {
     pub release_on_status: Vec<u16>,
     /// The upstream's header that declines a record (`record_control_header`).
     pub record_control_header: Option<HeaderName>,
+    /// Where in a JSON body the key is (`key_json_pointer`), as RFC 6901 text.
+    pub key_json_pointer: Option<String>,
     /// Statuses whose records are kept only `short_retention`.
     pub short_retention_statuses: Vec<u16>,
     #[allow(missing_docs)]
@@ -212,7 +214,7 @@ pub(super) fn resolve(
             format_suffixes.push(ext);
         }
     }
-    let fingerprint_ignore = r
+    let mut fingerprint_ignore = r
         .fingerprint_ignore
         .as_ref()
         .unwrap_or(&d.fingerprint_ignore)
@@ -249,6 +251,25 @@ pub(super) fn resolve(
             key_of("release_on_status"),
             format!("{bad}: only 4xx and 5xx answers can say that nothing was done"),
         ));
+    }
+    let key_json_pointer = r.key_json_pointer.as_ref().or(d.key_json_pointer.as_ref());
+    if let Some(p) = key_json_pointer {
+        JsonPointer::parse(p)
+            .map_err(|e| invalid(key_of("key_json_pointer"), format!("`{p}`: {e}")))?;
+        if !r.require_key.unwrap_or(d.require_key) {
+            return Err(invalid(
+                key_of("key_json_pointer"),
+                "needs require_key = true: a request whose body holds no key cannot be forwarded unprotected once its body was read as a protected one",
+            ));
+        }
+    }
+    let key_json_pointer = key_json_pointer.cloned();
+    // The key is not the request: its member is left out of the fingerprint, so that the
+    // same request under two keys is a mismatch of nothing but its key.
+    if let Some(p) = &key_json_pointer {
+        if let Ok(pointer) = JsonPointer::parse(p) {
+            fingerprint_ignore.push(pointer);
+        }
     }
     let record_control_header = match r
         .record_control_header
@@ -327,6 +348,7 @@ pub(super) fn resolve(
         key_headers,
         release_on_status,
         record_control_header,
+        key_json_pointer,
         short_retention_statuses,
         short_retention: r.short_retention.unwrap_or(d.short_retention),
         method_override_headers,
@@ -414,6 +436,7 @@ fn matches_override(r: &Route, name: &str) -> bool {
         "max_response_bytes" => r.max_response_bytes.is_some(),
         "error_format" => r.error_format.is_some(),
         "record_control_header" => r.record_control_header.is_some(),
+        "key_json_pointer" => r.key_json_pointer.is_some(),
         "error_template" => r.error_template.is_some(),
         _ => false,
     }

@@ -46,11 +46,31 @@ impl Proxy {
             &parts.headers,
             content,
         );
+        let key = match &policy.key_json_pointer {
+            None => operation.key.clone(),
+            Some(pointer) => {
+                let text = decoded.as_deref().unwrap_or(body);
+                let in_body = key_in_body(text, pointer, policy.max_key_length)?;
+                match (&operation.key, in_body) {
+                    (Some(h), Some(b)) if h.as_str() != b.as_str() => {
+                        return Err(Refusal::InvalidKey(format!(
+                            "the Idempotency-Key header and the body's {pointer} differ"
+                        )))
+                    }
+                    (Some(h), _) => Some(h.clone()),
+                    (None, b) => b,
+                }
+            }
+        };
+        // The route requires a key (key_json_pointer says so): neither place had one.
+        let Some(key) = key else {
+            return Err(Refusal::MissingKey);
+        };
         let id = self.shared.scoper.record_id(
             &operation.tenant,
             method.as_str(),
             &operation.scope_path,
-            &operation.key,
+            &key,
         );
         Ok(Identified {
             id,
@@ -199,6 +219,27 @@ impl Found {
             Found::Failed(StoreError::Unreadable(_)) => ("record_unreadable", true),
             Found::Failed(_) => ("store_unavailable", false),
         }
+    }
+}
+
+/// The key at `pointer` in a JSON body: `None` when the body is not JSON or has no such
+/// member; a member that is not a string, or breaks the key's rules, is refused.
+fn key_in_body(
+    body: &[u8],
+    pointer: &str,
+    max_len: usize,
+) -> Result<Option<crate::key::IdempotencyKey>, Refusal> {
+    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return Ok(None);
+    };
+    match doc.pointer(pointer) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => crate::key::from_body(s, max_len)
+            .map(Some)
+            .map_err(|e| Refusal::InvalidKey(format!("the body's {pointer}: {e}"))),
+        Some(_) => Err(Refusal::InvalidKey(format!(
+            "the body's {pointer} is not a string"
+        ))),
     }
 }
 

@@ -87,8 +87,9 @@ impl Pass {
 /// A protected request, as the store will know it.
 #[derive(PartialEq, Eq)]
 pub(crate) struct Operation {
-    /// Its `Idempotency-Key` (or an alias's).
-    pub key: IdempotencyKey,
+    /// Its `Idempotency-Key` (or an alias's); `None` only on a route whose key may come
+    /// from the body (`key_json_pointer`), where the body step decides.
+    pub key: Option<IdempotencyKey>,
     /// Who owns its record.
     pub tenant: Tenant,
     /// The path's normal form: what scope and fingerprint use.
@@ -294,7 +295,9 @@ pub(crate) fn decide<'s>(
         return decision(effective, false, Action::PassThrough(pass));
     }
     let key = match key::parse_any(headers, &policy.key_headers, policy.max_key_length) {
-        Ok(Some(key)) => key,
+        Ok(Some(key)) => Some(key),
+        // The key may be in the body: the body step reads it (the route requires a key).
+        Ok(None) if policy.key_json_pointer.is_some() => None,
         Ok(None) if policy.require_key => {
             return decision(effective, true, Action::Refuse(Refusal::MissingKey))
         }
@@ -532,7 +535,7 @@ mod tests {
             Action::Protect(op) => format!(
                 "protect {} key={} forward={}",
                 op.scope_path,
-                op.key.as_str(),
+                op.key.as_ref().map_or("-", |k| k.as_str()),
                 op.forward_path.as_deref().unwrap_or("-")
             ),
         };
