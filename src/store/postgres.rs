@@ -30,8 +30,8 @@ use tokio_postgres::{Client, NoTls, Row, Socket, Statement};
 use super::postgres_tls::PostgresSetup;
 use super::row::{ViewRow, Walk};
 use super::{
-    BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
-    RecordView, Store, StoreError, StoredResponse,
+    Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState, RecordView,
+    Store, StoreError, StoreFuture, StoredResponse,
 };
 use crate::key::RecordId;
 
@@ -537,7 +537,7 @@ fn found(row: &Row, req: &ClaimRequest) -> Result<Option<Claim>, StoreError> {
 }
 
 impl Store for PostgresStore {
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
             let id = req.id.as_bytes().as_slice();
             let fv = i32::from(req.fingerprint_version);
@@ -575,7 +575,7 @@ impl Store for PostgresStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let status = i32::from(response.status);
             let headers = response.encode_headers();
@@ -604,7 +604,7 @@ impl Store for PostgresStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         retain: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let ms = i64::try_from(retain.as_millis()).unwrap_or(i64::MAX);
             let n = self
@@ -622,7 +622,7 @@ impl Store for PostgresStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         status: u16,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             // Completed with no headers and no body: what a claim reads as "not kept" (a
             // kept answer always has headers, if only an empty list).
@@ -649,7 +649,7 @@ impl Store for PostgresStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let n = self
                 .execute(
@@ -665,7 +665,7 @@ impl Store for PostgresStore {
         &'a self,
         id: &'a RecordId,
         owner: &'a OwnerToken,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let n = self
                 .execute(
@@ -682,7 +682,7 @@ impl Store for PostgresStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         linger: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let c = self.conn().await?;
             let row = c
@@ -701,7 +701,7 @@ impl Store for PostgresStore {
         &'a self,
         id: &'a RecordId,
         with_body: bool,
-    ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>> {
+    ) -> StoreFuture<'a, Option<RecordView>> {
         Box::pin(async move {
             let c = self.conn().await?;
             let Some(r) = c
@@ -716,11 +716,7 @@ impl Store for PostgresStore {
         })
     }
 
-    fn delete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        force: bool,
-    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
+    fn delete<'a>(&'a self, id: &'a RecordId, force: bool) -> StoreFuture<'a, Deleted> {
         Box::pin(async move {
             let c = self.conn().await?;
             let n: i32 = c
@@ -742,7 +738,7 @@ impl Store for PostgresStore {
         id: &'a RecordId,
         response: &'a StoredResponse,
         force: bool,
-    ) -> BoxFuture<'a, Result<Completed, StoreError>> {
+    ) -> StoreFuture<'a, Completed> {
         Box::pin(async move {
             let c = self.conn().await?;
             let status = i32::from(response.status);
@@ -771,7 +767,7 @@ impl Store for PostgresStore {
         id: &'a RecordId,
         fingerprint: &'a crate::fingerprint::Fingerprint,
         response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let c = self.conn().await?;
             let status = i32::from(response.status);
@@ -799,7 +795,7 @@ impl Store for PostgresStore {
         state: Option<RecordState>,
         cursor: &'a str,
         count: usize,
-    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+    ) -> StoreFuture<'a, Page> {
         Box::pin(async move {
             // The cursor is the last id examined (hex).
             let after = if cursor.is_empty() {
@@ -827,7 +823,7 @@ impl Store for PostgresStore {
         })
     }
 
-    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+    fn ping(&self) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let c = self.conn().await?;
             c.client.simple_query("SELECT 1").await.map_err(pg)?;
@@ -839,11 +835,7 @@ impl Store for PostgresStore {
         "postgres"
     }
 
-    fn meta<'a>(
-        &'a self,
-        name: &'a str,
-        offer: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Meta, StoreError>> {
+    fn meta<'a>(&'a self, name: &'a str, offer: Option<&'a str>) -> StoreFuture<'a, Meta> {
         Box::pin(async move {
             let c = self.conn().await?;
             let c = &c.client;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::{
     BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
-    RecordView, Store, StoreError, StoredResponse,
+    RecordView, Store, StoreError, StoreFuture, StoredResponse,
 };
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;

@@ -3,7 +3,7 @@
 use super::*;
 
 impl Store for RedisStore {
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
             let mut cmd = evalsha(&self.scripts.claim, &Self::key(&req.id));
             cmd.arg(&hex64(&req.fingerprint.0)[..])
@@ -47,7 +47,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             if response.body.len() > INLINE_MAX {
                 return self.record_large(id, owner, response).await;
@@ -65,7 +65,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         retain: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let ms = retain.as_millis().max(1).to_string();
             let args: [&[u8]; 1] = [ms.as_bytes()];
@@ -79,7 +79,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         status: u16,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let status = status.to_string();
             let args: [&[u8]; 1] = [status.as_bytes()];
@@ -99,7 +99,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let lease_ms = lease.as_millis().to_string();
             self.owner_checked(&self.scripts.renew, id, owner, &[lease_ms.as_bytes()], None)
@@ -111,7 +111,7 @@ impl Store for RedisStore {
         &'a self,
         id: &'a RecordId,
         owner: &'a OwnerToken,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(self.owner_checked(&self.scripts.mark_unknown, id, owner, &[], None))
     }
 
@@ -120,7 +120,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         linger: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let script = &self.scripts.release;
             let mut cmd = evalsha(script, &Self::key(id));
@@ -138,7 +138,7 @@ impl Store for RedisStore {
         &'a self,
         id: &'a RecordId,
         with_body: bool,
-    ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>> {
+    ) -> StoreFuture<'a, Option<RecordView>> {
         Box::pin(async move {
             let script = &self.scripts.inspect;
             let mut cmd = evalsha(script, &Self::key(id));
@@ -202,11 +202,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn delete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        force: bool,
-    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
+    fn delete<'a>(&'a self, id: &'a RecordId, force: bool) -> StoreFuture<'a, Deleted> {
         Box::pin(async move {
             let script = &self.scripts.delete;
             let mut cmd = evalsha(script, &Self::key(id));
@@ -238,7 +234,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         response: &'a StoredResponse,
         force: bool,
-    ) -> BoxFuture<'a, Result<Completed, StoreError>> {
+    ) -> StoreFuture<'a, Completed> {
         Box::pin(async move {
             let script = &self.scripts.complete;
             let mut cmd = evalsha(script, &Self::key(id));
@@ -265,7 +261,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         fingerprint: &'a crate::fingerprint::Fingerprint,
         response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let script = &self.scripts.supersede;
             let mut cmd = evalsha(script, &Self::key(id));
@@ -290,7 +286,7 @@ impl Store for RedisStore {
         state: Option<RecordState>,
         cursor: &'a str,
         count: usize,
-    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+    ) -> StoreFuture<'a, Page> {
         Box::pin(async move {
             // SCAN, never KEYS: each call costs Redis about `count` keys' work, and a
             // record that exists for the whole walk is returned at least once.
@@ -344,7 +340,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+    fn ping(&self) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let mut c = self.conn.clone();
             let _: String = redis::cmd("PING")
@@ -363,11 +359,7 @@ impl Store for RedisStore {
         !self.conn.is_cluster()
     }
 
-    fn meta<'a>(
-        &'a self,
-        name: &'a str,
-        offer: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Meta, StoreError>> {
+    fn meta<'a>(&'a self, name: &'a str, offer: Option<&'a str>) -> StoreFuture<'a, Meta> {
         Box::pin(async move {
             if self.conn.is_cluster() {
                 return self.cluster_meta(name, offer).await;
@@ -395,7 +387,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
+    fn server_stats(&self) -> StoreFuture<'_, Option<ServerStats>> {
         Box::pin(async move {
             // The default sections hold all four fields; `all` would add per-command ones.
             // A cluster's primaries are read as one server: a restart of any changes the

@@ -28,8 +28,8 @@ use redis::{Cmd, Script, Value};
 use super::redis_link::Link;
 use super::redis_setup::{RedisSetup, ReplicaAck, Topology};
 use super::{
-    BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
-    RecordView, ServerStats, Store, StoreError, StoredResponse, SCOPE_SECRET,
+    Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState, RecordView,
+    ServerStats, Store, StoreError, StoreFuture, StoredResponse, SCOPE_SECRET,
 };
 use crate::key::RecordId;
 
