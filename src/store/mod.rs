@@ -95,6 +95,24 @@ pub struct ClaimRequest {
     pub answer_room: usize,
 }
 
+#[cfg(test)]
+impl ClaimRequest {
+    /// A claim of `id` as the backends' own tests make it: version 1, a fresh owner, a 10 s
+    /// lease and busy time, a minute's retention, no reserved room.
+    pub(crate) fn for_test(id: RecordId, fingerprint: Fingerprint) -> ClaimRequest {
+        ClaimRequest {
+            id,
+            fingerprint,
+            fingerprint_version: 1,
+            owner: OwnerToken::random(),
+            lease: Duration::from_secs(10),
+            retention: Duration::from_secs(60),
+            busy_for: Duration::from_secs(10),
+            answer_room: 0,
+        }
+    }
+}
+
 /// A response as recorded, and replayed byte for byte.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredResponse {

@@ -99,16 +99,8 @@ fn request(key: &str) -> ClaimRequest {
         .flatten()
         .expect("a valid key");
     let scoper = Scoper::new(&ScopeSecret::random(), "upgrade");
-    ClaimRequest {
-        id: scoper.record_id(&Tenant::anonymous(), "POST", "/t", &key),
-        fingerprint: Fingerprint([7; 32]),
-        fingerprint_version: 1,
-        owner: OwnerToken::random(),
-        lease: Duration::from_secs(10),
-        retention: Duration::from_secs(60),
-        busy_for: Duration::from_secs(10),
-        answer_room: 0,
-    }
+    let id = scoper.record_id(&Tenant::anonymous(), "POST", "/t", &key);
+    ClaimRequest::for_test(id, Fingerprint([7; 32]))
 }
 
 fn previous_claim(con: &mut redis::Connection, req: &ClaimRequest) -> String {
