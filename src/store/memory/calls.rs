@@ -44,7 +44,7 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a, bool> {
         let now = Instant::now();
         let mut records = self.lock_for(id);
-        let owned = matches!(records.map.get(id), Some(e) if e.expires > now && e.owner == *owner);
+        let owned = records.owned_by(id, owner, now);
         if owned {
             records.records.shorten(*id, now + retain);
         }
@@ -107,7 +107,7 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a, bool> {
         let now = Instant::now();
         let mut records = self.lock_for(id);
-        let owned = matches!(records.map.get(id), Some(e) if e.expires > now && e.owner == *owner);
+        let owned = records.owned_by(id, owner, now);
         if owned {
             records.remove(id);
         } else {
@@ -153,21 +153,10 @@ impl Store for MemoryStore {
                 Completed::OwnerBusy
             }
             _ => {
-                let state = State::Completed(StoredResponse {
-                    status: response.status,
-                    headers: response.headers.clone(),
-                    body: Bytes::copy_from_slice(&response.body),
-                });
                 // Counted against `memory_max_bytes` like the upstream's answer, in the room
                 // its claim reserved if it is still there.
-                let (old, new) = (e.state.size() + e.room, state.size());
-                if new > old && !inner.reserve_bytes(new - old) {
-                    return ready(Err(self.full(Cap::Bytes)));
-                }
-                e.state = state;
-                inner.give_back_room(e);
-                if old > new {
-                    inner.bytes.fetch_sub(old - new, Ordering::Relaxed);
+                if let Err(cap) = inner.replace_state(e, kept(response)) {
+                    return ready(Err(self.full(cap)));
                 }
                 // The former owner's late record must not overwrite the operator's answer.
                 e.owner = OwnerToken::random();
@@ -197,20 +186,11 @@ impl Store for MemoryStore {
         if !failed || e.fingerprint != *fingerprint {
             return ready(Ok(false));
         }
-        let state = State::Completed(StoredResponse {
-            status: response.status,
-            headers: response.headers.clone(),
-            body: Bytes::copy_from_slice(&response.body),
-        });
-        let (old, new) = (e.state.size(), state.size());
-        if new > old && !inner.reserve_bytes(new - old) {
-            return ready(Err(self.full(Cap::Bytes)));
-        }
-        e.state = state;
-        if old > new {
-            inner.bytes.fetch_sub(old - new, Ordering::Relaxed);
-        }
-        ready(Ok(true))
+        // A completed record holds no reserved room (given back when it completed).
+        ready(match inner.replace_state(e, kept(response)) {
+            Ok(()) => Ok(true),
+            Err(cap) => Err(self.full(cap)),
+        })
     }
 
     fn list<'a>(
@@ -278,6 +258,16 @@ impl Store for MemoryStore {
         };
         ready(found)
     }
+}
+
+/// An operator's or a later execution's answer as the record keeps it, its body copied out
+/// of whatever buffer it came in.
+fn kept(response: &StoredResponse) -> State {
+    State::Completed(StoredResponse {
+        status: response.status,
+        headers: response.headers.clone(),
+        body: Bytes::copy_from_slice(&response.body),
+    })
 }
 
 /// The admin view of one live entry.
