@@ -583,23 +583,17 @@ impl Store for SqliteStore {
     fn delete<'a>(&'a self, id: &'a RecordId, force: bool) -> StoreFuture<'a, Deleted> {
         let id = *id;
         self.run(move |c| {
-            let now = now_ms();
-            let id = id.as_bytes().as_slice();
-            let tx = c
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(backend)?;
-            let row = operator_row(&tx, id, now)?;
-            let out = match row {
-                None => Deleted::NotFound,
-                Some((_, true)) if !force => Deleted::OwnerBusy,
-                Some(_) => {
-                    tx.execute("DELETE FROM records WHERE id = ?1", params![id])
-                        .map_err(backend)?;
-                    Deleted::Deleted
-                }
-            };
-            tx.commit().map_err(backend)?;
-            Ok(out)
+            operator_step(c, &id, |tx, id, row| {
+                Ok(match row {
+                    None => Deleted::NotFound,
+                    Some((_, true)) if !force => Deleted::OwnerBusy,
+                    Some(_) => {
+                        tx.execute("DELETE FROM records WHERE id = ?1", params![id])
+                            .map_err(backend)?;
+                        Deleted::Deleted
+                    }
+                })
+            })
         })
     }
 
@@ -614,31 +608,25 @@ impl Store for SqliteStore {
         let headers = response.encode_headers();
         let body = response.body.to_vec();
         self.run(move |c| {
-            let now = now_ms();
-            let id = id.as_bytes().as_slice();
-            let tx = c
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(backend)?;
-            let row = operator_row(&tx, id, now)?;
-            let out = match row {
-                None => Completed::NotFound,
-                // Kept or not kept, it holds the upstream's (or an operator's) answer.
-                Some((COMPLETED, _)) => Completed::AlreadyCompleted,
-                Some((_, true)) if !force => Completed::OwnerBusy,
-                Some(_) => {
-                    // The owner is cleared, so the former owner's late record is refused.
-                    tx.execute(
-                        "UPDATE records SET state = ?2, owner = '', status = ?3, headers = ?4,
-                           body = ?5
-                         WHERE id = ?1",
-                        params![id, COMPLETED, status, headers, body],
-                    )
-                    .map_err(backend)?;
-                    Completed::Completed
-                }
-            };
-            tx.commit().map_err(backend)?;
-            Ok(out)
+            operator_step(c, &id, |tx, id, row| {
+                Ok(match row {
+                    None => Completed::NotFound,
+                    // Kept or not kept, it holds the upstream's (or an operator's) answer.
+                    Some((COMPLETED, _)) => Completed::AlreadyCompleted,
+                    Some((_, true)) if !force => Completed::OwnerBusy,
+                    Some(_) => {
+                        // The owner is cleared, so the former owner's late record is refused.
+                        tx.execute(
+                            "UPDATE records SET state = ?2, owner = '', status = ?3, headers = ?4,
+                               body = ?5
+                             WHERE id = ?1",
+                            params![id, COMPLETED, status, headers, body],
+                        )
+                        .map_err(backend)?;
+                        Completed::Completed
+                    }
+                })
+            })
         })
     }
 
@@ -748,6 +736,25 @@ impl Store for SqliteStore {
             Ok(Meta { value, created })
         })
     }
+}
+
+/// An operator's delete or complete, as one transaction: reads what [`operator_row`]
+/// reports of the record `id`, then lets `act` change it (handed the transaction, the id's
+/// bytes and that row), and commits.
+fn operator_step<T>(
+    c: &mut Connection,
+    id: &RecordId,
+    act: impl FnOnce(&rusqlite::Transaction<'_>, &[u8], Option<(i64, bool)>) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let now = now_ms();
+    let id = id.as_bytes().as_slice();
+    let tx = c
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(backend)?;
+    let row = operator_row(&tx, id, now)?;
+    let out = act(&tx, id, row)?;
+    tx.commit().map_err(backend)?;
+    Ok(out)
 }
 
 /// What an operator's delete or complete checks, in its transaction: the live record's
