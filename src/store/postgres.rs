@@ -461,6 +461,22 @@ impl PostgresStore {
         let c = self.conn().await?;
         c.client.execute(which(&c), params).await.map_err(pg)
     }
+
+    /// Runs an owner-checked statement, whose first two parameters are the record's id and
+    /// its owner, then `rest`: `Ok(true)` when it changed the record, which only the owner's
+    /// call can.
+    async fn owned(
+        &self,
+        which: fn(&Conn) -> &Statement,
+        id: &RecordId,
+        owner: &OwnerToken,
+        rest: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<bool, StoreError> {
+        let (id, owner) = (id.as_bytes().as_slice(), owner.as_str());
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&id, &owner];
+        params.extend_from_slice(rest);
+        Ok(self.execute(which, &params).await? == 1)
+    }
 }
 
 /// Opens a connection with `tls` and drives it in a task of its own.
@@ -607,13 +623,7 @@ impl Store for PostgresStore {
     ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let ms = i64::try_from(retain.as_millis()).unwrap_or(i64::MAX);
-            let n = self
-                .execute(
-                    |c| &c.shorten,
-                    &[&id.as_bytes().as_slice(), &owner.as_str(), &ms],
-                )
-                .await?;
-            Ok(n == 1)
+            self.owned(|c| &c.shorten, id, owner, &[&ms]).await
         })
     }
 
@@ -628,19 +638,8 @@ impl Store for PostgresStore {
             // kept answer always has headers, if only an empty list).
             let status = i32::from(status);
             let none: Option<Vec<u8>> = None;
-            let n = self
-                .execute(
-                    |c| &c.record,
-                    &[
-                        &id.as_bytes().as_slice(),
-                        &owner.as_str(),
-                        &status,
-                        &none,
-                        &none,
-                    ],
-                )
-                .await?;
-            Ok(n == 1)
+            self.owned(|c| &c.record, id, owner, &[&status, &none, &none])
+                .await
         })
     }
 
@@ -650,15 +649,7 @@ impl Store for PostgresStore {
         owner: &'a OwnerToken,
         lease: Duration,
     ) -> StoreFuture<'a, bool> {
-        Box::pin(async move {
-            let n = self
-                .execute(
-                    |c| &c.renew,
-                    &[&id.as_bytes().as_slice(), &owner.as_str(), &ms(lease)],
-                )
-                .await?;
-            Ok(n == 1)
-        })
+        Box::pin(async move { self.owned(|c| &c.renew, id, owner, &[&ms(lease)]).await })
     }
 
     fn mark_unknown<'a>(
@@ -666,15 +657,7 @@ impl Store for PostgresStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
     ) -> StoreFuture<'a, bool> {
-        Box::pin(async move {
-            let n = self
-                .execute(
-                    |c| &c.mark_unknown,
-                    &[&id.as_bytes().as_slice(), &owner.as_str()],
-                )
-                .await?;
-            Ok(n == 1)
-        })
+        Box::pin(self.owned(|c| &c.mark_unknown, id, owner, &[]))
     }
 
     fn release<'a>(
