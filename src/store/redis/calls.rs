@@ -2,6 +2,13 @@
 
 use super::*;
 
+/// Appends an answer as the scripts that write one take it: status, encoded headers, body.
+fn push_answer(cmd: &mut Cmd, response: &StoredResponse) {
+    cmd.arg(response.status.to_string())
+        .arg(response.encode_headers())
+        .arg(&response.body[..]);
+}
+
 impl Store for RedisStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
@@ -238,10 +245,8 @@ impl Store for RedisStore {
         Box::pin(async move {
             let script = &self.scripts.complete;
             let mut cmd = evalsha(script, &Self::key(id));
-            cmd.arg(if force { "1" } else { "0" })
-                .arg(response.status.to_string())
-                .arg(response.encode_headers())
-                .arg(&response.body[..]);
+            cmd.arg(if force { "1" } else { "0" });
+            push_answer(&mut cmd, response);
             // Waits for replicas like a record: a completion lost in a failover would leave
             // the record `unknown` again.
             let (v, acked) = self.eval(script, cmd, true).await?;
@@ -265,10 +270,8 @@ impl Store for RedisStore {
         Box::pin(async move {
             let script = &self.scripts.supersede;
             let mut cmd = evalsha(script, &Self::key(id));
-            cmd.arg(&hex64(&fingerprint.0)[..])
-                .arg(response.status.to_string())
-                .arg(response.encode_headers())
-                .arg(&response.body[..]);
+            cmd.arg(&hex64(&fingerprint.0)[..]);
+            push_answer(&mut cmd, response);
             let (v, acked) = self.eval(script, cmd, true).await?;
             match v {
                 Value::Int(1) => {
