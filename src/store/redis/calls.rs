@@ -272,15 +272,8 @@ impl Store for RedisStore {
             let mut cmd = evalsha(script, &Self::key(id));
             cmd.arg(&hex64(&fingerprint.0)[..]);
             push_answer(&mut cmd, response);
-            let (v, acked) = self.eval(script, cmd, true).await?;
-            match v {
-                Value::Int(1) => {
-                    self.acknowledged("superseding answer", acked)?;
-                    Ok(true)
-                }
-                Value::Int(0) => Ok(false),
-                _ => Err(corrupt("supersede reply")),
-            }
+            self.answer_written(script, cmd, "superseding answer", "supersede reply")
+                .await
         })
     }
 

@@ -315,6 +315,27 @@ impl RedisStore {
         }
     }
 
+    /// Runs a script that writes an answer and waits for replicas: it answers 1 when it
+    /// wrote (then `what` must be acknowledged), 0 when it left the record alone; any other
+    /// reply is corrupt (`bad` says which).
+    async fn answer_written(
+        &self,
+        script: &Script,
+        cmd: Cmd,
+        what: &str,
+        bad: &str,
+    ) -> Result<bool, StoreError> {
+        let (v, acked) = self.eval(script, cmd, true).await?;
+        match v {
+            Value::Int(1) => {
+                self.acknowledged(what, acked)?;
+                Ok(true)
+            }
+            Value::Int(0) => Ok(false),
+            _ => Err(corrupt(bad)),
+        }
+    }
+
     /// Runs one of the owner-checked scripts: KEYS[1] = the record, ARGV[1] = the owner,
     /// then `args`. It answers 1 when it applied, 0 when the record is not (or no longer)
     /// the owner's. `acknowledged`: what to call the write when it must wait for replicas.
