@@ -188,30 +188,37 @@ WHERE id = $1 AND expires > clock_timestamp() AND state = 1 AND fingerprint = $2
   AND (status IS NULL OR status < 200 OR status >= 300)
 ";
 
-// The columns of a record view (see `view_of`), `$2`: with its body.
-const INSPECT: &str = "
+// The columns a record view starts with (see `view_of`), as INSPECT and LIST select them.
+macro_rules! view_columns {
+    () => {
+        "
 SELECT state, fingerprint, fingerprint_version,
   (extract(epoch FROM (lease_until - clock_timestamp())) * 1000)::bigint,
   (extract(epoch FROM (busy_until - clock_timestamp())) * 1000)::bigint,
   (extract(epoch FROM created) * 1000)::bigint,
   (extract(epoch FROM (expires - clock_timestamp())) * 1000)::bigint,
-  status, CASE WHEN $2 THEN body END, headers IS NOT NULL
+  status, "
+    };
+}
+
+// The columns of a record view (see `view_of`), `$2`: with its body.
+const INSPECT: &str = concat!(
+    view_columns!(),
+    "CASE WHEN $2 THEN body END, headers IS NOT NULL
 FROM idemgate_records WHERE id = $1 AND expires > clock_timestamp()
-";
+"
+);
 
 // One page of an operator's walk: the next `$2` live records after the id `$1`, in
 // primary-key order (an index range scan: about `$2` rows read per page), with the
 // columns of INSPECT and the id last.
-const LIST: &str = "
-SELECT state, fingerprint, fingerprint_version,
-  (extract(epoch FROM (lease_until - clock_timestamp())) * 1000)::bigint,
-  (extract(epoch FROM (busy_until - clock_timestamp())) * 1000)::bigint,
-  (extract(epoch FROM created) * 1000)::bigint,
-  (extract(epoch FROM (expires - clock_timestamp())) * 1000)::bigint,
-  status, NULL::bytea, headers IS NOT NULL, id
+const LIST: &str = concat!(
+    view_columns!(),
+    "NULL::bytea, headers IS NOT NULL, id
 FROM idemgate_records WHERE id > $1 AND expires > clock_timestamp()
 ORDER BY id LIMIT $2
-";
+"
+);
 
 const SWEEP: &str = "
 WITH d AS (
