@@ -100,14 +100,15 @@ impl ClaimRequest {
     /// A claim of `id` as the backends' own tests make it: version 1, a fresh owner, a 10 s
     /// lease and busy time, a minute's retention, no reserved room.
     pub(crate) fn for_test(id: RecordId, fingerprint: Fingerprint) -> ClaimRequest {
+        let ten_seconds = Duration::from_secs(10);
         ClaimRequest {
             id,
             fingerprint,
             fingerprint_version: 1,
             owner: OwnerToken::random(),
-            lease: Duration::from_secs(10),
+            lease: ten_seconds,
             retention: Duration::from_secs(60),
-            busy_for: Duration::from_secs(10),
+            busy_for: ten_seconds,
             answer_room: 0,
         }
     }
