@@ -19,7 +19,7 @@ use prometheus_client::registry::Registry;
 
 use crate::key::RecordId;
 use crate::outcome::Outcome;
-use crate::store::{renew_deadline, BoxFuture, Call, OwnerToken, ServerStats, Store, StoreError};
+use crate::store::{renew_deadline, Call, OwnerToken, ServerStats, Store, StoreFuture};
 
 /// The content type of [`Metrics::encode`]'s output (OpenMetrics text, which Prometheus
 /// scrapes natively).
@@ -742,8 +742,8 @@ impl Instrumented {
         &'a self,
         op: StoreOp,
         deadline: Duration,
-        call: BoxFuture<'a, Result<T, StoreError>>,
-    ) -> BoxFuture<'a, Result<T, StoreError>> {
+        call: StoreFuture<'a, T>,
+    ) -> StoreFuture<'a, T> {
         let guard = CallGuard {
             metrics: &self.metrics,
             op,
@@ -794,8 +794,8 @@ impl crate::store::Layer for Instrumented {
     fn around<'a, T: Send + 'a>(
         &'a self,
         call: Call,
-        future: BoxFuture<'a, Result<T, StoreError>>,
-    ) -> BoxFuture<'a, Result<T, StoreError>> {
+        future: StoreFuture<'a, T>,
+    ) -> StoreFuture<'a, T> {
         let op = match call {
             Call::Claim => StoreOp::Claim,
             Call::Record | Call::Shorten | Call::RecordNotKept => StoreOp::Record,
@@ -814,7 +814,7 @@ impl crate::store::Layer for Instrumented {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         let deadline = renew_deadline(self.store_timeout, lease);
         self.timed(StoreOp::Renew, deadline, self.inner.renew(id, owner, lease))
     }
@@ -823,7 +823,7 @@ impl crate::store::Layer for Instrumented {
         &'a self,
         id: &'a RecordId,
         owner: &'a OwnerToken,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         let call = self.timed(
             StoreOp::MarkUnknown,
             self.store_timeout,

@@ -409,13 +409,10 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
                 }
                 return Err(failure);
             }
-            let v = answer.json()?;
-            if json {
-                println!("{v}");
-            } else {
+            print_answer(&answer.json()?, json, |v| {
                 let was = v["released"]["state"].as_str().unwrap_or("-");
-                println!("released {id} (was {was}); the client's next retry executes");
-            }
+                format!("released {id} (was {was}); the client's next retry executes")
+            });
             Ok(OK)
         }
         Action::Complete {
@@ -455,13 +452,10 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
             if !answer.status.is_success() {
                 return Err(refusal(&answer, json));
             }
-            let v = answer.json()?;
-            if json {
-                println!("{v}");
-            } else {
+            print_answer(&answer.json()?, json, |v| {
                 let was = v["was"]["state"].as_str().unwrap_or("-");
-                println!("completed {id} (was {was}); its retries get {status} replayed");
-            }
+                format!("completed {id} (was {was}); its retries get {status} replayed")
+            });
             Ok(OK)
         }
     }
@@ -522,6 +516,16 @@ async fn list(
         print!("{}", table(&records, now_ms()));
     }
     Ok(OK)
+}
+
+/// Prints an operator action's answer: as the admin API sent it (`--json`), or the one line
+/// `line` makes of it for a person.
+fn print_answer(v: &Value, json: bool, line: impl FnOnce(&Value) -> String) {
+    if json {
+        println!("{v}");
+    } else {
+        println!("{}", line(v));
+    }
 }
 
 fn now_ms() -> u64 {

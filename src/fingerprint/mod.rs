@@ -720,17 +720,19 @@ mod version_2_tests {
         (ct, body)
     }
 
+    /// A `POST /p` with this content type and body.
+    fn post<'a>(ct: &'a str, body: &'a [u8]) -> RequestParts<'a> {
+        RequestParts {
+            method: "POST",
+            path: "/p",
+            content_type: Some(ct),
+            body,
+            ..RequestParts::default()
+        }
+    }
+
     fn fp_of(ct: &str, body: &[u8]) -> Fingerprint {
-        fingerprint(
-            &RequestParts {
-                method: "POST",
-                path: "/p",
-                content_type: Some(ct),
-                body,
-                ..RequestParts::default()
-            },
-            &[],
-        )
+        fingerprint(&post(ct, body), &[])
     }
 
     #[test]
@@ -755,19 +757,7 @@ mod version_2_tests {
             fp_of("multipart/form-data; boundary=q", &b2)
         );
         // Version 1 compared them raw.
-        let v1 = |ct: &str, body: &[u8]| {
-            fingerprint_as(
-                1,
-                &RequestParts {
-                    method: "POST",
-                    path: "/p",
-                    content_type: Some(ct),
-                    body,
-                    ..RequestParts::default()
-                },
-                &Rules::default(),
-            )
-        };
+        let v1 = |ct: &str, body: &[u8]| fingerprint_as(1, &post(ct, body), &Rules::default());
         assert_ne!(v1(&ct1, &b1), v1(&ct2, &b2));
     }
 

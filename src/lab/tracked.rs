@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::key::RecordId;
-use crate::store::{deadline, BoxFuture, Claim, ClaimRequest, Layer, Store, StoreError};
+use crate::store::{deadline, Claim, ClaimRequest, Layer, Store, StoreFuture};
 
 /// A store that remembers the ids of the records claimed through it.
 pub struct Tracked {
@@ -60,7 +60,7 @@ impl Layer for Tracked {
         &*self.inner
     }
 
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
             // Noted before the call: a claim whose answer is lost may still have landed.
             if let Ok(mut c) = self.claimed.lock() {

@@ -46,6 +46,10 @@ pub use self::sqlite::SqliteStore;
 /// A boxed future, so the trait can be used as `dyn Store`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// What a [`Store`] call returns: its answer or why it failed, later. Named once, so that
+/// each call's signature says what it answers rather than how the future is boxed.
+pub type StoreFuture<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
+
 /// An unguessable token that names the holder of a claim: only it may record or release.
 /// Shared, not copied, on clone: a protected request's claim guard holds one too.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
@@ -89,6 +93,25 @@ pub struct ClaimRequest {
     /// a store with a byte cap (the embedded one's `memory_max_bytes`) reserves them with
     /// the claim, so that the answer of a request it admitted always fits. Others ignore it.
     pub answer_room: usize,
+}
+
+#[cfg(test)]
+impl ClaimRequest {
+    /// A claim of `id` as the backends' own tests make it: version 1, a fresh owner, a 10 s
+    /// lease and busy time, a minute's retention, no reserved room.
+    pub(crate) fn for_test(id: RecordId, fingerprint: Fingerprint) -> ClaimRequest {
+        let ten_seconds = Duration::from_secs(10);
+        ClaimRequest {
+            id,
+            fingerprint,
+            fingerprint_version: 1,
+            owner: OwnerToken::random(),
+            lease: ten_seconds,
+            retention: Duration::from_secs(60),
+            busy_for: ten_seconds,
+            answer_room: 0,
+        }
+    }
 }
 
 /// A response as recorded, and replayed byte for byte.
@@ -284,14 +307,14 @@ pub enum StoreError {
 /// owner-checked where it says so, and each is one round trip for a remote store.
 pub trait Store: Send + Sync + 'static {
     /// Creates the record as `in_progress` owned by `req.owner`, or reports what exists.
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>>;
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim>;
     /// Records the response if `owner` still owns the record. `Ok(false)`: it does not.
     fn record<'a>(
         &'a self,
         id: &'a RecordId,
         owner: &'a OwnerToken,
         response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    ) -> StoreFuture<'a, bool>;
     /// Completes the record without its headers and body (the answer was too large to
     /// keep) if `owner` still owns it. `Ok(false)`: it does not.
     /// Brings the record's expiry forward to `retain` from now (never later), if `owner`
@@ -303,27 +326,24 @@ pub trait Store: Send + Sync + 'static {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         retain: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    ) -> StoreFuture<'a, bool>;
     /// Records that the request was executed and answered with `status`, without the answer.
     fn record_not_kept<'a>(
         &'a self,
         id: &'a RecordId,
         owner: &'a OwnerToken,
         status: u16,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    ) -> StoreFuture<'a, bool>;
     /// Extends the lease if `owner` still owns an `in_progress` record.
     fn renew<'a>(
         &'a self,
         id: &'a RecordId,
         owner: &'a OwnerToken,
         lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    ) -> StoreFuture<'a, bool>;
     /// Marks the record `unknown` if `owner` still owns it.
-    fn mark_unknown<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    fn mark_unknown<'a>(&'a self, id: &'a RecordId, owner: &'a OwnerToken)
+        -> StoreFuture<'a, bool>;
     /// Deletes the record if `owner` still owns it (the request never left idemgate).
     ///
     /// Safe whether or not `owner`'s claim landed, and whenever it lands: when the store
@@ -335,21 +355,17 @@ pub trait Store: Send + Sync + 'static {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         linger: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    ) -> StoreFuture<'a, bool>;
     /// Reads a record for operators.
     fn inspect<'a>(
         &'a self,
         id: &'a RecordId,
         with_body: bool,
-    ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>>;
+    ) -> StoreFuture<'a, Option<RecordView>>;
     /// Deletes a record for an operator (a reconciliation). Unless `force`, a record whose
     /// owner may still be working (a live lease, or within its [`ClaimRequest::busy_for`])
     /// is left alone: checked and deleted in one atomic step.
-    fn delete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        force: bool,
-    ) -> BoxFuture<'a, Result<Deleted, StoreError>>;
+    fn delete<'a>(&'a self, id: &'a RecordId, force: bool) -> StoreFuture<'a, Deleted>;
     /// Resolves a record as executed with the answer an operator found (a reconciliation of
     /// an `unknown` record): it becomes `completed`, its retries get `response` replayed,
     /// and its former owner can no longer record over it. Unless `force`, a record whose
@@ -360,7 +376,7 @@ pub trait Store: Send + Sync + 'static {
         id: &'a RecordId,
         response: &'a StoredResponse,
         force: bool,
-    ) -> BoxFuture<'a, Result<Completed, StoreError>>;
+    ) -> StoreFuture<'a, Completed>;
     /// While a route observes: the answer of a later execution of the same request (same
     /// `fingerprint`) replaces a recorded answer that was not a success (a `completed`
     /// record, kept or not, whose status is outside 2xx), so that once the route enforces a
@@ -372,7 +388,7 @@ pub trait Store: Send + Sync + 'static {
         id: &'a RecordId,
         fingerprint: &'a Fingerprint,
         response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    ) -> StoreFuture<'a, bool>;
     /// One page of a walk over every record, for operators: those in `state` (all if
     /// `None`) among the next `count` or so examined, starting at `cursor` (`""`: the
     /// beginning). The work per call is bounded by `count`, whatever the store holds; a
@@ -382,14 +398,14 @@ pub trait Store: Send + Sync + 'static {
         state: Option<RecordState>,
         cursor: &'a str,
         count: usize,
-    ) -> BoxFuture<'a, Result<Page, StoreError>>;
+    ) -> StoreFuture<'a, Page>;
     /// Whether [`Store::list`] can walk this store (not on Redis Cluster, whose keys are
     /// spread over primaries that each scan their own).
     fn can_list(&self) -> bool {
         true
     }
     /// Checks the store answers.
-    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+    fn ping(&self) -> StoreFuture<'_, ()>;
     /// A short name for logs: `memory`, `sqlite` or `redis`.
     fn kind(&self) -> &'static str;
     /// A small named value the store keeps for ever (no TTL), beside the records: the
@@ -398,16 +414,12 @@ pub trait Store: Send + Sync + 'static {
     /// returned, and whether this call created it. With replica acknowledgement on, an
     /// offered value is acknowledged before the call returns. An embedded store keeps them
     /// in its memory, and they die with it like its records.
-    fn meta<'a>(
-        &'a self,
-        name: &'a str,
-        offer: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Meta, StoreError>>;
+    fn meta<'a>(&'a self, name: &'a str, offer: Option<&'a str>) -> StoreFuture<'a, Meta>;
     /// The secret that record ids are keyed with: the same for every instance that shares
     /// this store, created by the first one and kept by the store (set if absent, then
     /// read). Start-up goes through [`crate::secret::establish`] instead, which waits for
     /// running instances to restore a lost one before creating it.
-    fn scope_secret(&self) -> BoxFuture<'_, Result<ScopeSecret, StoreError>> {
+    fn scope_secret(&self) -> StoreFuture<'_, ScopeSecret> {
         Box::pin(async move {
             let offer = ScopeSecret::random().to_hex();
             let meta = self.meta(SCOPE_SECRET, Some(&offer)).await?;
@@ -426,7 +438,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// What the server says about itself, for metrics; `None` for a store without a
     /// server (the embedded one).
-    fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
+    fn server_stats(&self) -> StoreFuture<'_, Option<ServerStats>> {
         Box::pin(async { Ok(None) })
     }
 }

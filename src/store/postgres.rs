@@ -30,8 +30,8 @@ use tokio_postgres::{Client, NoTls, Row, Socket, Statement};
 use super::postgres_tls::PostgresSetup;
 use super::row::{ViewRow, Walk};
 use super::{
-    BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
-    RecordView, Store, StoreError, StoredResponse,
+    Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState, RecordView,
+    Store, StoreError, StoreFuture, StoredResponse,
 };
 use crate::key::RecordId;
 
@@ -188,30 +188,37 @@ WHERE id = $1 AND expires > clock_timestamp() AND state = 1 AND fingerprint = $2
   AND (status IS NULL OR status < 200 OR status >= 300)
 ";
 
-// The columns of a record view (see `view_of`), `$2`: with its body.
-const INSPECT: &str = "
+// The columns a record view starts with (see `view_of`), as INSPECT and LIST select them.
+macro_rules! view_columns {
+    () => {
+        "
 SELECT state, fingerprint, fingerprint_version,
   (extract(epoch FROM (lease_until - clock_timestamp())) * 1000)::bigint,
   (extract(epoch FROM (busy_until - clock_timestamp())) * 1000)::bigint,
   (extract(epoch FROM created) * 1000)::bigint,
   (extract(epoch FROM (expires - clock_timestamp())) * 1000)::bigint,
-  status, CASE WHEN $2 THEN body END, headers IS NOT NULL
+  status, "
+    };
+}
+
+// The columns of a record view (see `view_of`), `$2`: with its body.
+const INSPECT: &str = concat!(
+    view_columns!(),
+    "CASE WHEN $2 THEN body END, headers IS NOT NULL
 FROM idemgate_records WHERE id = $1 AND expires > clock_timestamp()
-";
+"
+);
 
 // One page of an operator's walk: the next `$2` live records after the id `$1`, in
 // primary-key order (an index range scan: about `$2` rows read per page), with the
 // columns of INSPECT and the id last.
-const LIST: &str = "
-SELECT state, fingerprint, fingerprint_version,
-  (extract(epoch FROM (lease_until - clock_timestamp())) * 1000)::bigint,
-  (extract(epoch FROM (busy_until - clock_timestamp())) * 1000)::bigint,
-  (extract(epoch FROM created) * 1000)::bigint,
-  (extract(epoch FROM (expires - clock_timestamp())) * 1000)::bigint,
-  status, NULL::bytea, headers IS NOT NULL, id
+const LIST: &str = concat!(
+    view_columns!(),
+    "NULL::bytea, headers IS NOT NULL, id
 FROM idemgate_records WHERE id > $1 AND expires > clock_timestamp()
 ORDER BY id LIMIT $2
-";
+"
+);
 
 const SWEEP: &str = "
 WITH d AS (
@@ -461,6 +468,22 @@ impl PostgresStore {
         let c = self.conn().await?;
         c.client.execute(which(&c), params).await.map_err(pg)
     }
+
+    /// Runs an owner-checked statement, whose first two parameters are the record's id and
+    /// its owner, then `rest`: `Ok(true)` when it changed the record, which only the owner's
+    /// call can.
+    async fn owned(
+        &self,
+        which: fn(&Conn) -> &Statement,
+        id: &RecordId,
+        owner: &OwnerToken,
+        rest: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<bool, StoreError> {
+        let (id, owner) = (id.as_bytes().as_slice(), owner.as_str());
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&id, &owner];
+        params.extend_from_slice(rest);
+        Ok(self.execute(which, &params).await? == 1)
+    }
 }
 
 /// Opens a connection with `tls` and drives it in a task of its own.
@@ -537,7 +560,7 @@ fn found(row: &Row, req: &ClaimRequest) -> Result<Option<Claim>, StoreError> {
 }
 
 impl Store for PostgresStore {
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
             let id = req.id.as_bytes().as_slice();
             let fv = i32::from(req.fingerprint_version);
@@ -575,7 +598,7 @@ impl Store for PostgresStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let status = i32::from(response.status);
             let headers = response.encode_headers();
@@ -604,16 +627,10 @@ impl Store for PostgresStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         retain: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let ms = i64::try_from(retain.as_millis()).unwrap_or(i64::MAX);
-            let n = self
-                .execute(
-                    |c| &c.shorten,
-                    &[&id.as_bytes().as_slice(), &owner.as_str(), &ms],
-                )
-                .await?;
-            Ok(n == 1)
+            self.owned(|c| &c.shorten, id, owner, &[&ms]).await
         })
     }
 
@@ -622,25 +639,14 @@ impl Store for PostgresStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         status: u16,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             // Completed with no headers and no body: what a claim reads as "not kept" (a
             // kept answer always has headers, if only an empty list).
             let status = i32::from(status);
             let none: Option<Vec<u8>> = None;
-            let n = self
-                .execute(
-                    |c| &c.record,
-                    &[
-                        &id.as_bytes().as_slice(),
-                        &owner.as_str(),
-                        &status,
-                        &none,
-                        &none,
-                    ],
-                )
-                .await?;
-            Ok(n == 1)
+            self.owned(|c| &c.record, id, owner, &[&status, &none, &none])
+                .await
         })
     }
 
@@ -649,32 +655,16 @@ impl Store for PostgresStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let n = self
-                .execute(
-                    |c| &c.renew,
-                    &[&id.as_bytes().as_slice(), &owner.as_str(), &ms(lease)],
-                )
-                .await?;
-            Ok(n == 1)
-        })
+    ) -> StoreFuture<'a, bool> {
+        Box::pin(async move { self.owned(|c| &c.renew, id, owner, &[&ms(lease)]).await })
     }
 
     fn mark_unknown<'a>(
         &'a self,
         id: &'a RecordId,
         owner: &'a OwnerToken,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            let n = self
-                .execute(
-                    |c| &c.mark_unknown,
-                    &[&id.as_bytes().as_slice(), &owner.as_str()],
-                )
-                .await?;
-            Ok(n == 1)
-        })
+    ) -> StoreFuture<'a, bool> {
+        Box::pin(self.owned(|c| &c.mark_unknown, id, owner, &[]))
     }
 
     fn release<'a>(
@@ -682,7 +672,7 @@ impl Store for PostgresStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         linger: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let c = self.conn().await?;
             let row = c
@@ -701,7 +691,7 @@ impl Store for PostgresStore {
         &'a self,
         id: &'a RecordId,
         with_body: bool,
-    ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>> {
+    ) -> StoreFuture<'a, Option<RecordView>> {
         Box::pin(async move {
             let c = self.conn().await?;
             let Some(r) = c
@@ -716,11 +706,7 @@ impl Store for PostgresStore {
         })
     }
 
-    fn delete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        force: bool,
-    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
+    fn delete<'a>(&'a self, id: &'a RecordId, force: bool) -> StoreFuture<'a, Deleted> {
         Box::pin(async move {
             let c = self.conn().await?;
             let n: i32 = c
@@ -742,7 +728,7 @@ impl Store for PostgresStore {
         id: &'a RecordId,
         response: &'a StoredResponse,
         force: bool,
-    ) -> BoxFuture<'a, Result<Completed, StoreError>> {
+    ) -> StoreFuture<'a, Completed> {
         Box::pin(async move {
             let c = self.conn().await?;
             let status = i32::from(response.status);
@@ -771,7 +757,7 @@ impl Store for PostgresStore {
         id: &'a RecordId,
         fingerprint: &'a crate::fingerprint::Fingerprint,
         response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let c = self.conn().await?;
             let status = i32::from(response.status);
@@ -799,7 +785,7 @@ impl Store for PostgresStore {
         state: Option<RecordState>,
         cursor: &'a str,
         count: usize,
-    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+    ) -> StoreFuture<'a, Page> {
         Box::pin(async move {
             // The cursor is the last id examined (hex).
             let after = if cursor.is_empty() {
@@ -827,7 +813,7 @@ impl Store for PostgresStore {
         })
     }
 
-    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+    fn ping(&self) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let c = self.conn().await?;
             c.client.simple_query("SELECT 1").await.map_err(pg)?;
@@ -839,11 +825,7 @@ impl Store for PostgresStore {
         "postgres"
     }
 
-    fn meta<'a>(
-        &'a self,
-        name: &'a str,
-        offer: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Meta, StoreError>> {
+    fn meta<'a>(&'a self, name: &'a str, offer: Option<&'a str>) -> StoreFuture<'a, Meta> {
         Box::pin(async move {
             let c = self.conn().await?;
             let c = &c.client;

@@ -848,6 +848,11 @@ mod tests {
         split(s).unwrap()
     }
 
+    /// Why `url` is refused.
+    fn refusal(url: &str) -> String {
+        PostgresSetup::from_url(url).unwrap_err().to_string()
+    }
+
     #[test]
     fn url_parameters_are_taken_out_and_the_rest_kept() {
         let s = split_ok(
@@ -925,14 +930,10 @@ mod tests {
             assert_eq!(PostgresSetup::from_url(url).unwrap().mode, mode, "{url}");
         }
         for bad in ["prefer", "allow", "verify", "VERIFY-FULL"] {
-            let e = PostgresSetup::from_url(&format!("postgres://db/x?sslmode={bad}"))
-                .unwrap_err()
-                .to_string();
+            let e = refusal(&format!("postgres://db/x?sslmode={bad}"));
             assert!(e.contains("postgres_url"), "{e}");
         }
-        let e = PostgresSetup::from_url("postgres://db/x?sslmode=prefer")
-            .unwrap_err()
-            .to_string();
+        let e = refusal("postgres://db/x?sslmode=prefer");
         assert!(e.contains("plain text"), "{e}");
     }
 
@@ -952,9 +953,7 @@ mod tests {
 
     #[test]
     fn tls_files_without_tls_or_over_a_unix_socket_are_refused() {
-        let e = PostgresSetup::from_url("postgres://db/x?sslrootcert=/ca.pem")
-            .unwrap_err()
-            .to_string();
+        let e = refusal("postgres://db/x?sslrootcert=/ca.pem");
         assert!(
             e.contains("`postgres_url`") && e.contains("TLS is off"),
             "{e}"
@@ -968,9 +967,7 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("`postgres_tls_ca_file`"), "{e}");
-        let e = PostgresSetup::from_url("host=/tmp sslmode=require")
-            .unwrap_err()
-            .to_string();
+        let e = refusal("host=/tmp sslmode=require");
         assert!(e.contains("unix socket"), "{e}");
     }
 

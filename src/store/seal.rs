@@ -27,7 +27,7 @@ use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, Completed, OwnerToken, RecordView, Store, StoreError,
+    Claim, ClaimRequest, Completed, OwnerToken, RecordView, Store, StoreError, StoreFuture,
     StoredResponse,
 };
 use crate::config::{AtRest, SealingKey};
@@ -323,7 +323,7 @@ impl super::Layer for Enveloped {
         &*self.inner
     }
 
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
             match self.inner.claim(req).await? {
                 // A large body, or one that inflates large, is opened off the serving thread:
@@ -346,7 +346,7 @@ impl super::Layer for Enveloped {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         if !self.envelope.is_active() {
             return self.inner.record(id, owner, response);
         }
@@ -360,7 +360,7 @@ impl super::Layer for Enveloped {
         &'a self,
         id: &'a RecordId,
         with_body: bool,
-    ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>> {
+    ) -> StoreFuture<'a, Option<RecordView>> {
         Box::pin(async move {
             let mut view = self.inner.inspect(id, with_body).await?;
             // The admin view's body is text made from the stored bytes: an envelope's
@@ -379,7 +379,7 @@ impl super::Layer for Enveloped {
         id: &'a RecordId,
         response: &'a StoredResponse,
         force: bool,
-    ) -> BoxFuture<'a, Result<Completed, StoreError>> {
+    ) -> StoreFuture<'a, Completed> {
         if !self.envelope.is_active() {
             return self.inner.complete(id, response, force);
         }
@@ -394,7 +394,7 @@ impl super::Layer for Enveloped {
         id: &'a RecordId,
         fingerprint: &'a crate::fingerprint::Fingerprint,
         response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         if !self.envelope.is_active() {
             return self.inner.supersede(id, fingerprint, response);
         }

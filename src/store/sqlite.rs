@@ -39,8 +39,8 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::row::{ViewRow, Walk, COMPLETED, IN_PROGRESS, UNKNOWN};
 use super::{
-    BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
-    RecordView, Store, StoreError, StoredResponse,
+    Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState, RecordView,
+    Store, StoreError, StoreFuture, StoredResponse,
 };
 use crate::key::RecordId;
 
@@ -228,7 +228,7 @@ impl SqliteStore {
     fn run<'a, T: Send + 'static>(
         &'a self,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
-    ) -> BoxFuture<'a, Result<T, StoreError>> {
+    ) -> StoreFuture<'a, T> {
         let conn = self.conn.clone();
         Box::pin(async move {
             tokio::task::spawn_blocking(move || {
@@ -403,7 +403,7 @@ fn corrupt(what: &str) -> StoreError {
 }
 
 impl Store for SqliteStore {
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         let req = req.clone();
         self.run(move |c| claim_now(c, &req))
     }
@@ -413,7 +413,7 @@ impl Store for SqliteStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         let (id, owner) = (*id, owner.clone());
         let status = response.status;
         let headers = response.encode_headers();
@@ -444,7 +444,7 @@ impl Store for SqliteStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         retain: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         let (id, owner) = (*id, owner.clone());
         let ms = i64::try_from(retain.as_millis()).unwrap_or(i64::MAX);
         self.run(move |c| {
@@ -467,7 +467,7 @@ impl Store for SqliteStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         status: u16,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         let (id, owner) = (*id, owner.clone());
         self.run(move |c| {
             // Completed with no headers and no body: what a claim reads as "not kept" (a
@@ -495,7 +495,7 @@ impl Store for SqliteStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         let (id, owner) = (*id, owner.clone());
         self.run(move |c| {
             let now = now_ms();
@@ -519,7 +519,7 @@ impl Store for SqliteStore {
         &'a self,
         id: &'a RecordId,
         owner: &'a OwnerToken,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         let (id, owner) = (*id, owner.clone());
         self.run(move |c| {
             let n = c
@@ -544,7 +544,7 @@ impl Store for SqliteStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         linger: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         let (id, owner) = (*id, owner.clone());
         self.run(move |c| {
             let now = now_ms();
@@ -575,35 +575,25 @@ impl Store for SqliteStore {
         &'a self,
         id: &'a RecordId,
         with_body: bool,
-    ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>> {
+    ) -> StoreFuture<'a, Option<RecordView>> {
         let id = *id;
         self.run(move |c| inspect_in(c, id, with_body))
     }
 
-    fn delete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        force: bool,
-    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
+    fn delete<'a>(&'a self, id: &'a RecordId, force: bool) -> StoreFuture<'a, Deleted> {
         let id = *id;
         self.run(move |c| {
-            let now = now_ms();
-            let id = id.as_bytes().as_slice();
-            let tx = c
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(backend)?;
-            let row = operator_row(&tx, id, now)?;
-            let out = match row {
-                None => Deleted::NotFound,
-                Some((_, true)) if !force => Deleted::OwnerBusy,
-                Some(_) => {
-                    tx.execute("DELETE FROM records WHERE id = ?1", params![id])
-                        .map_err(backend)?;
-                    Deleted::Deleted
-                }
-            };
-            tx.commit().map_err(backend)?;
-            Ok(out)
+            operator_step(c, &id, |tx, id, row| {
+                Ok(match row {
+                    None => Deleted::NotFound,
+                    Some((_, true)) if !force => Deleted::OwnerBusy,
+                    Some(_) => {
+                        tx.execute("DELETE FROM records WHERE id = ?1", params![id])
+                            .map_err(backend)?;
+                        Deleted::Deleted
+                    }
+                })
+            })
         })
     }
 
@@ -612,37 +602,31 @@ impl Store for SqliteStore {
         id: &'a RecordId,
         response: &'a StoredResponse,
         force: bool,
-    ) -> BoxFuture<'a, Result<Completed, StoreError>> {
+    ) -> StoreFuture<'a, Completed> {
         let id = *id;
         let status = response.status;
         let headers = response.encode_headers();
         let body = response.body.to_vec();
         self.run(move |c| {
-            let now = now_ms();
-            let id = id.as_bytes().as_slice();
-            let tx = c
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(backend)?;
-            let row = operator_row(&tx, id, now)?;
-            let out = match row {
-                None => Completed::NotFound,
-                // Kept or not kept, it holds the upstream's (or an operator's) answer.
-                Some((COMPLETED, _)) => Completed::AlreadyCompleted,
-                Some((_, true)) if !force => Completed::OwnerBusy,
-                Some(_) => {
-                    // The owner is cleared, so the former owner's late record is refused.
-                    tx.execute(
-                        "UPDATE records SET state = ?2, owner = '', status = ?3, headers = ?4,
-                           body = ?5
-                         WHERE id = ?1",
-                        params![id, COMPLETED, status, headers, body],
-                    )
-                    .map_err(backend)?;
-                    Completed::Completed
-                }
-            };
-            tx.commit().map_err(backend)?;
-            Ok(out)
+            operator_step(c, &id, |tx, id, row| {
+                Ok(match row {
+                    None => Completed::NotFound,
+                    // Kept or not kept, it holds the upstream's (or an operator's) answer.
+                    Some((COMPLETED, _)) => Completed::AlreadyCompleted,
+                    Some((_, true)) if !force => Completed::OwnerBusy,
+                    Some(_) => {
+                        // The owner is cleared, so the former owner's late record is refused.
+                        tx.execute(
+                            "UPDATE records SET state = ?2, owner = '', status = ?3, headers = ?4,
+                               body = ?5
+                             WHERE id = ?1",
+                            params![id, COMPLETED, status, headers, body],
+                        )
+                        .map_err(backend)?;
+                        Completed::Completed
+                    }
+                })
+            })
         })
     }
 
@@ -651,7 +635,7 @@ impl Store for SqliteStore {
         id: &'a RecordId,
         fingerprint: &'a crate::fingerprint::Fingerprint,
         response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         let id = *id;
         let fingerprint = fingerprint.0;
         let status = response.status;
@@ -683,7 +667,7 @@ impl Store for SqliteStore {
         state: Option<RecordState>,
         cursor: &'a str,
         count: usize,
-    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+    ) -> StoreFuture<'a, Page> {
         // The cursor is the last id examined (hex): a page is the next `count` live ids in
         // primary-key order, so each call reads about `count` rows however many there are.
         let after = if cursor.is_empty() {
@@ -716,7 +700,7 @@ impl Store for SqliteStore {
         })
     }
 
-    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+    fn ping(&self) -> StoreFuture<'_, ()> {
         self.run(|c| c.query_row("SELECT 1", [], |_| Ok(())).map_err(backend))
     }
 
@@ -724,11 +708,7 @@ impl Store for SqliteStore {
         "sqlite"
     }
 
-    fn meta<'a>(
-        &'a self,
-        name: &'a str,
-        offer: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Meta, StoreError>> {
+    fn meta<'a>(&'a self, name: &'a str, offer: Option<&'a str>) -> StoreFuture<'a, Meta> {
         let (name, offer) = (name.to_string(), offer.map(str::to_string));
         self.run(move |c| {
             // Insert if absent, then read: the first start of the database makes the
@@ -756,6 +736,25 @@ impl Store for SqliteStore {
             Ok(Meta { value, created })
         })
     }
+}
+
+/// An operator's delete or complete, as one transaction: reads what [`operator_row`]
+/// reports of the record `id`, then lets `act` change it (handed the transaction, the id's
+/// bytes and that row), and commits.
+fn operator_step<T>(
+    c: &mut Connection,
+    id: &RecordId,
+    act: impl FnOnce(&rusqlite::Transaction<'_>, &[u8], Option<(i64, bool)>) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let now = now_ms();
+    let id = id.as_bytes().as_slice();
+    let tx = c
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(backend)?;
+    let row = operator_row(&tx, id, now)?;
+    let out = act(&tx, id, row)?;
+    tx.commit().map_err(backend)?;
+    Ok(out)
 }
 
 /// What an operator's delete or complete checks, in its transaction: the live record's

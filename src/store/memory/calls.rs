@@ -7,7 +7,7 @@ pub(super) fn ready<'a, T: Send + 'a>(v: T) -> BoxFuture<'a, T> {
 }
 
 impl Store for MemoryStore {
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         ready(self.claim_now(req))
     }
 
@@ -16,7 +16,7 @@ impl Store for MemoryStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         // Copied, not cloned: the body is usually a slice of the upstream connection's read
         // buffer, and holding that slice would keep the whole buffer (kilobytes) alive for
         // the record's retention, and make hyper allocate a fresh buffer for the next read.
@@ -41,10 +41,10 @@ impl Store for MemoryStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         retain: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         let now = Instant::now();
         let mut records = self.lock_for(id);
-        let owned = matches!(records.map.get(id), Some(e) if e.expires > now && e.owner == *owner);
+        let owned = records.owned_by(id, owner, now);
         if owned {
             records.records.shorten(*id, now + retain);
         }
@@ -56,7 +56,7 @@ impl Store for MemoryStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         status: u16,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         let now = Instant::now();
         let set = self
             .lock_for(id)
@@ -69,7 +69,7 @@ impl Store for MemoryStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         ready(Ok(self.with_owned(id, owner, |e, now| match e.state {
             State::InProgress { .. } => {
                 e.state = State::InProgress {
@@ -85,7 +85,7 @@ impl Store for MemoryStore {
         &'a self,
         id: &'a RecordId,
         owner: &'a OwnerToken,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         let inner = &*self.inner;
         ready(Ok(self.with_owned(id, owner, |e, _| match e.state {
             State::Completed(_) | State::NotKept { .. } => false,
@@ -104,10 +104,10 @@ impl Store for MemoryStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         linger: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         let now = Instant::now();
         let mut records = self.lock_for(id);
-        let owned = matches!(records.map.get(id), Some(e) if e.expires > now && e.owner == *owner);
+        let owned = records.owned_by(id, owner, now);
         if owned {
             records.remove(id);
         } else {
@@ -122,7 +122,7 @@ impl Store for MemoryStore {
         &'a self,
         id: &'a RecordId,
         with_body: bool,
-    ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>> {
+    ) -> StoreFuture<'a, Option<RecordView>> {
         let now = Instant::now();
         let records = self.lock_for(id);
         let view = records
@@ -138,7 +138,7 @@ impl Store for MemoryStore {
         id: &'a RecordId,
         response: &'a StoredResponse,
         force: bool,
-    ) -> BoxFuture<'a, Result<Completed, StoreError>> {
+    ) -> StoreFuture<'a, Completed> {
         let now = Instant::now();
         let inner = &*self.inner;
         let mut records = self.lock_for(id);
@@ -153,21 +153,10 @@ impl Store for MemoryStore {
                 Completed::OwnerBusy
             }
             _ => {
-                let state = State::Completed(StoredResponse {
-                    status: response.status,
-                    headers: response.headers.clone(),
-                    body: Bytes::copy_from_slice(&response.body),
-                });
                 // Counted against `memory_max_bytes` like the upstream's answer, in the room
                 // its claim reserved if it is still there.
-                let (old, new) = (e.state.size() + e.room, state.size());
-                if new > old && !inner.reserve_bytes(new - old) {
-                    return ready(Err(self.full(Cap::Bytes)));
-                }
-                e.state = state;
-                inner.give_back_room(e);
-                if old > new {
-                    inner.bytes.fetch_sub(old - new, Ordering::Relaxed);
+                if let Err(cap) = inner.replace_state(e, kept(response)) {
+                    return ready(Err(self.full(cap)));
                 }
                 // The former owner's late record must not overwrite the operator's answer.
                 e.owner = OwnerToken::random();
@@ -182,7 +171,7 @@ impl Store for MemoryStore {
         id: &'a RecordId,
         fingerprint: &'a Fingerprint,
         response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         let now = Instant::now();
         let inner = &*self.inner;
         let mut records = self.lock_for(id);
@@ -197,20 +186,11 @@ impl Store for MemoryStore {
         if !failed || e.fingerprint != *fingerprint {
             return ready(Ok(false));
         }
-        let state = State::Completed(StoredResponse {
-            status: response.status,
-            headers: response.headers.clone(),
-            body: Bytes::copy_from_slice(&response.body),
-        });
-        let (old, new) = (e.state.size(), state.size());
-        if new > old && !inner.reserve_bytes(new - old) {
-            return ready(Err(self.full(Cap::Bytes)));
-        }
-        e.state = state;
-        if old > new {
-            inner.bytes.fetch_sub(old - new, Ordering::Relaxed);
-        }
-        ready(Ok(true))
+        // A completed record holds no reserved room (given back when it completed).
+        ready(match inner.replace_state(e, kept(response)) {
+            Ok(()) => Ok(true),
+            Err(cap) => Err(self.full(cap)),
+        })
     }
 
     fn list<'a>(
@@ -218,15 +198,11 @@ impl Store for MemoryStore {
         state: Option<RecordState>,
         cursor: &'a str,
         count: usize,
-    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+    ) -> StoreFuture<'a, Page> {
         ready(self.list_now(state, cursor, count))
     }
 
-    fn delete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        force: bool,
-    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
+    fn delete<'a>(&'a self, id: &'a RecordId, force: bool) -> StoreFuture<'a, Deleted> {
         let now = Instant::now();
         let mut records = self.lock_for(id);
         let busy = records.map.get(id).is_some_and(|e| {
@@ -244,7 +220,7 @@ impl Store for MemoryStore {
         }))
     }
 
-    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+    fn ping(&self) -> StoreFuture<'_, ()> {
         ready(Ok(()))
     }
 
@@ -263,11 +239,7 @@ impl Store for MemoryStore {
             .map(|t| t.saturating_duration_since(now))
     }
 
-    fn meta<'a>(
-        &'a self,
-        name: &'a str,
-        offer: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Meta, StoreError>> {
+    fn meta<'a>(&'a self, name: &'a str, offer: Option<&'a str>) -> StoreFuture<'a, Meta> {
         let found = match self.inner.meta.lock() {
             Ok(mut meta) => {
                 let created = match offer {
@@ -286,6 +258,16 @@ impl Store for MemoryStore {
         };
         ready(found)
     }
+}
+
+/// An operator's or a later execution's answer as the record keeps it, its body copied out
+/// of whatever buffer it came in.
+fn kept(response: &StoredResponse) -> State {
+    State::Completed(StoredResponse {
+        status: response.status,
+        headers: response.headers.clone(),
+        body: Bytes::copy_from_slice(&response.body),
+    })
 }
 
 /// The admin view of one live entry.

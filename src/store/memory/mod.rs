@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::{
     BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
-    RecordView, Store, StoreError, StoredResponse,
+    RecordView, Store, StoreError, StoreFuture, StoredResponse,
 };
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
@@ -154,6 +154,22 @@ impl Entry {
 }
 
 impl Inner {
+    /// Puts `state` on `e` in place of what it held, its reserved room included (given
+    /// back), keeping the byte count: `Err` (and `e` unchanged) if the new state would pass
+    /// the byte cap.
+    fn replace_state(&self, e: &mut Entry, state: State) -> Result<(), Cap> {
+        let (old, new) = (e.state.size() + e.room, state.size());
+        if new > old && !self.reserve_bytes(new - old) {
+            return Err(Cap::Bytes);
+        }
+        e.state = state;
+        self.give_back_room(e);
+        if old > new {
+            self.bytes.fetch_sub(old - new, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
     /// Forgets an entry's reserved room (its bytes are the caller's to account for).
     fn give_back_room(&self, e: &mut Entry) {
         if e.room > 0 {

@@ -99,6 +99,11 @@ impl Shard<'_> {
         taken
     }
 
+    /// Whether `owner` holds the live record `id`.
+    pub(super) fn owned_by(&self, id: &RecordId, owner: &OwnerToken, now: Instant) -> bool {
+        matches!(self.map.get(id), Some(e) if e.expires > now && e.owner == *owner)
+    }
+
     /// Puts a new state on the record, if `owner` owns it and it is live, keeping the byte
     /// count: `Err` (and the record unchanged) if the new state would pass the byte cap.
     pub(super) fn set_owned_state(
@@ -116,15 +121,7 @@ impl Shard<'_> {
             return Ok(false);
         }
         // The answer's reserved room is part of what the old state holds.
-        let (old, new) = (e.state.size() + e.room, state.size());
-        if new > old && !inner.reserve_bytes(new - old) {
-            return Err(Cap::Bytes);
-        }
-        e.state = state;
-        inner.give_back_room(e);
-        if old > new {
-            inner.bytes.fetch_sub(old - new, Ordering::Relaxed);
-        }
+        inner.replace_state(e, state)?;
         Ok(true)
     }
 

@@ -4,16 +4,8 @@ use super::*;
 #[tokio::test]
 async fn a_record_does_not_keep_the_buffer_its_body_came_from() {
     let store = MemoryStore::new(10);
-    let req = ClaimRequest {
-        id: RecordId::from_hex(&"07".repeat(32)).expect("hex"),
-        fingerprint: Fingerprint([1; 32]),
-        fingerprint_version: 1,
-        owner: OwnerToken::random(),
-        lease: Duration::from_secs(10),
-        retention: Duration::from_secs(60),
-        busy_for: Duration::from_secs(10),
-        answer_room: 0,
-    };
+    let id = RecordId::from_hex(&"07".repeat(32)).expect("hex");
+    let req = ClaimRequest::for_test(id, Fingerprint([1; 32]));
     assert_eq!(store.claim(&req).await.ok(), Some(Claim::Claimed));
     let buffer = Bytes::from(vec![b'x'; 8192]);
     let response = StoredResponse {
@@ -39,15 +31,10 @@ async fn a_record_does_not_keep_the_buffer_its_body_came_from() {
 fn claim_req(n: u32, retention: Duration) -> ClaimRequest {
     let mut id = [0u8; 32];
     id[..4].copy_from_slice(&n.to_be_bytes());
+    let id = RecordId::from_hex(&hex::encode(id)).expect("hex");
     ClaimRequest {
-        id: RecordId::from_hex(&hex::encode(id)).expect("hex"),
-        fingerprint: Fingerprint([1; 32]),
-        fingerprint_version: 1,
-        owner: OwnerToken::random(),
-        lease: Duration::from_secs(10),
         retention,
-        busy_for: Duration::from_secs(10),
-        answer_room: 0,
+        ..ClaimRequest::for_test(id, Fingerprint([1; 32]))
     }
 }
 

@@ -2,8 +2,15 @@
 
 use super::*;
 
+/// Appends an answer as the scripts that write one take it: status, encoded headers, body.
+fn push_answer(cmd: &mut Cmd, response: &StoredResponse) {
+    cmd.arg(response.status.to_string())
+        .arg(response.encode_headers())
+        .arg(&response.body[..]);
+}
+
 impl Store for RedisStore {
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
             let mut cmd = evalsha(&self.scripts.claim, &Self::key(&req.id));
             cmd.arg(&hex64(&req.fingerprint.0)[..])
@@ -47,7 +54,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             if response.body.len() > INLINE_MAX {
                 return self.record_large(id, owner, response).await;
@@ -65,7 +72,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         retain: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let ms = retain.as_millis().max(1).to_string();
             let args: [&[u8]; 1] = [ms.as_bytes()];
@@ -79,7 +86,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         status: u16,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let status = status.to_string();
             let args: [&[u8]; 1] = [status.as_bytes()];
@@ -99,7 +106,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let lease_ms = lease.as_millis().to_string();
             self.owner_checked(&self.scripts.renew, id, owner, &[lease_ms.as_bytes()], None)
@@ -111,7 +118,7 @@ impl Store for RedisStore {
         &'a self,
         id: &'a RecordId,
         owner: &'a OwnerToken,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(self.owner_checked(&self.scripts.mark_unknown, id, owner, &[], None))
     }
 
@@ -120,7 +127,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         owner: &'a OwnerToken,
         linger: Duration,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let script = &self.scripts.release;
             let mut cmd = evalsha(script, &Self::key(id));
@@ -138,7 +145,7 @@ impl Store for RedisStore {
         &'a self,
         id: &'a RecordId,
         with_body: bool,
-    ) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>> {
+    ) -> StoreFuture<'a, Option<RecordView>> {
         Box::pin(async move {
             let script = &self.scripts.inspect;
             let mut cmd = evalsha(script, &Self::key(id));
@@ -202,11 +209,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn delete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        force: bool,
-    ) -> BoxFuture<'a, Result<Deleted, StoreError>> {
+    fn delete<'a>(&'a self, id: &'a RecordId, force: bool) -> StoreFuture<'a, Deleted> {
         Box::pin(async move {
             let script = &self.scripts.delete;
             let mut cmd = evalsha(script, &Self::key(id));
@@ -238,14 +241,12 @@ impl Store for RedisStore {
         id: &'a RecordId,
         response: &'a StoredResponse,
         force: bool,
-    ) -> BoxFuture<'a, Result<Completed, StoreError>> {
+    ) -> StoreFuture<'a, Completed> {
         Box::pin(async move {
             let script = &self.scripts.complete;
             let mut cmd = evalsha(script, &Self::key(id));
-            cmd.arg(if force { "1" } else { "0" })
-                .arg(response.status.to_string())
-                .arg(response.encode_headers())
-                .arg(&response.body[..]);
+            cmd.arg(if force { "1" } else { "0" });
+            push_answer(&mut cmd, response);
             // Waits for replicas like a record: a completion lost in a failover would leave
             // the record `unknown` again.
             let (v, acked) = self.eval(script, cmd, true).await?;
@@ -265,23 +266,14 @@ impl Store for RedisStore {
         id: &'a RecordId,
         fingerprint: &'a crate::fingerprint::Fingerprint,
         response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+    ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let script = &self.scripts.supersede;
             let mut cmd = evalsha(script, &Self::key(id));
-            cmd.arg(&hex64(&fingerprint.0)[..])
-                .arg(response.status.to_string())
-                .arg(response.encode_headers())
-                .arg(&response.body[..]);
-            let (v, acked) = self.eval(script, cmd, true).await?;
-            match v {
-                Value::Int(1) => {
-                    self.acknowledged("superseding answer", acked)?;
-                    Ok(true)
-                }
-                Value::Int(0) => Ok(false),
-                _ => Err(corrupt("supersede reply")),
-            }
+            cmd.arg(&hex64(&fingerprint.0)[..]);
+            push_answer(&mut cmd, response);
+            self.answer_written(script, cmd, "superseding answer", "supersede reply")
+                .await
         })
     }
 
@@ -290,7 +282,7 @@ impl Store for RedisStore {
         state: Option<RecordState>,
         cursor: &'a str,
         count: usize,
-    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+    ) -> StoreFuture<'a, Page> {
         Box::pin(async move {
             // SCAN, never KEYS: each call costs Redis about `count` keys' work, and a
             // record that exists for the whole walk is returned at least once.
@@ -344,7 +336,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+    fn ping(&self) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let mut c = self.conn.clone();
             let _: String = redis::cmd("PING")
@@ -363,11 +355,7 @@ impl Store for RedisStore {
         !self.conn.is_cluster()
     }
 
-    fn meta<'a>(
-        &'a self,
-        name: &'a str,
-        offer: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Meta, StoreError>> {
+    fn meta<'a>(&'a self, name: &'a str, offer: Option<&'a str>) -> StoreFuture<'a, Meta> {
         Box::pin(async move {
             if self.conn.is_cluster() {
                 return self.cluster_meta(name, offer).await;
@@ -395,7 +383,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn server_stats(&self) -> BoxFuture<'_, Result<Option<ServerStats>, StoreError>> {
+    fn server_stats(&self) -> StoreFuture<'_, Option<ServerStats>> {
         Box::pin(async move {
             // The default sections hold all four fields; `all` would add per-command ones.
             // A cluster's primaries are read as one server: a restart of any changes the

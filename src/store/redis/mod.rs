@@ -28,8 +28,8 @@ use redis::{Cmd, Script, Value};
 use super::redis_link::Link;
 use super::redis_setup::{RedisSetup, ReplicaAck, Topology};
 use super::{
-    BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
-    RecordView, ServerStats, Store, StoreError, StoredResponse, SCOPE_SECRET,
+    Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState, RecordView,
+    ServerStats, Store, StoreError, StoreFuture, StoredResponse, SCOPE_SECRET,
 };
 use crate::key::RecordId;
 
@@ -312,6 +312,27 @@ impl RedisStore {
                 )))
             }
             _ => Ok(()),
+        }
+    }
+
+    /// Runs a script that writes an answer and waits for replicas: it answers 1 when it
+    /// wrote (then `what` must be acknowledged), 0 when it left the record alone; any other
+    /// reply is corrupt (`bad` says which).
+    async fn answer_written(
+        &self,
+        script: &Script,
+        cmd: Cmd,
+        what: &str,
+        bad: &str,
+    ) -> Result<bool, StoreError> {
+        let (v, acked) = self.eval(script, cmd, true).await?;
+        match v {
+            Value::Int(1) => {
+                self.acknowledged(what, acked)?;
+                Ok(true)
+            }
+            Value::Int(0) => Ok(false),
+            _ => Err(corrupt(bad)),
         }
     }
 

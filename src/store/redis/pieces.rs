@@ -104,14 +104,7 @@ impl RedisStore {
             .arg(len)
             .arg(pieces);
         // The record counts as written only once the replicas have it, like any record.
-        let (v, acked) = self.eval(script, cmd, true).await?;
-        match v {
-            Value::Int(1) => {
-                self.acknowledged("record", acked)?;
-                Ok(true)
-            }
-            Value::Int(0) => Ok(false),
-            _ => Err(corrupt("a large body was not all written")),
-        }
+        self.answer_written(script, cmd, "record", "a large body was not all written")
+            .await
     }
 }

@@ -6,14 +6,7 @@ use hyper::header::HeaderValue;
 #[test]
 fn keys_and_fingerprints_are_written_as_before() {
     // Records already in Redis are found under this exact form after an upgrade.
-    let mut headers = hyper::HeaderMap::new();
-    headers.insert("idempotency-key", HeaderValue::from_static("k-1"));
-    let key = crate::key::parse(&headers, 255)
-        .ok()
-        .flatten()
-        .expect("a valid key");
-    let scoper = Scoper::new(&ScopeSecret::random(), "payments");
-    let id = scoper.record_id(&Tenant::anonymous(), "POST", "/v1/transfers", &key);
+    let id = id_of("k-1", "payments", "/v1/transfers");
     let written = RedisStore::key(&id);
     let expected = format!("idemgate:{{{id}}}");
     assert_eq!(std::str::from_utf8(&written).ok(), Some(expected.as_str()));
@@ -88,7 +81,9 @@ redis.call('HDEL', KEYS[1], 'lu', 'bd')
 return 1
 "#;
 
-fn request(key: &str) -> ClaimRequest {
+/// The record id of an anonymous `POST path` sent with this idempotency key, in
+/// `namespace`.
+fn id_of(key: &str, namespace: &str, path: &str) -> RecordId {
     let mut headers = hyper::HeaderMap::new();
     headers.insert(
         "idempotency-key",
@@ -98,17 +93,12 @@ fn request(key: &str) -> ClaimRequest {
         .ok()
         .flatten()
         .expect("a valid key");
-    let scoper = Scoper::new(&ScopeSecret::random(), "upgrade");
-    ClaimRequest {
-        id: scoper.record_id(&Tenant::anonymous(), "POST", "/t", &key),
-        fingerprint: Fingerprint([7; 32]),
-        fingerprint_version: 1,
-        owner: OwnerToken::random(),
-        lease: Duration::from_secs(10),
-        retention: Duration::from_secs(60),
-        busy_for: Duration::from_secs(10),
-        answer_room: 0,
-    }
+    let scoper = Scoper::new(&ScopeSecret::random(), namespace);
+    scoper.record_id(&Tenant::anonymous(), "POST", path, &key)
+}
+
+fn request(key: &str) -> ClaimRequest {
+    ClaimRequest::for_test(id_of(key, "upgrade", "/t"), Fingerprint([7; 32]))
 }
 
 fn previous_claim(con: &mut redis::Connection, req: &ClaimRequest) -> String {
