@@ -262,15 +262,19 @@ impl Proxy {
             request_id,
             started,
         };
-        let policy = Arc::clone(decision.policy);
+        // idemgate's own answers in the route's dialect (`error_format`): its clients' SDKs
+        // read them as the errors they are. The upstream's answers and replays pass as
+        // they are. Routes on the default format keep nothing for it.
+        let dialect = (decision.policy.error_format != crate::problem::ErrorFormat::Problem)
+            .then(|| Arc::clone(decision.policy));
         let res = match decision.mode {
             Mode::Enforce => self.enforce(arrived, decision).await,
             Mode::Observe => self.observe(arrived, decision).await,
         };
-        // idemgate's own answers in the route's dialect (`error_format`): its clients' SDKs
-        // read them as the errors they are. The upstream's answers and replays pass as
-        // they are.
-        crate::problem::in_dialect(res, &policy.error_format)
+        match dialect {
+            Some(policy) => crate::problem::in_dialect(res, &policy.error_format),
+            None => res,
+        }
     }
 
     /// The 503 of a request not admitted: nothing was buffered beyond what the refusal

@@ -255,12 +255,10 @@ impl Proxy {
             let success = !ours && res.status().is_success();
             // What the claim said of a completed record decides at once; otherwise the record
             // is read again after the client has its answer.
-            let decided = match &known.found {
-                Found::Store(Claim::Replay(r)) => Some(r.status),
-                Found::Store(Claim::NotKept { status }) => Some(*status),
-                _ => None,
-            };
-            let early = decided.is_some_and(|s| (200..300).contains(&s)) && success;
+            let early = known
+                .completed_status()
+                .is_some_and(|s| (200..300).contains(&s))
+                && success;
             if early {
                 this.shared.metrics.observed_duplicate(&route, known.id);
             }
@@ -299,12 +297,11 @@ impl Proxy {
     ) -> bool {
         let store = &self.shared.store;
         let store_timeout = self.shared.settings.config.store_timeout;
-        let recorded = match &known.found {
-            Found::Store(Claim::Replay(r)) => Recorded::Completed(r.status),
-            Found::Store(Claim::NotKept { status }) => Recorded::Completed(*status),
+        let recorded = match known.completed_status() {
+            Some(status) => Recorded::Completed(status),
             // Running, unknown, another request's or unreadable when claimed: as it is now
             // that this execution has its answer.
-            _ => match deadline(store_timeout, store.inspect(&known.id, false)).await {
+            None => match deadline(store_timeout, store.inspect(&known.id, false)).await {
                 Ok(Some(v)) => match (v.state, v.status) {
                     (RecordState::Completed, Some(status)) => Recorded::Completed(status),
                     _ => Recorded::Running,
@@ -436,6 +433,18 @@ struct Known {
     id: RecordId,
     fingerprint: crate::fingerprint::Fingerprint,
     found: Found,
+}
+
+impl Known {
+    /// The status of the completed record the claim found (its answer kept or not), if it
+    /// found one.
+    fn completed_status(&self) -> Option<u16> {
+        match &self.found {
+            Found::Store(Claim::Replay(r)) => Some(r.status),
+            Found::Store(Claim::NotKept { status }) => Some(*status),
+            _ => None,
+        }
+    }
 }
 
 /// What a record holds once a duplicate has its answer.
