@@ -136,6 +136,8 @@ impl Default for Defaults {
             short_retention_statuses: vec![401, 403, 407],
             short_retention: Duration::from_secs(60),
             method_override_headers: Vec::new(),
+            method_override_params: Vec::new(),
+            method_case: super::MethodCase::Refuse,
         }
     }
 }

@@ -532,6 +532,12 @@ pub struct Defaults {
     /// request that names another method in an override header or `_method` gets 400
     /// `invalid-method-override` where either method is protected.
     pub method_override_headers: Vec<String>,
+    /// Where the upstream reads a `_method` override (`"query"`, `"body"`): there, the
+    /// method it names is scoped, fingerprinted and protected. Elsewhere a `_method` naming
+    /// another method gets 400 `invalid-method-override` where either method is protected.
+    pub method_override_params: Vec<OverrideParam>,
+    /// See [`MethodCase`].
+    pub method_case: MethodCase,
 }
 
 /// What a route does with `;` path parameters (`/v1/transfers;jsessionid=A`), which servlet
@@ -546,6 +552,30 @@ pub enum PathParams {
     /// Left out of route matching, scope and fingerprint, and forwarded as sent: for
     /// upstreams whose clients put `;jsessionid=` into links.
     Strip,
+}
+
+/// What a route does with a protected method spelt in another letter case (`post`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MethodCase {
+    /// 400 `invalid-method` (default): Django upper-cases `post` and runs the POST view,
+    /// Express and most others route it nowhere, so it may be the protected operation.
+    #[default]
+    Refuse,
+    /// The upstream upper-cases the method (Django): `post` is protected as `POST`, and
+    /// forwarded as sent.
+    Fold,
+}
+
+/// Where a `_method` field is a method override the upstream honours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OverrideParam {
+    /// `?_method=PATCH` (Express's `method-override('_method')`, Symfony, Laravel).
+    Query,
+    /// A `_method` field of a form-encoded or multipart POST body (Rack's
+    /// `MethodOverride` in Rails and Sinatra, Laravel, Symfony).
+    Body,
 }
 
 /// One `[[routes]]` entry: a path prefix and the settings it overrides.
@@ -590,6 +620,8 @@ pub struct Route {
     #[serde(default, with = "humantime_serde")]
     pub short_retention: Option<Duration>,
     pub method_override_headers: Option<Vec<String>>,
+    pub method_override_params: Option<Vec<OverrideParam>>,
+    pub method_case: Option<MethodCase>,
 }
 
 /// The default of [`Config::upstream_idle_timeout`]: half of the shortest keep-alive

@@ -8,9 +8,10 @@ use hyper::header::HeaderName;
 use hyper::Method;
 
 use super::{invalid, Anonymous, ConfigError, Defaults, Mode, OnAmbiguous, OnStoreError};
-use super::{ErrorFormatName, PathMatch, PathParams, RecordMode, Route};
+use super::{ErrorFormatName, MethodCase, OverrideParam, PathMatch, PathParams, RecordMode, Route};
 use crate::fingerprint::{JsonPointer, QueryOrder, Rules};
 use crate::retry_after::TypicalTime;
+use crate::scope::method::OverrideParams;
 use crate::scope::{path, PathRules, TenantSource};
 
 /// The policy that applies to one request, resolved from defaults and its route.
@@ -76,6 +77,10 @@ pub struct Policy {
     pub short_retention: Duration,
     /// Override headers the upstream honours (`method_override_headers`), lowercase.
     pub method_override_headers: Vec<HeaderName>,
+    /// Where the upstream reads `_method` (`method_override_params`).
+    pub override_params: OverrideParams,
+    #[allow(missing_docs)]
+    pub method_case: MethodCase,
     /// How long this route's upstream typically takes (measured while running), for the
     /// `Retry-After` of a 409 in-progress.
     pub upstream_time: Arc<TypicalTime>,
@@ -352,6 +357,17 @@ pub(super) fn resolve(
         short_retention_statuses,
         short_retention: r.short_retention.unwrap_or(d.short_retention),
         method_override_headers,
+        override_params: {
+            let params = r
+                .method_override_params
+                .as_ref()
+                .unwrap_or(&d.method_override_params);
+            OverrideParams {
+                query: params.contains(&OverrideParam::Query),
+                body: params.contains(&OverrideParam::Body),
+            }
+        },
+        method_case: r.method_case.unwrap_or(d.method_case),
         upstream_time: Arc::default(),
         index: 0,
     };
@@ -428,6 +444,8 @@ fn matches_override(r: &Route, name: &str) -> bool {
         "short_retention_statuses" => r.short_retention_statuses.is_some(),
         "short_retention" => r.short_retention.is_some(),
         "method_override_headers" => r.method_override_headers.is_some(),
+        "method_override_params" => r.method_override_params.is_some(),
+        "method_case" => r.method_case.is_some(),
         "lease" => r.lease.is_some(),
         "upstream_timeout" => r.upstream_timeout.is_some(),
         "retention" => r.retention.is_some(),
