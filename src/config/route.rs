@@ -85,6 +85,37 @@ impl Settings {
                 break;
             }
         }
+        // A path that would be a longer route's but for trailing dots or spaces on a
+        // segment (`/v1/transfers.`, `/v1/transfers%20/7`) belongs to that route, refused:
+        // IIS and ASP.NET drop them, so it may be that route's operation; matched against a
+        // shorter route or the defaults it would be another.
+        let mut trailing = None;
+        if raw.contains('.') || raw.contains('%') {
+            let longer = match chosen {
+                Some((p, _, _)) => self
+                    .routes
+                    .iter()
+                    .take_while(|(_, q)| !Arc::ptr_eq(q, p))
+                    .count(),
+                None => self.routes.len(),
+            };
+            for (prefix, policy) in &self.routes[..longer] {
+                let i = form_for(&mut forms, raw, policy.path_rules)?;
+                let Some((_, form)) = forms[i].as_ref() else {
+                    continue;
+                };
+                let Some(trimmed) = path::without_trailing_dots(form) else {
+                    continue;
+                };
+                if prefix_matches(prefix, &trimmed) || format_suffix(prefix, &trimmed).is_some() {
+                    trailing = Some((policy, i));
+                    break;
+                }
+            }
+        }
+        if let Some((policy, i)) = trailing {
+            chosen = Some((policy, i, None));
+        }
         let (policy, i, suffix) = match chosen {
             Some(c) => c,
             None => (
@@ -94,7 +125,7 @@ impl Settings {
             ),
         };
         let rules = policy.path_rules;
-        let mut refused = None;
+        let mut refused = trailing.map(|_| PathError::TrailingSpelling);
         // `;` is never in a normal form: a raw one is a parameter, left out above.
         let params = raw.contains(';');
         if params && policy.path_params == PathParams::Refuse {
@@ -336,5 +367,46 @@ mod tests {
         assert!(settings("[defaults]\nformat_suffixes = [\"json\"]").is_err());
         assert!(settings("[defaults]\nformat_suffixes = [\".toolong\"]").is_err());
         assert!(settings("[defaults]\npath_params = \"keep\"").is_err());
+    }
+
+    #[test]
+    fn a_trailing_dot_or_space_never_falls_through_to_a_shorter_route() {
+        let s = settings(
+            r#"
+            [[routes]]
+            path = "/v1/transfers"
+            [[routes]]
+            path = "/v1"
+            methods = []
+            "#,
+        )
+        .unwrap();
+        for p in [
+            "/v1/transfers.",
+            "/v1/transfers..",
+            "/v1/transfers%20",
+            "/v1/transfers.%20",
+            "/v1/transfers./7",
+            "/v1%20/transfers",
+            "/v1/transfers%2e",
+        ] {
+            let r = s.route(p).unwrap();
+            assert_eq!(r.policy.route.as_deref(), Some("/v1/transfers"), "{p}");
+            assert_eq!(r.refused, Some(PathError::TrailingSpelling), "{p}");
+        }
+        // Off the defaults too, and only where the longer route is what it would be.
+        let only = settings("[[routes]]\npath = \"/v1/transfers\"").unwrap();
+        assert_eq!(
+            only.route("/v1/transfers.").unwrap().refused,
+            Some(PathError::TrailingSpelling)
+        );
+        for p in ["/v1/transfers/7.", "/v1/other.", "/v1/transfersx."] {
+            let r = s.route(p).unwrap();
+            assert_eq!(r.refused, None, "{p}");
+        }
+        assert_eq!(
+            s.route("/v1/transfers/7.").unwrap().policy.route.as_deref(),
+            Some("/v1/transfers")
+        );
     }
 }

@@ -24,7 +24,8 @@
 //!   leaves them out; whether a route accepts them is the route's choice (`path_params`).
 //! - IIS and ASP.NET drop trailing dots and spaces of each segment (`/v1/transfers.`,
 //!   `/v1/transfers%20`): on `case_insensitive_paths` routes the normal form drops them too.
-//!   Elsewhere they are other paths, as they are to the frameworks those routes stand for.
+//!   Elsewhere a path that is a route's but for them belongs to that route, refused
+//!   ([`PathError::TrailingSpelling`]): it never falls through to a shorter route.
 //!
 //! Some spellings cannot be normalized safely, because upstreams disagree on what they
 //! mean: an encoded `/` or `\` (one segment to some frameworks, two to others), a raw `\`,
@@ -87,6 +88,12 @@ pub enum PathError {
         "the path's percent-encoding does not decode to UTF-8, which upstreams read differently"
     )]
     InvalidUtf8,
+    /// A path that is a protected route's but for a segment's trailing dots or spaces
+    /// (`/v1/transfers.`, `/v1/transfers%20`), which IIS, ASP.NET and Express's
+    /// case-insensitive routing drop and others keep: it must not fall through to a shorter
+    /// route or the defaults as another operation.
+    #[error("the path is this route's but for a segment's trailing dots or spaces, which some frameworks drop and others keep: send the path without them")]
+    TrailingSpelling,
     /// A format suffix (`/v1/transfers.json`) that the route does not list.
     #[error("the path ends in a format suffix ('.{0}') that frameworks such as Rails route to the same handler; this route does not list it in format_suffixes: send the path without it")]
     FormatSuffix(FormatExt),
@@ -376,6 +383,26 @@ fn split_params(seg: &str) -> (&str, &str) {
         Some(at) => seg.split_at(at),
         None => (seg, ""),
     }
+}
+
+/// A normal form with each segment's trailing dots and encoded spaces dropped, as IIS and
+/// ASP.NET read it; `None` when there are none (or a segment is nothing else).
+pub fn without_trailing_dots(normal: &str) -> Option<String> {
+    if !normal.contains('.') && !normal.contains("%20") {
+        return None;
+    }
+    let mut out = String::with_capacity(normal.len());
+    let mut changed = false;
+    for seg in normal.split('/').skip(1) {
+        let kept = trim_dots_and_spaces(seg);
+        if kept.is_empty() && !seg.is_empty() {
+            return None;
+        }
+        changed |= kept.len() != seg.len();
+        out.push('/');
+        out.push_str(kept);
+    }
+    changed.then_some(out)
 }
 
 /// A segment without its trailing dots and (encoded) spaces, as Windows servers read it.
