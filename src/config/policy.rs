@@ -45,6 +45,9 @@ pub struct Policy {
     pub anonymous: Anonymous,
     /// `path_match` and `case_insensitive_paths`.
     pub path_rules: PathRules,
+    /// The route's path when it names parameters (`/v1/accounts/{id}/transfers`): matched
+    /// segment by segment instead of as a prefix.
+    pub template: Option<crate::scope::template::Template>,
     #[allow(missing_docs)]
     pub on_store_error: OnStoreError,
     #[allow(missing_docs)]
@@ -341,6 +344,7 @@ pub(super) fn resolve(
         tenant,
         anonymous: r.anonymous.unwrap_or(d.anonymous),
         path_rules,
+        template: None,
         on_store_error: r.on_store_error.unwrap_or(d.on_store_error),
         on_ambiguous: r.on_ambiguous.unwrap_or(d.on_ambiguous),
         record_mode: r.record_mode.unwrap_or(d.record_mode),

@@ -1,5 +1,6 @@
-//! Which route a path leads to: the longest matching prefix in the path's normal form,
-//! and how the path is forwarded.
+//! Which route a path leads to: the longest matching route (a prefix, or a template that
+//! names its parameters, [`crate::scope::template`]) in the path's normal form, and how the
+//! path is forwarded.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -71,7 +72,28 @@ impl Settings {
         // (`/v1/transfers.json`), which frameworks such as Rails route to the same
         // handler: it must not fall through to a shorter route or the defaults.
         let mut chosen = None;
+        // What a template route made of the path, when one matched.
+        let mut templated = None;
         for (prefix, policy) in &self.routes {
+            // A template compares the form that keeps letter case: its parameters keep
+            // theirs, its literal segments fold as the route's rules say.
+            if let Some(t) = &policy.template {
+                let rules = policy.path_rules;
+                let kept = PathRules {
+                    case_insensitive: false,
+                    ..rules
+                };
+                let i = form_for(&mut forms, raw, kept)?;
+                let Some((_, form)) = forms[i].as_ref() else {
+                    continue;
+                };
+                if let Some(m) = t.matches(form, rules.case_insensitive, &policy.format_suffixes) {
+                    templated = Some(m);
+                    chosen = Some((policy, i, None));
+                    break;
+                }
+                continue;
+            }
             let i = form_for(&mut forms, raw, policy.path_rules)?;
             let Some((_, form)) = forms[i].as_ref() else {
                 continue;
@@ -99,7 +121,11 @@ impl Settings {
                     .count(),
                 None => self.routes.len(),
             };
-            for (prefix, policy) in &self.routes[..longer] {
+            // (Templates say what they fold themselves.)
+            for (prefix, policy) in self.routes[..longer]
+                .iter()
+                .filter(|(_, p)| p.template.is_none())
+            {
                 let i = form_for(&mut forms, raw, policy.path_rules)?;
                 let Some((_, form)) = forms[i].as_ref() else {
                     continue;
@@ -115,6 +141,7 @@ impl Settings {
         }
         if let Some((policy, i)) = trailing {
             chosen = Some((policy, i, None));
+            templated = None;
         }
         let (policy, i, suffix) = match chosen {
             Some(c) => c,
@@ -136,6 +163,11 @@ impl Settings {
             _ => None,
         };
         let mut fold_suffix = false;
+        if let Some(m) = templated {
+            refused = refused.or(m.refused);
+            fold_suffix = m.folded_suffix;
+            normalized = (m.scope != raw).then_some(m.scope);
+        }
         if let Some(ext) = suffix {
             if policy.format_suffixes.iter().any(|f| f == ext.as_str()) {
                 fold_suffix = true;
