@@ -119,6 +119,8 @@ impl Default for Defaults {
             anonymous: Anonymous::Refuse,
             path_match: PathMatch::Normalized,
             case_insensitive_paths: false,
+            plus_is_space: false,
+            framework: None,
             on_store_error: OnStoreError::Reject,
             on_ambiguous: OnAmbiguous::Hold,
             record_mode: RecordMode::BeforeResponse,

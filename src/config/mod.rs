@@ -30,6 +30,7 @@ use load::describe;
 
 mod at_rest;
 mod defaults;
+mod framework;
 mod load;
 mod policy;
 mod redact;
@@ -38,6 +39,7 @@ mod validate;
 
 pub use at_rest::{AtRest, SealingKey};
 pub use defaults::defaults_toml;
+pub use framework::Framework;
 pub use load::{unknown_env, unknown_env_vars};
 pub use policy::Policy;
 pub use redact::redacted_toml;
@@ -481,6 +483,13 @@ pub struct Defaults {
     pub path_match: PathMatch,
     /// Compare paths case-insensitively (IIS/ASP.NET-style upstreams).
     pub case_insensitive_paths: bool,
+    /// A raw `+` in the path is a space and `%2B` the plus, as Koa's router decodes
+    /// parameters.
+    pub plus_is_space: bool,
+    /// The upstream's framework (`express`, `koa`, `fastify`, `flask`, `fastapi`, `django`,
+    /// `rails`, `laravel`, `spring`, `jetty`, `go`): the path, method and override rules it
+    /// uses, where this route (or `[defaults]`) does not set them itself.
+    pub framework: Option<Framework>,
     /// See [`OnStoreError`].
     pub on_store_error: OnStoreError,
     /// See [`OnAmbiguous`].
@@ -602,6 +611,8 @@ pub struct Route {
     pub anonymous: Option<Anonymous>,
     pub path_match: Option<PathMatch>,
     pub case_insensitive_paths: Option<bool>,
+    pub plus_is_space: Option<bool>,
+    pub framework: Option<Framework>,
     pub on_store_error: Option<OnStoreError>,
     pub on_ambiguous: Option<OnAmbiguous>,
     pub record_mode: Option<RecordMode>,

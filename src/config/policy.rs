@@ -112,6 +112,8 @@ pub(super) fn resolve(
     jwt_keys: bool,
     client_ca: bool,
 ) -> Result<Policy, ConfigError> {
+    // The framework's preset fills what the route leaves unset.
+    let r = &super::framework::apply(r, d);
     let methods = r.methods.as_ref().unwrap_or(&d.methods);
     let key_of = |name: &str| {
         if matches_override(r, name) {
@@ -204,6 +206,7 @@ pub(super) fn resolve(
     let path_rules = PathRules {
         strict: r.path_match.unwrap_or(d.path_match) == PathMatch::Strict,
         case_insensitive: r.case_insensitive_paths.unwrap_or(d.case_insensitive_paths),
+        plus_is_space: r.plus_is_space.unwrap_or(d.plus_is_space),
     };
     let mut format_suffixes = Vec::new();
     for f in r.format_suffixes.as_ref().unwrap_or(&d.format_suffixes) {

@@ -47,11 +47,11 @@ impl Settings {
     /// form of that route's own rules. An error: the path cannot be normalized safely.
     pub fn route<'a>(&'a self, raw: &str) -> Result<Routed<'a>, PathError> {
         // Normal forms already computed, per rules: a path is normalized at most once per
-        // distinct rule set (there are four), and a path in normal form costs no copy.
-        // No allocation for the bookkeeping: there are four rule sets at most.
-        let mut forms: [Option<(PathRules, Cow<'_, str>)>; 4] = Default::default();
+        // distinct rule set (there are eight), and a path in normal form costs no copy.
+        // No allocation for the bookkeeping: there are eight rule sets at most.
+        let mut forms: [Option<(PathRules, Cow<'_, str>)>; 8] = Default::default();
         fn form_for<'p>(
-            forms: &mut [Option<(PathRules, Cow<'p, str>)>; 4],
+            forms: &mut [Option<(PathRules, Cow<'p, str>)>; 8],
             raw: &'p str,
             rules: PathRules,
         ) -> Result<usize, PathError> {
@@ -65,7 +65,7 @@ impl Settings {
                     }
                 }
             }
-            // Two booleans make four rule sets, so a slot was free or matched above.
+            // Three booleans make eight rule sets, so a slot was free or matched above.
             Err(PathError::NotAbsolute)
         }
         // Longest prefix first; a route also takes its own path plus a format suffix

@@ -46,6 +46,9 @@ pub struct PathRules {
     pub strict: bool,
     /// Compare letters case-insensitively, for IIS/ASP.NET-style upstreams.
     pub case_insensitive: bool,
+    /// A raw `+` is a space (`%20`) and `%2B` the plus, as Koa's router decodes a
+    /// parameter (`plus_is_space`); elsewhere a raw `+` and `%2B` are one character.
+    pub plus_is_space: bool,
 }
 
 /// Why a path cannot be normalized safely.
@@ -177,6 +180,9 @@ fn is_normal(path: &str, form: Form) -> bool {
     if form.fold_case && b.iter().any(u8::is_ascii_uppercase) {
         return false;
     }
+    if rules.plus_is_space && !form.keep_params && b.contains(&b'+') {
+        return false;
+    }
     // Dot segments, (unless strict) empty segments, and trailing dots where they are
     // folded: look at each segment.
     let mut segments = path[1..].split('/').peekable();
@@ -285,7 +291,9 @@ fn both_forms(path: &str, form: Form) -> Result<(String, String), PathError> {
             match v {
                 b'/' | b'\\' => return Err(PathError::EncodedSeparator),
                 0x00..=0x1f | 0x7f => return Err(PathError::ControlCharacter),
-                v if keeps_escape(v) => push_escape(&mut scoped, v),
+                v if keeps_escape(v) || (v == b'+' && rules.plus_is_space) => {
+                    push_escape(&mut scoped, v)
+                }
                 _ => scoped.push(v),
             }
             if is_unreserved(v) {
@@ -295,6 +303,12 @@ fn both_forms(path: &str, form: Form) -> Result<(String, String), PathError> {
             }
             text.push(v);
             i += 3;
+        } else if c == b'+' && rules.plus_is_space {
+            // A space to the handler: the scope's spelling of a space.
+            push_escape(&mut scoped, b' ');
+            forwarded.push(c);
+            text.push(b' ');
+            i += 1;
         } else if c == b'\\' {
             return Err(PathError::Backslash);
         } else if c >= 0x80 {
@@ -443,14 +457,17 @@ mod tests {
     const LENIENT: PathRules = PathRules {
         strict: false,
         case_insensitive: false,
+        plus_is_space: false,
     };
     const STRICT: PathRules = PathRules {
         strict: true,
         case_insensitive: false,
+        plus_is_space: false,
     };
     const NOCASE: PathRules = PathRules {
         strict: false,
         case_insensitive: true,
+        plus_is_space: false,
     };
 
     fn n(p: &str, rules: PathRules) -> Result<String, PathError> {
@@ -686,6 +703,21 @@ mod tests {
         for rest in ["", ".", ".toolong", ".js-n", "json", "/x.json", ".a.b"] {
             assert_eq!(FormatExt::of(rest), None, "{rest}");
         }
+    }
+
+    #[test]
+    fn a_plus_is_a_space_where_the_router_reads_it_so() {
+        let koa = PathRules {
+            plus_is_space: true,
+            ..LENIENT
+        };
+        assert_eq!(n("/a/alice+b", koa).unwrap(), "/a/alice%20b");
+        assert_eq!(n("/a/alice%20b", koa).unwrap(), "/a/alice%20b");
+        assert_eq!(n("/a/alice%2Bb", koa).unwrap(), "/a/alice%2Bb");
+        assert_eq!(forward_form("/a/alice+b", koa).unwrap(), "/a/alice+b");
+        // Elsewhere a raw `+` is its escape.
+        assert_eq!(n("/a/alice%2Bb", LENIENT).unwrap(), "/a/alice+b");
+        assert_eq!(n("/a/alice+b", LENIENT).unwrap(), "/a/alice+b");
     }
 
     #[test]
