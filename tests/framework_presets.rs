@@ -1,5 +1,5 @@
-//! Framework presets set the rules their framework uses: Koa's `+` is a space and its
-//! literal segments any case, Django and Flask upper-case the method, Rails reads `_method`
+//! Framework presets set the rules their framework uses: Koa's literal segments any case
+//! (and, where its router reads it so, `plus_is_space`: `+` a space), Django and Flask upper-case the method, Rails reads `_method`
 //! from a form body and folds `.json`, Jetty cuts `;` parameters; without a preset the
 //! generic rules refuse each of those spellings. Through the binary.
 
@@ -13,6 +13,7 @@ const CONFIG: &str = r#"
 [[routes]]
 path = "/koa/accounts/{id}/transfers"
 framework = "koa"
+plus_is_space = true
 
 [[routes]]
 path = "/django"

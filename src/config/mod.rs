@@ -483,7 +483,7 @@ pub struct Defaults {
     pub path_match: PathMatch,
     /// Compare paths case-insensitively (IIS/ASP.NET-style upstreams).
     pub case_insensitive_paths: bool,
-    /// A raw `+` in the path is a space and `%2B` the plus, as Koa's router decodes
+    /// A raw `+` in the path is a space and `%2B` the plus, as older Koa routers (koa-router) decode
     /// parameters.
     pub plus_is_space: bool,
     /// The upstream's framework (`express`, `koa`, `fastify`, `flask`, `fastapi`, `django`,

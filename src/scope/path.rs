@@ -46,7 +46,7 @@ pub struct PathRules {
     pub strict: bool,
     /// Compare letters case-insensitively, for IIS/ASP.NET-style upstreams.
     pub case_insensitive: bool,
-    /// A raw `+` is a space (`%20`) and `%2B` the plus, as Koa's router decodes a
+    /// A raw `+` is a space (`%20`) and `%2B` the plus, as older Koa routers (koa-router) decode a
     /// parameter (`plus_is_space`); elsewhere a raw `+` and `%2B` are one character.
     pub plus_is_space: bool,
 }
