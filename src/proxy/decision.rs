@@ -59,7 +59,7 @@ pub(crate) enum Action {
 pub(crate) enum Pass {
     /// Nothing protects it: as if idemgate were absent.
     Plain,
-    /// It carries a key on a method its route does not protect (`post` is not `POST`): a
+    /// It carries a key on a method its route does not protect (a `PUT`): a
     /// client that expects protection and does not get it.
     KeyIgnored,
     /// A protected method without a key, on a route that does not require one.
