@@ -583,6 +583,14 @@ mod tests {
         [[routes]]
         path = "/v1/strict"
         path_params = "refuse"
+
+        [[routes]]
+        path = "/v1/django"
+        method_case = "fold"
+
+        [[routes]]
+        path = "/v1/patches"
+        methods = ["PATCH"]
     "#;
 
     fn settings() -> Settings {
@@ -661,6 +669,12 @@ mod tests {
             ("GET", "/v1/other?_method=PATCH", &[], "enforce default GET refuse invalid_method_override"),
             ("GET", "/v1/other", &[("x-http-method-override", "PUT")], "enforce default GET pass Plain"),
             ("POST", "/v1/overridden", &[KEY, AUTH, ("x-http-method-override", "not a method")], "enforce /v1/overridden POST refuse invalid_method_override"),
+            ("post", "/v1/django", &[KEY, AUTH], "enforce /v1/django POST protect /v1/django key=k1 forward=-"),
+            ("POST", "/v1/patches", &[KEY, AUTH], "enforce /v1/patches POST pass KeyIgnored"),
+            ("POST", "/v1/patches", &[KEY, AUTH, ("content-type", "application/x-www-form-urlencoded")], "enforce /v1/patches POST protect /v1/patches key=k1 forward=-"),
+            ("PUT", "/v1/patches", &[KEY, AUTH, ("content-type", "application/x-www-form-urlencoded")], "enforce /v1/patches PUT pass KeyIgnored"),
+            ("POST", "/v1/transfers.", &[KEY, AUTH], "enforce /v1/transfers POST refuse invalid_path"),
+            ("GET", "/v1/transfers.", &[KEY], "enforce /v1/transfers GET pass KeyIgnored"),
             // Protected, as which operation.
             ("POST", "/v1/transfers", &[KEY, AUTH], "enforce /v1/transfers POST protect /v1/transfers key=k1 forward=-"),
             ("POST", "/v1/transfers//x/", &[KEY, AUTH], "enforce /v1/transfers POST protect /v1/transfers/x key=k1 forward=/v1/transfers/x"),
