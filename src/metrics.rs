@@ -196,7 +196,7 @@ struct RouteModeLabel {
 }
 
 /// What enforcing would have done, the `would` label of `idemgate_observed_total`.
-pub const WOULDS: [&str; 22] = [
+pub const WOULDS: [&str; 23] = [
     "execute",
     "replay",
     "in_progress",
@@ -217,6 +217,7 @@ pub const WOULDS: [&str; 22] = [
     "trailers_not_supported",
     "buffers_full",
     "invalid_method_override",
+    "invalid_method",
     "invalid_path",
     "other",
 ];

@@ -34,6 +34,10 @@ pub enum Problem {
     /// that its route does not declare (`method_override_headers`), or its override is
     /// malformed: what the upstream would execute is not what idemgate would scope.
     InvalidMethodOverride,
+    /// A protected request's method is a protected method spelt in another letter case
+    /// (`post`), which some frameworks upper-case (Django) and others do not: refused unless
+    /// the route says its upstream folds (`method_case = "fold"`).
+    InvalidMethod,
     /// The body is larger than `max_body_bytes`.
     BodyTooLarge,
     /// The client stopped sending the body, or sent it too slowly.
@@ -75,6 +79,7 @@ impl Problem {
             Problem::InvalidToken => "invalid-token",
             Problem::InvalidPath => "invalid-path",
             Problem::InvalidMethodOverride => "invalid-method-override",
+            Problem::InvalidMethod => "invalid-method",
             Problem::BodyTooLarge => "body-too-large",
             Problem::BodyTimeout => "body-timeout",
             Problem::BodyUnreadable => "body-unreadable",
@@ -99,7 +104,8 @@ impl Problem {
             | Problem::InvalidKey
             | Problem::MissingTenant
             | Problem::InvalidPath
-            | Problem::InvalidMethodOverride => StatusCode::BAD_REQUEST,
+            | Problem::InvalidMethodOverride
+            | Problem::InvalidMethod => StatusCode::BAD_REQUEST,
             Problem::InvalidToken => StatusCode::UNAUTHORIZED,
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -126,6 +132,9 @@ impl Problem {
             Problem::InvalidPath => "The request path cannot be normalized safely",
             Problem::InvalidMethodOverride => {
                 "The request names another method in a method override this route does not declare"
+            }
+            Problem::InvalidMethod => {
+                "The request's method is a protected method in another letter case"
             }
             Problem::BodyTooLarge => "The request body is too large",
             Problem::BodyTimeout => "The request body did not arrive in time",
@@ -344,6 +353,7 @@ fn stripe_error(problem: Problem) -> (&'static str, &'static str, Option<bool>) 
         | Problem::MissingTenant
         | Problem::InvalidPath
         | Problem::InvalidMethodOverride
+        | Problem::InvalidMethod
         | Problem::BodyTooLarge
         | Problem::BodyTimeout
         | Problem::BodyUnreadable
@@ -372,6 +382,7 @@ impl Problem {
             Problem::InvalidToken => "invalid_token",
             Problem::InvalidPath => "invalid_path",
             Problem::InvalidMethodOverride => "invalid_method_override",
+            Problem::InvalidMethod => "invalid_method",
             Problem::BodyTooLarge => "body_too_large",
             Problem::BodyTimeout => "body_timeout",
             Problem::BodyUnreadable => "body_unreadable",

@@ -119,3 +119,65 @@ async fn control_characters_and_invalid_utf8_are_refused() {
     let get = client.get(g.url("/v1/transfers%0A")).send().await.unwrap();
     assert_eq!(get.status(), 201);
 }
+
+/// A path that is a protected route's but for a spelling some framework ignores (trailing
+/// dots or spaces, which IIS and ASP.NET drop; an encoded newline, which Starlette's
+/// routing drops) is refused on that route: never matched against a shorter route or the
+/// defaults, where it would run as another operation, or past `require_key` without a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spelling_some_framework_ignores_never_falls_through_to_another_route() {
+    let up = Upstream::start().await;
+    let g = Gate::start(
+        &up.url(),
+        "",
+        &[(
+            "IDEMGATE_ROUTES",
+            r#"[{path="/v1/transfers", require_key=true}, {path="/v1", methods=[]}]"#,
+        )],
+    );
+    let client = common::client();
+    let first = common::post_url(
+        &client,
+        &g.url("/v1/transfers"),
+        Some("tr-1"),
+        "{\"amount\":1}",
+        &[],
+    )
+    .await;
+    assert_eq!((first.status, up.hits()), (201, 1));
+    let head = |target: &str, key: Option<&str>| {
+        let key = key.map_or(String::new(), |k| format!("Idempotency-Key: {k}\r\n"));
+        format!(
+            "POST {target} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\nContent-Type: application/json\r\n{key}Content-Length: 12\r\nConnection: close\r\n\r\n{{\"amount\":1}}"
+        )
+    };
+    for target in [
+        "/v1/transfers.",
+        "/v1/transfers..",
+        "/v1/transfers%20",
+        "/v1/transfers%2e",
+        "/v1/transfers.%20",
+        "/v1/transfers./7",
+        "/v1%20/transfers",
+        "/v1/transfers%0A",
+        "/v1/transfers%0D",
+    ] {
+        for key in [Some("tr-1"), None] {
+            let answer = common::send_raw(g.addr, head(target, key).as_bytes());
+            assert!(
+                answer.starts_with("HTTP/1.1 400"),
+                "{target} {key:?}: {answer}"
+            );
+            assert!(
+                answer
+                    .to_ascii_lowercase()
+                    .contains("idemgate-error: invalid-path"),
+                "{target}: {answer}"
+            );
+        }
+    }
+    assert_eq!(up.hits(), 1, "none of them ran");
+    // Another path under the shorter route is still that route's.
+    let other = common::send_raw(g.addr, head("/v1/other.", None).as_bytes());
+    assert!(other.starts_with("HTTP/1.1 201"), "{other}");
+}

@@ -1,9 +1,16 @@
-//! Real frameworks as upstreams: Express 5, Flask 3.1 and Debian's Jetty 9.4, each with a
-//! transfer handler at `/v1/transfers` that counts its executions, behind the binary with a
-//! route that protects it (`require_key = true`). Every spelling of the corpus
+//! Real frameworks as upstreams: Express 5, Koa 3, Fastify 5, Flask 3.1, Starlette 1.10 and
+//! Debian's Jetty 9.4, each with a transfer handler at `/v1/transfers` that counts its
+//! executions, behind the binary with a route that protects it (`require_key = true`). Every spelling of the corpus
 //! (`tests/frameworks/spellings.txt`) is sent as raw bytes, directly (what the framework
 //! routes to the handler) and through idemgate, and the handler's own count is the oracle:
 //! under one key it runs at most once whatever the spelling, and never without a key.
+//!
+//! The second test puts each framework's parameterised handler
+//! (`/v1/accounts/:id/transfers`, which answers with the account and method it was handed)
+//! behind a template route and the framework's preset, and sends pairs of requests under
+//! one key (a parameter escaped and raw, in another case, trailing control characters,
+//! another method case, `_method` bodies, suffixes): a replay must answer what the handler
+//! runs as the first request, and what it runs as the first must not run again.
 //!
 //! The frameworks are installed, pinned, by `tests/frameworks/install.sh` (which `.ci/run`
 //! runs too) into the target directory. `docs/path-spellings.md` holds the table this test
@@ -35,19 +42,44 @@ struct Reply {
     status: u16,
     problem: Option<String>,
     replayed: bool,
+    /// The answer's body (the handler's JSON).
+    body: String,
+}
+
+impl Reply {
+    /// What the parameterised handler says it was handed: (account, method).
+    fn handed(&self) -> Option<(String, String)> {
+        let v: serde_json::Value = serde_json::from_str(self.body.trim()).ok()?;
+        Some((
+            v["account"].as_str()?.to_string(),
+            v["method"].as_str()?.to_string(),
+        ))
+    }
 }
 
 /// Sends `POST target` (its bytes as they are) with `headers`; `None` when the connection
 /// broke before an answer.
 fn post(addr: SocketAddr, target: &[u8], headers: &[(&str, &str)]) -> Option<Reply> {
+    send(addr, "POST", target, headers, "application/json", BODY)
+}
+
+/// Sends `method target` with a body of `content_type`.
+fn send(
+    addr: SocketAddr,
+    method: &str,
+    target: &[u8],
+    headers: &[(&str, &str)],
+    content_type: &str,
+    body: &str,
+) -> Option<Reply> {
     let mut s = TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    let mut req = b"POST ".to_vec();
+    let mut req = format!("{method} ").into_bytes();
     req.extend_from_slice(target);
     req.extend_from_slice(
         format!(
-            " HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
-            BODY.len()
+            " HTTP/1.1\r\nHost: {addr}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
+            body.len()
         )
         .as_bytes(),
     );
@@ -55,27 +87,30 @@ fn post(addr: SocketAddr, target: &[u8], headers: &[(&str, &str)]) -> Option<Rep
         req.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
     }
     req.extend_from_slice(b"\r\n");
-    req.extend_from_slice(BODY.as_bytes());
+    req.extend_from_slice(body.as_bytes());
     s.write_all(&req).ok()?;
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
     let text = String::from_utf8_lossy(&out);
     let status = text.split(' ').nth(1)?.parse().ok()?;
-    let head = text
-        .split("\r\n\r\n")
-        .next()
-        .unwrap_or_default()
-        .to_string();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let header = |name: &str| {
         head.lines().find_map(|l| {
             let (k, v) = l.split_once(':')?;
             k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
         })
     };
+    // A chunked body is one chunk here: its JSON is on the line after the size.
+    let body = if header("transfer-encoding").is_some_and(|t| t.contains("chunked")) {
+        rest.lines().nth(1).unwrap_or_default().to_string()
+    } else {
+        rest.to_string()
+    };
     Some(Reply {
         status,
         problem: header("idemgate-error"),
         replayed: header("idempotent-replayed").as_deref() == Some("true"),
+        body,
     })
 }
 
@@ -148,15 +183,21 @@ fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
 fn start(framework: &str, dir: &Path) -> (Server, SocketAddr) {
     let port = common::free_port();
     let mut cmd = match framework {
-        "express" => {
+        "express" | "koa" | "fastify" => {
             let mut c = Command::new("node");
-            c.arg(dir.join("express/app.js"));
+            c.arg(dir.join(framework).join("app.js"));
             c
         }
         "flask" => {
             let mut c = Command::new("python3");
             c.env("PYTHONPATH", dir.join("flask/site"))
                 .arg(dir.join("flask/app.py"));
+            c
+        }
+        "starlette" => {
+            let mut c = Command::new("python3");
+            c.env("PYTHONPATH", dir.join("starlette/site"))
+                .arg(dir.join("starlette/app.py"));
             c
         }
         "jetty" => {
@@ -184,10 +225,19 @@ fn start_idemgate(
     upstream: SocketAddr,
     route_extra: &str,
 ) -> (Server, SocketAddr, tempfile::TempDir) {
+    start_idemgate_on(upstream, "/v1/transfers", route_extra)
+}
+
+/// idemgate in front of `upstream` with one route, `path`, that requires a key.
+fn start_idemgate_on(
+    upstream: SocketAddr,
+    path: &str,
+    route_extra: &str,
+) -> (Server, SocketAddr, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let (port, admin) = (common::free_port(), common::free_port());
     let config = format!(
-        "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\nupstream = \"http://{upstream}\"\n\n[[routes]]\npath = \"/v1/transfers\"\nrequire_key = true\n{route_extra}\n"
+        "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\nupstream = \"http://{upstream}\"\n\n[[routes]]\npath = \"{path}\"\nrequire_key = true\n{route_extra}\n"
     );
     let file = dir.path().join("idemgate.toml");
     std::fs::write(&file, config).unwrap();
@@ -291,9 +341,24 @@ fn run(framework: &str, route_extra: &str, dir: &Path) -> (Vec<String>, Vec<Cell
     (violations, cells)
 }
 
-const COLUMNS: [(&str, &str, &str); 4] = [
+const COLUMNS: [(&str, &str, &str); 7] = [
     ("Express 5.2", "express", "case_insensitive_paths = true"),
+    (
+        "Koa 3.3, `framework = \"koa\"`",
+        "koa",
+        "framework = \"koa\"",
+    ),
+    (
+        "Fastify 5.12, `framework = \"fastify\"`",
+        "fastify",
+        "framework = \"fastify\"",
+    ),
     ("Flask 3.1", "flask", ""),
+    (
+        "Starlette 1.10, `framework = \"fastapi\"`",
+        "starlette",
+        "framework = \"fastapi\"",
+    ),
     ("Jetty 9.4", "jetty", ""),
     (
         "Jetty 9.4, `path_params = \"strip\"`",
@@ -318,12 +383,20 @@ fn every_spelling_a_framework_routes_to_the_handler_is_one_operation_or_refused(
         all_violations.len(),
         all_violations.join("\n")
     );
-    let table = table(&columns);
+    check_docs_block("spellings", &table(&columns));
+}
+
+/// Checks that docs/path-spellings.md shows `table` between `<!-- name:begin -->` and
+/// `<!-- name:end -->`; `IDEMGATE_WRITE_DOCS=1` rewrites it there.
+fn check_docs_block(name: &str, table: &str) {
     let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/path-spellings.md");
     let text = std::fs::read_to_string(&docs).unwrap_or_default();
-    let (begin, end) = ("<!-- spellings:begin -->\n", "<!-- spellings:end -->");
+    let (begin, end) = (
+        format!("<!-- {name}:begin -->\n"),
+        format!("<!-- {name}:end -->"),
+    );
     if std::env::var_os("IDEMGATE_WRITE_DOCS").is_some() {
-        let (Some(b), Some(e)) = (text.find(begin), text.find(end)) else {
+        let (Some(b), Some(e)) = (text.find(&begin), text.find(&end)) else {
             panic!("docs/path-spellings.md has no {begin:?} ... {end:?} block");
         };
         let new = format!("{}{table}{}", &text[..b + begin.len()], &text[e..]);
@@ -353,4 +426,249 @@ fn table(columns: &[Vec<Cell>]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// One cell of the parameter table: a first request (`POST`, JSON) and a second under the
+/// same key, as a method, a target, a content type and a body.
+struct Pair {
+    label: &'static str,
+    first: &'static str,
+    method: &'static str,
+    second: &'static str,
+    content_type: &'static str,
+    body: &'static str,
+}
+
+const JSON: &str = "application/json";
+const FORM: &str = "application/x-www-form-urlencoded";
+const MULTIPART: &str = "multipart/form-data; boundary=b0";
+const MULTIPART_BODY: &str =
+    "--b0\r\ncontent-disposition: form-data; name=\"_method\"\r\n\r\nPATCH\r\n--b0--\r\n";
+
+const fn pair(label: &'static str, first: &'static str, second: &'static str) -> Pair {
+    Pair {
+        label,
+        first,
+        method: "POST",
+        second,
+        content_type: JSON,
+        body: BODY,
+    }
+}
+
+const ALICE: &str = "/v1/accounts/alice/transfers";
+
+const PAIRS: [Pair; 17] = [
+    pair(
+        "`@`, then `%40`",
+        "/v1/accounts/alice@example.com/transfers",
+        "/v1/accounts/alice%40example.com/transfers",
+    ),
+    pair(
+        "`%40`, then `@`",
+        "/v1/accounts/bob%40example.com/transfers",
+        "/v1/accounts/bob@example.com/transfers",
+    ),
+    pair(
+        "`:`, then `%3a`",
+        "/v1/accounts/a:b/transfers",
+        "/v1/accounts/a%3ab/transfers",
+    ),
+    pair(
+        "`+`, then `%20`",
+        "/v1/accounts/al+b/transfers",
+        "/v1/accounts/al%20b/transfers",
+    ),
+    pair(
+        "`+`, then `%2B`",
+        "/v1/accounts/al+c/transfers",
+        "/v1/accounts/al%2Bc/transfers",
+    ),
+    pair("parameter's case", ALICE, "/v1/accounts/ALICE/transfers"),
+    pair(
+        "literal segments' case",
+        ALICE,
+        "/V1/Accounts/alice/TRANSFERS",
+    ),
+    pair("trailing `%0A`", ALICE, "/v1/accounts/alice/transfers%0A"),
+    pair(
+        "trailing `%0D%0A`",
+        ALICE,
+        "/v1/accounts/alice/transfers%0D%0A",
+    ),
+    pair(
+        "`%0A` in the parameter",
+        ALICE,
+        "/v1/accounts/alice%0A/transfers",
+    ),
+    pair("trailing `.`", ALICE, "/v1/accounts/alice/transfers."),
+    pair("trailing `%20`", ALICE, "/v1/accounts/alice/transfers%20"),
+    pair(
+        "U+FFFD, then `%E9`",
+        "/v1/accounts/jos%EF%BF%BD/transfers",
+        "/v1/accounts/jos%E9/transfers",
+    ),
+    pair("`.json` suffix", ALICE, "/v1/accounts/alice/transfers.json"),
+    Pair {
+        method: "post",
+        ..pair("method `post`", ALICE, ALICE)
+    },
+    Pair {
+        content_type: FORM,
+        body: "amount=10&_method=PATCH",
+        ..pair("`_method=PATCH` form body", ALICE, ALICE)
+    },
+    Pair {
+        content_type: MULTIPART,
+        body: MULTIPART_BODY,
+        ..pair("`_method` multipart body", ALICE, ALICE)
+    },
+];
+
+/// The frameworks of the parameter table: title, framework, the route's setting.
+const PARAM_COLUMNS: [(&str, &str, &str); 5] = [
+    ("Express 5.2", "express", "framework = \"express\""),
+    ("Koa 3.3", "koa", "framework = \"koa\""),
+    ("Fastify 5.12", "fastify", "framework = \"fastify\""),
+    ("Flask 3.1", "flask", "framework = \"flask\""),
+    ("Starlette 1.10", "starlette", "framework = \"fastapi\""),
+];
+
+/// What the framework made of a request sent to it directly.
+fn direct_cell(reply: &Option<Reply>, ran: bool) -> String {
+    match (reply, ran) {
+        (Some(r), true) => match r.handed() {
+            Some((account, method)) => format!("`{}` {method}", account.escape_debug()),
+            None => "handler".into(),
+        },
+        (Some(r), false) => r.status.to_string(),
+        (None, _) => "no answer".into(),
+    }
+}
+
+/// Runs every pair against one framework behind `/v1/accounts/{id}/transfers` with
+/// `route_extra`: the violations, and the column.
+fn run_pairs(framework: &str, route_extra: &str, dir: &Path) -> (Vec<String>, Vec<Cell>) {
+    let (_fw, fw) = start(framework, dir);
+    let (_idemgate, proxy, _config) =
+        start_idemgate_on(fw, "/v1/accounts/{id}/transfers", route_extra);
+    let auth = ("Authorization", "Bearer acct-1");
+    let count = || executions(fw).expect("the framework's count");
+    let mut violations = Vec::new();
+    let mut cells = Vec::new();
+    for (i, p) in PAIRS.iter().enumerate() {
+        let label = p.label;
+        // Directly: what the framework hands its handler for the second request.
+        let before = count();
+        let direct = send(
+            fw,
+            p.method,
+            p.second.as_bytes(),
+            &[],
+            p.content_type,
+            p.body,
+        );
+        let ran = count() > before;
+        let handed = direct.as_ref().filter(|_| ran).and_then(Reply::handed);
+        // Through idemgate, under one key: the first, then the second.
+        let key = format!("{framework}-pair-{i}");
+        let keyed = [auth, ("Idempotency-Key", key.as_str())];
+        let before = count();
+        let first = post(proxy, p.first.as_bytes(), &keyed);
+        let first_handed = first.as_ref().and_then(Reply::handed);
+        if count() != before + 1 || first_handed.is_none() {
+            violations.push(format!("{label}: the first request did not run once"));
+        }
+        let after_first = count();
+        let second = send(
+            proxy,
+            p.method,
+            p.second.as_bytes(),
+            &keyed,
+            p.content_type,
+            p.body,
+        );
+        let ran_again = count() > after_first;
+        let through = match &second {
+            None => "no answer".to_string(),
+            Some(r) if r.replayed => {
+                // A replay is right only for what the framework runs as the first.
+                if handed.is_some() && handed != first_handed {
+                    violations.push(format!(
+                        "{label}: replayed {first_handed:?}'s answer for {handed:?}"
+                    ));
+                }
+                "replayed".into()
+            }
+            Some(r) if ran_again => {
+                if handed == first_handed {
+                    violations.push(format!("{label}: ran {handed:?} twice under one key"));
+                }
+                match r.handed() {
+                    Some((account, _)) => {
+                        format!("another operation (`{}`)", account.escape_debug())
+                    }
+                    None => "another operation".into(),
+                }
+            }
+            Some(Reply {
+                status,
+                problem: Some(problem),
+                ..
+            }) => format!("{status} {problem}"),
+            Some(r) => format!("{} (not the handler)", r.status),
+        };
+        // No key: `require_key` holds whatever the spelling.
+        let before = count();
+        send(
+            proxy,
+            p.method,
+            p.second.as_bytes(),
+            &[auth],
+            p.content_type,
+            p.body,
+        );
+        if count() != before {
+            violations.push(format!("{label}: ran without a key"));
+        }
+        cells.push(Cell {
+            direct: direct_cell(&direct, ran),
+            through,
+        });
+    }
+    (violations, cells)
+}
+
+#[test]
+fn a_parameter_a_method_and_a_body_are_one_operation_as_the_handler_gets_them() {
+    let dir = install_dir();
+    let mut all_violations = Vec::new();
+    let mut columns = Vec::new();
+    for (title, framework, extra) in PARAM_COLUMNS {
+        let (violations, cells) = run_pairs(framework, extra, &dir);
+        all_violations.extend(violations.into_iter().map(|v| format!("{title}: {v}")));
+        columns.push(cells);
+    }
+    assert!(
+        all_violations.is_empty(),
+        "{} violations:\n{}",
+        all_violations.len(),
+        all_violations.join("\n")
+    );
+    let mut table = String::from("| Second request, after `POST` of the first under its key |");
+    for (title, _, extra) in PARAM_COLUMNS {
+        table.push_str(&format!(" {title}, `{extra}` |"));
+    }
+    table.push_str("\n|---|");
+    table.push_str(&"---|".repeat(PARAM_COLUMNS.len()));
+    table.push('\n');
+    for (i, p) in PAIRS.iter().enumerate() {
+        table.push_str(&format!("| {} |", p.label));
+        for col in &columns {
+            let c = &col[i];
+            table.push_str(&format!(" {}: {} |", c.direct, c.through));
+        }
+        table.push('\n');
+    }
+    check_docs_block("parameters", &table);
 }

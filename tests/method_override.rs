@@ -139,3 +139,170 @@ fn a_bad_override_header_name_stops_start_up() {
         "{err}"
     );
 }
+
+/// Sends a `_method` form or multipart body as a POST.
+async fn send_form(
+    c: &reqwest::Client,
+    method: &str,
+    url: &str,
+    key: &str,
+    content_type: &str,
+    body: &str,
+) -> Answer {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    let res = c
+        .request(method, url)
+        .header("content-type", content_type)
+        .header("idempotency-key", key)
+        .header("authorization", "Bearer alice")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    Answer {
+        status: res.status().as_u16(),
+        headers: res.headers().clone(),
+        body: res.bytes().await.unwrap(),
+    }
+}
+
+const FORM: &str = "application/x-www-form-urlencoded";
+const MULTIPART: &str = "multipart/form-data; boundary=b0undary";
+
+fn multipart(method: &str) -> String {
+    format!(
+        "--b0undary\r\ncontent-disposition: form-data; name=\"amount\"\r\n\r\n10\r\n--b0undary\r\ncontent-disposition: form-data; name=\"_method\"\r\n\r\n{method}\r\n--b0undary--\r\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protected_method_in_another_case_is_refused_unless_the_route_folds_it() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idemgate.toml");
+    std::fs::write(
+        &file,
+        "[[routes]]\npath = \"/django\"\nmethod_case = \"fold\"\n",
+    )
+    .unwrap();
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[("IDEMGATE_CONFIG", file.to_str().unwrap())],
+    );
+    let c = client();
+    let url = gate.url("/v1/accounts/7");
+    let first = send(&c, "POST", &url, "k1", &[]).await;
+    assert_eq!((first.status, up.hits()), (201, 1));
+    for spelling in ["post", "Post", "pOST", "patch"] {
+        let r = send(&c, spelling, &url, "k1", &[]).await;
+        assert_eq!(r.status, 400, "{spelling}: {:?}", r.body);
+        assert!(r.problem_type().ends_with("/invalid-method"), "{spelling}");
+        assert_eq!(r.header("idemgate-error"), Some("invalid-method"));
+    }
+    assert_eq!(up.hits(), 1, "none of them reached the upstream");
+    // A method no route protects in any case passes through.
+    let r = send(&c, "get", &url, "k1", &[]).await;
+    assert!(!r.replayed());
+    assert_eq!(up.hits(), 2);
+    // Where the upstream upper-cases (Django), `post` is the POST: its retry replays.
+    let url = gate.url("/django/transfers");
+    let first = send(&c, "POST", &url, "k1", &[]).await;
+    assert_eq!((first.status, up.hits()), (201, 3));
+    let again = send(&c, "post", &url, "k1", &[]).await;
+    assert!(again.replayed(), "{:?}", again.body);
+    assert_eq!(again.body, first.body);
+    assert_eq!(up.hits(), 3);
+    drop(gate);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_method_in_a_form_body_is_an_override_declared_or_refused() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idemgate.toml");
+    std::fs::write(
+        &file,
+        r#"
+[[routes]]
+path = "/rails"
+methods = ["POST", "PATCH", "DELETE"]
+method_override_params = ["body"]
+
+[[routes]]
+path = "/patch-only"
+methods = ["PATCH"]
+"#,
+    )
+    .unwrap();
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[("IDEMGATE_CONFIG", file.to_str().unwrap())],
+    );
+    let c = client();
+    // Undeclared: a form or multipart POST whose `_method` names another method is
+    // refused, on a route that protects the POST, and on one that protects only the
+    // method it names.
+    let url = gate.url("/v1/accounts/7");
+    let plain = send_form(&c, "POST", &url, "k1", FORM, "amount=10").await;
+    assert_eq!((plain.status, up.hits()), (201, 1));
+    for (ct, body, patch) in [
+        (FORM, "amount=10&_method=PATCH".to_string(), true),
+        (FORM, "amount=10&_method=delete".to_string(), false),
+        (FORM, "amount=10&%5Fmethod=PATCH".to_string(), true),
+        (MULTIPART, multipart("PATCH"), true),
+    ] {
+        let r = send_form(&c, "POST", &url, "k1", ct, &body).await;
+        assert_eq!(r.status, 400, "{body}: {:?}", r.body);
+        assert!(
+            r.problem_type().ends_with("/invalid-method-override"),
+            "{body}"
+        );
+        if patch {
+            let r = send_form(&c, "POST", &gate.url("/patch-only/7"), "k2", ct, &body).await;
+            assert_eq!(r.status, 400, "{body}: {:?}", r.body);
+        }
+    }
+    assert_eq!(up.hits(), 1);
+    // Where neither the POST nor the method named is protected, it runs as without
+    // idemgate.
+    let r = send_form(
+        &c,
+        "POST",
+        &gate.url("/patch-only/7"),
+        "k2",
+        FORM,
+        "_method=DELETE",
+    )
+    .await;
+    assert_eq!((r.status, up.hits()), (201, 2));
+    // Naming the POST itself is no override.
+    let r = send_form(&c, "POST", &url, "k3", FORM, "amount=10&_method=post").await;
+    assert_eq!((r.status, up.hits()), (201, 3));
+    // Declared: the body's method is the operation's; its retry replays, and the POST
+    // with the same key is another operation (not its answer, not a 422).
+    let url = gate.url("/rails/transfers/7");
+    for (ct, body) in [
+        (FORM, "amount=10&_method=PATCH".to_string()),
+        (MULTIPART, multipart("DELETE")),
+    ] {
+        let hits = up.hits();
+        let a = send_form(&c, "POST", &url, "k4", ct, &body).await;
+        let b = send_form(&c, "POST", &url, "k4", ct, &body).await;
+        assert_eq!(a.status, 201, "{body}: {:?}", a.body);
+        assert!(!a.replayed() && b.replayed(), "{body}");
+        assert_eq!(a.body, b.body);
+        assert_eq!(up.hits(), hits + 1);
+    }
+    let post = send_form(&c, "POST", &url, "k4", FORM, "amount=10&_method=PATCH").await;
+    assert!(post.replayed(), "the PATCH's retry");
+    let post = send_form(&c, "POST", &url, "k4", FORM, "amount=10").await;
+    assert_eq!(post.status, 201, "{:?}", post.body);
+    assert!(!post.replayed());
+    // Two methods, or a value that is not one, in a declared field: refused.
+    let r = send_form(&c, "POST", &url, "k5", FORM, "_method=PATCH&_method=DELETE").await;
+    assert_eq!(r.status, 400);
+    assert!(r.problem_type().ends_with("/invalid-method-override"));
+    drop(gate);
+}

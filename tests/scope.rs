@@ -290,10 +290,14 @@ async fn a_key_on_an_unprotected_method_is_counted_as_unprotected(backend: Backe
     let up = Upstream::start().await;
     let app = spawn_app(with_routes(&up, &backend, vec![])).await;
     let h = [("authorization", "Bearer a"), ("idempotency-key", "k")];
-    let (s1, _) = raw(app.addr(), "post", "/pay", &h, TRANSFER).await;
+    let (s1, _) = raw(app.addr(), "DELETE", "/pay", &h, TRANSFER).await;
     let (s2, _) = raw(app.addr(), "PUT", "/pay", &h, TRANSFER).await;
     let (s3, _) = raw(app.addr(), "GET", "/pay", &[], "").await;
     assert_eq!((s1, s2, s3), (201, 201, 201));
+    assert_eq!(up.hits(), 3);
+    // A protected method in another case is no unprotected method: refused, not run.
+    let (s4, _) = raw(app.addr(), "post", "/pay", &h, TRANSFER).await;
+    assert_eq!(s4, 400);
     assert_eq!(up.hits(), 3);
     let admin = app.admin_addr().unwrap();
     let metrics = http_get(admin, "/metrics").unwrap();

@@ -943,6 +943,90 @@ async fn client_certificates_name_tenants_together_with_their_ca() {
     assert!(text.contains("no CA of tls_client_ca_file"), "{text}");
 }
 
+/// `tenant_client_cert = "subject"` with a root and its intermediate in the bundle, in
+/// either order: a leaf of the intermediate is the intermediate's, whether the client sends
+/// its chain or not, and its CN is its text whatever the string type (a renewal that
+/// re-encodes a BMPString CN as UTF8String replays; another CN in the same type is another
+/// tenant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_is_its_text_and_its_ca_the_closest_whatever_the_chain_and_the_order() {
+    use rcgen::DnValue;
+    let ca = Ca::new("listener ca");
+    let root = Ca::new("clients root");
+    let inter = root.intermediate("clients intermediate");
+    let leaf = |cn: DnValue| {
+        inter.leaf_with(&[], |p| {
+            p.distinguished_name = rcgen::DistinguishedName::new();
+            p.distinguished_name.push(DnType::CommonName, cn);
+        })
+    };
+    let bmp = |s: &str| DnValue::BmpString(s.try_into().unwrap());
+    let m1_bmp = leaf(bmp("merchant-1"));
+    let m1_utf8 = leaf(DnValue::Utf8String("merchant-1".into()));
+    let m1_universal = leaf(DnValue::UniversalString("merchant-1".try_into().unwrap()));
+    let m1_t61 = leaf(DnValue::TeletexString("merchant-1".try_into().unwrap()));
+    let m2_bmp = leaf(bmp("merchant-2"));
+    // The leaf with its chain (the intermediate after it), as most clients send it.
+    let chained = |l: &Leaf| Leaf {
+        cert: format!("{}{}", l.cert, inter.pem()),
+        key: l.key.clone(),
+    };
+    for (n, bundle) in [
+        format!("{}{}", root.pem(), inter.pem()),
+        format!("{}{}", inter.pem(), root.pem()),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let dir = Dir::new();
+        let file = dir.write("clients.pem", bundle);
+        let routes = r#"[{path="/pay", tenant_client_cert="subject", anonymous="refuse"}]"#;
+        let g = TlsGate::start(
+            &ca.leaf(&["127.0.0.1"]),
+            &[
+                ("IDEMGATE_TLS_CLIENT_CA_FILE", &file),
+                ("IDEMGATE_TLS_CLIENT_AUTH", "optional"),
+                ("IDEMGATE_ROUTES", routes),
+            ],
+        )
+        .await;
+        let as_ = |l: &Leaf| tls_client(&ca, false, Some(l));
+        let key = format!("order-{n}");
+        let first = post(&as_(&m1_bmp), &g.url("/pay"), &key).await;
+        assert_eq!(first.status, 201, "{n}: {:?}", first.body);
+        for (who, l) in [
+            ("with its chain", chained(&m1_bmp)),
+            ("re-encoded as UTF8String", m1_utf8.clone()),
+            ("as UniversalString", m1_universal.clone()),
+            ("as T61String", m1_t61.clone()),
+            ("re-encoded, with its chain", chained(&m1_utf8)),
+        ] {
+            let again = post(&as_(&l), &g.url("/pay"), &key).await;
+            assert!(
+                again.replayed(),
+                "bundle {n}, {who}: {} {:?}",
+                again.status,
+                again.body
+            );
+            assert_eq!(again.body, first.body, "bundle {n}, {who}");
+        }
+        assert_eq!(g.up.hits(), 1, "bundle {n}");
+        let other = post(&as_(&m2_bmp), &g.url("/pay"), &key).await;
+        assert_eq!(other.status, 201, "bundle {n}: {:?}", other.body);
+        assert!(
+            !other.replayed(),
+            "bundle {n}: merchant-2 got merchant-1's answer"
+        );
+        let retry = post(&as_(&chained(&m2_bmp)), &g.url("/pay"), &key).await;
+        assert!(retry.replayed(), "bundle {n}: {:?}", retry.body);
+        assert_eq!(
+            retry.body, other.body,
+            "bundle {n}: merchant-2's own answer"
+        );
+        assert_eq!(g.up.hits(), 2, "bundle {n}");
+    }
+}
+
 /// One principal source per route, and certificates need a listener that verifies them:
 /// exit 64 naming the key.
 #[test]

@@ -119,6 +119,8 @@ impl Default for Defaults {
             anonymous: Anonymous::Refuse,
             path_match: PathMatch::Normalized,
             case_insensitive_paths: false,
+            plus_is_space: false,
+            framework: None,
             on_store_error: OnStoreError::Reject,
             on_ambiguous: OnAmbiguous::Hold,
             record_mode: RecordMode::BeforeResponse,
@@ -136,6 +138,8 @@ impl Default for Defaults {
             short_retention_statuses: vec![401, 403, 407],
             short_retention: Duration::from_secs(60),
             method_override_headers: Vec::new(),
+            method_override_params: Vec::new(),
+            method_case: super::MethodCase::Refuse,
         }
     }
 }

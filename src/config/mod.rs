@@ -30,6 +30,7 @@ use load::describe;
 
 mod at_rest;
 mod defaults;
+mod framework;
 mod load;
 mod policy;
 mod redact;
@@ -38,6 +39,7 @@ mod validate;
 
 pub use at_rest::{AtRest, SealingKey};
 pub use defaults::defaults_toml;
+pub use framework::Framework;
 pub use load::{unknown_env, unknown_env_vars};
 pub use policy::Policy;
 pub use redact::redacted_toml;
@@ -481,6 +483,13 @@ pub struct Defaults {
     pub path_match: PathMatch,
     /// Compare paths case-insensitively (IIS/ASP.NET-style upstreams).
     pub case_insensitive_paths: bool,
+    /// A raw `+` in the path is a space and `%2B` the plus, as older Koa routers (koa-router) decode
+    /// parameters.
+    pub plus_is_space: bool,
+    /// The upstream's framework (`express`, `koa`, `fastify`, `flask`, `fastapi`, `django`,
+    /// `rails`, `laravel`, `spring`, `jetty`, `go`): the path, method and override rules it
+    /// uses, where this route (or `[defaults]`) does not set them itself.
+    pub framework: Option<Framework>,
     /// See [`OnStoreError`].
     pub on_store_error: OnStoreError,
     /// See [`OnAmbiguous`].
@@ -532,6 +541,12 @@ pub struct Defaults {
     /// request that names another method in an override header or `_method` gets 400
     /// `invalid-method-override` where either method is protected.
     pub method_override_headers: Vec<String>,
+    /// Where the upstream reads a `_method` override (`"query"`, `"body"`): there, the
+    /// method it names is scoped, fingerprinted and protected. Elsewhere a `_method` naming
+    /// another method gets 400 `invalid-method-override` where either method is protected.
+    pub method_override_params: Vec<OverrideParam>,
+    /// See [`MethodCase`].
+    pub method_case: MethodCase,
 }
 
 /// What a route does with `;` path parameters (`/v1/transfers;jsessionid=A`), which servlet
@@ -546,6 +561,30 @@ pub enum PathParams {
     /// Left out of route matching, scope and fingerprint, and forwarded as sent: for
     /// upstreams whose clients put `;jsessionid=` into links.
     Strip,
+}
+
+/// What a route does with a protected method spelt in another letter case (`post`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MethodCase {
+    /// 400 `invalid-method` (default): Django upper-cases `post` and runs the POST view,
+    /// Express and most others route it nowhere, so it may be the protected operation.
+    #[default]
+    Refuse,
+    /// The upstream upper-cases the method (Django): `post` is protected as `POST`, and
+    /// forwarded as sent.
+    Fold,
+}
+
+/// Where a `_method` field is a method override the upstream honours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OverrideParam {
+    /// `?_method=PATCH` (Express's `method-override('_method')`, Symfony, Laravel).
+    Query,
+    /// A `_method` field of a form-encoded or multipart POST body (Rack's
+    /// `MethodOverride` in Rails and Sinatra, Laravel, Symfony).
+    Body,
 }
 
 /// One `[[routes]]` entry: a path prefix and the settings it overrides.
@@ -572,6 +611,8 @@ pub struct Route {
     pub anonymous: Option<Anonymous>,
     pub path_match: Option<PathMatch>,
     pub case_insensitive_paths: Option<bool>,
+    pub plus_is_space: Option<bool>,
+    pub framework: Option<Framework>,
     pub on_store_error: Option<OnStoreError>,
     pub on_ambiguous: Option<OnAmbiguous>,
     pub record_mode: Option<RecordMode>,
@@ -590,6 +631,8 @@ pub struct Route {
     #[serde(default, with = "humantime_serde")]
     pub short_retention: Option<Duration>,
     pub method_override_headers: Option<Vec<String>>,
+    pub method_override_params: Option<Vec<OverrideParam>>,
+    pub method_case: Option<MethodCase>,
 }
 
 /// The default of [`Config::upstream_idle_timeout`]: half of the shortest keep-alive

@@ -8,9 +8,10 @@ use hyper::header::HeaderName;
 use hyper::Method;
 
 use super::{invalid, Anonymous, ConfigError, Defaults, Mode, OnAmbiguous, OnStoreError};
-use super::{ErrorFormatName, PathMatch, PathParams, RecordMode, Route};
+use super::{ErrorFormatName, MethodCase, OverrideParam, PathMatch, PathParams, RecordMode, Route};
 use crate::fingerprint::{JsonPointer, QueryOrder, Rules};
 use crate::retry_after::TypicalTime;
+use crate::scope::method::OverrideParams;
 use crate::scope::{path, PathRules, TenantSource};
 
 /// The policy that applies to one request, resolved from defaults and its route.
@@ -44,6 +45,9 @@ pub struct Policy {
     pub anonymous: Anonymous,
     /// `path_match` and `case_insensitive_paths`.
     pub path_rules: PathRules,
+    /// The route's path when it names parameters (`/v1/accounts/{id}/transfers`): matched
+    /// segment by segment instead of as a prefix.
+    pub template: Option<crate::scope::template::Template>,
     #[allow(missing_docs)]
     pub on_store_error: OnStoreError,
     #[allow(missing_docs)]
@@ -76,6 +80,10 @@ pub struct Policy {
     pub short_retention: Duration,
     /// Override headers the upstream honours (`method_override_headers`), lowercase.
     pub method_override_headers: Vec<HeaderName>,
+    /// Where the upstream reads `_method` (`method_override_params`).
+    pub override_params: OverrideParams,
+    #[allow(missing_docs)]
+    pub method_case: MethodCase,
     /// How long this route's upstream typically takes (measured while running), for the
     /// `Retry-After` of a 409 in-progress.
     pub upstream_time: Arc<TypicalTime>,
@@ -104,6 +112,8 @@ pub(super) fn resolve(
     jwt_keys: bool,
     client_ca: bool,
 ) -> Result<Policy, ConfigError> {
+    // The framework's preset fills what the route leaves unset.
+    let r = &super::framework::apply(r, d);
     let methods = r.methods.as_ref().unwrap_or(&d.methods);
     let key_of = |name: &str| {
         if matches_override(r, name) {
@@ -196,6 +206,7 @@ pub(super) fn resolve(
     let path_rules = PathRules {
         strict: r.path_match.unwrap_or(d.path_match) == PathMatch::Strict,
         case_insensitive: r.case_insensitive_paths.unwrap_or(d.case_insensitive_paths),
+        plus_is_space: r.plus_is_space.unwrap_or(d.plus_is_space),
     };
     let mut format_suffixes = Vec::new();
     for f in r.format_suffixes.as_ref().unwrap_or(&d.format_suffixes) {
@@ -336,6 +347,7 @@ pub(super) fn resolve(
         tenant,
         anonymous: r.anonymous.unwrap_or(d.anonymous),
         path_rules,
+        template: None,
         on_store_error: r.on_store_error.unwrap_or(d.on_store_error),
         on_ambiguous: r.on_ambiguous.unwrap_or(d.on_ambiguous),
         record_mode: r.record_mode.unwrap_or(d.record_mode),
@@ -352,6 +364,17 @@ pub(super) fn resolve(
         short_retention_statuses,
         short_retention: r.short_retention.unwrap_or(d.short_retention),
         method_override_headers,
+        override_params: {
+            let params = r
+                .method_override_params
+                .as_ref()
+                .unwrap_or(&d.method_override_params);
+            OverrideParams {
+                query: params.contains(&OverrideParam::Query),
+                body: params.contains(&OverrideParam::Body),
+            }
+        },
+        method_case: r.method_case.unwrap_or(d.method_case),
         upstream_time: Arc::default(),
         index: 0,
     };
@@ -428,6 +451,8 @@ fn matches_override(r: &Route, name: &str) -> bool {
         "short_retention_statuses" => r.short_retention_statuses.is_some(),
         "short_retention" => r.short_retention.is_some(),
         "method_override_headers" => r.method_override_headers.is_some(),
+        "method_override_params" => r.method_override_params.is_some(),
+        "method_case" => r.method_case.is_some(),
         "lease" => r.lease.is_some(),
         "upstream_timeout" => r.upstream_timeout.is_some(),
         "retention" => r.retention.is_some(),

@@ -1,5 +1,6 @@
-//! Which route a path leads to: the longest matching prefix in the path's normal form,
-//! and how the path is forwarded.
+//! Which route a path leads to: the longest matching route (a prefix, or a template that
+//! names its parameters, [`crate::scope::template`]) in the path's normal form, and how the
+//! path is forwarded.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -46,11 +47,11 @@ impl Settings {
     /// form of that route's own rules. An error: the path cannot be normalized safely.
     pub fn route<'a>(&'a self, raw: &str) -> Result<Routed<'a>, PathError> {
         // Normal forms already computed, per rules: a path is normalized at most once per
-        // distinct rule set (there are four), and a path in normal form costs no copy.
-        // No allocation for the bookkeeping: there are four rule sets at most.
-        let mut forms: [Option<(PathRules, Cow<'_, str>)>; 4] = Default::default();
+        // distinct rule set (there are eight), and a path in normal form costs no copy.
+        // No allocation for the bookkeeping: there are eight rule sets at most.
+        let mut forms: [Option<(PathRules, Cow<'_, str>)>; 8] = Default::default();
         fn form_for<'p>(
-            forms: &mut [Option<(PathRules, Cow<'p, str>)>; 4],
+            forms: &mut [Option<(PathRules, Cow<'p, str>)>; 8],
             raw: &'p str,
             rules: PathRules,
         ) -> Result<usize, PathError> {
@@ -64,14 +65,35 @@ impl Settings {
                     }
                 }
             }
-            // Two booleans make four rule sets, so a slot was free or matched above.
+            // Three booleans make eight rule sets, so a slot was free or matched above.
             Err(PathError::NotAbsolute)
         }
         // Longest prefix first; a route also takes its own path plus a format suffix
         // (`/v1/transfers.json`), which frameworks such as Rails route to the same
         // handler: it must not fall through to a shorter route or the defaults.
         let mut chosen = None;
+        // What a template route made of the path, when one matched.
+        let mut templated = None;
         for (prefix, policy) in &self.routes {
+            // A template compares the form that keeps letter case: its parameters keep
+            // theirs, its literal segments fold as the route's rules say.
+            if let Some(t) = &policy.template {
+                let rules = policy.path_rules;
+                let kept = PathRules {
+                    case_insensitive: false,
+                    ..rules
+                };
+                let i = form_for(&mut forms, raw, kept)?;
+                let Some((_, form)) = forms[i].as_ref() else {
+                    continue;
+                };
+                if let Some(m) = t.matches(form, rules.case_insensitive, &policy.format_suffixes) {
+                    templated = Some(m);
+                    chosen = Some((policy, i, None));
+                    break;
+                }
+                continue;
+            }
             let i = form_for(&mut forms, raw, policy.path_rules)?;
             let Some((_, form)) = forms[i].as_ref() else {
                 continue;
@@ -85,6 +107,42 @@ impl Settings {
                 break;
             }
         }
+        // A path that would be a longer route's but for trailing dots or spaces on a
+        // segment (`/v1/transfers.`, `/v1/transfers%20/7`) belongs to that route, refused:
+        // IIS and ASP.NET drop them, so it may be that route's operation; matched against a
+        // shorter route or the defaults it would be another.
+        let mut trailing = None;
+        if raw.contains('.') || raw.contains('%') {
+            let longer = match chosen {
+                Some((p, _, _)) => self
+                    .routes
+                    .iter()
+                    .take_while(|(_, q)| !Arc::ptr_eq(q, p))
+                    .count(),
+                None => self.routes.len(),
+            };
+            // (Templates say what they fold themselves.)
+            for (prefix, policy) in self.routes[..longer]
+                .iter()
+                .filter(|(_, p)| p.template.is_none())
+            {
+                let i = form_for(&mut forms, raw, policy.path_rules)?;
+                let Some((_, form)) = forms[i].as_ref() else {
+                    continue;
+                };
+                let Some(trimmed) = path::without_trailing_dots(form) else {
+                    continue;
+                };
+                if prefix_matches(prefix, &trimmed) || format_suffix(prefix, &trimmed).is_some() {
+                    trailing = Some((policy, i));
+                    break;
+                }
+            }
+        }
+        if let Some((policy, i)) = trailing {
+            chosen = Some((policy, i, None));
+            templated = None;
+        }
         let (policy, i, suffix) = match chosen {
             Some(c) => c,
             None => (
@@ -94,7 +152,7 @@ impl Settings {
             ),
         };
         let rules = policy.path_rules;
-        let mut refused = None;
+        let mut refused = trailing.map(|_| PathError::TrailingSpelling);
         // `;` is never in a normal form: a raw one is a parameter, left out above.
         let params = raw.contains(';');
         if params && policy.path_params == PathParams::Refuse {
@@ -105,6 +163,11 @@ impl Settings {
             _ => None,
         };
         let mut fold_suffix = false;
+        if let Some(m) = templated {
+            refused = refused.or(m.refused);
+            fold_suffix = m.folded_suffix;
+            normalized = (m.scope != raw).then_some(m.scope);
+        }
         if let Some(ext) = suffix {
             if policy.format_suffixes.iter().any(|f| f == ext.as_str()) {
                 fold_suffix = true;
@@ -336,5 +399,46 @@ mod tests {
         assert!(settings("[defaults]\nformat_suffixes = [\"json\"]").is_err());
         assert!(settings("[defaults]\nformat_suffixes = [\".toolong\"]").is_err());
         assert!(settings("[defaults]\npath_params = \"keep\"").is_err());
+    }
+
+    #[test]
+    fn a_trailing_dot_or_space_never_falls_through_to_a_shorter_route() {
+        let s = settings(
+            r#"
+            [[routes]]
+            path = "/v1/transfers"
+            [[routes]]
+            path = "/v1"
+            methods = []
+            "#,
+        )
+        .unwrap();
+        for p in [
+            "/v1/transfers.",
+            "/v1/transfers..",
+            "/v1/transfers%20",
+            "/v1/transfers.%20",
+            "/v1/transfers./7",
+            "/v1%20/transfers",
+            "/v1/transfers%2e",
+        ] {
+            let r = s.route(p).unwrap();
+            assert_eq!(r.policy.route.as_deref(), Some("/v1/transfers"), "{p}");
+            assert_eq!(r.refused, Some(PathError::TrailingSpelling), "{p}");
+        }
+        // Off the defaults too, and only where the longer route is what it would be.
+        let only = settings("[[routes]]\npath = \"/v1/transfers\"").unwrap();
+        assert_eq!(
+            only.route("/v1/transfers.").unwrap().refused,
+            Some(PathError::TrailingSpelling)
+        );
+        for p in ["/v1/transfers/7.", "/v1/other.", "/v1/transfersx."] {
+            let r = s.route(p).unwrap();
+            assert_eq!(r.refused, None, "{p}");
+        }
+        assert_eq!(
+            s.route("/v1/transfers/7.").unwrap().policy.route.as_deref(),
+            Some("/v1/transfers")
+        );
     }
 }

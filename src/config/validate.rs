@@ -8,6 +8,7 @@ use super::at_rest::{at_rest, AtRest};
 use super::policy::resolve;
 use super::{invalid, Config, ConfigError, Mode, Policy, Route};
 use crate::scope::jwt::JwtVerifier;
+use crate::scope::template::{self, Template};
 use crate::scope::{path, ScopeSecret};
 
 /// The upstream origin, split for building request URIs.
@@ -244,10 +245,19 @@ impl Settings {
             if !r.path.starts_with('/') {
                 return Err(invalid(format!("{at}.path"), "must start with '/'"));
             }
-            let policy = resolve(&at, Some(r.path.clone()), d, r, jwt.is_some(), client_ca)?;
-            let prefix = path::normalize(&r.path, policy.path_rules)
+            let mut policy = resolve(&at, Some(r.path.clone()), d, r, jwt.is_some(), client_ca)?;
+            let mut prefix = path::normalize(&r.path, policy.path_rules)
                 .map_err(|e| invalid(format!("{at}.path"), e.to_string()))?
                 .into_owned();
+            if template::is_template(&r.path) {
+                let rules = policy.path_rules;
+                let t = Template::parse(&prefix, rules.case_insensitive)
+                    .map_err(|e| invalid(format!("{at}.path"), e.to_string()))?;
+                // Two templates of one shape are one route; the key keeps its length, so
+                // routes still sort longest first.
+                prefix = t.shape();
+                policy.template = Some(t);
+            }
             if routes
                 .iter()
                 .any(|(p, _): &(String, Arc<Policy>)| *p == prefix)

@@ -28,6 +28,15 @@ pub(crate) fn canonicalize_in_order(body: &[u8]) -> Vec<u8> {
     encode(&parse(body), body.len())
 }
 
+/// The decoded values of the pairs named `name`, in order.
+pub(crate) fn values(body: &[u8], name: &str) -> Vec<Vec<u8>> {
+    parse(body)
+        .into_iter()
+        .filter(|(n, _)| n.as_ref() == name.as_bytes())
+        .map(|(_, v)| v.into_owned())
+        .collect()
+}
+
 fn parse(body: &[u8]) -> Vec<Pair<'_>> {
     body.split(|&b| b == b'&')
         .filter(|piece| !piece.is_empty())

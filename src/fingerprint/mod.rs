@@ -49,6 +49,22 @@ pub use encoding::{decode as decode_content, is_heavy as decoding_is_heavy, Deco
 pub use jcs::JcsError;
 pub use pointer::{JsonPointer, PointerError};
 
+/// The decoded values of a form-encoded body's fields named `name` (`_method`).
+pub fn form_values(body: &[u8], name: &str) -> Vec<Vec<u8>> {
+    form::values(body, name)
+}
+
+/// The contents of a multipart body's fields named `name`; `None` when it is not
+/// well-formed.
+pub fn multipart_values(body: &[u8], boundary: &[u8], name: &str) -> Option<Vec<Vec<u8>>> {
+    multipart::values(body, boundary, name)
+}
+
+/// The `boundary` of a `multipart/form-data` content type.
+pub fn multipart_boundary(content_type: &str) -> Option<Vec<u8>> {
+    multipart::boundary(content_type)
+}
+
 /// Part of the digest input: a change to any canonical form or to the layout must bump it, so
 /// stored records made under another version never match by accident.
 pub const FINGERPRINT_VERSION: u16 = 2;

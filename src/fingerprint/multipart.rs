@@ -25,6 +25,33 @@ pub(crate) fn boundary(content_type: &str) -> Option<Vec<u8>> {
 ///   | presence field(filename*) | presence field(content type) | field(content)
 /// ```
 pub(crate) fn canonicalize(body: &[u8], boundary: &[u8]) -> Option<Vec<u8>> {
+    let parts = parts(body, boundary)?;
+    let mut out = Vec::with_capacity(body.len());
+    out.extend_from_slice(&(parts.len() as u64).to_be_bytes());
+    for p in &parts {
+        optional(&mut out, p.disposition.as_deref());
+        optional(&mut out, p.name.as_deref());
+        optional(&mut out, p.filename.as_deref());
+        optional(&mut out, p.filename_ext.as_deref());
+        optional(&mut out, p.content_type.as_deref());
+        field(&mut out, p.content);
+    }
+    Some(out)
+}
+
+/// The contents of the fields named `name` (parts without a filename), in order; `None`
+/// for a body that is not well-formed.
+pub(crate) fn values(body: &[u8], boundary: &[u8], name: &str) -> Option<Vec<Vec<u8>>> {
+    Some(
+        parts(body, boundary)?
+            .into_iter()
+            .filter(|p| p.name.as_deref() == Some(name.as_bytes()) && p.filename.is_none())
+            .map(|p| p.content.to_vec())
+            .collect(),
+    )
+}
+
+fn parts<'a>(body: &'a [u8], boundary: &[u8]) -> Option<Vec<Part<'a>>> {
     let mut dash = b"--".to_vec();
     dash.extend_from_slice(boundary);
     let mut delimiter = b"\r\n".to_vec();
@@ -56,18 +83,7 @@ pub(crate) fn canonicalize(body: &[u8], boundary: &[u8]) -> Option<Vec<u8>> {
         parts.push(part(&body[start..end])?);
         pos = end + delimiter.len();
     }
-
-    let mut out = Vec::with_capacity(body.len());
-    out.extend_from_slice(&(parts.len() as u64).to_be_bytes());
-    for p in &parts {
-        optional(&mut out, p.disposition.as_deref());
-        optional(&mut out, p.name.as_deref());
-        optional(&mut out, p.filename.as_deref());
-        optional(&mut out, p.filename_ext.as_deref());
-        optional(&mut out, p.content_type.as_deref());
-        field(&mut out, p.content);
-    }
-    Some(out)
+    Some(parts)
 }
 
 struct Part<'a> {

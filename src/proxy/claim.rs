@@ -38,6 +38,9 @@ impl Proxy {
             body,
             decoded: decoded.as_deref(),
         };
+        // A `_method` in a form body may name the method the upstream runs.
+        let method =
+            &decision::body_method(policy, method, parts, decoded.as_deref().unwrap_or(body))?;
         let fingerprint = decision::fingerprint(
             policy,
             method,
@@ -73,6 +76,7 @@ impl Proxy {
             &key,
         );
         Ok(Identified {
+            method: method.clone(),
             id,
             fingerprint,
             encoding,
@@ -170,6 +174,8 @@ impl Proxy {
 /// A protected request's body step: its record id and fingerprint, and the decoded
 /// content a claim under an older fingerprint version is compared over.
 pub(super) struct Identified {
+    /// The method scoped and fingerprinted: the head's, or a declared body `_method`'s.
+    pub(super) method: Method,
     pub(super) id: RecordId,
     pub(super) fingerprint: fingerprint::Fingerprint,
     pub(super) encoding: Option<String>,

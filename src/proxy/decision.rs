@@ -16,7 +16,7 @@ use hyper::{Method, Response, Uri};
 
 use crate::admission;
 use crate::body::Body;
-use crate::config::{Forward, Mode, Policy, Settings};
+use crate::config::{Forward, MethodCase, Mode, Policy, Settings};
 use crate::fingerprint::{self, Fingerprint, RequestParts};
 use crate::key::{self, IdempotencyKey};
 use crate::outcome::Outcome;
@@ -59,7 +59,7 @@ pub(crate) enum Action {
 pub(crate) enum Pass {
     /// Nothing protects it: as if idemgate were absent.
     Plain,
-    /// It carries a key on a method its route does not protect (`post` is not `POST`): a
+    /// It carries a key on a method its route does not protect (a `PUT`): a
     /// client that expects protection and does not get it.
     KeyIgnored,
     /// A protected method without a key, on a route that does not require one.
@@ -119,6 +119,9 @@ pub(crate) enum Refusal {
     InvalidPath(String),
     /// A malformed declared override, or an undeclared one that names another method.
     InvalidMethodOverride(String),
+    /// A protected method in another letter case, on a route whose upstream does not say
+    /// it folds it (`method_case`).
+    InvalidMethod(String),
     /// The route requires a key and there is none.
     MissingKey,
     /// The key header is malformed.
@@ -152,6 +155,7 @@ impl Refusal {
         match self {
             Refusal::InvalidPath(_) => "invalid_path",
             Refusal::InvalidMethodOverride(_) => "invalid_method_override",
+            Refusal::InvalidMethod(_) => "invalid_method",
             Refusal::MissingKey => "missing_key",
             Refusal::InvalidKey(_) => "invalid_key",
             Refusal::MissingTenant(_) => "missing_tenant",
@@ -186,6 +190,7 @@ impl Refusal {
             Refusal::InvalidMethodOverride(detail) => {
                 Problem::InvalidMethodOverride.response(detail, None, None)
             }
+            Refusal::InvalidMethod(detail) => Problem::InvalidMethod.response(detail, None, None),
             Refusal::MissingKey => Problem::MissingKey.response(
                 "send an Idempotency-Key header with a unique value per operation",
                 None,
@@ -266,6 +271,7 @@ pub(crate) fn decide<'s>(
         headers,
         uri.query(),
         &policy.method_override_headers,
+        policy.override_params,
     ) {
         Ok(o) => o,
         // A declared header that names no method, or two: what runs is unknown.
@@ -278,18 +284,44 @@ pub(crate) fn decide<'s>(
             unseen: Vec::new(),
         },
     };
-    let effective = overrides.effective(method).clone();
+    let mut effective = overrides.effective(method).clone();
     if let Some(detail) = unseen_override(policy, &overrides, &effective) {
         let refusal = Refusal::InvalidMethodOverride(detail);
         return decision(effective, false, Action::Refuse(refusal));
     }
+    // `post` where `POST` is protected: Django upper-cases it and runs the POST view, most
+    // others route it nowhere. Folded where the route says its upstream folds, else
+    // refused: passed through, it would run a protected operation unprotected.
+    if !policy.protects(&effective) {
+        if let Some(upper) = policy
+            .methods
+            .iter()
+            .find(|m| m.as_str().eq_ignore_ascii_case(effective.as_str()))
+        {
+            if policy.method_case == MethodCase::Fold {
+                effective = upper.clone();
+            } else {
+                let refusal = Refusal::InvalidMethod(format!(
+                    "the method `{effective}` is `{upper}` in another letter case, which some frameworks (Django) run as `{upper}` and others do not; send `{upper}`, or set method_case = \"fold\" on a route whose upstream upper-cases methods"
+                ));
+                return decision(effective, false, Action::Refuse(refusal));
+            }
+        }
+    }
+    // A form POST on a route that protects another method may be that method to an
+    // upstream that reads `_method` in the body, which only the body step can see: it is
+    // taken as protected, and the body step weighs its `_method`.
+    let protected = policy.protects(&effective)
+        || (effective == *method
+            && !policy.methods.is_empty()
+            && method::body_may_override(method, headers));
     // A spelling this route refuses (`;` parameters, an unlisted format suffix): the
     // framework behind it may route it to the protected handler as another operation.
-    if let Some(e) = routed.refused.filter(|_| policy.protects(&effective)) {
+    if let Some(e) = routed.refused.filter(|_| protected) {
         let refusal = Refusal::InvalidPath(e.to_string());
         return decision(effective, false, Action::Refuse(refusal));
     }
-    if !policy.protects(&effective) {
+    if !protected {
         let keyed = policy.key_headers.iter().any(|h| headers.contains_key(h));
         let pass = if keyed { Pass::KeyIgnored } else { Pass::Plain };
         return decision(effective, false, Action::PassThrough(pass));
@@ -345,7 +377,7 @@ fn unroutable<'s>(
     // An override naming a method that is protected somewhere counts too: the upstream
     // would run that method.
     let overridden = |protects: &dyn Fn(&Method) -> bool| {
-        method::read(method, headers, uri.query(), &[])
+        method::read(method, headers, uri.query(), &[], Default::default())
             .map(|o| o.unseen.iter().any(|m| m.as_ref().is_some_and(protects)))
             .unwrap_or(false)
     };
@@ -393,10 +425,47 @@ fn unseen_override(policy: &Policy, overrides: &Overrides, effective: &Method) -
         .map(|m| m.as_ref().map_or("(not a method)", |m| m.as_str()))
         .collect();
     Some(format!(
-        "this request is {} but a method override names {}; this route does not declare that override (method_override_headers), so idemgate cannot tell which method the upstream runs: send the method itself",
+        "this request is {} but a method override names {}; this route does not declare that override (method_override_headers, method_override_params), so idemgate cannot tell which method the upstream runs: send the method itself",
         effective,
         named.join(", ")
     ))
+}
+
+/// The body step's method: the head's (`method`, the method [`decide`] protected), or
+/// the one a `_method` field of a form or multipart POST body names where the route reads
+/// it; refused where an undeclared one names another method and either is protected.
+/// `content`: the body with its codings undone.
+pub(crate) fn body_method(
+    policy: &Policy,
+    method: &Method,
+    parts: &hyper::http::request::Parts,
+    content: &[u8],
+) -> Result<Method, Refusal> {
+    if !method::body_may_override(&parts.method, &parts.headers) {
+        return Ok(method.clone());
+    }
+    let read = method::read(
+        &parts.method,
+        &parts.headers,
+        parts.uri.query(),
+        &policy.method_override_headers,
+        policy.override_params,
+    )
+    .and_then(|head| {
+        method::with_body(
+            head,
+            &parts.method,
+            &parts.headers,
+            content,
+            policy.override_params,
+        )
+    });
+    let overrides = read.map_err(|e| Refusal::InvalidMethodOverride(e.to_string()))?;
+    let effective = overrides.declared.clone().unwrap_or_else(|| method.clone());
+    match unseen_override(policy, &overrides, &effective) {
+        Some(detail) => Err(Refusal::InvalidMethodOverride(detail)),
+        None => Ok(effective),
+    }
 }
 
 /// The tenant of a protected request, or why it is refused.
@@ -514,6 +583,14 @@ mod tests {
         [[routes]]
         path = "/v1/strict"
         path_params = "refuse"
+
+        [[routes]]
+        path = "/v1/django"
+        method_case = "fold"
+
+        [[routes]]
+        path = "/v1/patches"
+        methods = ["PATCH"]
     "#;
 
     fn settings() -> Settings {
@@ -574,7 +651,8 @@ mod tests {
             // Nothing protects it.
             ("GET", "/v1/transfers", &[], "enforce /v1/transfers GET pass Plain"),
             ("GET", "/anything", &[KEY], "enforce default GET pass KeyIgnored"),
-            ("post", "/v1/other", &[KEY, AUTH], "enforce default post pass KeyIgnored"),
+            ("post", "/v1/other", &[KEY, AUTH], "enforce default post refuse invalid_method"),
+            ("Patch", "/v1/transfers", &[KEY, AUTH], "enforce /v1/transfers Patch pass KeyIgnored"),
             ("PATCH", "/v1/transfers", &[KEY, AUTH], "enforce /v1/transfers PATCH pass KeyIgnored"),
             ("POST", "/v1/other", &[AUTH], "enforce default POST pass NoKey"),
             // Refused before the body.
@@ -591,6 +669,12 @@ mod tests {
             ("GET", "/v1/other?_method=PATCH", &[], "enforce default GET refuse invalid_method_override"),
             ("GET", "/v1/other", &[("x-http-method-override", "PUT")], "enforce default GET pass Plain"),
             ("POST", "/v1/overridden", &[KEY, AUTH, ("x-http-method-override", "not a method")], "enforce /v1/overridden POST refuse invalid_method_override"),
+            ("post", "/v1/django", &[KEY, AUTH], "enforce /v1/django POST protect /v1/django key=k1 forward=-"),
+            ("POST", "/v1/patches", &[KEY, AUTH], "enforce /v1/patches POST pass KeyIgnored"),
+            ("POST", "/v1/patches", &[KEY, AUTH, ("content-type", "application/x-www-form-urlencoded")], "enforce /v1/patches POST protect /v1/patches key=k1 forward=-"),
+            ("PUT", "/v1/patches", &[KEY, AUTH, ("content-type", "application/x-www-form-urlencoded")], "enforce /v1/patches PUT pass KeyIgnored"),
+            ("POST", "/v1/transfers.", &[KEY, AUTH], "enforce /v1/transfers POST refuse invalid_path"),
+            ("GET", "/v1/transfers.", &[KEY], "enforce /v1/transfers GET pass KeyIgnored"),
             // Protected, as which operation.
             ("POST", "/v1/transfers", &[KEY, AUTH], "enforce /v1/transfers POST protect /v1/transfers key=k1 forward=-"),
             ("POST", "/v1/transfers//x/", &[KEY, AUTH], "enforce /v1/transfers POST protect /v1/transfers/x key=k1 forward=/v1/transfers/x"),

@@ -92,6 +92,8 @@ impl Proxy {
             Ok(identified) => identified,
             Err(refusal) => return self.refuse(&refusal, &line),
         };
+        // The method scoped (a declared body `_method`'s, where there is one).
+        let method = identified.method.clone();
         // Checked at the last moment before the claim: a disagreement found while the body
         // was arriving still refuses this request.
         if !self.shared.secret.agreed() {

@@ -113,6 +113,7 @@ impl Proxy {
             }
         };
         let id = identified.id;
+        let method = identified.method.clone();
         let request = Request::from_parts(parts, body::full(body_bytes.clone()));
         if !self.shared.secret.agreed() {
             drop(slot);

@@ -6,7 +6,8 @@
 //!   verified client certificate, or by default the credential itself).
 //! - [`client_cert`]: client certificates' identities, with the CA that verified them.
 //! - [`jwt`]: verifying bearer tokens for `tenant_jwt_claim`.
-//! - [`method`]: the method the upstream will run (method-override headers).
+//! - [`method`]: the method the upstream will run (method-override headers, `_method`).
+//! - [`template`]: route templates that name their parameters (`/v1/accounts/{id}`).
 //!
 //! The record id is HMAC-SHA-256 under a [`ScopeSecret`] that every instance on one store
 //! shares (the store creates it once and keeps it), so an id shown in a 409, a 422 or a log
@@ -24,6 +25,7 @@ pub mod client_cert;
 pub mod jwt;
 pub mod method;
 pub mod path;
+pub mod template;
 pub mod tenant;
 
 pub use self::path::{PathError, PathRules};

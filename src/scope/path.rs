@@ -24,7 +24,8 @@
 //!   leaves them out; whether a route accepts them is the route's choice (`path_params`).
 //! - IIS and ASP.NET drop trailing dots and spaces of each segment (`/v1/transfers.`,
 //!   `/v1/transfers%20`): on `case_insensitive_paths` routes the normal form drops them too.
-//!   Elsewhere they are other paths, as they are to the frameworks those routes stand for.
+//!   Elsewhere a path that is a route's but for them belongs to that route, refused
+//!   ([`PathError::TrailingSpelling`]): it never falls through to a shorter route.
 //!
 //! Some spellings cannot be normalized safely, because upstreams disagree on what they
 //! mean: an encoded `/` or `\` (one segment to some frameworks, two to others), a raw `\`,
@@ -45,6 +46,9 @@ pub struct PathRules {
     pub strict: bool,
     /// Compare letters case-insensitively, for IIS/ASP.NET-style upstreams.
     pub case_insensitive: bool,
+    /// A raw `+` is a space (`%20`) and `%2B` the plus, as older Koa routers (koa-router) decode a
+    /// parameter (`plus_is_space`); elsewhere a raw `+` and `%2B` are one character.
+    pub plus_is_space: bool,
 }
 
 /// Why a path cannot be normalized safely.
@@ -87,6 +91,12 @@ pub enum PathError {
         "the path's percent-encoding does not decode to UTF-8, which upstreams read differently"
     )]
     InvalidUtf8,
+    /// A path that is a protected route's but for a segment's trailing dots or spaces
+    /// (`/v1/transfers.`, `/v1/transfers%20`), which IIS, ASP.NET and Express's
+    /// case-insensitive routing drop and others keep: it must not fall through to a shorter
+    /// route or the defaults as another operation.
+    #[error("the path is this route's but for a segment's trailing dots or spaces, which some frameworks drop and others keep: send the path without them")]
+    TrailingSpelling,
     /// A format suffix (`/v1/transfers.json`) that the route does not list.
     #[error("the path ends in a format suffix ('.{0}') that frameworks such as Rails route to the same handler; this route does not list it in format_suffixes: send the path without it")]
     FormatSuffix(FormatExt),
@@ -168,6 +178,9 @@ fn is_normal(path: &str, form: Form) -> bool {
         return false;
     }
     if form.fold_case && b.iter().any(u8::is_ascii_uppercase) {
+        return false;
+    }
+    if rules.plus_is_space && !form.keep_params && b.contains(&b'+') {
         return false;
     }
     // Dot segments, (unless strict) empty segments, and trailing dots where they are
@@ -278,7 +291,9 @@ fn both_forms(path: &str, form: Form) -> Result<(String, String), PathError> {
             match v {
                 b'/' | b'\\' => return Err(PathError::EncodedSeparator),
                 0x00..=0x1f | 0x7f => return Err(PathError::ControlCharacter),
-                v if keeps_escape(v) => push_escape(&mut scoped, v),
+                v if keeps_escape(v) || (v == b'+' && rules.plus_is_space) => {
+                    push_escape(&mut scoped, v)
+                }
                 _ => scoped.push(v),
             }
             if is_unreserved(v) {
@@ -288,6 +303,12 @@ fn both_forms(path: &str, form: Form) -> Result<(String, String), PathError> {
             }
             text.push(v);
             i += 3;
+        } else if c == b'+' && rules.plus_is_space {
+            // A space to the handler: the scope's spelling of a space.
+            push_escape(&mut scoped, b' ');
+            forwarded.push(c);
+            text.push(b' ');
+            i += 1;
         } else if c == b'\\' {
             return Err(PathError::Backslash);
         } else if c >= 0x80 {
@@ -378,6 +399,26 @@ fn split_params(seg: &str) -> (&str, &str) {
     }
 }
 
+/// A normal form with each segment's trailing dots and encoded spaces dropped, as IIS and
+/// ASP.NET read it; `None` when there are none (or a segment is nothing else).
+pub fn without_trailing_dots(normal: &str) -> Option<String> {
+    if !normal.contains('.') && !normal.contains("%20") {
+        return None;
+    }
+    let mut out = String::with_capacity(normal.len());
+    let mut changed = false;
+    for seg in normal.split('/').skip(1) {
+        let kept = trim_dots_and_spaces(seg);
+        if kept.is_empty() && !seg.is_empty() {
+            return None;
+        }
+        changed |= kept.len() != seg.len();
+        out.push('/');
+        out.push_str(kept);
+    }
+    changed.then_some(out)
+}
+
 /// A segment without its trailing dots and (encoded) spaces, as Windows servers read it.
 fn trim_dots_and_spaces(mut seg: &str) -> &str {
     loop {
@@ -416,14 +457,17 @@ mod tests {
     const LENIENT: PathRules = PathRules {
         strict: false,
         case_insensitive: false,
+        plus_is_space: false,
     };
     const STRICT: PathRules = PathRules {
         strict: true,
         case_insensitive: false,
+        plus_is_space: false,
     };
     const NOCASE: PathRules = PathRules {
         strict: false,
         case_insensitive: true,
+        plus_is_space: false,
     };
 
     fn n(p: &str, rules: PathRules) -> Result<String, PathError> {
@@ -659,6 +703,21 @@ mod tests {
         for rest in ["", ".", ".toolong", ".js-n", "json", "/x.json", ".a.b"] {
             assert_eq!(FormatExt::of(rest), None, "{rest}");
         }
+    }
+
+    #[test]
+    fn a_plus_is_a_space_where_the_router_reads_it_so() {
+        let koa = PathRules {
+            plus_is_space: true,
+            ..LENIENT
+        };
+        assert_eq!(n("/a/alice+b", koa).unwrap(), "/a/alice%20b");
+        assert_eq!(n("/a/alice%20b", koa).unwrap(), "/a/alice%20b");
+        assert_eq!(n("/a/alice%2Bb", koa).unwrap(), "/a/alice%2Bb");
+        assert_eq!(forward_form("/a/alice+b", koa).unwrap(), "/a/alice+b");
+        // Elsewhere a raw `+` is its escape.
+        assert_eq!(n("/a/alice%2Bb", LENIENT).unwrap(), "/a/alice+b");
+        assert_eq!(n("/a/alice+b", LENIENT).unwrap(), "/a/alice+b");
     }
 
     #[test]

@@ -41,6 +41,18 @@ impl Ca {
         Ca { issuer }
     }
 
+    /// An intermediate CA that this one signs.
+    pub fn intermediate(&self, name: &str) -> Ca {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("rcgen");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let issuer =
+            CertifiedIssuer::signed_by(params, KeyPair::generate().expect("rcgen"), &self.issuer)
+                .expect("rcgen");
+        Ca { issuer }
+    }
+
     pub fn pem(&self) -> String {
         self.issuer.pem()
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the real frameworks that tests/frameworks.rs puts behind idemgate, pinned, from
-# the registries: Express 5 (npm, with its lock file), Flask 3.1 (PyPI) and Debian's Jetty
-# 9.4 (libjetty9-java, the library half of the jetty9 package). Usage: install.sh DIR.
+# the registries: Express 5, Fastify 5 and Koa 3 (npm, with their lock files), Flask 3.1 and
+# Starlette 1.10 under uvicorn (PyPI), and Debian's Jetty 9.4 (libjetty9-java, the library
+# half of the jetty9 package). Usage: install.sh DIR.
 # Idempotent: what DIR already holds at the pinned versions is kept.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -44,3 +45,27 @@ jars="${jars#:}"
 mkdir -p "$dir/jetty/classes"
 javac -nowarn -cp "$jars" -d "$dir/jetty/classes" "$here/jetty/Transfers.java"
 echo "$dir/jetty/classes:$jars" > "$dir/jetty/classpath"
+
+# Fastify 5 and Koa 3 (npm, with their lock files) and Starlette 1.10 under uvicorn (PyPI):
+# the parameterised handlers of tests/frameworks.rs.
+for app in fastify koa; do
+  if [ ! -d "$dir/$app/node_modules" ] \
+    || ! cmp -s "$here/$app/package-lock.json" "$dir/$app/package-lock.json"; then
+    rm -rf "$dir/$app"
+    mkdir -p "$dir/$app"
+    cp "$here/$app/package.json" "$here/$app/package-lock.json" "$dir/$app/"
+    (cd "$dir/$app" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  fi
+  cp "$here/$app/app.js" "$dir/$app/app.js"
+done
+
+if [ ! -f "$dir/starlette/requirements.txt" ] \
+  || ! cmp -s "$here/starlette/requirements.txt" "$dir/starlette/requirements.txt"; then
+  rm -rf "$dir/starlette"
+  mkdir -p "$dir/starlette/site"
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+    --root-user-action=ignore --no-deps --target "$dir/starlette/site" \
+    -r "$here/starlette/requirements.txt"
+  cp "$here/starlette/requirements.txt" "$dir/starlette/requirements.txt"
+fi
+cp "$here/starlette/app.py" "$dir/starlette/app.py"

@@ -10,6 +10,12 @@ app.post("/v1/transfers", (req, res) => {
   res.status(201).json({ n: executions });
 });
 
+// A parameterised handler: the account it is handed and the method it ran.
+app.post("/v1/accounts/:id/transfers", (req, res) => {
+  executions += 1;
+  res.status(201).json({ n: executions, account: req.params.id, method: req.method });
+});
+
 app.get("/count", (req, res) => {
   res.json({ n: executions });
 });

@@ -2,7 +2,7 @@
 import sys
 import threading
 
-from flask import Flask, jsonify
+from flask import Flask, jsonify, request
 
 app = Flask(__name__)
 lock = threading.Lock()
@@ -16,6 +16,16 @@ def transfer():
         executions += 1
         n = executions
     return jsonify(n=n), 201
+
+
+@app.post("/v1/accounts/<id>/transfers")
+def account_transfer(id):
+    """A parameterised handler: the account it is handed and the method it ran."""
+    global executions
+    with lock:
+        executions += 1
+        n = executions
+    return jsonify(n=n, account=id, method=request.method), 201
 
 
 @app.get("/count")
