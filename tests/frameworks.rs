@@ -158,7 +158,14 @@ fn corpus() -> Vec<(Vec<u8>, String)> {
 }
 
 /// Where the frameworks are installed: beside the test binaries, in the target directory.
+/// Installed once per test binary: the tests run in parallel, and two runs of the script
+/// into one directory would race.
 fn install_dir() -> PathBuf {
+    static INSTALLED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    INSTALLED.get_or_init(install).clone()
+}
+
+fn install() -> PathBuf {
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_idemgate"));
     let target = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
     let dir = target.join("frameworks");
