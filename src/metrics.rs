@@ -157,6 +157,7 @@ pub struct Metrics {
     queue_wait: HistogramFamily<ClassLabel>,
     refused: Family<ReasonLabel, Counter>,
     send_timeouts: Counter,
+    panics: Counter,
     buffered_bytes: Gauge,
     observed: Family<ObservedLabel, Counter>,
     observed_duplicates: Family<RouteLabel, Counter>,
@@ -309,6 +310,7 @@ impl Metrics {
         let queue_wait = HistogramFamily::<ClassLabel>::new_with_constructor(wait_histogram);
         let refused = Family::<ReasonLabel, Counter>::default();
         let send_timeouts = Counter::default();
+        let panics = Counter::default();
         let buffered_bytes = Gauge::default();
         let observed = Family::<ObservedLabel, Counter>::default();
         let observed_duplicates = Family::<RouteLabel, Counter>::default();
@@ -364,6 +366,11 @@ impl Metrics {
             "idemgate_send_timeouts",
             "Client connections closed because a write made no progress for send_timeout",
             send_timeouts.clone(),
+        );
+        registry.register(
+            "idemgate_panics",
+            "Requests whose handling panicked (answered 500 internal-error; a claim held follows the failure rules of its step)",
+            panics.clone(),
         );
         registry.register(
             "idemgate_buffered_bytes",
@@ -467,6 +474,7 @@ impl Metrics {
             queue_wait,
             refused,
             send_timeouts,
+            panics,
             buffered_bytes,
             observed,
             observed_duplicates,
@@ -646,6 +654,11 @@ impl Metrics {
     /// The counter of connections closed by `send_timeout`.
     pub fn send_timeouts(&self) -> Counter {
         self.send_timeouts.clone()
+    }
+
+    /// Counts a request whose handling panicked.
+    pub fn panicked(&self) {
+        self.panics.inc();
     }
 
     /// The gauge of bytes held against `max_buffered_bytes`.

@@ -44,6 +44,7 @@ impl Proxy {
         };
         let (method, request_id, started) =
             (protected.method, protected.request_id, protected.started);
+        let task_request_id = request_id.clone();
         let this = self.clone();
         // Boxed: the exchange → record state machine is several kilobytes, and tokio
         // moves an unboxed future by value into the task and out again.
@@ -73,12 +74,18 @@ impl Proxy {
             // Only a panic gets here. Its claim stays in progress and its lease runs out
             // to `unknown`, so nothing is executed twice.
             Err(e) => {
-                tracing::error!(record = %id, error = %e, "request task failed");
-                Problem::UpstreamTimeout.response(
-                    "internal error; the outcome is unknown",
-                    Some(&id),
-                    None,
-                )
+                let panic = e
+                    .try_into_panic()
+                    .unwrap_or_else(|e| Box::new(e.to_string()));
+                self.panicked(&task_request_id, &*panic);
+                tracing::error!(record = %id, "the request's exchange panicked; its record reads as in progress, then unknown");
+                let detail = if observed {
+                    "idemgate failed while handling this request"
+                } else {
+                    "idemgate failed while handling this request; it may have been executed, and retries with this key get 409 until an operator releases the record"
+                };
+                let record = (!observed).then_some(&id);
+                Problem::Internal.response(detail, record, None)
             }
         }
     }
@@ -151,6 +158,7 @@ pub(super) async fn exchange(
         span,
         observed,
     } = claimed;
+    super::test_panic("exchange", request.headers());
     upstream::prepare(&mut request, &shared.settings.upstream, peer);
     upstream::close_after(&mut request);
     let upstream_span = telemetry::child(&span, Step::Upstream);
@@ -293,11 +301,21 @@ pub(super) async fn exchange(
                 release(Arc::clone(shared), id, owner, policy.retention),
             )
             .await;
-            let res = Problem::UpstreamUnreachable.response(
-                "the upstream could not be reached, or refused the request before processing it; nothing was executed and the request may be retried",
-                Some(&id),
-                Some(1),
-            );
+            // Observing, the client gets pass-through's answer: what it would get without
+            // idemgate's enforcing, no record id and no word on retries.
+            let res = if observed {
+                Problem::UpstreamUnreachable.response(
+                    "could not connect to the upstream",
+                    None,
+                    None,
+                )
+            } else {
+                Problem::UpstreamUnreachable.response(
+                    "the upstream could not be reached, or refused the request before processing it; nothing was executed and the request may be retried",
+                    Some(&id),
+                    Some(1),
+                )
+            };
             (res, Outcome::UpstreamError)
         }
         Err(e) => {
@@ -329,14 +347,18 @@ pub(super) async fn exchange(
                 settled.is_ok()
             })
             .await;
-            let detail = match policy.on_ambiguous {
-                OnAmbiguous::Hold => format!("{why}; the request may have been executed, and retries with this key get 409 until an operator releases the record"),
-                OnAmbiguous::Release => format!("{why}; the request may have been executed, and the key was released"),
+            // Observing, retries are forwarded whatever the record says: the answer says
+            // what happened upstream and nothing of what enforcing would do.
+            let res = if observed {
+                Problem::UpstreamTimeout.response(why, None, None)
+            } else {
+                let detail = match policy.on_ambiguous {
+                    OnAmbiguous::Hold => format!("{why}; the request may have been executed, and retries with this key get 409 until an operator releases the record"),
+                    OnAmbiguous::Release => format!("{why}; the request may have been executed, and the key was released"),
+                };
+                Problem::UpstreamTimeout.response(detail, Some(&id), None)
             };
-            (
-                Problem::UpstreamTimeout.response(detail, Some(&id), None),
-                Outcome::Ambiguous,
-            )
+            (res, Outcome::Ambiguous)
         }
     };
     res.extensions_mut().insert(latency);

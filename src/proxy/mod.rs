@@ -227,11 +227,44 @@ impl Proxy {
     /// Handles one request. Never fails: every error becomes a response here. The
     /// request's `X-Request-Id` (its own, or a fresh one) goes upstream with it and comes
     /// back on every answer, replays and idemgate's own included.
+    ///
+    /// A panic while handling it is caught here (hyper would otherwise drop the connection
+    /// without an answer): counted (`idemgate_panics_total`), logged with the request id,
+    /// and answered 500 `internal-error`. A claim taken by then follows the failure rules
+    /// of the step that panicked: one not yet forwarded is taken back by its guard as the
+    /// panic unwinds, one whose exchange ran reads as in progress, then unknown.
     pub async fn handle(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        use futures_util::FutureExt;
         let request_id = request_id::ensure(req.headers_mut());
-        let mut res = self.respond(req, peer, request_id.clone()).await;
+        let respond = std::panic::AssertUnwindSafe(self.respond(req, peer, request_id.clone()));
+        let mut res = match respond.catch_unwind().await {
+            Ok(res) => res,
+            Err(panic) => {
+                self.panicked(&request_id, &*panic);
+                Problem::Internal.response(
+                    "idemgate failed while handling this request; if it was forwarded, its outcome is unknown",
+                    None,
+                    None,
+                )
+            }
+        };
         res.headers_mut().insert(X_REQUEST_ID, request_id);
         res
+    }
+
+    /// Counts and logs a panic of the request `request_id` (its message, never a body).
+    fn panicked(&self, request_id: &HeaderValue, panic: &(dyn std::any::Any + Send)) {
+        self.shared.metrics.panicked();
+        let message = panic
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(no message)");
+        tracing::error!(
+            request_id = request_id.to_str().unwrap_or("-"),
+            panic = message,
+            "handling a request panicked; answered 500 internal-error"
+        );
     }
 
     async fn respond(
@@ -241,6 +274,7 @@ impl Proxy {
         request_id: HeaderValue,
     ) -> Response<Body> {
         let started = Instant::now();
+        test_panic("respond", req.headers());
         let settings = &self.shared.settings;
         let (method, uri, headers) = (req.method(), req.uri(), req.headers());
         let decision = decision::decide(settings, method, uri, headers, peer_cert(&req));
@@ -434,3 +468,19 @@ fn idle_per_thread(c: &crate::config::Config) -> usize {
 fn peer_cert<B>(req: &Request<B>) -> Option<&ClientCert> {
     req.extensions().get::<Arc<ClientCert>>().map(|c| &**c)
 }
+
+/// Builds with debug assertions only (the test builds): with `TEST_IDEMGATE_PANIC` set to
+/// `step`, a request that carries an `x-idemgate-test-panic` header panics at that step
+/// (`respond`: before its decision; `exchange`: in its upstream exchange's task), so that
+/// tests through the binary see what a panic becomes. A release build has no such hook.
+#[cfg(debug_assertions)]
+fn test_panic(step: &str, headers: &hyper::HeaderMap) {
+    if headers.contains_key("x-idemgate-test-panic")
+        && std::env::var("TEST_IDEMGATE_PANIC").is_ok_and(|v| v == step)
+    {
+        panic!("test panic at {step}");
+    }
+}
+
+#[cfg(not(debug_assertions))]
+fn test_panic(_step: &str, _headers: &hyper::HeaderMap) {}
