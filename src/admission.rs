@@ -38,6 +38,9 @@ pub enum Refusal {
     QueueTimeout,
     /// Bodies being buffered or written hold `max_buffered_bytes`.
     BuffersFull,
+    /// Its HTTP/1.1 client closed or reset the connection while it waited in the queue:
+    /// it leaves the queue, nothing done (nobody reads the 503).
+    ClientGone,
 }
 
 impl Refusal {
@@ -47,6 +50,7 @@ impl Refusal {
             Refusal::QueueFull => "queue_full",
             Refusal::QueueTimeout => "queue_timeout",
             Refusal::BuffersFull => "buffers_full",
+            Refusal::ClientGone => "client_gone",
         }
     }
 }
@@ -103,6 +107,20 @@ impl Slots {
     pub fn would_refuse(&self) -> bool {
         self.slots.available_permits() == 0
             && self.queued.load(Ordering::Relaxed) >= self.max_queued
+    }
+
+    /// [`admit`](Self::admit), leaving the queue as soon as `gone` resolves (the client
+    /// hung up): a free slot is taken whatever `gone` says, so that a request whose client
+    /// sent it whole and left is still executed when nothing keeps it waiting.
+    pub async fn admit_unless(
+        self: &Arc<Self>,
+        gone: impl std::future::Future<Output = ()>,
+    ) -> Result<Slot, Refusal> {
+        tokio::select! {
+            biased;
+            admitted = self.admit() => admitted,
+            () = gone => Err(Refusal::ClientGone),
+        }
     }
 
     /// A slot now, or after waiting in the queue; `Err` if the queue is full or the wait

@@ -339,6 +339,121 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     }
 }
 
+/// A client's TCP socket, shared between the connection that reads and writes it and the
+/// [`Hangup`] of its requests, which peeks at it to learn whether the client has gone.
+pub struct Socket(Arc<tokio::net::TcpStream>);
+
+impl Socket {
+    /// Wraps a newly accepted socket.
+    pub fn new(stream: tokio::net::TcpStream) -> Socket {
+        Socket(Arc::new(stream))
+    }
+
+    /// What a request of this connection can wait on to learn that its client has gone.
+    pub fn hangup(&self) -> Hangup {
+        Hangup(Arc::downgrade(&self.0))
+    }
+}
+
+impl AsyncRead for Socket {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            std::task::ready!(self.0.poll_read_ready(cx))?;
+            match self.0.try_read(buf.initialize_unfilled()) {
+                Ok(n) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                // Readiness was cleared: the next poll registers for more.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Socket {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            std::task::ready!(self.0.poll_write_ready(cx))?;
+            match self.0.try_write(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                done => return Poll::Ready(done),
+            }
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            std::task::ready!(self.0.poll_write_ready(cx))?;
+            match self.0.try_write_vectored(bufs) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                done => return Poll::Ready(done),
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(
+            rustix::net::shutdown(&*self.0, rustix::net::Shutdown::Write).map_err(io::Error::from),
+        )
+    }
+}
+
+/// How often a request whose client has sent bytes beyond it (a pipelined request) looks
+/// again for the end of the connection behind them.
+const HANGUP_RECHECK: Duration = Duration::from_millis(100);
+
+/// Whether an HTTP/1.1 client is still there, for a request that waits (in the admission
+/// queue) before anything is done for it. hyper reads nothing more of a connection while
+/// its request is served (half-close is on, so that a client that sent its request and
+/// shut its side still gets it executed), so the socket is peeked at instead: an end of
+/// stream or a reset means the client has gone. Bytes waiting beyond the request (a
+/// pipelined request, a TLS close_notify) hide an end behind them; such a request is
+/// bounded by `queue_timeout` as any other.
+#[derive(Clone)]
+pub struct Hangup(std::sync::Weak<tokio::net::TcpStream>);
+
+impl Hangup {
+    /// Resolves once the client has closed or reset its connection (or the connection is
+    /// closed already); pending for as long as it is open.
+    pub async fn gone(&self) {
+        loop {
+            let Some(stream) = self.0.upgrade() else {
+                return;
+            };
+            let mut byte = [0u8; 1];
+            match stream.peek(&mut byte).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {
+                    drop(stream);
+                    tokio::time::sleep(HANGUP_RECHECK).await;
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin::Admin;
 use crate::config::{Config, ConfigError, Settings};
-use crate::connection::{Closed, Deadlines, Watch, Watched};
+use crate::connection::{Closed, Deadlines, Socket, Watch, Watched};
 use crate::metrics::{self, Instrumented, Metrics};
 use crate::operator::Resolver;
 use crate::proxy::Proxy;
@@ -755,10 +755,8 @@ struct Handshakes {
 }
 
 /// A client connection's bytes: as they come, or through TLS.
-type ClientIo = tokio_util::either::Either<
-    Watched<tokio::net::TcpStream>,
-    tokio_rustls::server::TlsStream<Watched<tokio::net::TcpStream>>,
->;
+type ClientIo =
+    tokio_util::either::Either<Watched<Socket>, tokio_rustls::server::TlsStream<Watched<Socket>>>;
 
 impl Handshakes {
     /// The TLS session of a new connection. It runs under the connection's head deadline
@@ -770,7 +768,7 @@ impl Handshakes {
     /// verified certificate says (once per connection; see [`crate::scope::client_cert`]).
     async fn accept(
         &self,
-        io: Watched<tokio::net::TcpStream>,
+        io: Watched<Socket>,
     ) -> Result<(ClientIo, Option<Arc<ClientCert>>), crate::body::BoxError> {
         let permit = self.permits.acquire().await?;
         let tls = self
@@ -893,9 +891,16 @@ async fn accept_loop<F, Fut>(
             .and_then(|t| t.authorities.as_ref())
             .map(|_| Arc::default());
         let cert_of = peer_cert.clone();
+        let socket = Socket::new(stream);
+        let hangup = socket.hangup();
         let svc = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             if let Some(cert) = cert_of.as_ref().and_then(|c| c.get()) {
                 req.extensions_mut().insert(cert.clone());
+            }
+            // HTTP/1.x only: its requests are served one at a time, so the connection's end
+            // is this request's client gone. An h2 stream's reset drops its request itself.
+            if req.version() <= hyper::Version::HTTP_11 {
+                req.extensions_mut().insert(hangup.clone());
             }
             let handler = handler.clone();
             let serving = on_request.serving();
@@ -906,7 +911,7 @@ async fn accept_loop<F, Fut>(
                 Ok::<_, Infallible>(res.map(|b| crate::body::holding(b, serving)))
             }
         });
-        let io = Watched::new(stream, watch.clone());
+        let io = Watched::new(socket, watch.clone());
         let (deadlines, send_timeouts) = (limits.deadlines, limits.send_timeouts.clone());
         // Taken now, before the connection's task runs: a shutdown that starts while it
         // handshakes waits for it, and closes it gracefully once it is served.

@@ -77,7 +77,7 @@ impl Proxy {
         };
         // The slot is taken before the claim: once a key is claimed, nothing waits for a
         // slot or is refused for want of one.
-        let slot = match self.shared.protected.admit().await {
+        let slot = match super::admit(&self.shared.protected, &parts.extensions).await {
             Ok(slot) => slot,
             Err(why) => return self.refuse(&Refusal::Overloaded(why), &line),
         };

@@ -318,6 +318,10 @@ impl Proxy {
             Refused::QueueFull => "too many requests are in progress and waiting; nothing was done, retry later",
             Refused::QueueTimeout => "too many requests are in progress; this one waited queue_timeout for its turn; nothing was done, retry later",
             Refused::BuffersFull => "too many request and answer bodies are held in memory (max_buffered_bytes); nothing was done, retry later",
+            Refused::ClientGone => {
+                tracing::info!("a queued request's client closed its connection; it left the queue, nothing was done");
+                "the client closed its connection while this request waited for its turn; nothing was done"
+            }
         };
         if why != Refused::BuffersFull {
             let class = if std::ptr::eq(slots, &*self.shared.passing) {
@@ -339,7 +343,7 @@ impl Proxy {
     ) -> Response<Body> {
         // Its own share of the upstream connections, held until the answer's body is done:
         // pass-through traffic cannot take what protected requests need, nor the other way.
-        let slot = match self.shared.passing.admit().await {
+        let slot = match admit(&self.shared.passing, req.extensions()).await {
             Ok(slot) => slot,
             Err(why) => return self.overloaded(why, &self.shared.passing),
         };
@@ -376,6 +380,18 @@ impl Proxy {
                 None,
             ),
         }
+    }
+}
+
+/// A slot of `slots` for a request whose extensions are `ext`: an HTTP/1.1 request leaves
+/// the queue when its client hangs up (see [`Hangup`](crate::connection::Hangup)).
+async fn admit(
+    slots: &Arc<Slots>,
+    ext: &hyper::http::Extensions,
+) -> Result<crate::admission::Slot, Refused> {
+    match ext.get::<crate::connection::Hangup>().cloned() {
+        Some(hangup) => slots.admit_unless(async move { hangup.gone().await }).await,
+        None => slots.admit().await,
     }
 }
 
