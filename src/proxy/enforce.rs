@@ -142,6 +142,13 @@ impl Proxy {
     /// Acts on the claim's answer: forwards a won claim, answers the others.
     pub(super) async fn settle(&self, found: Found, protected: Protected) -> Response<Body> {
         let id = protected.claim.id;
+        // A store that answers ends a spell of store failures; one that fails tells its
+        // refused clients to wait as long as the spell has lasted.
+        let outage = &self.shared.store_outage;
+        match &found {
+            Found::Store(Claim::Withdrawn) | Found::ReleasePending | Found::Failed(_) => {}
+            Found::Store(_) => outage.ended(),
+        }
         let (res, outcome) = match found {
             Found::Store(Claim::OtherVersion(version)) => (
                 Problem::InProgress.response(
@@ -196,7 +203,7 @@ impl Proxy {
                 Problem::StoreUnavailable.response(
                     "the idempotency store answered too late; the request was not forwarded",
                     Some(&id),
-                    Some(1),
+                    Some(outage.refused()),
                 ),
                 Outcome::StoreError,
             ),
@@ -204,7 +211,7 @@ impl Proxy {
                 Problem::StoreUnavailable.response(
                     "a claim of this key that was never forwarded is still being taken back; retry",
                     Some(&id),
-                    Some(1),
+                    Some(outage.refused()),
                 ),
                 Outcome::StoreError,
             ),
@@ -244,7 +251,7 @@ impl Proxy {
                     let res = Problem::StoreUnavailable.response(
                         "the idempotency store did not answer; the request was not forwarded",
                         Some(&id),
-                        Some(1),
+                        Some(outage.refused()),
                     );
                     (res, Outcome::StoreError)
                 } else {

@@ -108,6 +108,8 @@ struct Shared {
     passing: Arc<Slots>,
     // Bodies being buffered or written (`max_buffered_bytes`).
     buffers: Arc<Buffers>,
+    // Since when the store has failed claims (the `Retry-After` of their 503s).
+    store_outage: Arc<crate::admission::Spell>,
     // Observe mode: a store that just failed is not waited on again for a moment, and
     // would-be refusals are logged at a bounded rate.
     store_failing: Arc<Breaker>,
@@ -176,6 +178,7 @@ impl Proxy {
                 protected,
                 passing,
                 buffers,
+                store_outage: Arc::default(),
                 store_failing: Arc::default(),
                 observe_log: Arc::default(),
                 settings,
@@ -208,6 +211,7 @@ impl Proxy {
                 protected: s.protected.clone(),
                 passing: s.passing.clone(),
                 buffers: s.buffers.clone(),
+                store_outage: s.store_outage.clone(),
                 store_failing: s.store_failing.clone(),
                 observe_log: s.observe_log.clone(),
                 settings: s.settings.clone(),
@@ -331,7 +335,11 @@ impl Proxy {
             };
             self.shared.metrics.refused(class, why).inc();
         }
-        Problem::Overloaded.response(detail, None, Some(slots.retry_after()))
+        let wait = match why {
+            Refused::BuffersFull => self.shared.buffers.retry_after(),
+            _ => slots.retry_after(),
+        };
+        Problem::Overloaded.response(detail, None, Some(wait))
     }
 
     /// Forwards a request as is, streaming both bodies.
