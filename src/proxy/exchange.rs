@@ -16,6 +16,7 @@ use crate::answer::{self, Answer};
 use crate::body::{self, Body};
 use crate::config::{OnAmbiguous, Policy, RecordMode};
 use crate::key::RecordId;
+use crate::limits::{HEADERS_OMITTED, RECORDED_HEADERS_ROOM};
 use crate::outcome::Outcome;
 use crate::problem::Problem;
 use crate::request_id::X_REQUEST_ID;
@@ -377,16 +378,39 @@ fn declines_record(headers: &hyper::HeaderMap, name: &hyper::header::HeaderName)
 }
 
 /// An answer as its record keeps it: its status, its replayable headers (the request id
-/// names one request, and a replay carries its own) and its body.
+/// names one request, and a replay carries its own) and its body. Headers beyond
+/// [`RECORDED_HEADERS_ROOM`] are left out, and the record says how many
+/// ([`HEADERS_OMITTED`]), so that the answer fits the room its claim reserved.
 pub(super) fn stored(parts: &hyper::http::response::Parts, body: Bytes) -> StoredResponse {
+    let mut room = RECORDED_HEADERS_ROOM;
+    let mut omitted = 0usize;
+    let mut headers = Vec::with_capacity(parts.headers.len());
+    for (n, v) in parts
+        .headers
+        .iter()
+        .filter(|(n, _)| ![DATE, SET_COOKIE, CONTENT_LENGTH, X_REQUEST_ID].contains(n))
+    {
+        let size = crate::limits::recorded_header_size(n.as_str(), v.as_bytes());
+        if size > room {
+            omitted += 1;
+            continue;
+        }
+        room -= size;
+        headers.push((n.as_str().to_string(), Bytes::copy_from_slice(v.as_bytes())));
+    }
+    if omitted > 0 {
+        tracing::info!(
+            omitted,
+            "the answer's headers need more than the room a record keeps for them; recorded without those, and its replays say how many"
+        );
+        headers.push((
+            HEADERS_OMITTED.to_string(),
+            Bytes::from(omitted.to_string()),
+        ));
+    }
     StoredResponse {
         status: parts.status.as_u16(),
-        headers: parts
-            .headers
-            .iter()
-            .filter(|(n, _)| ![DATE, SET_COOKIE, CONTENT_LENGTH, X_REQUEST_ID].contains(n))
-            .map(|(n, v)| (n.as_str().to_string(), Bytes::copy_from_slice(v.as_bytes())))
-            .collect(),
+        headers,
         body,
     }
 }
