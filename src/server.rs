@@ -504,6 +504,7 @@ async fn serve_on(
     let tls = listener_tls.as_ref().map(|t| Handshakes {
         acceptor: tokio_rustls::TlsAcceptor::from(t.config.clone()),
         permits: Arc::new(Semaphore::new(crate::tls::MAX_HANDSHAKES)),
+        gauges: metrics.tls_handshakes(),
         // Read only where a route takes its tenant from them.
         authorities: t
             .authorities
@@ -750,8 +751,25 @@ struct ConnLimits {
 struct Handshakes {
     acceptor: tokio_rustls::TlsAcceptor,
     permits: Arc<Semaphore>,
+    gauges: crate::metrics::HandshakeGauges,
     // The client CAs one by one, when a route reads its tenant from client certificates.
     authorities: Option<Arc<crate::scope::client_cert::Authorities>>,
+}
+
+/// One on a gauge for as long as it lives.
+struct Gauged<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+
+impl<'a> Gauged<'a> {
+    fn new(gauge: &'a prometheus_client::metrics::gauge::Gauge) -> Gauged<'a> {
+        gauge.inc();
+        Gauged(gauge)
+    }
+}
+
+impl Drop for Gauged<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// A client connection's bytes: as they come, or through TLS.
@@ -762,7 +780,9 @@ impl Handshakes {
     /// The TLS session of a new connection. It runs under the connection's head deadline
     /// (the supervisor's `header_read_timeout` from accept), waiting for a permit included:
     /// a client that opens a connection and never finishes its handshake is closed as one
-    /// that never sends a head is.
+    /// that never sends a head is. Its ClientHello must arrive within
+    /// [`CLIENT_HELLO_TIMEOUT`](crate::tls::CLIENT_HELLO_TIMEOUT) (or the head deadline, if
+    /// sooner), and only then is one of the handshake permits taken.
     ///
     /// With a route that reads its tenant from client certificates, also what the client's
     /// verified certificate says (once per connection; see [`crate::scope::client_cert`]).
@@ -770,12 +790,28 @@ impl Handshakes {
         &self,
         io: Watched<Socket>,
     ) -> Result<(ClientIo, Option<Arc<ClientCert>>), crate::body::BoxError> {
-        let permit = self.permits.acquire().await?;
-        let tls = self
-            .acceptor
-            .accept(io)
+        // The ClientHello first, without a permit and on its own bound: 400 silent sockets
+        // held the 256 permits for their whole head deadline and kept real clients waiting
+        // for seconds.
+        let hello = {
+            let _waiting = Gauged::new(&self.gauges.awaiting_hello);
+            let lazy =
+                tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
+            tokio::time::timeout(crate::tls::CLIENT_HELLO_TIMEOUT, lazy)
+                .await
+                .map_err(|_| "TLS: no ClientHello in time")?
+                .map_err(|e| format!("TLS ClientHello: {e}"))?
+        };
+        let permit = {
+            let _waiting = Gauged::new(&self.gauges.waiting);
+            self.permits.acquire().await?
+        };
+        let running = Gauged::new(&self.gauges.running);
+        let tls = hello
+            .into_stream(self.acceptor.config().clone())
             .await
             .map_err(|e| format!("TLS handshake: {e}"))?;
+        drop(running);
         drop(permit);
         // The preface comes encrypted, so the socket cannot see it: ALPN says.
         let (io, session) = tls.get_ref();
