@@ -22,6 +22,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -64,6 +65,9 @@ struct Shared {
     // its head deadline from accept (`header_read_timeout`), and `idle_timeout` shorter
     // than that was never applied.
     deadline_moved: Notify,
+    // The answers being sent, each with since when it has waited for the client to take
+    // more (process milliseconds; 0 while it waits on its own source, or is done).
+    answers: Mutex<Vec<std::sync::Weak<AtomicU64>>>,
 }
 
 #[derive(Clone, Copy)]
@@ -100,6 +104,7 @@ impl Watch {
                     evicted: false,
                 }),
                 deadline_moved: Notify::new(),
+                answers: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -174,6 +179,34 @@ impl Watch {
         }
     }
 
+    /// Tracks an answer's body until the guard is dropped: an answer that has a frame
+    /// ready and is not asked for the next one for `send_timeout` counts as a stalled
+    /// write. Over h2 a stream whose flow-control window the client keeps closed is never
+    /// written to at all, so the socket's own stall never shows it: 16 replays held the
+    /// whole buffer budget on one connection for as long as it stayed open.
+    pub fn answering(&self) -> Answering {
+        let since = Arc::new(AtomicU64::new(crate::admission::process_ms()));
+        let mut answers = self.inner.answers.lock().unwrap_or_else(|p| p.into_inner());
+        answers.retain(|a| a.strong_count() > 0);
+        answers.push(Arc::downgrade(&since));
+        drop(answers);
+        self.inner.deadline_moved.notify_one();
+        Answering { since }
+    }
+
+    /// The oldest wait of an answer for its client to take more, in milliseconds.
+    fn answer_waiting_ms(&self) -> Option<u64> {
+        let now = crate::admission::process_ms();
+        let answers = self.inner.answers.lock().unwrap_or_else(|p| p.into_inner());
+        answers
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .map(|a| a.load(Ordering::Relaxed))
+            .filter(|&since| since != 0)
+            .map(|since| now.saturating_sub(since))
+            .max()
+    }
+
     /// When the connection is due to be closed, if nothing happens before, and why: `None`
     /// while a request is being served and its writes make progress.
     fn due(&self, d: Deadlines) -> Option<(Instant, Closed)> {
@@ -181,7 +214,18 @@ impl Watch {
         if s.evicted {
             return Some((Instant::now(), Closed::Quiet));
         }
+        let answer = self.answer_waiting_ms().map(|waited| {
+            let waited = Duration::from_millis(waited);
+            (
+                Instant::now() + d.send.saturating_sub(waited),
+                Closed::SendTimeout,
+            )
+        });
         let send = s.stalled.map(|since| (since + d.send, Closed::SendTimeout));
+        let send = match (send, answer) {
+            (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+            (a, b) => a.or(b),
+        };
         if s.serving > 0 {
             return send;
         }
@@ -336,6 +380,50 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// One answer's progress on its connection (see [`Watch::answering`]).
+pub struct Answering {
+    since: Arc<AtomicU64>,
+}
+
+/// `body` as its connection's send deadline sees it: waiting for the client from each
+/// frame it hands out until it is asked for the next; not while it waits on its own
+/// source (an upstream still sending), nor once it has ended.
+pub fn tracked(body: crate::body::Body, answering: Answering) -> crate::body::Body {
+    use http_body_util::BodyExt;
+    Tracked { body, answering }.boxed()
+}
+
+struct Tracked {
+    body: crate::body::Body,
+    answering: Answering,
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = crate::body::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        let since = match &polled {
+            Poll::Ready(Some(Ok(_))) => crate::admission::process_ms(),
+            _ => 0,
+        };
+        self.answering.since.store(since, Ordering::Relaxed);
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 

@@ -940,11 +940,17 @@ async fn accept_loop<F, Fut>(
             }
             let handler = handler.clone();
             let serving = on_request.serving();
+            let answering_on = on_request.clone();
             async move {
                 let res = handler(req, peer).await;
                 // Served until the answer's last frame is taken: an HTTP/2 stream still
                 // sending its answer keeps its connection from counting as idle.
-                Ok::<_, Infallible>(res.map(|b| crate::body::holding(b, serving)))
+                // Over h2 a closed flow-control window writes nothing, so the socket's
+                // stall never shows: the answer's own progress is watched instead.
+                let answering = answering_on.answering();
+                Ok::<_, Infallible>(res.map(|b| {
+                    crate::body::holding(crate::connection::tracked(b, answering), serving)
+                }))
             }
         });
         let io = Watched::new(socket, watch.clone());
