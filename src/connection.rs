@@ -427,6 +427,39 @@ impl hyper::body::Body for Tracked {
     }
 }
 
+/// Bytes of the buffer budget that one connection's replays hold now (see
+/// `max_buffered_bytes_per_connection`); each request of the connection carries it.
+#[derive(Clone, Default)]
+pub struct Holdings(Arc<std::sync::atomic::AtomicUsize>);
+
+/// Bytes taken from a connection's [`Holdings`], given back when dropped.
+pub struct Held {
+    holdings: Holdings,
+    bytes: usize,
+}
+
+impl Holdings {
+    /// Takes `n` bytes if the connection holds no more than `share - n` already, or
+    /// nothing at all (a single answer larger than the share is served, alone).
+    pub fn take(&self, n: usize, share: usize) -> Option<Held> {
+        self.0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                (u == 0 || u.saturating_add(n) <= share).then_some(u.saturating_add(n))
+            })
+            .ok()?;
+        Some(Held {
+            holdings: self.clone(),
+            bytes: n,
+        })
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.holdings.0.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
 /// A client's TCP socket, shared between the connection that reads and writes it and the
 /// [`Hangup`] of its requests, which peeks at it to learn whether the client has gone.
 pub struct Socket(Arc<tokio::net::TcpStream>);

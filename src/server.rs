@@ -929,6 +929,7 @@ async fn accept_loop<F, Fut>(
         let cert_of = peer_cert.clone();
         let socket = Socket::new(stream);
         let hangup = socket.hangup();
+        let holdings = crate::connection::Holdings::default();
         let svc = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             if let Some(cert) = cert_of.as_ref().and_then(|c| c.get()) {
                 req.extensions_mut().insert(cert.clone());
@@ -938,6 +939,7 @@ async fn accept_loop<F, Fut>(
             if req.version() <= hyper::Version::HTTP_11 {
                 req.extensions_mut().insert(hangup.clone());
             }
+            req.extensions_mut().insert(holdings.clone());
             let handler = handler.clone();
             let serving = on_request.serving();
             let answering_on = on_request.clone();

@@ -93,7 +93,15 @@ async fn zero_window_posts(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replays_to_a_zero_window_are_a_stall_and_give_the_budget_back() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[("IDEMGATE_SEND_TIMEOUT", "2s")]);
+    // The whole budget for one connection: the stall alone gives it back.
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[
+            ("IDEMGATE_SEND_TIMEOUT", "2s"),
+            ("IDEMGATE_MAX_BUFFERED_BYTES_PER_CONNECTION", "67108864"),
+        ],
+    );
     let c = client();
     let url = gate.url("/v1/reports");
     let first = post_url(&c, &url, Some("big"), "{}", &[(ANSWER_BYTES, "4194304")]).await;
@@ -175,5 +183,38 @@ async fn new_keys_answered_to_a_zero_window_are_given_back_after_send_timeout() 
     .await;
     assert!(again.replayed());
     assert_eq!(again.body.len(), 4_194_304);
+    conn.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_holds_at_most_its_share_of_the_budget() {
+    let up = Upstream::start().await;
+    // The defaults: 64 MiB, a quarter per connection; a send_timeout that does not end the
+    // hold during the test.
+    let gate = Gate::start(&up.url(), "", &[]);
+    let c = client();
+    let url = gate.url("/v1/reports");
+    let first = post_url(&c, &url, Some("big"), "{}", &[(ANSWER_BYTES, "4194304")]).await;
+    assert_eq!(first.status, 201);
+    let (statuses, conn, _h2) = zero_window_posts(&gate, 17, "big", true).await;
+    let replays = statuses.iter().filter(|s| **s == 201).count();
+    let refused = statuses.iter().filter(|s| **s == 503).count();
+    let buffered = metric(&gate, "idemgate_buffered_bytes");
+    eprintln!("one zero-window connection, 17 replays of 4 MiB: {replays} served, {refused} refused, {buffered} bytes held");
+    assert_eq!(replays, 4, "16 MiB of 4 MiB answers: {statuses:?}");
+    assert_eq!(refused, 13);
+    assert!(buffered <= 16.0 * 1024.0 * 1024.0, "{buffered}");
+    // Other connections, and other tenants, are served meanwhile: a replay and a new key.
+    let again = post_url(&c, &url, Some("big"), "{}", &[(ANSWER_BYTES, "4194304")]).await;
+    assert!(again.replayed(), "{:?}", again.status);
+    let other = post_url(
+        &c,
+        &url,
+        Some("another-tenant"),
+        "{}",
+        &[("authorization", "Bearer another")],
+    )
+    .await;
+    assert_eq!(other.status, 201);
     conn.abort();
 }

@@ -7,6 +7,7 @@ use tracing::Span;
 use crate::admission::Refusal as Refused;
 use crate::body::{self, Body};
 use crate::config::{OnStoreError, Policy};
+use crate::connection::Holdings;
 use crate::outcome::Outcome;
 use crate::problem::Problem;
 use crate::request_id;
@@ -161,13 +162,26 @@ impl Proxy {
             Found::Store(Claim::Claimed) => return self.forward_claimed(protected).await,
             // A replay's body counts against the buffer budget until it is written: clients
             // that stop reading a large answer must not hold memory without bound.
+            // One connection's replays hold at most its share of the budget
+            // (`max_buffered_bytes_per_connection`): beyond, its further replays get 503
+            // and other connections keep being served.
             Found::Store(Claim::Replay(stored)) => {
+                let n = stored.body.len();
+                let share = self.shared.settings.config.buffered_share_per_connection();
+                let on_conn = match protected.request.extensions().get::<Holdings>() {
+                    Some(h) => h.take(n, share).map(Some),
+                    None => Some(None),
+                };
                 let mut held = self.shared.buffers.hold();
-                if held.grow(stored.body.len()).is_err() {
-                    let res = self.overloaded(Refused::BuffersFull, &self.shared.protected);
-                    (res, Outcome::Overloaded)
-                } else {
-                    (replay(stored).map(|b| body::holding(b, held)), Outcome::Replayed)
+                match on_conn {
+                    Some(on_conn) if held.grow(n).is_ok() => (
+                        replay(stored).map(|b| body::holding(b, (held, on_conn))),
+                        Outcome::Replayed,
+                    ),
+                    _ => {
+                        let res = self.overloaded(Refused::BuffersFull, &self.shared.protected);
+                        (res, Outcome::Overloaded)
+                    }
                 }
             }
             Found::Store(Claim::NotKept { status }) => (
