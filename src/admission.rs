@@ -38,6 +38,9 @@ pub enum Refusal {
     QueueTimeout,
     /// Bodies being buffered or written hold `max_buffered_bytes`.
     BuffersFull,
+    /// Its HTTP/1.1 client closed or reset the connection while it waited in the queue:
+    /// it leaves the queue, nothing done (nobody reads the 503).
+    ClientGone,
 }
 
 impl Refusal {
@@ -47,6 +50,7 @@ impl Refusal {
             Refusal::QueueFull => "queue_full",
             Refusal::QueueTimeout => "queue_timeout",
             Refusal::BuffersFull => "buffers_full",
+            Refusal::ClientGone => "client_gone",
         }
     }
 }
@@ -103,6 +107,20 @@ impl Slots {
     pub fn would_refuse(&self) -> bool {
         self.slots.available_permits() == 0
             && self.queued.load(Ordering::Relaxed) >= self.max_queued
+    }
+
+    /// [`admit`](Self::admit), leaving the queue as soon as `gone` resolves (the client
+    /// hung up): a free slot is taken whatever `gone` says, so that a request whose client
+    /// sent it whole and left is still executed when nothing keeps it waiting.
+    pub async fn admit_unless(
+        self: &Arc<Self>,
+        gone: impl std::future::Future<Output = ()>,
+    ) -> Result<Slot, Refusal> {
+        tokio::select! {
+            biased;
+            admitted = self.admit() => admitted,
+            () = gone => Err(Refusal::ClientGone),
+        }
     }
 
     /// A slot now, or after waiting in the queue; `Err` if the queue is full or the wait
@@ -171,6 +189,36 @@ impl Drop for Queued<'_> {
     }
 }
 
+/// A spell of refusals (a full buffer budget, a store that does not answer): when it began.
+/// A refusal within it is told to come back after about as long as the spell has lasted
+/// (at least 1 s, at most 60): a hold that lasted T seconds is, without anything better to
+/// go on, as likely to last T more, so the clients it sends away come back at a pace that
+/// slows as it goes on instead of every second.
+#[derive(Default)]
+pub struct Spell(AtomicU64);
+
+impl Spell {
+    /// A refusal now: starts the spell if none runs. The `Retry-After` seconds to give.
+    pub fn refused(&self) -> u64 {
+        let now = process_ms();
+        let start = match self
+            .0
+            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => now,
+            Err(start) => start,
+        };
+        (now.saturating_sub(start).div_ceil(1000)).clamp(1, 60)
+    }
+
+    /// What was refusing works again: the next refusal starts a new spell.
+    pub fn ended(&self) {
+        if self.0.load(Ordering::Relaxed) != 0 {
+            self.0.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Completions per second: counts in whole seconds since start, the last full second read.
 #[derive(Default)]
 struct Completions {
@@ -192,12 +240,18 @@ fn now_second() -> u64 {
 
 impl Completions {
     fn tick(&self) {
+        self.add(1);
+    }
+
+    // At most 2^32 - 1 a second (KiB for the buffer budget: 4 TiB/s).
+    fn add(&self, n: u64) {
+        let n = n.min(0xffff_ffff);
         let sec = now_second() & 0xffff_ffff;
         let _ = self
             .current
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
                 if v >> 32 == sec {
-                    Some(v + 1)
+                    Some((v & !0xffff_ffff) | ((v & 0xffff_ffff) + n).min(0xffff_ffff))
                 } else {
                     // A new second: the one before it becomes the estimate (zero if it was
                     // not the second just before).
@@ -207,7 +261,7 @@ impl Completions {
                         0
                     };
                     self.previous.store(count, Ordering::Relaxed);
-                    Some((sec << 32) | 1)
+                    Some((sec << 32) | n)
                 }
             });
     }
@@ -236,6 +290,12 @@ pub struct Buffers {
     max: usize,
     refused: Counter,
     gauge: Gauge,
+    // KiB given back per second: how fast the budget drains, for `Retry-After`.
+    released: Completions,
+    // Refusals since the budget last fell below half full, and the most bytes one of them
+    // asked for: how long the budget has been full, and how much must drain.
+    full: Spell,
+    wanted: AtomicUsize,
 }
 
 /// Bytes taken from [`Buffers`], given back when dropped.
@@ -252,6 +312,9 @@ impl Buffers {
             max,
             refused,
             gauge,
+            released: Completions::default(),
+            full: Spell::default(),
+            wanted: AtomicUsize::new(0),
         }
     }
 
@@ -277,6 +340,21 @@ impl Buffers {
     pub fn used(&self) -> usize {
         self.used.load(Ordering::Relaxed)
     }
+
+    /// Seconds a request refused for want of budget should wait: what must drain for the
+    /// largest refused request to fit, over the KiB given back in the last second; while
+    /// nothing drains, as long as the budget has been full (see
+    /// [`Spell`]). From 1 to 60.
+    pub fn retry_after(&self) -> u64 {
+        let held_for = self.full.refused();
+        let wanted = self.wanted.load(Ordering::Relaxed);
+        let excess = (self.used() + wanted).saturating_sub(self.max);
+        let excess_kib = (excess as u64).div_ceil(1024).max(1);
+        match self.released.per_second() {
+            0 => held_for,
+            per_sec => excess_kib.div_ceil(per_sec).clamp(1, 60),
+        }
+    }
 }
 
 impl Buffered {
@@ -299,6 +377,7 @@ impl Buffered {
             }
             Err(_) => {
                 self.owner.refused.inc();
+                self.owner.wanted.fetch_max(mine + n, Ordering::Relaxed);
                 Err(Refusal::BuffersFull)
             }
         }
@@ -307,8 +386,17 @@ impl Buffered {
 
 impl Drop for Buffered {
     fn drop(&mut self) {
-        self.owner.used.fetch_sub(self.bytes, Ordering::Relaxed);
+        if self.bytes == 0 {
+            return;
+        }
+        let before = self.owner.used.fetch_sub(self.bytes, Ordering::Relaxed);
         self.owner.gauge.dec_by(self.bytes as i64);
+        self.owner.released.add(self.bytes.div_ceil(1024) as u64);
+        // Below half full the spell of refusals is over.
+        if before - self.bytes < self.owner.max / 2 {
+            self.owner.full.ended();
+            self.owner.wanted.store(0, Ordering::Relaxed);
+        }
     }
 }
 
@@ -387,6 +475,28 @@ mod tests {
             s.rate.tick();
         }
         assert_eq!(s.retry_after(), 3);
+    }
+
+    #[test]
+    fn a_full_budget_says_how_long_what_must_drain_takes() {
+        let b = Arc::new(Buffers::new(
+            100 * 1024,
+            Counter::default(),
+            Gauge::default(),
+        ));
+        let mut big = b.hold();
+        big.grow(90 * 1024).expect("room");
+        let mut other = b.hold();
+        assert_eq!(other.grow(50 * 1024), Err(Refusal::BuffersFull));
+        // Nothing drained yet, and the hold has just begun.
+        assert_eq!(b.retry_after(), 1);
+        // 5 KiB a second drain; 40 KiB must before the refused 50 KiB fit.
+        let mut small = b.hold();
+        small.grow(5 * 1024).expect("room");
+        drop(small);
+        assert_eq!(b.retry_after(), 8);
+        drop(big);
+        assert_eq!(b.wanted.load(Ordering::Relaxed), 0, "below half full: over");
     }
 
     #[test]

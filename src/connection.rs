@@ -22,6 +22,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -64,6 +65,9 @@ struct Shared {
     // its head deadline from accept (`header_read_timeout`), and `idle_timeout` shorter
     // than that was never applied.
     deadline_moved: Notify,
+    // The answers being sent, each with since when it has waited for the client to take
+    // more (process milliseconds; 0 while it waits on its own source, or is done).
+    answers: Mutex<Vec<std::sync::Weak<AtomicU64>>>,
 }
 
 #[derive(Clone, Copy)]
@@ -100,6 +104,7 @@ impl Watch {
                     evicted: false,
                 }),
                 deadline_moved: Notify::new(),
+                answers: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -174,6 +179,34 @@ impl Watch {
         }
     }
 
+    /// Tracks an answer's body until the guard is dropped: an answer that has a frame
+    /// ready and is not asked for the next one for `send_timeout` counts as a stalled
+    /// write. Over h2 a stream whose flow-control window the client keeps closed is never
+    /// written to at all, so the socket's own stall never shows it: 16 replays held the
+    /// whole buffer budget on one connection for as long as it stayed open.
+    pub fn answering(&self) -> Answering {
+        let since = Arc::new(AtomicU64::new(crate::admission::process_ms()));
+        let mut answers = self.inner.answers.lock().unwrap_or_else(|p| p.into_inner());
+        answers.retain(|a| a.strong_count() > 0);
+        answers.push(Arc::downgrade(&since));
+        drop(answers);
+        self.inner.deadline_moved.notify_one();
+        Answering { since }
+    }
+
+    /// The oldest wait of an answer for its client to take more, in milliseconds.
+    fn answer_waiting_ms(&self) -> Option<u64> {
+        let now = crate::admission::process_ms();
+        let answers = self.inner.answers.lock().unwrap_or_else(|p| p.into_inner());
+        answers
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .map(|a| a.load(Ordering::Relaxed))
+            .filter(|&since| since != 0)
+            .map(|since| now.saturating_sub(since))
+            .max()
+    }
+
     /// When the connection is due to be closed, if nothing happens before, and why: `None`
     /// while a request is being served and its writes make progress.
     fn due(&self, d: Deadlines) -> Option<(Instant, Closed)> {
@@ -181,7 +214,18 @@ impl Watch {
         if s.evicted {
             return Some((Instant::now(), Closed::Quiet));
         }
+        let answer = self.answer_waiting_ms().map(|waited| {
+            let waited = Duration::from_millis(waited);
+            (
+                Instant::now() + d.send.saturating_sub(waited),
+                Closed::SendTimeout,
+            )
+        });
         let send = s.stalled.map(|since| (since + d.send, Closed::SendTimeout));
+        let send = match (send, answer) {
+            (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+            (a, b) => a.or(b),
+        };
         if s.serving > 0 {
             return send;
         }
@@ -336,6 +380,198 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// One answer's progress on its connection (see [`Watch::answering`]).
+pub struct Answering {
+    since: Arc<AtomicU64>,
+}
+
+/// `body` as its connection's send deadline sees it: waiting for the client from each
+/// frame it hands out until it is asked for the next; not while it waits on its own
+/// source (an upstream still sending), nor once it has ended.
+pub fn tracked(body: crate::body::Body, answering: Answering) -> crate::body::Body {
+    use http_body_util::BodyExt;
+    Tracked { body, answering }.boxed()
+}
+
+struct Tracked {
+    body: crate::body::Body,
+    answering: Answering,
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = crate::body::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        let since = match &polled {
+            Poll::Ready(Some(Ok(_))) => crate::admission::process_ms(),
+            _ => 0,
+        };
+        self.answering.since.store(since, Ordering::Relaxed);
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Bytes of the buffer budget that one connection's replays hold now (see
+/// `max_buffered_bytes_per_connection`); each request of the connection carries it.
+#[derive(Clone, Default)]
+pub struct Holdings(Arc<std::sync::atomic::AtomicUsize>);
+
+/// Bytes taken from a connection's [`Holdings`], given back when dropped.
+pub struct Held {
+    holdings: Holdings,
+    bytes: usize,
+}
+
+impl Holdings {
+    /// Takes `n` bytes if the connection holds no more than `share - n` already, or
+    /// nothing at all (a single answer larger than the share is served, alone).
+    pub fn take(&self, n: usize, share: usize) -> Option<Held> {
+        self.0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                (u == 0 || u.saturating_add(n) <= share).then_some(u.saturating_add(n))
+            })
+            .ok()?;
+        Some(Held {
+            holdings: self.clone(),
+            bytes: n,
+        })
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.holdings.0.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// A client's TCP socket, shared between the connection that reads and writes it and the
+/// [`Hangup`] of its requests, which peeks at it to learn whether the client has gone.
+pub struct Socket(Arc<tokio::net::TcpStream>);
+
+impl Socket {
+    /// Wraps a newly accepted socket.
+    pub fn new(stream: tokio::net::TcpStream) -> Socket {
+        Socket(Arc::new(stream))
+    }
+
+    /// What a request of this connection can wait on to learn that its client has gone.
+    pub fn hangup(&self) -> Hangup {
+        Hangup(Arc::downgrade(&self.0))
+    }
+}
+
+impl AsyncRead for Socket {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            std::task::ready!(self.0.poll_read_ready(cx))?;
+            match self.0.try_read(buf.initialize_unfilled()) {
+                Ok(n) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                // Readiness was cleared: the next poll registers for more.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Socket {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            std::task::ready!(self.0.poll_write_ready(cx))?;
+            match self.0.try_write(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                done => return Poll::Ready(done),
+            }
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            std::task::ready!(self.0.poll_write_ready(cx))?;
+            match self.0.try_write_vectored(bufs) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                done => return Poll::Ready(done),
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(
+            rustix::net::shutdown(&*self.0, rustix::net::Shutdown::Write).map_err(io::Error::from),
+        )
+    }
+}
+
+/// How often a request whose client has sent bytes beyond it (a pipelined request) looks
+/// again for the end of the connection behind them.
+const HANGUP_RECHECK: Duration = Duration::from_millis(100);
+
+/// Whether an HTTP/1.1 client is still there, for a request that waits (in the admission
+/// queue) before anything is done for it. hyper reads nothing more of a connection while
+/// its request is served (half-close is on, so that a client that sent its request and
+/// shut its side still gets it executed), so the socket is peeked at instead: an end of
+/// stream or a reset means the client has gone. Bytes waiting beyond the request (a
+/// pipelined request, a TLS close_notify) hide an end behind them; such a request is
+/// bounded by `queue_timeout` as any other.
+#[derive(Clone)]
+pub struct Hangup(std::sync::Weak<tokio::net::TcpStream>);
+
+impl Hangup {
+    /// Resolves once the client has closed or reset its connection (or the connection is
+    /// closed already); pending for as long as it is open.
+    pub async fn gone(&self) {
+        loop {
+            let Some(stream) = self.0.upgrade() else {
+                return;
+            };
+            let mut byte = [0u8; 1];
+            match stream.peek(&mut byte).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {
+                    drop(stream);
+                    tokio::time::sleep(HANGUP_RECHECK).await;
+                }
+            }
+        }
     }
 }
 

@@ -1,10 +1,27 @@
 //! Bounds that configuration validation and the runtime both need, kept below both so that
 //! `config` imports neither the proxy nor the admin listener.
 
-/// Room for a recorded answer's head: its status, and headers as hyper's client reads them
-/// at most (its read buffer is 400 KiB; answers with more than 64 KiB of headers are rare
-/// enough to be recorded without their body).
+/// Room for a recorded answer's head beyond its body, reserved with every claim: its
+/// headers, as [`recorded_header_size`] counts them, and an envelope's own bytes. An answer
+/// whose headers need more (hyper's client reads up to 400 KiB of them) is recorded
+/// without those beyond [`RECORDED_HEADERS_ROOM`], and its replay says how many were left
+/// out ([`HEADERS_OMITTED`]): an executed request's answer always fits its reservation.
 pub const ANSWER_HEAD_ROOM: usize = 64 * 1024;
+
+/// What a record's headers may take of [`ANSWER_HEAD_ROOM`]: the rest (1 KiB) is for the
+/// envelope of a sealed or compressed record (version, flags, key id, nonce, tag, lengths)
+/// and the [`HEADERS_OMITTED`] header itself.
+pub const RECORDED_HEADERS_ROOM: usize = ANSWER_HEAD_ROOM - 1024;
+
+/// The header a replay carries when its record left some of the answer's headers out:
+/// how many.
+pub const HEADERS_OMITTED: &str = "idemgate-headers-omitted";
+
+/// What one recorded header counts against the embedded store's byte cap (and against
+/// [`RECORDED_HEADERS_ROOM`]): its name and value, and the pair that holds them.
+pub fn recorded_header_size(name: &str, value: &[u8]) -> usize {
+    std::mem::size_of::<(String, bytes::Bytes)>() + name.len() + value.len()
+}
 
 /// The largest request body the admin API takes (a `complete` with its answer).
 pub const ADMIN_MAX_BODY: usize = 16 * 1024 * 1024;

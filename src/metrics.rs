@@ -157,6 +157,7 @@ pub struct Metrics {
     queue_wait: HistogramFamily<ClassLabel>,
     refused: Family<ReasonLabel, Counter>,
     send_timeouts: Counter,
+    panics: Counter,
     buffered_bytes: Gauge,
     observed: Family<ObservedLabel, Counter>,
     observed_duplicates: Family<RouteLabel, Counter>,
@@ -171,6 +172,7 @@ pub struct Metrics {
     // The TLS listener's certificate reloads: pairs swapped in, and new pairs refused.
     tls_reloads: Counter,
     tls_reload_failures: Counter,
+    tls_handshakes: Family<StateLabel, Gauge>,
 }
 
 /// Records whose duplicates observe mode lists per record; beyond, new records are not
@@ -259,6 +261,22 @@ struct ClassLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+/// The TLS listener's handshakes by state (`idemgate_tls_handshakes{state}`).
+#[derive(Clone, Default)]
+pub struct HandshakeGauges {
+    /// Connections whose ClientHello has not arrived yet (no permit held).
+    pub awaiting_hello: Gauge,
+    /// ClientHello in, waiting for one of the handshake permits.
+    pub waiting: Gauge,
+    /// Holding a permit: the handshake itself.
+    pub running: Gauge,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     class: &'static str,
     reason: &'static str,
@@ -310,12 +328,19 @@ impl Metrics {
         let queue_wait = HistogramFamily::<ClassLabel>::new_with_constructor(wait_histogram);
         let refused = Family::<ReasonLabel, Counter>::default();
         let send_timeouts = Counter::default();
+        let panics = Counter::default();
         let buffered_bytes = Gauge::default();
         let observed = Family::<ObservedLabel, Counter>::default();
         let observed_duplicates = Family::<RouteLabel, Counter>::default();
         let route_mode = Family::<RouteModeLabel, Gauge>::default();
         let tls_reloads = Counter::default();
         let tls_reload_failures = Counter::default();
+        let tls_handshakes = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "idemgate_tls_handshakes",
+            "TLS listener handshakes by state: awaiting_hello (no ClientHello yet, no permit held), waiting (for one of the 256 handshake permits), running",
+            tls_handshakes.clone(),
+        );
         registry.register(
             "idemgate_tls_reloads",
             "TLS listener certificate pairs reloaded after their files changed",
@@ -365,6 +390,11 @@ impl Metrics {
             "idemgate_send_timeouts",
             "Client connections closed because a write made no progress for send_timeout",
             send_timeouts.clone(),
+        );
+        registry.register(
+            "idemgate_panics",
+            "Requests whose handling panicked (answered 500 internal-error; a claim held follows the failure rules of its step)",
+            panics.clone(),
         );
         registry.register(
             "idemgate_buffered_bytes",
@@ -468,6 +498,7 @@ impl Metrics {
             queue_wait,
             refused,
             send_timeouts,
+            panics,
             buffered_bytes,
             observed,
             observed_duplicates,
@@ -480,12 +511,26 @@ impl Metrics {
             records_not_followed: Counter::default(),
             tls_reloads,
             tls_reload_failures,
+            tls_handshakes,
         }
     }
 
     /// The counters of TLS certificate reloads: (succeeded, failed).
     pub fn tls_reloads(&self) -> (Counter, Counter) {
         (self.tls_reloads.clone(), self.tls_reload_failures.clone())
+    }
+
+    /// The gauges of the TLS listener's handshakes.
+    pub fn tls_handshakes(&self) -> HandshakeGauges {
+        let state = |state| {
+            self.tls_handshakes
+                .get_or_create_owned(&StateLabel { state })
+        };
+        HandshakeGauges {
+            awaiting_hello: state("awaiting_hello"),
+            waiting: state("waiting"),
+            running: state("running"),
+        }
     }
 
     /// Declares the routes and their modes (`idemgate_route_mode`, `GET /observe`), once.
@@ -647,6 +692,11 @@ impl Metrics {
     /// The counter of connections closed by `send_timeout`.
     pub fn send_timeouts(&self) -> Counter {
         self.send_timeouts.clone()
+    }
+
+    /// Counts a request whose handling panicked.
+    pub fn panicked(&self) {
+        self.panics.inc();
     }
 
     /// The gauge of bytes held against `max_buffered_bytes`.

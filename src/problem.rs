@@ -67,6 +67,9 @@ pub enum Problem {
     OwnerBusy,
     /// A recorded answer exists and cannot be opened (its encryption key was removed).
     RecordUnreadable,
+    /// idemgate failed while handling the request (a panic, counted in
+    /// `idemgate_panics_total`); a claim it held follows the failure rules of its step.
+    Internal,
 }
 
 impl Problem {
@@ -94,6 +97,7 @@ impl Problem {
             Problem::Overloaded => "overloaded",
             Problem::OwnerBusy => "owner-busy",
             Problem::RecordUnreadable => "record-unreadable",
+            Problem::Internal => "internal-error",
         }
     }
 
@@ -119,7 +123,7 @@ impl Problem {
             Problem::StoreUnavailable | Problem::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Problem::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
             Problem::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-            Problem::RecordUnreadable => StatusCode::INTERNAL_SERVER_ERROR,
+            Problem::RecordUnreadable | Problem::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -160,6 +164,7 @@ impl Problem {
             Problem::RecordUnreadable => {
                 "The recorded answer for this Idempotency-Key cannot be read"
             }
+            Problem::Internal => "idemgate failed while handling the request",
         }
     }
 
@@ -368,7 +373,8 @@ fn stripe_error(problem: Problem) -> (&'static str, &'static str, Option<bool>) 
         Problem::OutcomeUnknown
         | Problem::UpstreamTimeout
         | Problem::ResponseNotStored
-        | Problem::RecordUnreadable => ("api_error", problem.code(), Some(false)),
+        | Problem::RecordUnreadable
+        | Problem::Internal => ("api_error", problem.code(), Some(false)),
     }
 }
 
@@ -397,6 +403,7 @@ impl Problem {
             Problem::Overloaded => "overloaded",
             Problem::OwnerBusy => "owner_busy",
             Problem::RecordUnreadable => "record_unreadable",
+            Problem::Internal => "internal_error",
         }
     }
 }

@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin::Admin;
 use crate::config::{Config, ConfigError, Settings};
-use crate::connection::{Closed, Deadlines, Watch, Watched};
+use crate::connection::{Closed, Deadlines, Socket, Watch, Watched};
 use crate::metrics::{self, Instrumented, Metrics};
 use crate::operator::Resolver;
 use crate::proxy::Proxy;
@@ -504,6 +504,7 @@ async fn serve_on(
     let tls = listener_tls.as_ref().map(|t| Handshakes {
         acceptor: tokio_rustls::TlsAcceptor::from(t.config.clone()),
         permits: Arc::new(Semaphore::new(crate::tls::MAX_HANDSHAKES)),
+        gauges: metrics.tls_handshakes(),
         // Read only where a route takes its tenant from them.
         authorities: t
             .authorities
@@ -750,34 +751,67 @@ struct ConnLimits {
 struct Handshakes {
     acceptor: tokio_rustls::TlsAcceptor,
     permits: Arc<Semaphore>,
+    gauges: crate::metrics::HandshakeGauges,
     // The client CAs one by one, when a route reads its tenant from client certificates.
     authorities: Option<Arc<crate::scope::client_cert::Authorities>>,
 }
 
+/// One on a gauge for as long as it lives.
+struct Gauged<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+
+impl<'a> Gauged<'a> {
+    fn new(gauge: &'a prometheus_client::metrics::gauge::Gauge) -> Gauged<'a> {
+        gauge.inc();
+        Gauged(gauge)
+    }
+}
+
+impl Drop for Gauged<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// A client connection's bytes: as they come, or through TLS.
-type ClientIo = tokio_util::either::Either<
-    Watched<tokio::net::TcpStream>,
-    tokio_rustls::server::TlsStream<Watched<tokio::net::TcpStream>>,
->;
+type ClientIo =
+    tokio_util::either::Either<Watched<Socket>, tokio_rustls::server::TlsStream<Watched<Socket>>>;
 
 impl Handshakes {
     /// The TLS session of a new connection. It runs under the connection's head deadline
     /// (the supervisor's `header_read_timeout` from accept), waiting for a permit included:
     /// a client that opens a connection and never finishes its handshake is closed as one
-    /// that never sends a head is.
+    /// that never sends a head is. Its ClientHello must arrive within
+    /// [`CLIENT_HELLO_TIMEOUT`](crate::tls::CLIENT_HELLO_TIMEOUT) (or the head deadline, if
+    /// sooner), and only then is one of the handshake permits taken.
     ///
     /// With a route that reads its tenant from client certificates, also what the client's
     /// verified certificate says (once per connection; see [`crate::scope::client_cert`]).
     async fn accept(
         &self,
-        io: Watched<tokio::net::TcpStream>,
+        io: Watched<Socket>,
     ) -> Result<(ClientIo, Option<Arc<ClientCert>>), crate::body::BoxError> {
-        let permit = self.permits.acquire().await?;
-        let tls = self
-            .acceptor
-            .accept(io)
+        // The ClientHello first, without a permit and on its own bound: 400 silent sockets
+        // held the 256 permits for their whole head deadline and kept real clients waiting
+        // for seconds.
+        let hello = {
+            let _waiting = Gauged::new(&self.gauges.awaiting_hello);
+            let lazy =
+                tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
+            tokio::time::timeout(crate::tls::CLIENT_HELLO_TIMEOUT, lazy)
+                .await
+                .map_err(|_| "TLS: no ClientHello in time")?
+                .map_err(|e| format!("TLS ClientHello: {e}"))?
+        };
+        let permit = {
+            let _waiting = Gauged::new(&self.gauges.waiting);
+            self.permits.acquire().await?
+        };
+        let running = Gauged::new(&self.gauges.running);
+        let tls = hello
+            .into_stream(self.acceptor.config().clone())
             .await
             .map_err(|e| format!("TLS handshake: {e}"))?;
+        drop(running);
         drop(permit);
         // The preface comes encrypted, so the socket cannot see it: ALPN says.
         let (io, session) = tls.get_ref();
@@ -893,20 +927,35 @@ async fn accept_loop<F, Fut>(
             .and_then(|t| t.authorities.as_ref())
             .map(|_| Arc::default());
         let cert_of = peer_cert.clone();
+        let socket = Socket::new(stream);
+        let hangup = socket.hangup();
+        let holdings = crate::connection::Holdings::default();
         let svc = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             if let Some(cert) = cert_of.as_ref().and_then(|c| c.get()) {
                 req.extensions_mut().insert(cert.clone());
             }
+            // HTTP/1.x only: its requests are served one at a time, so the connection's end
+            // is this request's client gone. An h2 stream's reset drops its request itself.
+            if req.version() <= hyper::Version::HTTP_11 {
+                req.extensions_mut().insert(hangup.clone());
+            }
+            req.extensions_mut().insert(holdings.clone());
             let handler = handler.clone();
             let serving = on_request.serving();
+            let answering_on = on_request.clone();
             async move {
                 let res = handler(req, peer).await;
                 // Served until the answer's last frame is taken: an HTTP/2 stream still
                 // sending its answer keeps its connection from counting as idle.
-                Ok::<_, Infallible>(res.map(|b| crate::body::holding(b, serving)))
+                // Over h2 a closed flow-control window writes nothing, so the socket's
+                // stall never shows: the answer's own progress is watched instead.
+                let answering = answering_on.answering();
+                Ok::<_, Infallible>(res.map(|b| {
+                    crate::body::holding(crate::connection::tracked(b, answering), serving)
+                }))
             }
         });
-        let io = Watched::new(stream, watch.clone());
+        let io = Watched::new(socket, watch.clone());
         let (deadlines, send_timeouts) = (limits.deadlines, limits.send_timeouts.clone());
         // Taken now, before the connection's task runs: a shutdown that starts while it
         // handshakes waits for it, and closes it gracefully once it is served.

@@ -29,10 +29,16 @@ use crate::config::{Config, ConfigError};
 const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
 /// TLS handshakes that a listener runs at once (across its serving threads); a connection
-/// beyond waits for one to finish, under its `header_read_timeout` like any other.
+/// beyond waits for one to finish, under its `header_read_timeout` like any other. A permit
+/// is taken only once the connection's ClientHello has arrived (see [`CLIENT_HELLO_TIMEOUT`]):
+/// silent sockets cost a file descriptor each, never a permit.
 /// Handshakes are the CPU-heavy part of a connection (an RSA signature each): bounding
 /// them keeps a burst of new connections from starving the requests of open ones.
 pub const MAX_HANDSHAKES: usize = 256;
+
+/// How long a new TLS connection may take to send its whole ClientHello, with no permit
+/// held meanwhile; then it is closed. Real clients send it with their first packet.
+pub const CLIENT_HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The provider every TLS configuration here is built with, named rather than taken from
 /// the process default: ring, never a provider that another crate happened to install.

@@ -28,10 +28,50 @@ use crate::config::Upstream;
 use crate::tls::UpstreamTls;
 
 /// The pooled client to the upstream, for pass-through requests.
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Body>;
+pub type UpstreamClient = Client<Bounded<HttpsConnector<HttpConnector>>, Body>;
 
 /// The client for protected requests: a fresh connection for each, never a pooled one.
-pub type FreshClient = Client<HttpsConnector<FreshConnector>, Body>;
+pub type FreshClient = Client<Bounded<HttpsConnector<FreshConnector>>, Body>;
+
+/// A connector whose whole connect, TCP and TLS handshake together, ends within a
+/// deadline. `HttpConnector`'s own timeout bounds the TCP connect alone: an `https://`
+/// upstream that accepted TCP and never answered the ClientHello held its request until
+/// `upstream_timeout`, and then its key as `unknown`, though nothing of the request was
+/// written. Past the deadline the connect fails, which [`classify`] reads as not sent.
+#[derive(Clone)]
+pub struct Bounded<C> {
+    inner: C,
+    timeout: Duration,
+}
+
+impl<C> tower_service::Service<Uri> for Bounded<C>
+where
+    C: tower_service::Service<Uri>,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    type Response = C::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<C::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.inner.call(uri);
+        let timeout = self.timeout;
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, connecting).await {
+                Ok(connected) => connected.map_err(Into::into),
+                Err(_) => Err(format!(
+                    "connecting (TCP and TLS handshake) took longer than {timeout:?}"
+                )
+                .into()),
+            }
+        })
+    }
+}
 
 /// `inner` behind TLS when the upstream is `https://` (with its roots, client certificate,
 /// server name and ALPN), else as it is.
@@ -95,7 +135,10 @@ pub fn client(
     connector.set_connect_timeout(Some(connect_timeout));
     // https:// URIs reach it too, from the TLS connector around it.
     connector.enforce_http(false);
-    let connector = over_tls(tls, connector);
+    let connector = Bounded {
+        inner: over_tls(tls, connector),
+        timeout: connect_timeout,
+    };
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(idle_timeout)
         // Requests in use are bounded by their slots; idle connections beyond them would
@@ -138,7 +181,10 @@ pub fn fresh_client(tls: Option<&UpstreamTls>, connect_timeout: Duration) -> Fre
     connector.enforce_http(false);
     Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(0)
-        .build(over_tls(tls, FreshConnector(connector)))
+        .build(Bounded {
+            inner: over_tls(tls, FreshConnector(connector)),
+            timeout: connect_timeout,
+        })
 }
 
 /// Marks a protected request's connection as closed after its answer (RFC 9112 9.6), so

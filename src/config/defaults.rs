@@ -75,6 +75,7 @@ impl Default for Config {
             queue_timeout: Duration::from_secs(1),
             max_upstream_connections: 2048,
             max_buffered_bytes: 64 * 1024 * 1024,
+            max_buffered_bytes_per_connection: None,
             send_timeout: Duration::from_secs(60),
             body_read_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),

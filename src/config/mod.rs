@@ -352,6 +352,11 @@ pub struct Config {
     /// body or replay beyond it gets 503 `overloaded`; the answer of a request that ran is
     /// always sent.
     pub max_buffered_bytes: usize,
+    /// Bytes of `max_buffered_bytes` that the replays of one client connection may hold at
+    /// once (unset: a quarter of it): beyond, its further replays get 503 `overloaded`
+    /// while other connections keep theirs. A single replay larger than this is still
+    /// served, alone on its connection.
+    pub max_buffered_bytes_per_connection: Option<usize>,
     /// How long a write to a client may make no progress (a client that stopped reading)
     /// before its connection is closed.
     #[serde(with = "humantime_serde")]
@@ -642,6 +647,13 @@ pub struct Route {
 pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_millis(500);
 
 impl Config {
+    /// What one client connection's replays may hold of `max_buffered_bytes`.
+    pub fn buffered_share_per_connection(&self) -> usize {
+        self.max_buffered_bytes_per_connection
+            .unwrap_or(self.max_buffered_bytes / 4)
+            .max(1)
+    }
+
     /// Upstream connections that pass-through requests may use at once (and keep idle).
     pub fn pass_through_share(&self) -> usize {
         self.max_upstream_connections

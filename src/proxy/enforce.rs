@@ -7,6 +7,7 @@ use tracing::Span;
 use crate::admission::Refusal as Refused;
 use crate::body::{self, Body};
 use crate::config::{OnStoreError, Policy};
+use crate::connection::Holdings;
 use crate::outcome::Outcome;
 use crate::problem::Problem;
 use crate::request_id;
@@ -77,7 +78,7 @@ impl Proxy {
         };
         // The slot is taken before the claim: once a key is claimed, nothing waits for a
         // slot or is refused for want of one.
-        let slot = match self.shared.protected.admit().await {
+        let slot = match super::admit(&self.shared.protected, &parts.extensions).await {
             Ok(slot) => slot,
             Err(why) => return self.refuse(&Refusal::Overloaded(why), &line),
         };
@@ -144,6 +145,13 @@ impl Proxy {
     /// Acts on the claim's answer: forwards a won claim, answers the others.
     pub(super) async fn settle(&self, found: Found, protected: Protected) -> Response<Body> {
         let id = protected.claim.id;
+        // A store that answers ends a spell of store failures; one that fails tells its
+        // refused clients to wait as long as the spell has lasted.
+        let outage = &self.shared.store_outage;
+        match &found {
+            Found::Store(Claim::Withdrawn) | Found::ReleasePending | Found::Failed(_) => {}
+            Found::Store(_) => outage.ended(),
+        }
         let (res, outcome) = match found {
             Found::Store(Claim::OtherVersion(version)) => (
                 Problem::InProgress.response(
@@ -156,13 +164,26 @@ impl Proxy {
             Found::Store(Claim::Claimed) => return self.forward_claimed(protected).await,
             // A replay's body counts against the buffer budget until it is written: clients
             // that stop reading a large answer must not hold memory without bound.
+            // One connection's replays hold at most its share of the budget
+            // (`max_buffered_bytes_per_connection`): beyond, its further replays get 503
+            // and other connections keep being served.
             Found::Store(Claim::Replay(stored)) => {
+                let n = stored.body.len();
+                let share = self.shared.settings.config.buffered_share_per_connection();
+                let on_conn = match protected.request.extensions().get::<Holdings>() {
+                    Some(h) => h.take(n, share).map(Some),
+                    None => Some(None),
+                };
                 let mut held = self.shared.buffers.hold();
-                if held.grow(stored.body.len()).is_err() {
-                    let res = self.overloaded(Refused::BuffersFull, &self.shared.protected);
-                    (res, Outcome::Overloaded)
-                } else {
-                    (replay(stored).map(|b| body::holding(b, held)), Outcome::Replayed)
+                match on_conn {
+                    Some(on_conn) if held.grow(n).is_ok() => (
+                        replay(stored).map(|b| body::holding(b, (held, on_conn))),
+                        Outcome::Replayed,
+                    ),
+                    _ => {
+                        let res = self.overloaded(Refused::BuffersFull, &self.shared.protected);
+                        (res, Outcome::Overloaded)
+                    }
                 }
             }
             Found::Store(Claim::NotKept { status }) => (
@@ -198,7 +219,7 @@ impl Proxy {
                 Problem::StoreUnavailable.response(
                     "the idempotency store answered too late; the request was not forwarded",
                     Some(&id),
-                    Some(1),
+                    Some(outage.refused()),
                 ),
                 Outcome::StoreError,
             ),
@@ -206,7 +227,7 @@ impl Proxy {
                 Problem::StoreUnavailable.response(
                     "a claim of this key that was never forwarded is still being taken back; retry",
                     Some(&id),
-                    Some(1),
+                    Some(outage.refused()),
                 ),
                 Outcome::StoreError,
             ),
@@ -246,7 +267,7 @@ impl Proxy {
                     let res = Problem::StoreUnavailable.response(
                         "the idempotency store did not answer; the request was not forwarded",
                         Some(&id),
-                        Some(1),
+                        Some(outage.refused()),
                     );
                     (res, Outcome::StoreError)
                 } else {

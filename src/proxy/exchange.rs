@@ -16,6 +16,7 @@ use crate::answer::{self, Answer};
 use crate::body::{self, Body};
 use crate::config::{OnAmbiguous, Policy, RecordMode};
 use crate::key::RecordId;
+use crate::limits::{HEADERS_OMITTED, RECORDED_HEADERS_ROOM};
 use crate::outcome::Outcome;
 use crate::problem::Problem;
 use crate::request_id::X_REQUEST_ID;
@@ -44,6 +45,7 @@ impl Proxy {
         };
         let (method, request_id, started) =
             (protected.method, protected.request_id, protected.started);
+        let task_request_id = request_id.clone();
         let this = self.clone();
         // Boxed: the exchange → record state machine is several kilobytes, and tokio
         // moves an unboxed future by value into the task and out again.
@@ -73,12 +75,18 @@ impl Proxy {
             // Only a panic gets here. Its claim stays in progress and its lease runs out
             // to `unknown`, so nothing is executed twice.
             Err(e) => {
-                tracing::error!(record = %id, error = %e, "request task failed");
-                Problem::UpstreamTimeout.response(
-                    "internal error; the outcome is unknown",
-                    Some(&id),
-                    None,
-                )
+                let panic = e
+                    .try_into_panic()
+                    .unwrap_or_else(|e| Box::new(e.to_string()));
+                self.panicked(&task_request_id, &*panic);
+                tracing::error!(record = %id, "the request's exchange panicked; its record reads as in progress, then unknown");
+                let detail = if observed {
+                    "idemgate failed while handling this request"
+                } else {
+                    "idemgate failed while handling this request; it may have been executed, and retries with this key get 409 until an operator releases the record"
+                };
+                let record = (!observed).then_some(&id);
+                Problem::Internal.response(detail, record, None)
             }
         }
     }
@@ -151,6 +159,7 @@ pub(super) async fn exchange(
         span,
         observed,
     } = claimed;
+    super::test_panic("exchange", request.headers());
     upstream::prepare(&mut request, &shared.settings.upstream, peer);
     upstream::close_after(&mut request);
     let upstream_span = telemetry::child(&span, Step::Upstream);
@@ -293,11 +302,21 @@ pub(super) async fn exchange(
                 release(Arc::clone(shared), id, owner, policy.retention),
             )
             .await;
-            let res = Problem::UpstreamUnreachable.response(
-                "the upstream could not be reached, or refused the request before processing it; nothing was executed and the request may be retried",
-                Some(&id),
-                Some(1),
-            );
+            // Observing, the client gets pass-through's answer: what it would get without
+            // idemgate's enforcing, no record id and no word on retries.
+            let res = if observed {
+                Problem::UpstreamUnreachable.response(
+                    "could not connect to the upstream",
+                    None,
+                    None,
+                )
+            } else {
+                Problem::UpstreamUnreachable.response(
+                    "the upstream could not be reached, or refused the request before processing it; nothing was executed and the request may be retried",
+                    Some(&id),
+                    Some(1),
+                )
+            };
             (res, Outcome::UpstreamError)
         }
         Err(e) => {
@@ -329,14 +348,18 @@ pub(super) async fn exchange(
                 settled.is_ok()
             })
             .await;
-            let detail = match policy.on_ambiguous {
-                OnAmbiguous::Hold => format!("{why}; the request may have been executed, and retries with this key get 409 until an operator releases the record"),
-                OnAmbiguous::Release => format!("{why}; the request may have been executed, and the key was released"),
+            // Observing, retries are forwarded whatever the record says: the answer says
+            // what happened upstream and nothing of what enforcing would do.
+            let res = if observed {
+                Problem::UpstreamTimeout.response(why, None, None)
+            } else {
+                let detail = match policy.on_ambiguous {
+                    OnAmbiguous::Hold => format!("{why}; the request may have been executed, and retries with this key get 409 until an operator releases the record"),
+                    OnAmbiguous::Release => format!("{why}; the request may have been executed, and the key was released"),
+                };
+                Problem::UpstreamTimeout.response(detail, Some(&id), None)
             };
-            (
-                Problem::UpstreamTimeout.response(detail, Some(&id), None),
-                Outcome::Ambiguous,
-            )
+            (res, Outcome::Ambiguous)
         }
     };
     res.extensions_mut().insert(latency);
@@ -355,16 +378,39 @@ fn declines_record(headers: &hyper::HeaderMap, name: &hyper::header::HeaderName)
 }
 
 /// An answer as its record keeps it: its status, its replayable headers (the request id
-/// names one request, and a replay carries its own) and its body.
+/// names one request, and a replay carries its own) and its body. Headers beyond
+/// [`RECORDED_HEADERS_ROOM`] are left out, and the record says how many
+/// ([`HEADERS_OMITTED`]), so that the answer fits the room its claim reserved.
 pub(super) fn stored(parts: &hyper::http::response::Parts, body: Bytes) -> StoredResponse {
+    let mut room = RECORDED_HEADERS_ROOM;
+    let mut omitted = 0usize;
+    let mut headers = Vec::with_capacity(parts.headers.len());
+    for (n, v) in parts
+        .headers
+        .iter()
+        .filter(|(n, _)| ![DATE, SET_COOKIE, CONTENT_LENGTH, X_REQUEST_ID].contains(n))
+    {
+        let size = crate::limits::recorded_header_size(n.as_str(), v.as_bytes());
+        if size > room {
+            omitted += 1;
+            continue;
+        }
+        room -= size;
+        headers.push((n.as_str().to_string(), Bytes::copy_from_slice(v.as_bytes())));
+    }
+    if omitted > 0 {
+        tracing::info!(
+            omitted,
+            "the answer's headers need more than the room a record keeps for them; recorded without those, and its replays say how many"
+        );
+        headers.push((
+            HEADERS_OMITTED.to_string(),
+            Bytes::from(omitted.to_string()),
+        ));
+    }
     StoredResponse {
         status: parts.status.as_u16(),
-        headers: parts
-            .headers
-            .iter()
-            .filter(|(n, _)| ![DATE, SET_COOKIE, CONTENT_LENGTH, X_REQUEST_ID].contains(n))
-            .map(|(n, v)| (n.as_str().to_string(), Bytes::copy_from_slice(v.as_bytes())))
-            .collect(),
+        headers,
         body,
     }
 }

@@ -108,6 +108,8 @@ struct Shared {
     passing: Arc<Slots>,
     // Bodies being buffered or written (`max_buffered_bytes`).
     buffers: Arc<Buffers>,
+    // Since when the store has failed claims (the `Retry-After` of their 503s).
+    store_outage: Arc<crate::admission::Spell>,
     // Observe mode: a store that just failed is not waited on again for a moment, and
     // would-be refusals are logged at a bounded rate.
     store_failing: Arc<Breaker>,
@@ -176,6 +178,7 @@ impl Proxy {
                 protected,
                 passing,
                 buffers,
+                store_outage: Arc::default(),
                 store_failing: Arc::default(),
                 observe_log: Arc::default(),
                 settings,
@@ -208,6 +211,7 @@ impl Proxy {
                 protected: s.protected.clone(),
                 passing: s.passing.clone(),
                 buffers: s.buffers.clone(),
+                store_outage: s.store_outage.clone(),
                 store_failing: s.store_failing.clone(),
                 observe_log: s.observe_log.clone(),
                 settings: s.settings.clone(),
@@ -227,11 +231,44 @@ impl Proxy {
     /// Handles one request. Never fails: every error becomes a response here. The
     /// request's `X-Request-Id` (its own, or a fresh one) goes upstream with it and comes
     /// back on every answer, replays and idemgate's own included.
+    ///
+    /// A panic while handling it is caught here (hyper would otherwise drop the connection
+    /// without an answer): counted (`idemgate_panics_total`), logged with the request id,
+    /// and answered 500 `internal-error`. A claim taken by then follows the failure rules
+    /// of the step that panicked: one not yet forwarded is taken back by its guard as the
+    /// panic unwinds, one whose exchange ran reads as in progress, then unknown.
     pub async fn handle(&self, mut req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        use futures_util::FutureExt;
         let request_id = request_id::ensure(req.headers_mut());
-        let mut res = self.respond(req, peer, request_id.clone()).await;
+        let respond = std::panic::AssertUnwindSafe(self.respond(req, peer, request_id.clone()));
+        let mut res = match respond.catch_unwind().await {
+            Ok(res) => res,
+            Err(panic) => {
+                self.panicked(&request_id, &*panic);
+                Problem::Internal.response(
+                    "idemgate failed while handling this request; if it was forwarded, its outcome is unknown",
+                    None,
+                    None,
+                )
+            }
+        };
         res.headers_mut().insert(X_REQUEST_ID, request_id);
         res
+    }
+
+    /// Counts and logs a panic of the request `request_id` (its message, never a body).
+    fn panicked(&self, request_id: &HeaderValue, panic: &(dyn std::any::Any + Send)) {
+        self.shared.metrics.panicked();
+        let message = panic
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(no message)");
+        tracing::error!(
+            request_id = request_id.to_str().unwrap_or("-"),
+            panic = message,
+            "handling a request panicked; answered 500 internal-error"
+        );
     }
 
     async fn respond(
@@ -241,6 +278,7 @@ impl Proxy {
         request_id: HeaderValue,
     ) -> Response<Body> {
         let started = Instant::now();
+        test_panic("respond", req.headers());
         let settings = &self.shared.settings;
         let (method, uri, headers) = (req.method(), req.uri(), req.headers());
         let decision = decision::decide(settings, method, uri, headers, peer_cert(&req));
@@ -284,6 +322,10 @@ impl Proxy {
             Refused::QueueFull => "too many requests are in progress and waiting; nothing was done, retry later",
             Refused::QueueTimeout => "too many requests are in progress; this one waited queue_timeout for its turn; nothing was done, retry later",
             Refused::BuffersFull => "too many request and answer bodies are held in memory (max_buffered_bytes); nothing was done, retry later",
+            Refused::ClientGone => {
+                tracing::info!("a queued request's client closed its connection; it left the queue, nothing was done");
+                "the client closed its connection while this request waited for its turn; nothing was done"
+            }
         };
         if why != Refused::BuffersFull {
             let class = if std::ptr::eq(slots, &*self.shared.passing) {
@@ -293,7 +335,11 @@ impl Proxy {
             };
             self.shared.metrics.refused(class, why).inc();
         }
-        Problem::Overloaded.response(detail, None, Some(slots.retry_after()))
+        let wait = match why {
+            Refused::BuffersFull => self.shared.buffers.retry_after(),
+            _ => slots.retry_after(),
+        };
+        Problem::Overloaded.response(detail, None, Some(wait))
     }
 
     /// Forwards a request as is, streaming both bodies.
@@ -305,7 +351,7 @@ impl Proxy {
     ) -> Response<Body> {
         // Its own share of the upstream connections, held until the answer's body is done:
         // pass-through traffic cannot take what protected requests need, nor the other way.
-        let slot = match self.shared.passing.admit().await {
+        let slot = match admit(&self.shared.passing, req.extensions()).await {
             Ok(slot) => slot,
             Err(why) => return self.overloaded(why, &self.shared.passing),
         };
@@ -342,6 +388,18 @@ impl Proxy {
                 None,
             ),
         }
+    }
+}
+
+/// A slot of `slots` for a request whose extensions are `ext`: an HTTP/1.1 request leaves
+/// the queue when its client hangs up (see [`Hangup`](crate::connection::Hangup)).
+async fn admit(
+    slots: &Arc<Slots>,
+    ext: &hyper::http::Extensions,
+) -> Result<crate::admission::Slot, Refused> {
+    match ext.get::<crate::connection::Hangup>().cloned() {
+        Some(hangup) => slots.admit_unless(async move { hangup.gone().await }).await,
+        None => slots.admit().await,
     }
 }
 
@@ -434,3 +492,19 @@ fn idle_per_thread(c: &crate::config::Config) -> usize {
 fn peer_cert<B>(req: &Request<B>) -> Option<&ClientCert> {
     req.extensions().get::<Arc<ClientCert>>().map(|c| &**c)
 }
+
+/// Builds with debug assertions only (the test builds): with `TEST_IDEMGATE_PANIC` set to
+/// `step`, a request that carries an `x-idemgate-test-panic` header panics at that step
+/// (`respond`: before its decision; `exchange`: in its upstream exchange's task), so that
+/// tests through the binary see what a panic becomes. A release build has no such hook.
+#[cfg(debug_assertions)]
+fn test_panic(step: &str, headers: &hyper::HeaderMap) {
+    if headers.contains_key("x-idemgate-test-panic")
+        && std::env::var("TEST_IDEMGATE_PANIC").is_ok_and(|v| v == step)
+    {
+        panic!("test panic at {step}");
+    }
+}
+
+#[cfg(not(debug_assertions))]
+fn test_panic(_step: &str, _headers: &hyper::HeaderMap) {}

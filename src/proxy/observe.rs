@@ -93,7 +93,7 @@ impl Proxy {
         }
         drop(incoming);
         let body_bytes = read.into_bytes();
-        let slot = match self.shared.protected.admit().await {
+        let slot = match super::admit(&self.shared.protected, &parts.extensions).await {
             Ok(slot) => slot,
             Err(why) => {
                 let req = Request::from_parts(parts, body::full(body_bytes));

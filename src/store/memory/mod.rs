@@ -138,7 +138,7 @@ impl State {
                 r.body.len()
                     + r.headers
                         .iter()
-                        .map(|(n, v)| std::mem::size_of::<(String, Bytes)>() + n.len() + v.len())
+                        .map(|(n, v)| crate::limits::recorded_header_size(n, v))
                         .sum::<usize>()
             }
             State::InProgress { .. } | State::NotKept { .. } | State::Unknown => 0,
