@@ -124,6 +124,7 @@ pub async fn open_store(wired: &Wired) -> Result<(Arc<dyn Store>, Scoper), Error
         &settings.namespace,
         delay,
         timeout,
+        &store_place(wired, &*store),
     )
     .await
     .map_err(|e| match e {
@@ -131,6 +132,29 @@ pub async fn open_store(wired: &Wired) -> Result<(Arc<dyn Store>, Scoper), Error
         SecretError::Disagrees(why) => Error::ScopeSecret(why),
     })?;
     Ok((store, Scoper::new(&secret, &settings.namespace)))
+}
+
+/// Where `store` keeps its meta values, as the messages that name them spell them.
+pub fn store_place(wired: &Wired, store: &dyn Store) -> crate::secret::StorePlace {
+    use crate::secret::StorePlace;
+    let c = &wired.settings.config;
+    match store.kind() {
+        "redis" => StorePlace::Redis {
+            cli: wired
+                .redis
+                .as_ref()
+                .map_or_else(|| "redis-cli".to_string(), RedisSetup::cli),
+            cluster: !store.can_list(),
+        },
+        "postgres" => StorePlace::Postgres,
+        "sqlite" => StorePlace::Sqlite(
+            c.store_path
+                .as_deref()
+                .unwrap_or(std::path::Path::new("."))
+                .join(crate::store::sqlite::FILE_NAME),
+        ),
+        _ => StorePlace::Memory,
+    }
 }
 
 async fn open_backend(wired: &Wired) -> Result<Arc<dyn Store>, Error> {
@@ -474,6 +498,7 @@ async fn serve_on(
     shutdown: impl Future<Output = ()> + Send + 'static,
     workers: Vec<Worker>,
 ) {
+    let place = store_place(&wired, &*store);
     let Wired {
         settings,
         listener_tls,
@@ -540,6 +565,7 @@ async fn serve_on(
             timeout: store_timeout,
             health: secret_health.clone(),
             now: restarted,
+            place,
         };
         tokio::spawn(watch.run())
     });
