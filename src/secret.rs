@@ -145,6 +145,7 @@ pub async fn establish(
     create_delay: Duration,
     timeout: Duration,
     place: &StorePlace,
+    starting: &crate::starting::Starting,
 ) -> Result<ScopeSecret, SecretError> {
     let verifier = verifier_name(namespace);
     let secret = match pinned {
@@ -155,7 +156,8 @@ pub async fn establish(
                 Some(hex) => parse(&hex)?,
                 None => {
                     if !create_delay.is_zero() {
-                        tracing::warn!(delay = ?create_delay, "the store holds no scope secret: waiting scope_secret_create_delay for running instances to put theirs back before making one");
+                        tracing::warn!(delay = ?create_delay, "the store holds no scope secret: waiting scope_secret_create_delay for running instances to put theirs back before making one (meanwhile /readyz is 503 and requests get 503 store-unavailable with Retry-After; a single instance, or a pinned secret, needs no wait: scope_secret_create_delay = \"0s\" or scope_secret_file)");
+                        starting.waiting_until(std::time::Instant::now() + create_delay);
                         tokio::time::sleep(create_delay).await;
                     }
                     create(store, &verifier, namespace, timeout, place).await?

@@ -87,6 +87,14 @@ impl Error {
 /// `redis_cluster_nodes` is set, else the embedded one) and
 /// reads the secret that its record ids are keyed with.
 pub async fn open_store(wired: &Wired) -> Result<(Arc<dyn Store>, Scoper), Error> {
+    open_store_reporting(wired, &crate::starting::Starting::default()).await
+}
+
+/// [`open_store`], telling `starting` when it waits to make the scope secret.
+async fn open_store_reporting(
+    wired: &Wired,
+    starting: &crate::starting::Starting,
+) -> Result<(Arc<dyn Store>, Scoper), Error> {
     let settings = &wired.settings;
     let mut store = open_backend(wired).await?;
     if let Some(keys) = &wired.envelope.keys {
@@ -125,6 +133,7 @@ pub async fn open_store(wired: &Wired) -> Result<(Arc<dyn Store>, Scoper), Error
         delay,
         timeout,
         &store_place(wired, &*store),
+        starting,
     )
     .await
     .map_err(|e| match e {
@@ -264,7 +273,11 @@ pub async fn start_wrapped(
         Some(l) => Some(local_addr(l, listen)?),
         None => None,
     };
-    let (store, scoper) = open_store(&wired).await?;
+    let (store, scoper) = opening(&wired, &listener, admin.as_ref(), |starting| {
+        let wired = &wired;
+        async move { open_store_reporting(wired, &starting).await }
+    })
+    .await?;
     let store = wrap(store);
     let stop = CancellationToken::new();
     let token = stop.clone();
@@ -367,13 +380,52 @@ pub async fn run(
     admin: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let (store, scoper) = open_store(&wired).await?;
-    let mut workers = Vec::new();
-    for n in 1..wired.settings.config.worker_threads.max(1) {
-        workers.push(Worker::start(n, &wired, &store).await?);
-    }
+    let mut shutdown = Box::pin(shutdown);
+    let open = |starting: Arc<crate::starting::Starting>| {
+        let wired = &wired;
+        async move {
+            let (store, scoper) = open_store_reporting(wired, &starting).await?;
+            let mut workers = Vec::new();
+            for n in 1..wired.settings.config.worker_threads.max(1) {
+                workers.push(Worker::start(n, wired, &store).await?);
+            }
+            Ok::<_, Error>((store, scoper, workers))
+        }
+    };
+    let started = tokio::select! {
+        started = opening(&wired, &listener, admin.as_ref(), open) => started?,
+        () = &mut shutdown => {
+            tracing::info!("stopped before the store was open");
+            return Ok(());
+        }
+    };
+    let (store, scoper, workers) = started;
     serve_on(wired, store, scoper, listener, admin, shutdown, workers).await;
     Ok(())
+}
+
+/// Runs `open` (the store's opening) while the listeners answer as [`crate::starting`]
+/// says: probes at once, everything else 503 with the time left.
+async fn opening<T, Fut: Future<Output = T>>(
+    wired: &Wired,
+    listener: &TcpListener,
+    admin: Option<&TcpListener>,
+    open: impl FnOnce(Arc<crate::starting::Starting>) -> Fut,
+) -> T {
+    let starting = crate::starting::Starting::new();
+    let tls = wired
+        .listener_tls
+        .as_ref()
+        .map(|t| tokio_rustls::TlsAcceptor::from(t.config.clone()));
+    crate::starting::answering_while(
+        listener,
+        admin,
+        tls,
+        wired.settings.config.header_read_timeout,
+        &starting,
+        open(starting.clone()),
+    )
+    .await
 }
 
 /// A serving thread besides the first, started with its store open; it serves once it is

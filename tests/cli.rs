@@ -214,8 +214,7 @@ fn run_until_healthy(args: &[&str], env: &[(&str, &str)], admin: &str) -> (bool,
     let until = Instant::now() + Duration::from_secs(15);
     let mut healthy = false;
     while Instant::now() < until && !healthy {
-        healthy =
-            common::http_get(admin, "/healthz").is_some_and(|r| r.starts_with("HTTP/1.1 200"));
+        healthy = common::started(admin);
         if child.try_wait().unwrap().is_some() {
             break;
         }
