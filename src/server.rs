@@ -185,9 +185,7 @@ async fn open_backend(wired: &Wired) -> Result<Arc<dyn Store>, Error> {
         return Ok(Arc::new(store));
     }
     let Some(setup) = &wired.redis else {
-        tracing::warn!(
-            "using the embedded in-memory store: records do not survive a restart and are not shared between instances; set store_path or redis_url for production"
-        );
+        tracing::warn!("{}", crate::wiring::MEMORY_STORE_WARNING);
         let store = MemoryStore::with_limits(c.memory_max_records, c.memory_max_bytes);
         store.spawn_sweeper(Duration::from_secs(10));
         return Ok(Arc::new(store));
@@ -318,10 +316,8 @@ pub async fn bind(settings: &Settings) -> Result<(TcpListener, Option<TcpListene
         None => None,
     };
     check_file_limit(c);
-    if let Some(addr) = c.admin_listen {
-        if !addr.ip().is_loopback() && c.admin_token.is_none() {
-            tracing::warn!(%addr, "the admin listener is reachable from other hosts without admin_token: anyone who reaches it can release records");
-        }
+    if let Some(warning) = crate::wiring::open_admin_warning(c) {
+        tracing::warn!("{warning}");
     }
     Ok((listener, admin))
 }
