@@ -171,6 +171,7 @@ pub struct Metrics {
     // The TLS listener's certificate reloads: pairs swapped in, and new pairs refused.
     tls_reloads: Counter,
     tls_reload_failures: Counter,
+    certificate_expiry: Family<CertificateLabel, Gauge>,
 }
 
 /// Records whose duplicates observe mode lists per record; beyond, new records are not
@@ -182,6 +183,11 @@ const OBSERVED_RECORDS: usize = 200_000;
 struct ObservedLabel {
     route: String,
     would: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CertificateLabel {
+    certificate: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -324,6 +330,12 @@ impl Metrics {
             "idemgate_tls_reload_failures",
             "Changed TLS listener certificate pairs that could not be loaded (the pair in use was kept)",
             tls_reload_failures.clone(),
+        );
+        let certificate_expiry = Family::<CertificateLabel, Gauge>::default();
+        registry.register(
+            "idemgate_tls_certificate_expiry_seconds",
+            "When each certificate idemgate presents stops being valid, as seconds since the Unix epoch, by certificate: listener, upstream_client, redis_client, postgres_client (the listener's follows its reloads)",
+            certificate_expiry.clone(),
         );
         registry.register(
             "idemgate_observed",
@@ -479,12 +491,21 @@ impl Metrics {
             records_not_followed: Counter::default(),
             tls_reloads,
             tls_reload_failures,
+            certificate_expiry,
         }
     }
 
     /// The counters of TLS certificate reloads: (succeeded, failed).
     pub fn tls_reloads(&self) -> (Counter, Counter) {
         (self.tls_reloads.clone(), self.tls_reload_failures.clone())
+    }
+
+    /// `idemgate_tls_certificate_expiry_seconds{certificate}`: `listener`,
+    /// `upstream_client`, `redis_client` or `postgres_client`.
+    pub fn certificate_expiry(&self, certificate: &'static str) -> Gauge {
+        self.certificate_expiry
+            .get_or_create(&CertificateLabel { certificate })
+            .clone()
     }
 
     /// Declares the routes and their modes (`idemgate_route_mode`, `GET /observe`), once.

@@ -585,8 +585,26 @@ async fn serve_on(
     });
     let reloader = listener_tls.as_ref().map(|t| {
         let (reloads, failures) = metrics.tls_reloads();
-        tokio::spawn(crate::tls::Reloader::new(t, reloads, failures).run())
+        tokio::spawn(
+            crate::tls::Reloader::new(t, reloads, failures)
+                .with_expiry(metrics.certificate_expiry("listener"))
+                .run(),
+        )
     });
+    // The client certificates are read once, at start-up, as their connections use them.
+    for (which, file) in [
+        ("upstream_client", &settings.config.upstream_tls_cert_file),
+        ("redis_client", &settings.config.redis_tls_cert_file),
+        ("postgres_client", &settings.config.postgres_tls_cert_file),
+    ] {
+        if let Some(t) = file
+            .as_deref()
+            .and_then(|f| std::fs::read(f).ok())
+            .and_then(|pem| crate::tls::leaf_expiry(&pem))
+        {
+            metrics.certificate_expiry(which).set(t);
+        }
+    }
     let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, metrics.clone(), store_timeout));
     let restarted = Arc::new(tokio::sync::Notify::new());
     let watcher = tokio::spawn(metrics::watch_store(

@@ -422,11 +422,39 @@ async fn alerts_and_dashboard_use_only_exported_metrics() {
         .unwrap();
     assert_eq!(res.status(), 200);
     let text = res.text().await.unwrap();
-    let metrics = exported(&text);
+    let mut metrics = exported(&text);
     assert!(
         text.contains("idemgate_requests_total{route=\"default\",outcome=\"replayed\"} 1"),
         "{text}"
     );
+    // The series that exist only with a TLS listener (its certificate's expiry), from a
+    // second instance that has one.
+    let ca = common::certs::Ca::new("ca");
+    let leaf = ca.leaf(&["127.0.0.1"]);
+    let files = common::certs::Dir::new();
+    let (cert, key) = (
+        files.write("tls.crt", &leaf.cert),
+        files.write("tls.key", &leaf.key),
+    );
+    let tls_gate = Gate::start(
+        &up.url(),
+        "",
+        &[
+            ("IDEMGATE_TLS_CERT_FILE", &cert),
+            ("IDEMGATE_TLS_KEY_FILE", &key),
+        ],
+    );
+    let tls_text = c
+        .get(tls_gate.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for (name, lines) in exported(&tls_text) {
+        metrics.entry(name).or_default().extend(lines);
+    }
 
     let alerts_yaml = repo_file("deploy/prometheus/alerts.yaml");
     let alerts = rule_exprs(&alerts_yaml);

@@ -395,10 +395,25 @@ fn tls_files(c: &Config) -> Result<Tls, ConfigError> {
         None => None,
     };
     let client = match (&c.redis_tls_cert_file, &c.redis_tls_key_file) {
-        (Some(cert), Some(key)) => Some((
-            read("redis_tls_cert_file", cert)?,
-            read("redis_tls_key_file", key)?,
-        )),
+        (Some(cert), Some(key)) => {
+            let (cert_pem, key_pem) = (
+                read("redis_tls_cert_file", cert)?,
+                read("redis_tls_key_file", key)?,
+            );
+            // As the server will check it, so that a certificate it refuses fails here,
+            // naming the file, rather than as Redis's "invalid peer certificate".
+            crate::tls::certified_key(&cert_pem.0, &key_pem.0, crate::tls::Role::Client).map_err(
+                |(side, why)| match side {
+                    crate::tls::Side::Cert => {
+                        invalid("redis_tls_cert_file", format!("{}: {why}", cert.display()))
+                    }
+                    crate::tls::Side::Key => {
+                        invalid("redis_tls_key_file", format!("{}: {why}", key.display()))
+                    }
+                },
+            )?;
+            Some((cert_pem, key_pem))
+        }
         (None, None) => None,
         (Some(_), None) => {
             return Err(invalid(

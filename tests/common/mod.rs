@@ -941,8 +941,9 @@ pub async fn inspect(
 
 /// `DELETE /records/{id}` on an admin listener; whether something was released.
 pub async fn release(client: &reqwest::Client, admin: SocketAddr, id: &str) -> bool {
+    // Whatever its state: a completed record too (`?completed=true`).
     let r = client
-        .delete(format!("http://{admin}/records/{id}"))
+        .delete(format!("http://{admin}/records/{id}?completed=true"))
         .send()
         .await
         .expect("admin request");
