@@ -172,7 +172,8 @@ async fn json_lines_per_request_and_nothing_secret_at_info() {
     let fwd = &lines[0];
     assert_eq!(fwd["level"], "INFO");
     assert_eq!(fwd["method"], "POST");
-    assert_eq!(fwd["route"], "-");
+    // Named as the metrics name it (`route="default"`).
+    assert_eq!(fwd["route"], "default");
     assert_eq!(fwd["status"], 201);
     assert_eq!(fwd["record"].as_str().unwrap().len(), 64, "{fwd}");
     assert_eq!(fwd["request_id"], "rid-first", "{fwd}");
