@@ -195,12 +195,24 @@ impl Admin {
                     }
                     Method::DELETE => {
                         let before = deadline(self.store_timeout, self.store.inspect(&id, false))
-                            .await
-                            .ok()
-                            .flatten();
+                            .await;
+                        // A completed record holds the answer every retry of its key is
+                        // replayed; releasing it lets the next retry execute the request a
+                        // second time. Only with `?completed=true`, and never on a guess: a
+                        // store that cannot say what the record is refuses the release.
+                        let completed_ok = has_param(&req, "completed=true");
+                        let before = match before {
+                            Ok(Some(v)) if v.state == RecordState::Completed && !completed_ok => {
+                                return completed_refused(&id, &v);
+                            }
+                            Err(e) if !completed_ok => return store_error(e),
+                            Ok(v) => v,
+                            Err(_) => None,
+                        };
                         match deadline(self.store_timeout, self.store.delete(&id, force)).await {
                             Ok(Deleted::Deleted) => {
-                                tracing::warn!(record = %id, forced = force, "record released by an operator");
+                                let was = before.as_ref().map(|v| v.state);
+                                tracing::warn!(record = %id, forced = force, was = ?was, "record released by an operator");
                                 json(
                                     StatusCode::OK,
                                     &serde_json::json!({"released": before, "id": id.to_string()}),
@@ -348,6 +360,24 @@ fn has_param(req: &Request<Incoming>, param: &str) -> bool {
     req.uri()
         .query()
         .is_some_and(|q| q.split('&').any(|p| p == param))
+}
+
+/// 409: a completed record is released only with `?completed=true`, and what its next
+/// retry would do.
+fn completed_refused(id: &RecordId, view: &RecordView) -> Response<Body> {
+    let status = view
+        .status
+        .map_or_else(|| "an answer".to_string(), |s| format!("status {s}"));
+    json(
+        StatusCode::CONFLICT,
+        &serde_json::json!({
+            "error": format!(
+                "not released: the record is completed (its request executed and was answered with {status}), and every retry of its key gets that answer replayed. Released, the client's next retry executes the request again (a second payment, if it was one). Add ?completed=true only if a second execution is what you want (the first one was undone upstream, say refunded)"
+            ),
+            "id": id.to_string(),
+            "state": "completed",
+        }),
+    )
 }
 
 /// 409: the release was refused because the owner may still be working, and why.

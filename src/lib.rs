@@ -86,6 +86,7 @@ pub mod retry_after;
 pub mod scope;
 pub mod secret;
 pub mod server;
+pub mod starting;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

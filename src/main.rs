@@ -344,6 +344,12 @@ fn main() -> ExitCode {
             "environment variables with the IDEMGATE_ prefix that name no setting are ignored"
         );
     }
+    for (name, hint) in idemgate::config::mistyped_env_vars(env_names()) {
+        tracing::warn!(
+            variable = %name,
+            "{name} names no setting and is ignored (its value does not apply): {hint} `idemgate config check` fails on it"
+        );
+    }
     let grace = wired.settings.config.shutdown_grace;
     // With spans to export, the drain ends a tenth of the grace early (at most 100 ms), so
     // that the last export has that much of the one grace even when the drain needs all
@@ -381,21 +387,42 @@ fn config_command(
         ConfigAction::Check { file, connect } => {
             let file = file.or(config);
             let figment = Config::figment(file.as_deref()).merge(Serialized::globals(overrides));
-            let wired = match Wired::load(figment) {
-                Ok(s) => s,
-                Err(e) => {
-                    eprintln!("idemgate: configuration error: {e}");
+            let mistyped = idemgate::config::mistyped_env_vars(env_names());
+            let loaded = Wired::load_all(figment);
+            // Every problem of this run at once: the variables that look mistyped, then
+            // each invalid value.
+            let wired = match loaded {
+                Ok(s) if mistyped.is_empty() => s,
+                Ok(_) => {
+                    report_mistyped(&mistyped);
+                    return ExitCode::from(64);
+                }
+                Err(problems) => {
+                    report_mistyped(&mistyped);
+                    for e in problems {
+                        eprintln!("idemgate: configuration error: {e}");
+                    }
                     return ExitCode::from(64);
                 }
             };
-            let unknown = idemgate::config::unknown_env();
+            let unknown: Vec<String> = idemgate::config::unknown_env()
+                .into_iter()
+                .filter(|n| !mistyped.iter().any(|(m, _)| m == n))
+                .collect();
             if !unknown.is_empty() {
                 eprintln!(
                     "idemgate config check: ignored (name no setting): {}",
                     unknown.join(", ")
                 );
             }
+
+            for warning in wired.warnings() {
+                eprintln!("idemgate config check: warning: {warning}");
+            }
             if connect {
+                // What start-up logs as it connects (Redis persistence off, the store's
+                // scope secret made) is printed too: warnings and errors, to stderr.
+                init_tracing("warn", None);
                 let runtime = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -424,6 +451,20 @@ fn config_command(
             }
         }
     }
+}
+
+/// `config check`'s lines for the variables that look mistyped.
+fn report_mistyped(mistyped: &[(String, String)]) {
+    for (name, hint) in mistyped {
+        eprintln!(
+            "idemgate: configuration error: {name} names no setting, so its value does not apply: {hint}"
+        );
+    }
+}
+
+/// The names of this process's environment variables.
+fn env_names() -> impl Iterator<Item = String> {
+    std::env::vars_os().filter_map(|(k, _)| k.into_string().ok())
 }
 
 /// What is left of `grace` since the shutdown signal (all of it if none came).

@@ -173,6 +173,7 @@ pub struct Metrics {
     tls_reloads: Counter,
     tls_reload_failures: Counter,
     tls_handshakes: Family<StateLabel, Gauge>,
+    certificate_expiry: Family<CertificateLabel, Gauge>,
 }
 
 /// Records whose duplicates observe mode lists per record; beyond, new records are not
@@ -184,6 +185,11 @@ const OBSERVED_RECORDS: usize = 200_000;
 struct ObservedLabel {
     route: String,
     would: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CertificateLabel {
+    certificate: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -351,6 +357,12 @@ impl Metrics {
             "Changed TLS listener certificate pairs that could not be loaded (the pair in use was kept)",
             tls_reload_failures.clone(),
         );
+        let certificate_expiry = Family::<CertificateLabel, Gauge>::default();
+        registry.register(
+            "idemgate_tls_certificate_expiry_seconds",
+            "When each certificate idemgate presents stops being valid, as seconds since the Unix epoch, by certificate: listener, upstream_client, redis_client, postgres_client (the listener's follows its reloads)",
+            certificate_expiry.clone(),
+        );
         registry.register(
             "idemgate_observed",
             "Requests on routes in observe mode, forwarded whatever enforcing would have done, by route and by what that would have been (would)",
@@ -512,6 +524,7 @@ impl Metrics {
             tls_reloads,
             tls_reload_failures,
             tls_handshakes,
+            certificate_expiry,
         }
     }
 
@@ -531,6 +544,14 @@ impl Metrics {
             waiting: state("waiting"),
             running: state("running"),
         }
+    }
+
+    /// `idemgate_tls_certificate_expiry_seconds{certificate}`: `listener`,
+    /// `upstream_client`, `redis_client` or `postgres_client`.
+    pub fn certificate_expiry(&self, certificate: &'static str) -> Gauge {
+        self.certificate_expiry
+            .get_or_create(&CertificateLabel { certificate })
+            .clone()
     }
 
     /// Declares the routes and their modes (`idemgate_route_mode`, `GET /observe`), once.

@@ -5,7 +5,8 @@
 //! with `--json`.
 //!
 //! Exit codes: 0 done; 1 no such record; 2 refused (the owner may still be working on it,
-//! the record already holds an answer); 64 usage (bad flags, or a request the API calls
+//! the record already holds an answer, or a release of a `completed` record without
+//! `--completed`); 64 usage (bad flags, or a request the API calls
 //! malformed); 69 the admin API cannot be reached, or its store is unavailable (which
 //! includes listing on Redis Cluster: the reason is printed); 70 an answer the CLI does not
 //! understand; 77 the admin token is missing or wrong.
@@ -115,6 +116,11 @@ enum Action {
         /// idemgate instance is known to be gone).
         #[arg(long)]
         force: bool,
+        /// Release a `completed` record: its request executed, and the client's next retry
+        /// executes it again instead of getting the recorded answer replayed (refused
+        /// without this flag).
+        #[arg(long)]
+        completed: bool,
     },
     /// Records the answer an `unknown` record's request got, which its retries then get
     /// replayed.
@@ -396,22 +402,46 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
             }
             Ok(if found { OK } else { NOT_FOUND })
         }
-        Action::Release { id, force } => {
+        Action::Release {
+            id,
+            force,
+            completed,
+        } => {
             check_id(&id)?;
-            let path = format!("/records/{id}{}", if force { "?force=true" } else { "" });
+            let mut query = Vec::new();
+            if force {
+                query.push("force=true");
+            }
+            if completed {
+                query.push("completed=true");
+            }
+            let path = if query.is_empty() {
+                format!("/records/{id}")
+            } else {
+                format!("/records/{id}?{}", query.join("&"))
+            };
             let answer = api.call(Method::DELETE, &path, None).await?;
             if !answer.status.is_success() {
                 let mut failure = refusal(&answer, json);
                 if answer.status == StatusCode::CONFLICT {
-                    failure
-                        .message
-                        .push_str(" [here: `idemgate records release ID --force`]");
+                    let completed_refusal = serde_json::from_slice::<Value>(&answer.body)
+                        .is_ok_and(|v| v["state"] == "completed");
+                    failure.message.push_str(if completed_refusal {
+                        " [here: `idemgate records release ID --completed`]"
+                    } else {
+                        " [here: `idemgate records release ID --force`]"
+                    });
                 }
                 return Err(failure);
             }
             print_answer(&answer.json()?, json, |v| {
                 let was = v["released"]["state"].as_str().unwrap_or("-");
-                format!("released {id} (was {was}); the client's next retry executes")
+                let next = match (was, v["released"]["status"].as_u64()) {
+                    ("completed", Some(s)) => format!("the client's next retry executes the request again (it had executed and been answered {s}; that answer is no longer replayed)"),
+                    ("completed", None) => "the client's next retry executes the request again (it had executed; its answer is no longer replayed)".to_string(),
+                    _ => "the client's next retry executes the request".to_string(),
+                };
+                format!("released {id} (was {was}); {next}")
             });
             Ok(OK)
         }

@@ -9,7 +9,8 @@
 //!
 //! - **Running instances put theirs back.** Every `scope_secret_check_interval` (and at
 //!   once when the Redis `INFO` watcher sees a restart) an instance reads the store's
-//!   secret and its namespace's verifier (an HMAC of a constant under the secret,
+//!   secret and its namespace's verifier (an HMAC of a constant under the secret; in Redis
+//!   the key `idemgate:scope-verifier:<namespace>`, in SQLite and PostgreSQL the meta row
 //!   `scope_verifier:<namespace>`), and puts back, set-if-absent, whichever is missing.
 //! - **A starting instance that finds none waits** `scope_secret_create_delay` (longer than
 //!   the check interval) before it makes one, so that running instances restore theirs
@@ -28,6 +29,7 @@
 //! lost secret: a new secret would execute every one of them again, so start-up refuses
 //! and says how to recover (pin the old secret, or delete the verifier to start over).
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +42,56 @@ use crate::store::{deadline, Store, StoreError, SCOPE_SECRET};
 /// The [`Store::meta`] name of a namespace's verifier.
 pub fn verifier_name(namespace: &str) -> String {
     format!("scope_verifier:{namespace}")
+}
+
+/// Where this instance's store keeps its meta values, for the messages that tell an operator
+/// to delete one: each names the value as the store holds it and the command that deletes
+/// it there, so that following the message verbatim works.
+#[derive(Clone, Debug, Default)]
+pub enum StorePlace {
+    /// The embedded in-memory store (its values die with the process).
+    #[default]
+    Memory,
+    /// The persistent embedded store: its database file.
+    Sqlite(PathBuf),
+    /// PostgreSQL (`postgres_url`, `IDEMGATE_POSTGRES_URL`).
+    Postgres,
+    /// Redis: the `redis-cli` command line that reaches it, and whether it is a Cluster
+    /// (which keeps a copy of each value on every primary).
+    Redis {
+        /// `redis-cli` with the connection flags ([`crate::store::RedisSetup::cli`]).
+        cli: String,
+        /// A Cluster.
+        cluster: bool,
+    },
+}
+
+impl StorePlace {
+    /// The meta value `name` as the store holds it, and the command that deletes it.
+    pub fn delete(&self, name: &str) -> String {
+        match self {
+            StorePlace::Memory => format!(
+                "{name} (the embedded in-memory store holds it for as long as the process runs)"
+            ),
+            StorePlace::Sqlite(file) => format!(
+                "the row named '{name}' of table meta in {file}: `sqlite3 -cmd '.timeout 5000' '{file}' \"DELETE FROM meta WHERE name = '{name}'\"`",
+                file = file.display()
+            ),
+            StorePlace::Postgres => format!(
+                "the row named '{name}' of table idemgate_meta: `psql \"$IDEMGATE_POSTGRES_URL\" -c \"DELETE FROM idemgate_meta WHERE name = '{name}'\"`"
+            ),
+            StorePlace::Redis { cli, cluster: false } => {
+                let key = crate::store::redis::meta_key(name);
+                format!("the Redis key {key}: `{cli} DEL {key}`")
+            }
+            StorePlace::Redis { cli, cluster: true } => {
+                let key = crate::store::redis::meta_key(name);
+                format!(
+                    "the Redis key {key} and its copy on every primary ({key}:{{s<n>}}): list them on each primary with `{cli} --scan --pattern '{key}*'` and delete each with `{cli} DEL KEY`"
+                )
+            }
+        }
+    }
 }
 
 /// Why an instance cannot use a secret.
@@ -92,6 +144,8 @@ pub async fn establish(
     namespace: &str,
     create_delay: Duration,
     timeout: Duration,
+    place: &StorePlace,
+    starting: &crate::starting::Starting,
 ) -> Result<ScopeSecret, SecretError> {
     let verifier = verifier_name(namespace);
     let secret = match pinned {
@@ -102,15 +156,16 @@ pub async fn establish(
                 Some(hex) => parse(&hex)?,
                 None => {
                     if !create_delay.is_zero() {
-                        tracing::warn!(delay = ?create_delay, "the store holds no scope secret: waiting scope_secret_create_delay for running instances to put theirs back before making one");
+                        tracing::warn!(delay = ?create_delay, "the store holds no scope secret: waiting scope_secret_create_delay for running instances to put theirs back before making one (meanwhile /readyz is 503 and requests get 503 store-unavailable with Retry-After; a single instance, or a pinned secret, needs no wait: scope_secret_create_delay = \"0s\" or scope_secret_file)");
+                        starting.waiting_until(std::time::Instant::now() + create_delay);
                         tokio::time::sleep(create_delay).await;
                     }
-                    create(store, &verifier, namespace, timeout).await?
+                    create(store, &verifier, namespace, timeout, place).await?
                 }
             }
         }
     };
-    check_verifier(store, &secret, namespace, timeout, pinned.is_some()).await?;
+    check_verifier(store, &secret, namespace, timeout, pinned.is_some(), place).await?;
     Ok(secret)
 }
 
@@ -121,6 +176,7 @@ async fn create(
     verifier: &str,
     namespace: &str,
     timeout: Duration,
+    place: &StorePlace,
 ) -> Result<ScopeSecret, SecretError> {
     if let Some(hex) = deadline(timeout, store.meta(SCOPE_SECRET, None))
         .await?
@@ -134,7 +190,8 @@ async fn create(
         .is_some()
     {
         return Err(SecretError::Disagrees(format!(
-            "the store holds no scope secret, but keeps namespace {namespace:?}'s verifier ({verifier}): records made under the lost secret may still be there, and a new secret would execute their retries again. Pin the lost secret (scope_secret_file or IDEMGATE_SCOPE_SECRET; GET /scope-secret on an instance that still runs shows it), or, to give up replaying them, delete {verifier} from the store"
+            "the store holds no scope secret, but keeps namespace {namespace:?}'s verifier: records made under the lost secret may still be there, and a new secret would execute their retries again. Pin the lost secret (scope_secret_file or IDEMGATE_SCOPE_SECRET; GET /scope-secret on an instance that still runs shows it), or, to give up replaying them, delete {}",
+            place.delete(verifier)
         )));
     }
     let offer = ScopeSecret::random();
@@ -152,13 +209,14 @@ async fn check_verifier(
     namespace: &str,
     timeout: Duration,
     pinned: bool,
+    place: &StorePlace,
 ) -> Result<(), SecretError> {
     let ours = secret.verifier(namespace);
     let found = deadline(timeout, store.meta(&verifier_name(namespace), Some(&ours))).await?;
     if found.value.as_deref() == Some(ours.as_str()) {
         return Ok(());
     }
-    Err(disagreeing_verifier(namespace, pinned))
+    Err(disagreeing_verifier(namespace, pinned, place))
 }
 
 /// What a running check reads every interval: the value alone (one read), offered back
@@ -177,7 +235,7 @@ async fn read_or_restore(
     deadline(timeout, store.meta(name, Some(ours))).await
 }
 
-fn disagreeing_verifier(namespace: &str, pinned: bool) -> SecretError {
+fn disagreeing_verifier(namespace: &str, pinned: bool, place: &StorePlace) -> SecretError {
     let name = verifier_name(namespace);
     let how = if pinned {
         "the pinned scope secret (scope_secret, scope_secret_file or IDEMGATE_SCOPE_SECRET) is not the one"
@@ -185,7 +243,8 @@ fn disagreeing_verifier(namespace: &str, pinned: bool) -> SecretError {
         "the store's scope secret is not the one"
     };
     SecretError::Disagrees(format!(
-        "{how} that namespace {namespace:?}'s records were made under (its verifier in the store, {name}, differs): serving would compute other record ids and execute retries again. Pin the secret those records were made under (GET /scope-secret on an instance that still has it), or, to give up replaying them, delete {name} from the store"
+        "{how} that namespace {namespace:?}'s records were made under (its verifier in the store differs): serving would compute other record ids and execute retries again. Pin the secret those records were made under (GET /scope-secret on an instance that still has it), or, to give up replaying them, delete {}",
+        place.delete(&name)
     ))
 }
 
@@ -204,6 +263,7 @@ pub async fn check(
     namespace: &str,
     timeout: Duration,
     health: &SecretHealth,
+    place: &StorePlace,
 ) {
     if !health.agreed() {
         return;
@@ -224,7 +284,7 @@ pub async fn check(
         if found.value.as_deref() == Some(ours.as_str()) {
             Ok(())
         } else {
-            Err(disagreeing_verifier(namespace, pinned))
+            Err(disagreeing_verifier(namespace, pinned, place))
         }
     }
     .await;
@@ -258,6 +318,8 @@ pub struct Watch {
     pub health: Arc<SecretHealth>,
     /// Notified when the store's server restarted: check at once.
     pub now: Arc<tokio::sync::Notify>,
+    /// Where the store keeps the values, for the error's instructions.
+    pub place: StorePlace,
 }
 
 impl Watch {
@@ -276,6 +338,7 @@ impl Watch {
                 &self.namespace,
                 self.timeout,
                 &self.health,
+                &self.place,
             )
             .await;
         }

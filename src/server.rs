@@ -87,6 +87,14 @@ impl Error {
 /// `redis_cluster_nodes` is set, else the embedded one) and
 /// reads the secret that its record ids are keyed with.
 pub async fn open_store(wired: &Wired) -> Result<(Arc<dyn Store>, Scoper), Error> {
+    open_store_reporting(wired, &crate::starting::Starting::default()).await
+}
+
+/// [`open_store`], telling `starting` when it waits to make the scope secret.
+async fn open_store_reporting(
+    wired: &Wired,
+    starting: &crate::starting::Starting,
+) -> Result<(Arc<dyn Store>, Scoper), Error> {
     let settings = &wired.settings;
     let mut store = open_backend(wired).await?;
     if let Some(keys) = &wired.envelope.keys {
@@ -124,6 +132,8 @@ pub async fn open_store(wired: &Wired) -> Result<(Arc<dyn Store>, Scoper), Error
         &settings.namespace,
         delay,
         timeout,
+        &store_place(wired, &*store),
+        starting,
     )
     .await
     .map_err(|e| match e {
@@ -131,6 +141,29 @@ pub async fn open_store(wired: &Wired) -> Result<(Arc<dyn Store>, Scoper), Error
         SecretError::Disagrees(why) => Error::ScopeSecret(why),
     })?;
     Ok((store, Scoper::new(&secret, &settings.namespace)))
+}
+
+/// Where `store` keeps its meta values, as the messages that name them spell them.
+pub fn store_place(wired: &Wired, store: &dyn Store) -> crate::secret::StorePlace {
+    use crate::secret::StorePlace;
+    let c = &wired.settings.config;
+    match store.kind() {
+        "redis" => StorePlace::Redis {
+            cli: wired
+                .redis
+                .as_ref()
+                .map_or_else(|| "redis-cli".to_string(), RedisSetup::cli),
+            cluster: !store.can_list(),
+        },
+        "postgres" => StorePlace::Postgres,
+        "sqlite" => StorePlace::Sqlite(
+            c.store_path
+                .as_deref()
+                .unwrap_or(std::path::Path::new("."))
+                .join(crate::store::sqlite::FILE_NAME),
+        ),
+        _ => StorePlace::Memory,
+    }
 }
 
 async fn open_backend(wired: &Wired) -> Result<Arc<dyn Store>, Error> {
@@ -152,9 +185,7 @@ async fn open_backend(wired: &Wired) -> Result<Arc<dyn Store>, Error> {
         return Ok(Arc::new(store));
     }
     let Some(setup) = &wired.redis else {
-        tracing::warn!(
-            "using the embedded in-memory store: records do not survive a restart and are not shared between instances; set store_path or redis_url for production"
-        );
+        tracing::warn!("{}", crate::wiring::MEMORY_STORE_WARNING);
         let store = MemoryStore::with_limits(c.memory_max_records, c.memory_max_bytes);
         store.spawn_sweeper(Duration::from_secs(10));
         return Ok(Arc::new(store));
@@ -240,7 +271,11 @@ pub async fn start_wrapped(
         Some(l) => Some(local_addr(l, listen)?),
         None => None,
     };
-    let (store, scoper) = open_store(&wired).await?;
+    let (store, scoper) = opening(&wired, &listener, admin.as_ref(), |starting| {
+        let wired = &wired;
+        async move { open_store_reporting(wired, &starting).await }
+    })
+    .await?;
     let store = wrap(store);
     let stop = CancellationToken::new();
     let token = stop.clone();
@@ -281,10 +316,8 @@ pub async fn bind(settings: &Settings) -> Result<(TcpListener, Option<TcpListene
         None => None,
     };
     check_file_limit(c);
-    if let Some(addr) = c.admin_listen {
-        if !addr.ip().is_loopback() && c.admin_token.is_none() {
-            tracing::warn!(%addr, "the admin listener is reachable from other hosts without admin_token: anyone who reaches it can release records");
-        }
+    if let Some(warning) = crate::wiring::open_admin_warning(c) {
+        tracing::warn!("{warning}");
     }
     Ok((listener, admin))
 }
@@ -343,13 +376,52 @@ pub async fn run(
     admin: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let (store, scoper) = open_store(&wired).await?;
-    let mut workers = Vec::new();
-    for n in 1..wired.settings.config.worker_threads.max(1) {
-        workers.push(Worker::start(n, &wired, &store).await?);
-    }
+    let mut shutdown = Box::pin(shutdown);
+    let open = |starting: Arc<crate::starting::Starting>| {
+        let wired = &wired;
+        async move {
+            let (store, scoper) = open_store_reporting(wired, &starting).await?;
+            let mut workers = Vec::new();
+            for n in 1..wired.settings.config.worker_threads.max(1) {
+                workers.push(Worker::start(n, wired, &store).await?);
+            }
+            Ok::<_, Error>((store, scoper, workers))
+        }
+    };
+    let started = tokio::select! {
+        started = opening(&wired, &listener, admin.as_ref(), open) => started?,
+        () = &mut shutdown => {
+            tracing::info!("stopped before the store was open");
+            return Ok(());
+        }
+    };
+    let (store, scoper, workers) = started;
     serve_on(wired, store, scoper, listener, admin, shutdown, workers).await;
     Ok(())
+}
+
+/// Runs `open` (the store's opening) while the listeners answer as [`crate::starting`]
+/// says: probes at once, everything else 503 with the time left.
+async fn opening<T, Fut: Future<Output = T>>(
+    wired: &Wired,
+    listener: &TcpListener,
+    admin: Option<&TcpListener>,
+    open: impl FnOnce(Arc<crate::starting::Starting>) -> Fut,
+) -> T {
+    let starting = crate::starting::Starting::new();
+    let tls = wired
+        .listener_tls
+        .as_ref()
+        .map(|t| tokio_rustls::TlsAcceptor::from(t.config.clone()));
+    crate::starting::answering_while(
+        listener,
+        admin,
+        tls,
+        wired.settings.config.header_read_timeout,
+        &starting,
+        open(starting.clone()),
+    )
+    .await
 }
 
 /// A serving thread besides the first, started with its store open; it serves once it is
@@ -474,6 +546,7 @@ async fn serve_on(
     shutdown: impl Future<Output = ()> + Send + 'static,
     workers: Vec<Worker>,
 ) {
+    let place = store_place(&wired, &*store);
     let Wired {
         settings,
         listener_tls,
@@ -513,8 +586,26 @@ async fn serve_on(
     });
     let reloader = listener_tls.as_ref().map(|t| {
         let (reloads, failures) = metrics.tls_reloads();
-        tokio::spawn(crate::tls::Reloader::new(t, reloads, failures).run())
+        tokio::spawn(
+            crate::tls::Reloader::new(t, reloads, failures)
+                .with_expiry(metrics.certificate_expiry("listener"))
+                .run(),
+        )
     });
+    // The client certificates are read once, at start-up, as their connections use them.
+    for (which, file) in [
+        ("upstream_client", &settings.config.upstream_tls_cert_file),
+        ("redis_client", &settings.config.redis_tls_cert_file),
+        ("postgres_client", &settings.config.postgres_tls_cert_file),
+    ] {
+        if let Some(t) = file
+            .as_deref()
+            .and_then(|f| std::fs::read(f).ok())
+            .and_then(|pem| crate::tls::leaf_expiry(&pem))
+        {
+            metrics.certificate_expiry(which).set(t);
+        }
+    }
     let store: Arc<dyn Store> = Arc::new(Instrumented::new(store, metrics.clone(), store_timeout));
     let restarted = Arc::new(tokio::sync::Notify::new());
     let watcher = tokio::spawn(metrics::watch_store(
@@ -541,6 +632,7 @@ async fn serve_on(
             timeout: store_timeout,
             health: secret_health.clone(),
             now: restarted,
+            place,
         };
         tokio::spawn(watch.run())
     });

@@ -79,13 +79,97 @@ pub(crate) enum Side {
     Key,
 }
 
+/// Which end of a TLS connection a certificate is presented by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// The listener's certificate.
+    Server,
+    /// A client certificate (to the upstream, Redis, PostgreSQL).
+    Client,
+}
+
+/// Checks the leaf (the first certificate of a chain) as the peer will: X.509 version 3
+/// (webpki refuses older ones, and the peer's error then blames itself: "invalid peer
+/// certificate"), valid now (neither expired nor not yet valid), a key usage that allows
+/// signatures and an extended key usage that allows `role`, when those are present.
+/// Its expiry, as seconds since the Unix epoch, when it passes.
+pub(crate) fn check_leaf(chain: &[CertificateDer<'_>], role: Role) -> Result<i64, String> {
+    use x509_parser::prelude::FromDer;
+    let leaf = chain.first().ok_or("no certificate")?;
+    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(leaf)
+        .map_err(|e| format!("the certificate does not parse: {e}"))?;
+    if cert.version() != x509_parser::x509::X509Version::V3 {
+        return Err(format!(
+            "the certificate is X.509 version {} (TLS peers accept version 3 only; make it with the v3 extensions, e.g. openssl's -extfile or -addext)",
+            cert.version().0 + 1
+        ));
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let validity = cert.validity();
+    let (from, until) = (
+        validity.not_before.timestamp(),
+        validity.not_after.timestamp(),
+    );
+    if now > until {
+        return Err(format!(
+            "the certificate expired on {} (not valid after it)",
+            validity.not_after
+        ));
+    }
+    if now < from {
+        return Err(format!(
+            "the certificate is not valid before {}",
+            validity.not_before
+        ));
+    }
+    if let Ok(Some(ku)) = cert.key_usage() {
+        if !ku.value.digital_signature() && !ku.value.key_encipherment() {
+            return Err(format!(
+                "the certificate's key usage ({}) allows neither digitalSignature nor keyEncipherment, which TLS needs",
+                ku.value
+            ));
+        }
+    }
+    if let Ok(Some(eku)) = cert.extended_key_usage() {
+        let e = eku.value;
+        let allowed = e.any
+            || match role {
+                Role::Server => e.server_auth,
+                Role::Client => e.client_auth,
+            };
+        if !allowed {
+            let wanted = match role {
+                Role::Server => "serverAuth",
+                Role::Client => "clientAuth",
+            };
+            return Err(format!(
+                "the certificate's extended key usage does not include {wanted}, which its peer requires"
+            ));
+        }
+    }
+    Ok(until)
+}
+
+/// When the first certificate of the PEM `pem` stops being valid (seconds since the Unix
+/// epoch), if it parses.
+pub fn leaf_expiry(pem: &[u8]) -> Option<i64> {
+    use x509_parser::prelude::FromDer;
+    let chain = parse_certs(pem).ok()?;
+    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(chain.first()?).ok()?;
+    Some(cert.validity().not_after.timestamp())
+}
+
 /// A certificate chain and its private key, checked to belong together (the key's public
-/// half is the leaf certificate's).
+/// half is the leaf certificate's) and the leaf checked for `role` ([`check_leaf`]).
 pub(crate) fn certified_key(
     cert_pem: &[u8],
     key_pem: &[u8],
+    role: Role,
 ) -> Result<CertifiedKey, (Side, String)> {
     let chain = parse_certs(cert_pem).map_err(|e| (Side::Cert, e))?;
+    check_leaf(&chain, role).map_err(|e| (Side::Cert, e))?;
     let key = parse_key(key_pem).map_err(|e| (Side::Key, e))?;
     let provider = provider();
     let signing = provider
@@ -135,18 +219,19 @@ impl Pair {
     }
 
     /// Reads and checks both files at start-up.
-    fn load(&self) -> Result<(CertifiedKey, Contents), ConfigError> {
+    fn load(&self, role: Role) -> Result<(CertifiedKey, Contents), ConfigError> {
         let contents = Contents {
             cert: read(self.cert_key, &self.cert)?,
             key: read(self.key_key, &self.key)?,
         };
-        let certified = certified_key(&contents.cert, &contents.key).map_err(|(side, why)| {
-            let (key, path) = match side {
-                Side::Cert => (self.cert_key, &self.cert),
-                Side::Key => (self.key_key, &self.key),
-            };
-            invalid(key, format!("{}: {why}", path.display()))
-        })?;
+        let certified =
+            certified_key(&contents.cert, &contents.key, role).map_err(|(side, why)| {
+                let (key, path) = match side {
+                    Side::Cert => (self.cert_key, &self.cert),
+                    Side::Key => (self.key_key, &self.key),
+                };
+                invalid(key, format!("{}: {why}", path.display()))
+            })?;
         Ok((certified, contents))
     }
 }
@@ -254,7 +339,7 @@ pub fn upstream(c: &Config, https: bool) -> Result<Option<UpstreamTls>, ConfigEr
         .with_root_certificates(roots);
     let mut config = match pair {
         Some(pair) => {
-            let (certified, _) = pair.load()?;
+            let (certified, _) = pair.load(Role::Client)?;
             builder.with_client_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(
                 certified,
             )))
@@ -322,7 +407,7 @@ pub fn listener(c: &Config) -> Result<Option<ListenerTls>, ConfigError> {
     if c.tls_reload_interval.is_zero() {
         return Err(invalid("tls_reload_interval", "must be greater than zero"));
     }
-    let (certified, loaded) = pair.load()?;
+    let (certified, loaded) = pair.load(Role::Server)?;
     let builder = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| invalid("tls_cert_file", format!("TLS: {e}")))?;
@@ -412,9 +497,20 @@ pub struct Reloader {
     failed: Option<Result<Contents, String>>,
     reloads: Counter,
     failures: Counter,
+    expiry: Option<prometheus_client::metrics::gauge::Gauge>,
 }
 
 impl Reloader {
+    /// Sets `expiry` (`idemgate_tls_certificate_expiry_seconds{certificate="listener"}`)
+    /// now and after each reload.
+    pub fn with_expiry(mut self, expiry: prometheus_client::metrics::gauge::Gauge) -> Reloader {
+        if let Some(t) = leaf_expiry(&self.tls.loaded.cert) {
+            expiry.set(t);
+        }
+        self.expiry = Some(expiry);
+        self
+    }
+
     /// Counts into `reloads` (`idemgate_tls_reloads_total`) and `failures`
     /// (`idemgate_tls_reload_failures_total`).
     pub fn new(tls: &ListenerTls, reloads: Counter, failures: Counter) -> Reloader {
@@ -423,6 +519,7 @@ impl Reloader {
             failed: None,
             reloads,
             failures,
+            expiry: None,
         }
     }
 
@@ -448,7 +545,7 @@ impl Reloader {
             return Reload::Unchanged;
         }
         let outcome = attempt.as_ref().map_err(Clone::clone).and_then(|contents| {
-            certified_key(&contents.cert, &contents.key).map_err(|(side, why)| {
+            certified_key(&contents.cert, &contents.key, Role::Server).map_err(|(side, why)| {
                 let path = match side {
                     Side::Cert => &files.cert,
                     Side::Key => &files.key,
@@ -460,6 +557,9 @@ impl Reloader {
             Ok(certified) => {
                 self.tls.current.set(certified);
                 if let Ok(contents) = attempt {
+                    if let (Some(g), Some(t)) = (&self.expiry, leaf_expiry(&contents.cert)) {
+                        g.set(t);
+                    }
                     self.tls.loaded = contents;
                 }
                 self.failed = None;

@@ -16,6 +16,15 @@ use crate::store::seal::Envelope;
 use crate::store::RedisSetup;
 use crate::tls::{ListenerTls, UpstreamTls};
 
+/// Start-up's warning for the embedded in-memory store.
+pub const MEMORY_STORE_WARNING: &str = "using the embedded in-memory store: records do not survive a restart and are not shared between instances; set store_path or redis_url for production";
+
+/// Start-up's warning for an admin listener that other hosts reach without a token.
+pub fn open_admin_warning(c: &Config) -> Option<String> {
+    let addr = c.admin_listen?;
+    (!addr.ip().is_loopback() && c.admin_token.is_none()).then(|| format!("the admin listener ({addr}) is reachable from other hosts without admin_token: anyone who reaches it can release records"))
+}
+
 /// The validated settings and what was built from them.
 #[derive(Debug, Clone)]
 pub struct Wired {
@@ -57,6 +66,115 @@ impl Wired {
     pub fn load(figment: Figment) -> Result<Wired, ConfigError> {
         Wired::new(Config::extract(figment)?)
     }
+
+    /// What start-up warns about from the configuration alone (before it connects
+    /// anywhere), in the words it logs: `idemgate config check` prints the same.
+    pub fn warnings(&self) -> Vec<String> {
+        let c = &self.settings.config;
+        let mut out = Vec::new();
+        if let Some(url) = &c.postgres_url {
+            if let Some(w) = PostgresSetup::from_url(url.expose())
+                .ok()
+                .and_then(|s| s.warning())
+            {
+                out.push(w);
+            }
+        } else if self.redis.is_none() && c.store_path.is_none() {
+            out.push(MEMORY_STORE_WARNING.to_string());
+        }
+        if let Some(w) = open_admin_warning(c) {
+            out.push(w);
+        }
+        out
+    }
+
+    /// As [`load`](Self::load), but every problem rather than the first (for `idemgate
+    /// config check`): after each invalid value, that key is put back to its default and
+    /// the checks run again, until they pass, a key comes up a second time (a problem
+    /// between two keys, which the default does not lift), or the value cannot be put
+    /// back. A problem of the sources themselves (a type, an unknown key in the file) is
+    /// reported alone, as there is no configuration to check past it.
+    pub fn load_all(figment: Figment) -> Result<Wired, Vec<ConfigError>> {
+        let mut config = Config::extract(figment).map_err(|e| vec![e])?;
+        let defaults = serde_json::to_value(Config::default()).unwrap_or_default();
+        let mut problems: Vec<ConfigError> = Vec::new();
+        let mut seen: Vec<String> = Vec::new();
+        for _ in 0..64 {
+            let key = match Wired::new(config.clone()) {
+                Ok(wired) if problems.is_empty() => return Ok(wired),
+                Ok(_) => break,
+                Err(e) => {
+                    let key = match &e {
+                        ConfigError::Invalid { key, .. } => Some(key.clone()),
+                        ConfigError::Source(_) => None,
+                    };
+                    if key.as_ref().is_some_and(|k| seen.contains(k)) {
+                        break;
+                    }
+                    problems.push(e);
+                    match key {
+                        Some(k) => k,
+                        None => break,
+                    }
+                }
+            };
+            seen.push(key.clone());
+            let Ok(mut value) = serde_json::to_value(&config) else {
+                break;
+            };
+            if !reset(&mut value, &defaults, &key) {
+                break;
+            }
+            match serde_json::from_value::<Config>(value) {
+                Ok(c) => config = c,
+                Err(_) => break,
+            }
+        }
+        Err(problems)
+    }
+}
+
+/// Puts the value at `path` (`redis_url`, `defaults.mode`, `routes[0].lease`) in `value`
+/// back to what it is in `defaults` (absent there: unset). Whether the path was found.
+fn reset(value: &mut serde_json::Value, defaults: &serde_json::Value, path: &str) -> bool {
+    let mut segments: Vec<(String, Option<usize>)> = Vec::new();
+    for part in path.split('.') {
+        let (name, index) = match part.split_once('[') {
+            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (part, None),
+        };
+        segments.push((name.to_string(), index));
+    }
+    let mut at = value;
+    let mut default = Some(defaults);
+    let last = segments.len().saturating_sub(1);
+    for (i, (name, index)) in segments.iter().enumerate() {
+        let Some(map) = at.as_object_mut() else {
+            return false;
+        };
+        default = default.and_then(|d| d.get(name));
+        if i == last && index.is_none() {
+            let put = default.cloned().unwrap_or(serde_json::Value::Null);
+            map.insert(name.clone(), put);
+            return true;
+        }
+        let Some(next) = map.get_mut(name) else {
+            return false;
+        };
+        at = next;
+        if let Some(n) = index {
+            default = default.and_then(|d| d.get(n));
+            let Some(item) = at.get_mut(*n) else {
+                return false;
+            };
+            at = item;
+            if i == last {
+                // A whole entry of a list: no default to put back.
+                return false;
+            }
+        }
+    }
+    false
 }
 
 #[cfg(test)]

@@ -214,8 +214,7 @@ fn run_until_healthy(args: &[&str], env: &[(&str, &str)], admin: &str) -> (bool,
     let until = Instant::now() + Duration::from_secs(15);
     let mut healthy = false;
     while Instant::now() < until && !healthy {
-        healthy =
-            common::http_get(admin, "/healthz").is_some_and(|r| r.starts_with("HTTP/1.1 200"));
+        healthy = common::started(admin);
         if child.try_wait().unwrap().is_some() {
             break;
         }
@@ -383,4 +382,189 @@ fn config_check_reports_like_start_up_and_redacts_secrets() {
         &[],
     );
     assert_eq!(connect.status.code(), Some(69), "{}", stderr(&connect));
+}
+
+/// `config check` reports every problem of a run, the variables that look mistyped
+/// included (their value does not apply: a team that set `IDEMGATE_DEFAULT__MODE=observe`
+/// would be enforcing), while Kubernetes' service variables stay harmless.
+#[test]
+fn config_check_reports_every_problem_and_mistyped_variables_in_one_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "max_in_flight = 0\nupstream = \"ftp://x:1\"\nscope_secret_create_delay = \"1s\"\n",
+    )
+    .unwrap();
+    let out = idemgate(
+        &["config", "check", bad.to_str().unwrap()],
+        &[
+            ("IDEMGATE_DEFAULT__MODE", "observe"),
+            ("IDEMGATE_PORT", "tcp://10.96.0.17:80"),
+        ],
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    for named in [
+        "`max_in_flight`",
+        "`upstream`",
+        "`scope_secret_create_delay`",
+        "IDEMGATE_DEFAULT__MODE names no setting",
+        "did you mean IDEMGATE_DEFAULTS__MODE?",
+    ] {
+        assert!(err.contains(named), "{named} missing:\n{err}");
+    }
+    assert!(!err.contains("IDEMGATE_PORT names"), "{err}");
+
+    // Under a known prefix, with one underscore too few.
+    let out = idemgate(
+        &["config", "check"],
+        &[("IDEMGATE_DEFAULTS_MODE", "observe")],
+    );
+    assert_eq!(out.status.code(), Some(64), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("did you mean IDEMGATE_DEFAULTS__MODE?"),
+        "{}",
+        stderr(&out)
+    );
+    // Kubernetes' names alone: fine.
+    let out = idemgate(
+        &["config", "check"],
+        &[
+            ("IDEMGATE_PORT", "tcp://10.96.0.17:80"),
+            ("IDEMGATE_PORT_80_TCP_ADDR", "10.96.0.17"),
+            ("IDEMGATE_SERVICE_HOST", "10.96.0.17"),
+            ("IDEMGATE_SERVICE_PORT", "80"),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// Start-up runs with a mistyped variable (it cannot tell a typo from a neighbour's name
+/// for sure), but warns naming what it probably meant.
+#[test]
+fn start_up_warns_about_a_mistyped_variable() {
+    let admin = format!("127.0.0.1:{}", common::free_port());
+    let (healthy, out) = run_until_healthy(
+        &[],
+        &[
+            ("IDEMGATE_LISTEN", "127.0.0.1:0"),
+            ("IDEMGATE_ADMIN_LISTEN", &admin),
+            ("IDEMGATE_DEFAULT__MODE", "observe"),
+        ],
+        &admin,
+    );
+    assert!(healthy, "idemgate did not start:\n{out}");
+    let line = out
+        .lines()
+        .find(|l| l.contains("IDEMGATE_DEFAULT__MODE names no setting"))
+        .unwrap_or_else(|| panic!("no warning:\n{out}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(
+        line.contains("did you mean IDEMGATE_DEFAULTS__MODE?"),
+        "{line}"
+    );
+}
+
+/// The printed configuration shows no PostgreSQL password, in any spelling the parser
+/// accepts.
+#[test]
+fn config_check_redacts_postgres_passwords_in_every_spelling() {
+    for (url, secret) in [
+        ("postgres://app:pa/ss-one@db/pay", "pa/ss-one"),
+        (
+            "postgres://app:pa?ss-two@db/pay?sslmode=disable",
+            "pa?ss-two",
+        ),
+        (
+            "postgres://app@db/pay?password=hunter-three",
+            "hunter-three",
+        ),
+        (
+            "host=db user=app password = hunter-four dbname=pay",
+            "hunter-four",
+        ),
+        (
+            "host=db user=app password='hunter five' dbname=pay",
+            "hunter five",
+        ),
+    ] {
+        let out = idemgate(
+            &["config", "check"],
+            &[
+                ("IDEMGATE_NAMESPACE", "pay"),
+                ("IDEMGATE_POSTGRES_URL", url),
+            ],
+        );
+        assert!(out.status.success(), "{url}: {}", stderr(&out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let printed = text
+            .lines()
+            .find(|l| l.starts_with("postgres_url"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(!printed.contains(secret), "{url} printed as {printed}");
+        // Not half of it either (`password='x y'` once lost only its first word).
+        for word in secret.split(' ') {
+            assert!(!printed.contains(word), "{url} printed as {printed}");
+        }
+        assert!(printed.contains("REDACTED"), "{printed}");
+        assert!(!stderr(&out).contains(secret), "{}", stderr(&out));
+    }
+}
+
+/// What start-up warns about from the configuration is printed by `config check` too.
+#[test]
+fn config_check_prints_start_ups_warnings() {
+    let out = idemgate(
+        &["config", "check"],
+        &[
+            ("IDEMGATE_NAMESPACE", "pay"),
+            (
+                "IDEMGATE_POSTGRES_URL",
+                "postgres://app@db.internal/pay?sslmode=require",
+            ),
+            ("IDEMGATE_ADMIN_LISTEN", "0.0.0.0:9901"),
+        ],
+    );
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("warning: PostgreSQL at db.internal:5432 over TLS with sslmode=require"),
+        "{err}"
+    );
+    assert!(err.contains("not verified"), "{err}");
+    assert!(
+        err.contains("reachable from other hosts without admin_token"),
+        "{err}"
+    );
+    let out = idemgate(
+        &["config", "check"],
+        &[
+            ("IDEMGATE_NAMESPACE", "pay"),
+            ("IDEMGATE_POSTGRES_URL", "postgres://app@db.internal/pay"),
+        ],
+    );
+    assert!(stderr(&out).contains("plain text"), "{}", stderr(&out));
+    let out = idemgate(&["config", "check"], &[]);
+    assert!(
+        stderr(&out).contains("warning: using the embedded in-memory store"),
+        "{}",
+        stderr(&out)
+    );
+    // With --connect, what connecting tells: Redis persistence off.
+    let redis = common::RedisServer::start();
+    let out = idemgate(
+        &["config", "check", "--connect"],
+        &[
+            ("IDEMGATE_NAMESPACE", "pay"),
+            ("IDEMGATE_REDIS_URL", &redis.url()),
+            ("IDEMGATE_SCOPE_SECRET_CREATE_DELAY", "0s"),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("append-only persistence is off"),
+        "{}",
+        stderr(&out)
+    );
 }

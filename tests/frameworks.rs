@@ -259,9 +259,7 @@ fn start_idemgate_on(
         .unwrap();
     let server = Server(child);
     let admin: SocketAddr = format!("127.0.0.1:{admin}").parse().unwrap();
-    wait_until("idemgate", || {
-        common::http_get(admin, "/healthz").is_some_and(|r| r.starts_with("HTTP/1.1 200"))
-    });
+    wait_until("idemgate", || common::started(admin));
     (server, format!("127.0.0.1:{port}").parse().unwrap(), dir)
 }
 

@@ -422,11 +422,39 @@ async fn alerts_and_dashboard_use_only_exported_metrics() {
         .unwrap();
     assert_eq!(res.status(), 200);
     let text = res.text().await.unwrap();
-    let metrics = exported(&text);
+    let mut metrics = exported(&text);
     assert!(
         text.contains("idemgate_requests_total{route=\"default\",outcome=\"replayed\"} 1"),
         "{text}"
     );
+    // The series that exist only with a TLS listener (its certificate's expiry), from a
+    // second instance that has one.
+    let ca = common::certs::Ca::new("ca");
+    let leaf = ca.leaf(&["127.0.0.1"]);
+    let files = common::certs::Dir::new();
+    let (cert, key) = (
+        files.write("tls.crt", &leaf.cert),
+        files.write("tls.key", &leaf.key),
+    );
+    let tls_gate = Gate::start(
+        &up.url(),
+        "",
+        &[
+            ("IDEMGATE_TLS_CERT_FILE", &cert),
+            ("IDEMGATE_TLS_KEY_FILE", &key),
+        ],
+    );
+    let tls_text = c
+        .get(tls_gate.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for (name, lines) in exported(&tls_text) {
+        metrics.entry(name).or_default().extend(lines);
+    }
 
     let alerts_yaml = repo_file("deploy/prometheus/alerts.yaml");
     let alerts = rule_exprs(&alerts_yaml);
@@ -604,4 +632,51 @@ async fn route_status_class_and_held_unknown_series_move() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert_eq!(held(&metrics().await), Some(0.0));
+}
+
+/// The alert table in docs/operations.md is alerts.yaml's: one row per alert, in its
+/// order, with its severity, `for` and expression (whitespace folded, `|` escaped).
+#[test]
+fn the_operations_alert_table_is_alerts_yaml() {
+    let yaml = repo_file("deploy/prometheus/alerts.yaml");
+    let exprs = rule_exprs(&yaml);
+    // Name, severity and `for` of each rule, in order (`for` absent: "-").
+    let mut rules: Vec<(String, String, String)> = Vec::new();
+    for line in yaml.lines().map(str::trim) {
+        if let Some(name) = line.strip_prefix("- alert:") {
+            rules.push((name.trim().to_string(), String::new(), "-".to_string()));
+        } else if let (Some(v), Some(rule)) = (line.strip_prefix("for:"), rules.last_mut()) {
+            rule.2 = v.trim().to_string();
+        } else if let (Some(v), Some(rule)) = (line.strip_prefix("severity:"), rules.last_mut()) {
+            rule.1 = v.trim().to_string();
+        }
+    }
+    assert_eq!(rules.len(), exprs.len(), "one expr per alert");
+    let expected: Vec<String> = rules
+        .iter()
+        .zip(&exprs)
+        .map(|((name, severity, f), expr)| {
+            let expr = expr.split_whitespace().collect::<Vec<_>>().join(" ");
+            format!(
+                "| [{name}](runbook.md#{}) | {severity} | {f} | `{}` |",
+                name.to_lowercase(),
+                expr.replace('|', "\\|")
+            )
+        })
+        .collect();
+    let ops = repo_file("docs/operations.md");
+    let marker = "<!-- alerts-table: generated from deploy/prometheus/alerts.yaml";
+    let at = ops.find(marker).expect("the alert table's marker");
+    let rows: Vec<String> = ops[at..]
+        .lines()
+        .skip(3)
+        .take_while(|l| l.starts_with('|'))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        rows,
+        expected,
+        "docs/operations.md's alert table differs from alerts.yaml; the rows should be:\n{}",
+        expected.join("\n")
+    );
 }

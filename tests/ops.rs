@@ -196,8 +196,18 @@ async fn records_show_no_body_unless_asked_and_delete_says_what_it_released(back
     assert!(view.get("body").is_none(), "{view}");
     let with_body = get("?body=1").await;
     assert_eq!(with_body["body"].as_str().unwrap().as_bytes(), &r.body[..]);
-    let del: serde_json::Value = c
+    // A completed record is released only on purpose: its next retry executes again.
+    let refused = c
         .delete(format!("http://{admin}/records/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 409);
+    let refused: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(refused["state"], "completed", "{refused}");
+    assert_eq!(get("").await["state"], "completed", "still there");
+    let del: serde_json::Value = c
+        .delete(format!("http://{admin}/records/{id}?completed=true"))
         .send()
         .await
         .unwrap()

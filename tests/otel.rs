@@ -141,7 +141,7 @@ impl Binary {
         };
         let until = Instant::now() + Duration::from_secs(15);
         while Instant::now() < until {
-            if http_get(admin, "/healthz").is_some_and(|r| r.starts_with("HTTP/1.1 200")) {
+            if started(admin) {
                 return b;
             }
             std::thread::sleep(Duration::from_millis(20));

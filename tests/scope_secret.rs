@@ -136,8 +136,82 @@ async fn a_lost_secret_whose_verifier_remains_stops_start_up() {
     };
     assert_eq!(err.exit_code(), 64);
     let msg = err.to_string();
-    assert!(msg.contains("scope_verifier:test"), "{msg}");
     assert_eq!(secret_in(&redis), None, "no new secret was made");
+    // It names the verifier as Redis holds it, and the command that deletes it: run
+    // verbatim, start-up then goes on (with a new secret).
+    assert!(msg.contains("idemgate:scope-verifier:test"), "{msg}");
+    let command = quoted_command(&msg, "redis-cli");
+    assert_eq!(
+        command,
+        format!(
+            "redis-cli -h 127.0.0.1 -p {} DEL idemgate:scope-verifier:test",
+            redis.port
+        ),
+        "{msg}"
+    );
+    run_shell(&command);
+    let b = idemgate::start(watching(&up, &redis, Duration::ZERO))
+        .await
+        .unwrap_or_else(|e| panic!("after `{command}`: {e}"));
+    assert!(secret_in(&redis).is_some(), "a new secret was made");
+    b.shutdown().await;
+}
+
+/// The first `` `...` `` of `msg` that starts with `program`.
+fn quoted_command(msg: &str, program: &str) -> String {
+    msg.split('`')
+        .skip(1)
+        .step_by(2)
+        .find(|c| c.starts_with(program))
+        .unwrap_or_else(|| panic!("no `{program} ...` command in: {msg}"))
+        .to_string()
+}
+
+fn run_shell(command: &str) {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "`{command}`: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+// The same on the persistent embedded store: the verifier is a row of its meta table, and
+// the message gives the sqlite3 command that deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sqlite_the_lost_secret_message_names_the_meta_row_and_its_command() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let on_disk = || {
+        let mut c = config(&up, &Backend::memory());
+        c.store_path = Some(dir.path().to_path_buf());
+        c
+    };
+    let a = spawn_app(on_disk()).await;
+    a.shutdown().await;
+    let file = dir.path().join("idemgate.sqlite3");
+    run_shell(&format!(
+        "sqlite3 -cmd '.timeout 5000' {} \"DELETE FROM meta WHERE name = 'scope_secret'\"",
+        file.display()
+    ));
+    let err = match idemgate::start(on_disk()).await {
+        Ok(_) => panic!("started with a new secret beside the old one's verifier"),
+        Err(e) => e,
+    };
+    assert_eq!(err.exit_code(), 64);
+    let msg = err.to_string();
+    assert!(msg.contains("'scope_verifier:default'"), "{msg}");
+    let command = quoted_command(&msg, "sqlite3");
+    run_shell(&command);
+    let b = idemgate::start(on_disk())
+        .await
+        .unwrap_or_else(|e| panic!("after `{command}`: {e}"));
+    b.shutdown().await;
 }
 
 // A pinned secret: the store keeps only the namespace's verifier; a second instance with

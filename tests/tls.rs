@@ -1117,3 +1117,188 @@ async fn new_keys_over_tls_leave_no_time_wait() {
         );
     }
 }
+
+/// `idemgate config check` with only `env` of the IDEMGATE_ variables: its exit code and
+/// stderr.
+fn config_check(env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"));
+    cmd.args(["config", "check"]);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("IDEMGATE_")) {
+        cmd.env_remove(k);
+    }
+    let out = cmd.envs(env.iter().copied()).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Certificates are checked as their peer will check them, by `config check` and start-up
+/// alike, naming the key and the file: an expired or not yet valid leaf, one whose
+/// extended key usage does not allow its role, and an X.509 version 1 client certificate
+/// (which Redis's TLS would otherwise fail later as "invalid peer certificate").
+#[test]
+fn certificates_a_peer_would_refuse_fail_the_check_naming_the_file() {
+    let ca = Ca::new("ca");
+    let dir = Dir::new();
+    let expired = ca.leaf_with(&["127.0.0.1"], |p| {
+        p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2021, 1, 1);
+    });
+    let early = ca.leaf_with(&["127.0.0.1"], |p| {
+        p.not_before = rcgen::date_time_ymd(2090, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2091, 1, 1);
+    });
+    let client_only = ca.leaf_with(&["127.0.0.1"], |p| {
+        p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    });
+    for (name, leaf, says) in [
+        ("expired", &expired, "expired on"),
+        ("early", &early, "not valid before"),
+        ("client-only", &client_only, "serverAuth"),
+    ] {
+        let cert = dir.write(&format!("{name}.pem"), &leaf.cert);
+        let key = dir.write(&format!("{name}.key"), &leaf.key);
+        let env = [
+            ("IDEMGATE_TLS_CERT_FILE", cert.as_str()),
+            ("IDEMGATE_TLS_KEY_FILE", key.as_str()),
+        ];
+        let (code, err) = config_check(&env);
+        assert_eq!(code, Some(64), "{name}: {err}");
+        assert!(
+            err.contains("`tls_cert_file`") && err.contains(&cert) && err.contains(says),
+            "{name}: {err}"
+        );
+        // Start-up refuses it the same way.
+        let (code, log) = Gate::run_to_exit("http://127.0.0.1:9", "", &env);
+        assert_eq!(code, Some(64), "{name}: {log}");
+        assert!(log.contains(says), "{name}: {log}");
+    }
+
+    // An X.509 v1 certificate, as `openssl x509 -req` makes without an extension file.
+    let key = dir.path("v1.key");
+    let csr = dir.path("v1.csr");
+    let cert = dir.path("v1.pem");
+    let sh = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let p = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    sh(&[
+        "ecparam",
+        "-name",
+        "prime256v1",
+        "-genkey",
+        "-noout",
+        "-out",
+        &p(&key),
+    ]);
+    sh(&[
+        "req",
+        "-new",
+        "-key",
+        &p(&key),
+        "-subj",
+        "/CN=idemgate",
+        "-out",
+        &p(&csr),
+    ]);
+    sh(&[
+        "x509",
+        "-req",
+        "-in",
+        &p(&csr),
+        "-signkey",
+        &p(&key),
+        "-days",
+        "30",
+        "-out",
+        &p(&cert),
+    ]);
+    let (code, err) = config_check(&[
+        ("IDEMGATE_NAMESPACE", "payments"),
+        ("IDEMGATE_REDIS_URL", "rediss://127.0.0.1:1/0"),
+        ("IDEMGATE_REDIS_TLS_CERT_FILE", &p(&cert)),
+        ("IDEMGATE_REDIS_TLS_KEY_FILE", &p(&key)),
+    ]);
+    assert_eq!(code, Some(64), "{err}");
+    assert!(
+        err.contains("`redis_tls_cert_file`")
+            && err.contains(&p(&cert))
+            && err.contains("X.509 version 1"),
+        "{err}"
+    );
+    // A good pair passes.
+    let good = ca.leaf(&["127.0.0.1"]);
+    let cert = dir.write("good.pem", &good.cert);
+    let key = dir.write("good.key", &good.key);
+    let (code, err) = config_check(&[
+        ("IDEMGATE_TLS_CERT_FILE", cert.as_str()),
+        ("IDEMGATE_TLS_KEY_FILE", key.as_str()),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+}
+
+/// A rotated pair whose leaf is not valid now (expired, or not yet valid) is refused as a
+/// failed reload: counted, logged, the pair in use kept. The listener's certificate expiry
+/// is exported, and follows the reloads that land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_pair_that_is_not_valid_now_is_refused_and_expiry_is_exported() {
+    let ca = Ca::new("listener ca");
+    let until = |year: i32| {
+        move |p: &mut rcgen::CertificateParams| {
+            p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            p.not_after = rcgen::date_time_ymd(year, 1, 1);
+        }
+    };
+    let old = ca.leaf_with(&["127.0.0.1"], until(2090));
+    let g = TlsGate::start(&old, &[("IDEMGATE_TLS_RELOAD_INTERVAL", "100ms")]).await;
+    let expiry = "idemgate_tls_certificate_expiry_seconds{certificate=\"listener\"}";
+    // 2090-01-01T00:00:00Z.
+    assert_eq!(g.metric(expiry).await, 3_786_912_000);
+
+    let expired = ca.leaf_with(&["127.0.0.1"], until(2021));
+    let early = ca.leaf_with(&["127.0.0.1"], |p| {
+        p.not_before = rcgen::date_time_ymd(2089, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2095, 1, 1);
+    });
+    for (n, bad) in [expired, early].iter().enumerate() {
+        let failed = g.metric("idemgate_tls_reload_failures_total").await;
+        g.dir.write("tls.key", &bad.key);
+        g.dir.write("tls.crt", &bad.cert);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while g.metric("idemgate_tls_reload_failures_total").await == failed {
+            assert!(
+                Instant::now() < deadline,
+                "pair {n} was not counted as a failure"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(g.presented(&ca).await, old.der(), "pair {n} was swapped in");
+        assert_eq!(g.metric("idemgate_tls_reloads_total").await, 0);
+        assert_eq!(g.metric(expiry).await, 3_786_912_000);
+    }
+    let log = g.gate.log();
+    assert!(log.contains("expired on"), "{log}");
+    assert!(log.contains("not valid before"), "{log}");
+
+    // A good one lands, and the gauge follows it (2091-01-01).
+    let new = ca.leaf_with(&["127.0.0.1"], until(2091));
+    g.dir.write("tls.key", &new.key);
+    g.dir.write("tls.crt", &new.cert);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while g.presented(&ca).await != new.der() {
+        assert!(Instant::now() < deadline, "the good pair was not picked up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(g.metric("idemgate_tls_reloads_total").await, 1);
+    assert_eq!(g.metric(expiry).await, 3_818_448_000);
+}

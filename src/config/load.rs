@@ -129,6 +129,92 @@ pub fn unknown_env_vars(names: impl Iterator<Item = String>) -> Vec<String> {
     unknown
 }
 
+/// The `IDEMGATE_` variables among `names` that name no setting but look meant to, each
+/// with what it probably meant: one edit away from a setting's name
+/// (`IDEMGATE_DEFAULT__MODE`), or under the name of a table or list
+/// (`IDEMGATE_DEFAULTS_MODE`, `IDEMGATE_ROUTES_0_PATH`). Their value does not apply, so a
+/// team that believes it set `mode = "observe"` would be enforcing: `config check` fails
+/// on them and start-up warns. Names far from every setting (Kubernetes'
+/// `IDEMGATE_PORT`, `IDEMGATE_SERVICE_HOST`) are not among them.
+pub fn mistyped_env_vars(names: impl Iterator<Item = String>) -> Vec<(String, String)> {
+    let known = KnownKeys::new();
+    let mut paths = Vec::new();
+    setting_paths(&known.0, "", &mut paths);
+    let tables: Vec<String> = match &*known.0 {
+        serde_json::Value::Object(map) => map
+            .iter()
+            .filter(|(_, v)| v.is_object() || v.is_array())
+            .map(|(k, _)| k.clone())
+            .collect(),
+        _ => Vec::new(),
+    };
+    let mut out: Vec<(String, String)> = unknown_env_vars(names)
+        .into_iter()
+        .filter_map(|name| {
+            let key = name[9..].to_ascii_lowercase();
+            if let Some(p) = paths
+                .iter()
+                .filter(|p| p.len() >= 4)
+                .find(|p| within_one_edit(&key, p))
+            {
+                return Some((name, format!("did you mean IDEMGATE_{}?", p.to_ascii_uppercase())));
+            }
+            let table = tables.iter().find(|t| {
+                key.strip_prefix(t.as_str())
+                    .is_some_and(|rest| rest.starts_with('_'))
+            })?;
+            let rest = key[table.len()..].trim_start_matches('_');
+            let nested = format!("{table}__{rest}");
+            let hint = if paths.contains(&nested) {
+                format!("did you mean IDEMGATE_{}?", nested.to_ascii_uppercase())
+            } else if known.0.get(table.as_str()).is_some_and(|v| v.is_array()) {
+                format!(
+                    "did you mean IDEMGATE_{}? (a list: set it in the file, or the whole list in that variable)",
+                    table.to_ascii_uppercase()
+                )
+            } else {
+                format!(
+                    "did you mean a setting under IDEMGATE_{}__ (two underscores between the parts)?",
+                    table.to_ascii_uppercase()
+                )
+            };
+            Some((name, hint))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Every setting's environment name without the prefix, lower case (`defaults__mode`).
+fn setting_paths(v: &serde_json::Value, prefix: &str, out: &mut Vec<String>) {
+    if let serde_json::Value::Object(map) = v {
+        for (k, v) in map {
+            let path = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}__{k}")
+            };
+            setting_paths(v, &path, out);
+            out.push(path);
+        }
+    }
+}
+
+/// Whether `a` becomes `b` by at most one insertion, deletion or substitution.
+fn within_one_edit(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let (short, long) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+    if long.len() - short.len() > 1 {
+        return false;
+    }
+    let prefix = short.iter().zip(long).take_while(|(x, y)| x == y).count();
+    if short.len() == long.len() {
+        short[prefix + 1.min(short.len() - prefix)..] == long[prefix + 1.min(long.len() - prefix)..]
+    } else {
+        short[prefix..] == long[prefix + 1..]
+    }
+}
+
 /// figment's message without its profile name (`default.`), which means nothing to
 /// someone who never chose a profile: `what is wrong for key `defaults.lease` in file`.
 pub(super) fn describe(e: &figment::Error) -> String {
@@ -176,6 +262,14 @@ mod tests {
             "PATH",
             "IDEMGATEWAY",
         ];
+        let mistyped = mistyped_env_vars(names.iter().map(|s| s.to_string()));
+        assert_eq!(
+            mistyped,
+            [(
+                "IDEMGATE_DEFAULTS__LEASEE".to_string(),
+                "did you mean IDEMGATE_DEFAULTS__LEASE?".to_string()
+            )]
+        );
         let unknown = unknown_env_vars(names.iter().map(|s| s.to_string()));
         assert_eq!(
             unknown,
@@ -186,5 +280,69 @@ mod tests {
                 "IDEMGATE_SERVICE_HOST"
             ]
         );
+    }
+
+    #[test]
+    fn names_one_edit_away_or_under_a_table_are_mistyped() {
+        let names = [
+            "IDEMGATE_DEFAULT__MODE",
+            "IDEMGATE_DEFAULTS_MODE",
+            "IDEMGATE_DEFAULTS__MODEE",
+            "IDEMGATE_ROUTES_0_PATH",
+            "IDEMGATE_REDIS_UR",
+            "IDEMGATE_UPSTREEM",
+            // Kubernetes' service links, and other names far from every setting.
+            "IDEMGATE_PORT",
+            "IDEMGATE_PORT_80_TCP",
+            "IDEMGATE_PORT_80_TCP_ADDR",
+            "IDEMGATE_PORT_80_TCP_PORT",
+            "IDEMGATE_PORT_80_TCP_PROTO",
+            "IDEMGATE_SERVICE_HOST",
+            "IDEMGATE_SERVICE_PORT",
+            "IDEMGATE_SERVICE_PORT_HTTP",
+            "IDEMGATE_NOT_A_SETTING",
+        ];
+        let mistyped = mistyped_env_vars(names.iter().map(|s| s.to_string()));
+        let hint = |n: &str| {
+            mistyped
+                .iter()
+                .find(|(name, _)| name == n)
+                .map(|(_, h)| h.clone())
+        };
+        assert_eq!(
+            hint("IDEMGATE_DEFAULT__MODE").as_deref(),
+            Some("did you mean IDEMGATE_DEFAULTS__MODE?")
+        );
+        assert_eq!(
+            hint("IDEMGATE_DEFAULTS_MODE").as_deref(),
+            Some("did you mean IDEMGATE_DEFAULTS__MODE?")
+        );
+        assert_eq!(
+            hint("IDEMGATE_DEFAULTS__MODEE").as_deref(),
+            Some("did you mean IDEMGATE_DEFAULTS__MODE?")
+        );
+        assert!(hint("IDEMGATE_ROUTES_0_PATH")
+            .unwrap()
+            .contains("IDEMGATE_ROUTES"));
+        assert_eq!(
+            hint("IDEMGATE_REDIS_UR").as_deref(),
+            Some("did you mean IDEMGATE_REDIS_URL?")
+        );
+        assert_eq!(
+            hint("IDEMGATE_UPSTREEM").as_deref(),
+            Some("did you mean IDEMGATE_UPSTREAM?")
+        );
+        assert_eq!(mistyped.len(), 6, "{mistyped:?}");
+    }
+
+    #[test]
+    fn one_edit_is_one_edit() {
+        assert!(within_one_edit("mode", "mode"));
+        assert!(within_one_edit("mode", "modes"));
+        assert!(!within_one_edit("mdoe", "mode"), "a swap is two edits");
+        assert!(within_one_edit("mxde", "mode"));
+        assert!(within_one_edit("ode", "mode"));
+        assert!(!within_one_edit("port", "mode"));
+        assert!(!within_one_edit("abc", "abcde"));
     }
 }

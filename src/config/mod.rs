@@ -40,7 +40,7 @@ mod validate;
 pub use at_rest::{AtRest, SealingKey};
 pub use defaults::defaults_toml;
 pub use framework::Framework;
-pub use load::{unknown_env, unknown_env_vars};
+pub use load::{mistyped_env_vars, unknown_env, unknown_env_vars};
 pub use policy::Policy;
 pub use redact::redacted_toml;
 pub use route::{Forward, Routed};

@@ -46,31 +46,90 @@ const REDACTED_JWT: &str = "REDACTED-REDACTED-REDACTED-REDACTED";
 const REDACTED_SCOPE: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 const REDACTED_KEY: &str = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
 
-/// A URL's password (`scheme://user:password@host`, `password=` in a query or in a
-/// key=value connection string) replaced by `REDACTED`.
+/// A URL's password (`scheme://user:password@host`, `password=` in its query) or a
+/// key=value connection string's (`password=x`, `password = x`, `password='x y'`) replaced
+/// by `REDACTED`, in every spelling the parsers accept: a URL's user part runs to its last
+/// `@` (PostgreSQL's parser takes a password with `/` or `?` in it), so everything between
+/// the first `:` and that `@` goes, and a little too much rather than too little.
 fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return redact_keywords(url);
+    };
     let mut out = url.to_string();
-    if let Some(scheme_end) = out.find("://") {
-        let rest = scheme_end + 3;
-        let authority_end = out[rest..]
-            .find(['/', '?', '#'])
-            .map_or(out.len(), |i| rest + i);
-        if let Some(at) = out[rest..authority_end].rfind('@') {
-            let userinfo = &out[rest..rest + at];
-            if let Some(colon) = userinfo.find(':') {
-                let (start, end) = (rest + colon + 1, rest + at);
-                out.replace_range(start..end, REDACTED);
-            }
+    let rest = scheme_end + 3;
+    if let (Some(at), Some(colon)) = (out[rest..].rfind('@'), out[rest..].find(':')) {
+        if colon < at {
+            out.replace_range(rest + colon + 1..rest + at, REDACTED);
         }
     }
+    // `?password=...` and `&password=...` in the query.
     let mut searched = 0;
     while let Some(i) = out[searched..].find("password=") {
-        let start = searched + i + "password=".len();
-        let end = out[start..]
-            .find(['&', ' ', '#'])
-            .map_or(out.len(), |j| start + j);
-        out.replace_range(start..end, REDACTED);
-        searched = start + REDACTED.len();
+        let at = searched + i;
+        let start = at + "password=".len();
+        let boundary = at > 0 && matches!(out.as_bytes()[at - 1], b'?' | b'&');
+        if boundary {
+            let end = out[start..]
+                .find(['&', '#'])
+                .map_or(out.len(), |j| start + j);
+            out.replace_range(start..end, REDACTED);
+            searched = start + REDACTED.len();
+        } else {
+            searched = start;
+        }
+    }
+    out
+}
+
+/// A key=value connection string with its `password` value replaced (any case, spaces
+/// around `=`, a value in single quotes with backslash escapes).
+fn redact_keywords(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let at_token = i == 0 || bytes[i - 1].is_ascii_whitespace();
+        let is_password = at_token
+            && s.get(i..i + 8)
+                .is_some_and(|w| w.eq_ignore_ascii_case("password"));
+        if !is_password {
+            let ch = s[i..].chars().next().unwrap_or(' ');
+            out.push(ch);
+            i += ch.len_utf8();
+            continue;
+        }
+        let mut j = i + 8;
+        while j < bytes.len() && bytes[j].is_ascii_whitespace() {
+            j += 1;
+        }
+        if bytes.get(j) != Some(&b'=') {
+            out.push_str(&s[i..i + 8]);
+            i += 8;
+            continue;
+        }
+        j += 1;
+        while j < bytes.len() && bytes[j].is_ascii_whitespace() {
+            j += 1;
+        }
+        out.push_str(&s[i..j]);
+        if bytes.get(j) == Some(&b'\'') {
+            // Quoted: up to the closing quote that no backslash escapes.
+            let mut k = j + 1;
+            while k < bytes.len() && bytes[k] != b'\'' {
+                k += if bytes[k] == b'\\' { 2 } else { 1 };
+            }
+            out.push('\'');
+            out.push_str(REDACTED);
+            out.push('\'');
+            i = (k + 1).min(bytes.len());
+        } else {
+            let mut k = j;
+            while k < bytes.len() && !bytes[k].is_ascii_whitespace() {
+                k += 1;
+            }
+            out.push_str(REDACTED);
+            i = k;
+        }
     }
     out
 }
@@ -127,6 +186,38 @@ mod redaction_tests {
         assert_eq!(
             redact_url("host=db user=app password=hunter2 dbname=pay"),
             "host=db user=app password=REDACTED dbname=pay"
+        );
+    }
+
+    /// Every spelling PostgreSQL's parser accepts, the secret gone from each.
+    #[test]
+    fn postgres_passwords_are_redacted_in_every_spelling() {
+        for (given, secret) in [
+            ("postgres://app:pa/ss@db/pay", "pa/ss"),
+            ("postgres://app:pa?ss@db/pay?sslmode=disable", "pa?ss"),
+            ("postgresql://app:a#b@db:5432/pay", "a#b"),
+            (
+                "postgres://app@db/pay?password=hunter2&sslmode=disable",
+                "hunter2",
+            ),
+            ("host=db user=app password = hunter2 dbname=pay", "hunter2"),
+            ("host=db user=app password= hunter2", "hunter2"),
+            ("host=db password='x y' user=app", "x y"),
+            ("host=db PASSWORD='it\\'s secret' user=app", "s secret"),
+            ("password=hunter2", "hunter2"),
+        ] {
+            let shown = redact_url(given);
+            assert!(!shown.contains(secret), "{given} -> {shown}");
+            assert!(shown.contains(REDACTED), "{given} -> {shown}");
+        }
+        // What is not a password stays.
+        assert_eq!(
+            redact_keywords("host=db user=app password='x y' dbname=pay"),
+            "host=db user=app password='REDACTED' dbname=pay"
+        );
+        assert_eq!(
+            redact_url("postgres://app:pa/ss@db/pay?sslmode=disable"),
+            "postgres://app:REDACTED@db/pay?sslmode=disable"
         );
     }
 }

@@ -328,6 +328,9 @@ async fn start_idemgate(
         config.namespace = Some("lab".into());
     }
     config.redis_url = redis_url;
+    // The lab's instances are alone on their store (its own namespace, started together):
+    // none has a running sibling to wait for, so a fresh database makes its secret at once.
+    config.scope_secret_create_delay = std::time::Duration::ZERO;
     // The legacy bank has no authentication, so its clients carry no tenant: they share one
     // anonymous scope (their keys are unique per intent and per run).
     config.routes.push(crate::config::Route {

@@ -286,7 +286,7 @@ impl Proxy {
         match &decision.action {
             Action::PassThrough(Pass::KeyIgnored) => tracing::warn!(
                 method = %decision.method,
-                route = decision.policy.route.as_deref().unwrap_or("-"),
+                route = decision.policy.route.as_deref().unwrap_or("default"),
                 "a request with an Idempotency-Key on a method this route does not protect was forwarded unprotected (methods are case-sensitive)"
             ),
             Action::Refuse(Refusal::InvalidToken(e)) => {
@@ -456,7 +456,7 @@ fn log_request(
                 record = record.as_deref().unwrap_or("-"),
                 request_id = request_id::as_str(request_id),
                 method = %method,
-                route = policy.route.as_deref().unwrap_or("-"),
+                route = policy.route.as_deref().unwrap_or("default"),
                 status = res.status().as_u16(),
                 upstream_ms,
                 latency_ms = millis(elapsed),

@@ -713,13 +713,15 @@ fn client_config(
             let cert_pem = read(*cert_from, cert)?;
             let key_pem = read(*key_from, key)?;
             let certified =
-                crate::tls::certified_key(&cert_pem, &key_pem).map_err(|(side, why)| {
-                    let (from, path) = match side {
-                        crate::tls::Side::Cert => (cert_from, cert),
-                        crate::tls::Side::Key => (key_from, key),
-                    };
-                    from.invalid(format!("{}: {why}", path.display()))
-                })?;
+                crate::tls::certified_key(&cert_pem, &key_pem, crate::tls::Role::Client).map_err(
+                    |(side, why)| {
+                        let (from, path) = match side {
+                            crate::tls::Side::Cert => (cert_from, cert),
+                            crate::tls::Side::Key => (key_from, key),
+                        };
+                        from.invalid(format!("{}: {why}", path.display()))
+                    },
+                )?;
             builder.with_client_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(
                 certified,
             )))

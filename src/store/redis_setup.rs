@@ -167,6 +167,75 @@ impl RedisSetup {
         }))
     }
 
+    /// The `redis-cli` connection flags that reach the server holding idemgate's keys, for
+    /// the commands that messages tell an operator to run: host and port, `-n` database,
+    /// `--tls` (with `--cacert` when `redis_tls_ca_file` is set), `--user` and `-a` taken
+    /// from `IDEMGATE_REDIS_PASSWORD` (never the password itself), `-c` on a Cluster. Through
+    /// Sentinel, the primary's address is asked of the first sentinel.
+    pub fn cli(&self) -> String {
+        let mut flags: Vec<String> = Vec::new();
+        let mut username = self.username.clone();
+        let mut url_password = false;
+        match &self.topology {
+            Topology::Single(url) => {
+                if let Ok(info) = redis::IntoConnectionInfo::into_connection_info(url.as_str()) {
+                    match info.addr() {
+                        redis::ConnectionAddr::Tcp(h, p)
+                        | redis::ConnectionAddr::TcpTls {
+                            host: h, port: p, ..
+                        } => {
+                            flags.push(format!("-h {h} -p {p}"));
+                        }
+                        redis::ConnectionAddr::Unix(path) => {
+                            flags.push(format!("-s {}", path.display()));
+                        }
+                        other => flags.push(format!("-u <{other}>")),
+                    }
+                    let settings = info.redis_settings();
+                    if settings.db() != 0 {
+                        flags.push(format!("-n {}", settings.db()));
+                    }
+                    if username.is_none() {
+                        username = settings.username().map(str::to_string);
+                    }
+                    url_password = url
+                        .split_once("://")
+                        .and_then(|(_, rest)| rest.split_once('@'))
+                        .is_some_and(|(user, _)| user.contains(':'));
+                }
+            }
+            Topology::Sentinel { sentinels, master } => {
+                let (h, p) = sentinels.first().cloned().unwrap_or_default();
+                flags.push(format!(
+                    "-h <primary> -p <port> (of `redis-cli -h {h} -p {p} SENTINEL get-master-addr-by-name {master}`)"
+                ));
+            }
+            Topology::Cluster { nodes } => {
+                let (h, p) = nodes.first().cloned().unwrap_or_default();
+                flags.push(format!("-c -h {h} -p {p}"));
+            }
+        }
+        if let Some(tls) = &self.tls {
+            flags.push("--tls".into());
+            if tls.ca.is_some() {
+                flags.push("--cacert <redis_tls_ca_file>".into());
+            }
+            if tls.client.is_some() {
+                flags.push("--cert <redis_tls_cert_file> --key <redis_tls_key_file>".into());
+            }
+            if tls.insecure {
+                flags.push("--insecure".into());
+            }
+        }
+        if let Some(u) = username {
+            flags.push(format!("--user {u}"));
+        }
+        if self.password.is_some() || url_password {
+            flags.push("--askpass".into());
+        }
+        format!("redis-cli {}", flags.join(" "))
+    }
+
     /// The addresses that error messages name.
     pub fn addresses(&self) -> String {
         match &self.topology {
@@ -326,10 +395,25 @@ fn tls_files(c: &Config) -> Result<Tls, ConfigError> {
         None => None,
     };
     let client = match (&c.redis_tls_cert_file, &c.redis_tls_key_file) {
-        (Some(cert), Some(key)) => Some((
-            read("redis_tls_cert_file", cert)?,
-            read("redis_tls_key_file", key)?,
-        )),
+        (Some(cert), Some(key)) => {
+            let (cert_pem, key_pem) = (
+                read("redis_tls_cert_file", cert)?,
+                read("redis_tls_key_file", key)?,
+            );
+            // As the server will check it, so that a certificate it refuses fails here,
+            // naming the file, rather than as Redis's "invalid peer certificate".
+            crate::tls::certified_key(&cert_pem.0, &key_pem.0, crate::tls::Role::Client).map_err(
+                |(side, why)| match side {
+                    crate::tls::Side::Cert => {
+                        invalid("redis_tls_cert_file", format!("{}: {why}", cert.display()))
+                    }
+                    crate::tls::Side::Key => {
+                        invalid("redis_tls_key_file", format!("{}: {why}", key.display()))
+                    }
+                },
+            )?;
+            Some((cert_pem, key_pem))
+        }
         (None, None) => None,
         (Some(_), None) => {
             return Err(invalid(

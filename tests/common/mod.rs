@@ -711,7 +711,7 @@ impl Gate {
         Self::launch(cmd, addr, admin, dir)
     }
 
-    /// Spawns `cmd` and waits until `/healthz` answers.
+    /// Spawns `cmd` and waits until `/healthz` answers and start-up has opened the store.
     fn launch(
         mut cmd: Command,
         addr: SocketAddr,
@@ -727,7 +727,9 @@ impl Gate {
         };
         let until = Instant::now() + Duration::from_secs(15);
         while Instant::now() < until {
-            if http_get(admin, "/healthz").is_some_and(|r| r.starts_with("HTTP/1.1 200")) {
+            // Healthy, and past start-up (which answers /healthz while the store opens,
+            // and `/readyz` with "idemgate is starting").
+            if started(admin) {
                 return gate;
             }
             if let Some(status) = gate
@@ -861,6 +863,14 @@ impl Drop for Gate {
 }
 
 /// A GET over a raw socket (usable from sync code); the whole response, or `None`.
+/// Whether the instance whose admin listener is `admin` is healthy and past start-up
+/// (which answers `/healthz` while the store opens, and `/readyz` with "idemgate is
+/// starting").
+pub fn started(admin: SocketAddr) -> bool {
+    http_get(admin, "/healthz").is_some_and(|r| r.starts_with("HTTP/1.1 200"))
+        && http_get(admin, "/readyz").is_some_and(|r| !r.contains("idemgate is starting"))
+}
+
 pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
@@ -931,8 +941,9 @@ pub async fn inspect(
 
 /// `DELETE /records/{id}` on an admin listener; whether something was released.
 pub async fn release(client: &reqwest::Client, admin: SocketAddr, id: &str) -> bool {
+    // Whatever its state: a completed record too (`?completed=true`).
     let r = client
-        .delete(format!("http://{admin}/records/{id}"))
+        .delete(format!("http://{admin}/records/{id}?completed=true"))
         .send()
         .await
         .expect("admin request");

@@ -11,7 +11,7 @@ pub const SECRET_KEY: &str = "idemgate:scope-secret";
 
 /// The Redis key of a [`Store::meta`] value: the scope secret where it always was, the
 /// others beside it (`idemgate:scope-verifier:<namespace>`).
-pub(super) fn meta_key(name: &str) -> String {
+pub fn meta_key(name: &str) -> String {
     if name == SCOPE_SECRET {
         SECRET_KEY.to_string()
     } else {

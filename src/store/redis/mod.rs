@@ -44,7 +44,7 @@ mod tests;
 
 use self::ack::*;
 use self::meta::*;
-pub use self::meta::{SECRET_ACK_TRIES, SECRET_KEY};
+pub use self::meta::{meta_key, SECRET_ACK_TRIES, SECRET_KEY};
 use self::parse::*;
 use self::pieces::*;
 use self::scripts::*;
