@@ -152,7 +152,9 @@ pub(super) async fn exchange(
         observed,
     } = claimed;
     upstream::prepare(&mut request, &shared.settings.upstream, peer);
-    upstream::close_after(&mut request);
+    if shared.fresh.fresh() {
+        upstream::close_after(&mut request);
+    }
     let upstream_span = telemetry::child(&span, Step::Upstream);
     // The upstream continues the trace under idemgate's span (with tracing off, the
     // client's traceparent passes as it came).
