@@ -1,6 +1,7 @@
 //! The client side: a pooled client to the upstream for pass-through, a client that opens a
 //! fresh connection for each protected request, both over TLS to an `https://` upstream
-//! (HTTP/1.1, or h2 where the upstream picks it by ALPN), how requests are rewritten on
+//! (HTTP/1.1, or h2 where the upstream picks it by ALPN); one pooled h2-only client for
+//! both to an upstream known to speak h2 ([`h2_client`]); how requests are rewritten on
 //! their way there (hop-by-hop headers out, `X-Forwarded-*` in), and how a failure is
 //! classified, because that decides between "release the claim" and "hold it as unknown".
 

@@ -101,7 +101,7 @@ impl tower_service::Service<Uri> for H2Connector {
                     if !io.connected().is_negotiated_h2() {
                         return Err("the upstream did not pick h2 by ALPN, and upstream_http2 = \"prior_knowledge\" speaks h2 only".into());
                     }
-                    Ok(H2Connection::Tls(io))
+                    Ok(H2Connection::Tls(Box::new(io)))
                 })
             }
             None => {
@@ -120,7 +120,8 @@ impl tower_service::Service<Uri> for H2Connector {
 
 /// An h2 connection, over TLS or cleartext.
 pub enum H2Connection {
-    Tls(MaybeHttpsStream<TokioIo<TcpStream>>),
+    // Boxed: a TLS session is a kilobyte, the cleartext stream a few words.
+    Tls(Box<MaybeHttpsStream<TokioIo<TcpStream>>>),
     Clear(H2c),
 }
 
@@ -178,7 +179,7 @@ impl hyper::rt::Read for H2Connection {
         mut buf: hyper::rt::ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            H2Connection::Tls(io) => Pin::new(io).poll_read(cx, buf),
+            H2Connection::Tls(io) => Pin::new(&mut **io).poll_read(cx, buf),
             H2Connection::Clear(c) => {
                 if c.at < c.ahead.len() {
                     let n = (c.ahead.len() - c.at).min(buf.remaining());
@@ -203,7 +204,7 @@ impl hyper::rt::Write for H2Connection {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            H2Connection::Tls(io) => Pin::new(io).poll_write(cx, buf),
+            H2Connection::Tls(io) => Pin::new(&mut **io).poll_write(cx, buf),
             H2Connection::Clear(c) if c.skip > 0 && !buf.is_empty() => Poll::Ready(c.skipped(buf)),
             H2Connection::Clear(c) => Pin::new(&mut c.io).poll_write(cx, buf),
         }
@@ -215,7 +216,7 @@ impl hyper::rt::Write for H2Connection {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            H2Connection::Tls(io) => Pin::new(io).poll_write_vectored(cx, bufs),
+            H2Connection::Tls(io) => Pin::new(&mut **io).poll_write_vectored(cx, bufs),
             H2Connection::Clear(c) if c.skip > 0 => match bufs.iter().find(|b| !b.is_empty()) {
                 Some(first) => Poll::Ready(c.skipped(first)),
                 None => Poll::Ready(Ok(0)),
@@ -233,14 +234,14 @@ impl hyper::rt::Write for H2Connection {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            H2Connection::Tls(io) => Pin::new(io).poll_flush(cx),
+            H2Connection::Tls(io) => Pin::new(&mut **io).poll_flush(cx),
             H2Connection::Clear(c) => Pin::new(&mut c.io).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            H2Connection::Tls(io) => Pin::new(io).poll_shutdown(cx),
+            H2Connection::Tls(io) => Pin::new(&mut **io).poll_shutdown(cx),
             H2Connection::Clear(c) => Pin::new(&mut c.io).poll_shutdown(cx),
         }
     }
