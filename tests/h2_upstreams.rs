@@ -89,6 +89,11 @@ fn ring() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 fn acceptor(leaf: &Leaf) -> tokio_rustls::TlsAcceptor {
+    acceptor_with(leaf, &[b"h2"])
+}
+
+/// A TLS acceptor for `leaf` whose ALPN picks among `alpn`.
+fn acceptor_with(leaf: &Leaf, alpn: &[&[u8]]) -> tokio_rustls::TlsAcceptor {
     let chain = CertificateDer::pem_slice_iter(leaf.cert.as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .unwrap();
@@ -99,7 +104,7 @@ fn acceptor(leaf: &Leaf) -> tokio_rustls::TlsAcceptor {
         .with_no_client_auth()
         .with_single_cert(chain, key)
         .unwrap();
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     tokio_rustls::TlsAcceptor::from(Arc::new(config))
 }
 
@@ -165,33 +170,41 @@ impl Server {
 
     async fn serve(self: Arc<Self>, tcp: tokio::net::TcpStream) {
         match (&self.tls, self.proto) {
-            (Some(acceptor), _) => {
+            (Some(acceptor), proto) => {
                 let Ok(tls) = acceptor.accept(tcp).await else {
                     return;
                 };
-                self.serve_h2(tls).await;
+                match proto {
+                    Proto::H2 => self.serve_h2(tls).await,
+                    Proto::Http1 => self.serve_h1(tls).await,
+                }
             }
             (None, Proto::H2) => self.serve_h2(tcp).await,
-            (None, Proto::Http1) => {
-                let counts = self.counts.clone();
-                let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let counts = counts.clone();
-                    async move {
-                        let key = key_of(req.headers());
-                        let n = counts.execute(&key);
-                        Ok::<_, Infallible>(
-                            Response::builder()
-                                .status(201)
-                                .body(Full::new(answer(&key, n)))
-                                .unwrap(),
-                        )
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
-            }
+            (None, Proto::Http1) => self.serve_h1(tcp).await,
         }
+    }
+
+    async fn serve_h1<T>(self: Arc<Self>, io: T)
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let counts = self.counts.clone();
+        let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+            let counts = counts.clone();
+            async move {
+                let key = key_of(req.headers());
+                let n = counts.execute(&key);
+                Ok::<_, Infallible>(
+                    Response::builder()
+                        .status(201)
+                        .body(Full::new(answer(&key, n)))
+                        .unwrap(),
+                )
+            }
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(io), svc)
+            .await;
     }
 
     async fn serve_h2<T>(self: Arc<Self>, io: T)
@@ -345,6 +358,43 @@ async fn an_http1_upstream_named_h2_by_prior_knowledge_executes_nothing() {
     );
     assert_eq!(up.counts.executions(""), 0);
     assert!(up.counts.executions.lock().unwrap().is_empty());
+}
+
+/// An HTTPS upstream that speaks HTTP/1.1 only, without ALPN or with http/1.1 alone,
+/// fails the h2-only connection in its handshake: 502, released, nothing executed; the
+/// same upstream without `"prior_knowledge"` serves the retry of the key, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_upstream_that_does_not_pick_h2_executes_nothing() {
+    let ca = Ca::new("upstream ca");
+    let dir = Dir::new();
+    let ca_file = dir.write("ca.pem", &ca.pem());
+    let alpns: [&[&[u8]]; 2] = [&[], &[b"http/1.1"]];
+    for alpn in alpns {
+        let up = Server::start(
+            Proto::Http1,
+            Some(acceptor_with(&ca.leaf(&["127.0.0.1"]), alpn)),
+            0,
+        )
+        .await;
+        let env = [
+            ("IDEMGATE_UPSTREAM_HTTP2", "prior_knowledge"),
+            ("IDEMGATE_UPSTREAM_TLS_CA_FILE", ca_file.as_str()),
+        ];
+        let g = Gate::start(&up.url(), "", &env);
+        let a = post(&pooled_client(), &g, "tls-not-h2").await;
+        assert_eq!(a.status, 502, "ALPN {alpn:?}: {:?}", a.body);
+        assert!(
+            a.problem_type().ends_with("/upstream-unreachable"),
+            "ALPN {alpn:?}: {:?}",
+            a.body
+        );
+        assert!(up.counts.executions.lock().unwrap().is_empty());
+        drop(g);
+        let g = Gate::start(&up.url(), "", &env[1..]);
+        let a = post(&pooled_client(), &g, "tls-not-h2").await;
+        assert_eq!(a.status, 201, "ALPN {alpn:?}: {:?}", a.body);
+        assert_eq!(up.counts.executions("tls-not-h2"), 1);
+    }
 }
 
 /// An h2 upstream that goes away gracefully (GOAWAY, finishing the streams it took) and
