@@ -285,7 +285,8 @@ pub struct UpstreamTls {
     /// `upstream_tls_server_name`: the name sent (SNI) and checked instead of the host of
     /// `upstream`.
     pub server_name: Option<ServerName<'static>>,
-    /// Whether h2 is offered besides http/1.1 (`upstream_http2`).
+    /// Whether h2 is offered besides http/1.1 (`upstream_http2` other than `false`; with
+    /// `"prior_knowledge"` the h2 client offers h2 alone).
     pub http2: bool,
 }
 
@@ -353,7 +354,7 @@ pub fn upstream(c: &Config, https: bool) -> Result<Option<UpstreamTls>, ConfigEr
     Ok(Some(UpstreamTls {
         config: Arc::new(config),
         server_name,
-        http2: c.upstream_http2,
+        http2: c.upstream_http2 != crate::config::UpstreamHttp2::Off,
     }))
 }
 

@@ -1,6 +1,7 @@
 //! The client side: a pooled client to the upstream for pass-through, a client that opens a
 //! fresh connection for each protected request, both over TLS to an `https://` upstream
-//! (HTTP/1.1, or h2 where the upstream picks it by ALPN), how requests are rewritten on
+//! (HTTP/1.1, or h2 where the upstream picks it by ALPN); one pooled h2-only client for
+//! both to an upstream known to speak h2 ([`h2_client`]); how requests are rewritten on
 //! their way there (hop-by-hop headers out, `X-Forwarded-*` in), and how a failure is
 //! classified, because that decides between "release the claim" and "hold it as unknown".
 
@@ -26,6 +27,82 @@ use tokio::net::TcpStream;
 use crate::body::{Body, BoxError};
 use crate::config::Upstream;
 use crate::tls::UpstreamTls;
+
+mod h2_only;
+
+pub use h2_only::{h2_client, H2Client};
+
+/// How requests reach the upstream: one of the clients below, by which protocol it speaks.
+#[derive(Clone)]
+pub enum Link {
+    /// Pass-through to an upstream that may speak HTTP/1.1: pooled ([`client`]).
+    Pooled(UpstreamClient),
+    /// Protected requests to an upstream that may speak HTTP/1.1: a fresh connection each
+    /// ([`fresh_client`]).
+    Fresh(FreshClient),
+    /// Everything to an upstream known to speak h2 (`upstream_http2 = "prior_knowledge"`):
+    /// streams on pooled h2 connections ([`h2_client`]).
+    H2(H2Client),
+}
+
+impl Link {
+    /// Sends `req` on this link's client.
+    pub fn request(&self, req: Request<Body>) -> hyper_util::client::legacy::ResponseFuture {
+        match self {
+            Link::Pooled(c) => c.request(req),
+            Link::Fresh(c) => c.request(req),
+            Link::H2(c) => c.request(req),
+        }
+    }
+
+    /// Whether each request has a connection of its own ([`close_after`] applies).
+    pub fn fresh(&self) -> bool {
+        matches!(self, Link::Fresh(_))
+    }
+
+    /// The links for pass-through and for protected requests. An upstream known to be h2
+    /// gets one h2 client for both (one pool: the two kinds of request share its
+    /// connections); any other keeps the pooled client for pass-through and a fresh
+    /// connection per protected request.
+    pub fn pair(
+        tls: Option<&UpstreamTls>,
+        h2_only: bool,
+        idle_timeout: Duration,
+        max_idle: usize,
+    ) -> (Link, Link) {
+        if h2_only {
+            let tls = tls.map(|t| h2_over_tls(t, connector(CONNECT_TIMEOUT)));
+            let h2 = Link::H2(h2_client(tls, CONNECT_TIMEOUT, idle_timeout));
+            return (h2.clone(), h2);
+        }
+        (
+            Link::Pooled(client(tls, CONNECT_TIMEOUT, idle_timeout, max_idle)),
+            Link::Fresh(fresh_client(tls, CONNECT_TIMEOUT)),
+        )
+    }
+}
+
+/// The TCP connector every client starts from.
+fn connector(connect_timeout: Duration) -> HttpConnector {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(connect_timeout));
+    // https:// URIs reach it too, from the TLS connector around it.
+    connector.enforce_http(false);
+    connector
+}
+
+/// `inner` behind TLS whose ALPN offers h2 alone (`upstream_http2 = "prior_knowledge"` on
+/// an `https://` upstream); [`h2_client`]'s connector checks that the upstream picked it.
+fn h2_over_tls(tls: &UpstreamTls, inner: HttpConnector) -> HttpsConnector<HttpConnector> {
+    let mut builder = HttpsConnectorBuilder::new()
+        .with_tls_config((*tls.config).clone())
+        .https_only();
+    if let Some(name) = &tls.server_name {
+        builder = builder.with_server_name_resolver(FixedServerNameResolver::new(name.clone()));
+    }
+    builder.enable_http2().wrap_connector(inner)
+}
 
 /// The pooled client to the upstream, for pass-through requests.
 pub type UpstreamClient = Client<Bounded<HttpsConnector<HttpConnector>>, Body>;
@@ -130,13 +207,8 @@ pub fn client(
     idle_timeout: Duration,
     max_idle: usize,
 ) -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(connect_timeout));
-    // https:// URIs reach it too, from the TLS connector around it.
-    connector.enforce_http(false);
     let connector = Bounded {
-        inner: over_tls(tls, connector),
+        inner: over_tls(tls, connector(connect_timeout)),
         timeout: connect_timeout,
     };
     Client::builder(TokioExecutor::new())
@@ -175,14 +247,10 @@ pub fn client(
 /// upstream that picks it by ALPN) the request is the connection's only stream, and
 /// `Connection: close` is left out, as h2 forbids it.
 pub fn fresh_client(tls: Option<&UpstreamTls>, connect_timeout: Duration) -> FreshClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(connect_timeout));
-    connector.enforce_http(false);
     Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(0)
         .build(Bounded {
-            inner: over_tls(tls, FreshConnector(connector)),
+            inner: over_tls(tls, FreshConnector(connector(connect_timeout))),
             timeout: connect_timeout,
         })
 }

@@ -190,6 +190,26 @@ mod tests {
     }
 
     #[test]
+    fn upstream_http2_reads_booleans_and_prior_knowledge() {
+        use crate::config::UpstreamHttp2;
+        for (toml, want) in [
+            ("", UpstreamHttp2::Offer),
+            ("upstream_http2 = true", UpstreamHttp2::Offer),
+            ("upstream_http2 = false", UpstreamHttp2::Off),
+            (
+                "upstream_http2 = \"prior_knowledge\"",
+                UpstreamHttp2::PriorKnowledge,
+            ),
+        ] {
+            let wired = settings(toml).unwrap();
+            assert_eq!(wired.settings.config.upstream_http2, want, "{toml:?}");
+        }
+        // The ALPN of an https:// upstream's pass-through client offers h2 unless `false`.
+        let https = "upstream = \"https://127.0.0.1:1\"\nupstream_http2 = \"prior_knowledge\"";
+        assert!(settings(https).unwrap().upstream_tls.unwrap().http2);
+    }
+
+    #[test]
     fn bad_values_name_their_key() {
         for (toml, key) in [
             ("upstream = \"ftp://x:1\"", "upstream"),
@@ -232,6 +252,7 @@ mod tests {
             ("postgres_url = \"postgres://x@127.0.0.1/db\"", "namespace"),
             ("postgres_url = \"postgres://x@127.0.0.1/db?sslmode=nope\"\nnamespace = \"p\"", "postgres_url"),
             ("max_in_flight = 0", "max_in_flight"),
+            ("upstream_http2 = \"h2\"", "upstream_http2"),
             ("max_connections = 0", "max_connections"),
             ("idle_timeout = \"0s\"", "idle_timeout"),
             (

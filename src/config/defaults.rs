@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::redact::{to_toml, unset_keys};
 use super::{Anonymous, Config, Defaults, Mode, OnAmbiguous, OnStoreError, PathMatch};
-use super::{PathParams, RecordMode, UPSTREAM_IDLE_TIMEOUT};
+use super::{PathParams, RecordMode, UpstreamHttp2, UPSTREAM_IDLE_TIMEOUT};
 use crate::fingerprint::QueryOrder;
 
 impl Default for Config {
@@ -17,7 +17,7 @@ impl Default for Config {
             upstream_tls_server_name: None,
             upstream_tls_cert_file: None,
             upstream_tls_key_file: None,
-            upstream_http2: true,
+            upstream_http2: UpstreamHttp2::Offer,
             tls_cert_file: None,
             tls_key_file: None,
             tls_client_ca_file: None,
@@ -85,10 +85,6 @@ impl Default for Config {
             routes: Vec::new(),
         }
     }
-}
-
-pub(super) fn default_true() -> bool {
-    true
 }
 
 pub(super) fn default_tls_reload_interval() -> Duration {

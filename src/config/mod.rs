@@ -138,6 +138,61 @@ pub enum ClientAuth {
     Required,
 }
 
+/// `upstream_http2`: `true` (the default) offers h2 besides http/1.1 to an `https://`
+/// upstream by ALPN; `false` offers http/1.1 only; `"prior_knowledge"` says the upstream
+/// speaks h2 and nothing else: cleartext h2 (h2c) to an `http://` upstream, ALPN offering
+/// only h2 to an `https://` one. Only with `"prior_knowledge"` is the upstream known to be
+/// h2 before a connection is opened, which lets protected requests share pooled
+/// connections (see `upstream::h2_client`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpstreamHttp2 {
+    /// `false`: HTTP/1.1 only.
+    Off,
+    /// `true`: h2 or http/1.1, whichever an `https://` upstream picks by ALPN.
+    #[default]
+    Offer,
+    /// `"prior_knowledge"`: h2 only.
+    PriorKnowledge,
+}
+
+impl Serialize for UpstreamHttp2 {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            UpstreamHttp2::Off => s.serialize_bool(false),
+            UpstreamHttp2::Offer => s.serialize_bool(true),
+            UpstreamHttp2::PriorKnowledge => s.serialize_str("prior_knowledge"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for UpstreamHttp2 {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = UpstreamHttp2;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("true, false or \"prior_knowledge\"")
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<UpstreamHttp2, E> {
+                Ok(if v {
+                    UpstreamHttp2::Offer
+                } else {
+                    UpstreamHttp2::Off
+                })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<UpstreamHttp2, E> {
+                match v {
+                    "true" => Ok(UpstreamHttp2::Offer),
+                    "false" => Ok(UpstreamHttp2::Off),
+                    "prior_knowledge" => Ok(UpstreamHttp2::PriorKnowledge),
+                    other => Err(E::invalid_value(serde::de::Unexpected::Str(other), &self)),
+                }
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
 /// The file/environment form of the configuration, as users write it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -161,9 +216,9 @@ pub struct Config {
     /// PEM private key of `upstream_tls_cert_file`.
     #[serde(default)]
     pub upstream_tls_key_file: Option<PathBuf>,
-    /// Offer h2 besides http/1.1 to an `https://` upstream (ALPN); `false`: http/1.1 only.
-    #[serde(default = "defaults::default_true")]
-    pub upstream_http2: bool,
+    /// Which HTTP the upstream is spoken to in: see [`UpstreamHttp2`].
+    #[serde(default)]
+    pub upstream_http2: UpstreamHttp2,
     /// PEM certificate chain (leaf first) that makes `listen` speak TLS, with
     /// `tls_key_file`. Reloaded when its content changes.
     #[serde(default)]

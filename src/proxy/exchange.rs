@@ -161,7 +161,9 @@ pub(super) async fn exchange(
     } = claimed;
     super::test_panic("exchange", request.headers());
     upstream::prepare(&mut request, &shared.settings.upstream, peer);
-    upstream::close_after(&mut request);
+    if shared.fresh.fresh() {
+        upstream::close_after(&mut request);
+    }
     let upstream_span = telemetry::child(&span, Step::Upstream);
     // The upstream continues the trace under idemgate's span (with tracing off, the
     // client's traceparent passes as it came).

@@ -56,6 +56,7 @@ mod replay;
 
 use crate::admission::{Buffers, Refusal as Refused, Slots};
 use crate::body::{self, Body};
+use crate::config::UpstreamHttp2;
 use crate::config::{Mode, Policy, Settings};
 use crate::key::RecordId;
 use crate::metrics::Metrics;
@@ -69,7 +70,7 @@ use crate::secret::SecretHealth;
 use crate::store::Store;
 use crate::telemetry;
 use crate::tls::UpstreamTls;
-use crate::upstream::{self, Failure, FreshClient, UpstreamClient};
+use crate::upstream::{self, Failure, Link};
 use decision::{Action, Pass, Refusal};
 use observe::{Breaker, RateLimit};
 
@@ -90,10 +91,11 @@ struct Shared {
     // Record ids: this store's secret and this instance's namespace.
     scoper: Scoper,
     // Pass-through requests: pooled connections.
-    client: UpstreamClient,
+    client: Link,
     // Protected requests: a fresh connection each, so none is written onto a connection the
-    // upstream may be closing (see `upstream::fresh_client`).
-    fresh: FreshClient,
+    // upstream may be closing (see `upstream::fresh_client`); streams on the pooled h2
+    // connections of `client` to an upstream known to be h2 (see `upstream::h2_client`).
+    fresh: Link,
     // Upstream exchanges that outlive their client connection, and records written after
     // their client's answer (`record_mode = "after_response"`); shutdown waits for them.
     tasks: TaskTracker,
@@ -119,6 +121,16 @@ struct Shared {
     // Off once this instance's scope secret disagrees with the store's: its record ids
     // would be another fleet's, so protected requests are refused.
     secret: Arc<SecretHealth>,
+}
+
+/// A serving thread's links to the upstream: pass-through's and protected requests'.
+fn links(tls: Option<&UpstreamTls>, c: &crate::config::Config) -> (Link, Link) {
+    Link::pair(
+        tls,
+        c.upstream_http2 == UpstreamHttp2::PriorKnowledge,
+        c.upstream_idle_timeout,
+        idle_per_thread(c),
+    )
 }
 
 /// How long the upstream took, carried on a response from where it is measured to the
@@ -166,13 +178,7 @@ impl Proxy {
             metrics.refused("protected", Refused::BuffersFull),
             metrics.buffered_bytes(),
         ));
-        let client = upstream::client(
-            upstream_tls.as_ref(),
-            upstream::CONNECT_TIMEOUT,
-            c.upstream_idle_timeout,
-            idle_per_thread(c),
-        );
-        let fresh = upstream::fresh_client(upstream_tls.as_ref(), upstream::CONNECT_TIMEOUT);
+        let (client, fresh) = links(upstream_tls.as_ref(), c);
         Proxy {
             shared: Arc::new(Shared {
                 protected,
@@ -200,12 +206,7 @@ impl Proxy {
     /// ids, tracked exchanges, metrics, slots and buffer budget are this one's.
     pub fn sibling(&self, store: Arc<dyn Store>) -> Proxy {
         let s = &self.shared;
-        let client = upstream::client(
-            s.upstream_tls.as_ref(),
-            upstream::CONNECT_TIMEOUT,
-            s.settings.config.upstream_idle_timeout,
-            idle_per_thread(&s.settings.config),
-        );
+        let (client, fresh) = links(s.upstream_tls.as_ref(), &s.settings.config);
         Proxy {
             shared: Arc::new(Shared {
                 protected: s.protected.clone(),
@@ -219,7 +220,7 @@ impl Proxy {
                 store,
                 scoper: s.scoper.clone(),
                 client,
-                fresh: upstream::fresh_client(s.upstream_tls.as_ref(), upstream::CONNECT_TIMEOUT),
+                fresh,
                 tasks: s.tasks.clone(),
                 metrics: s.metrics.clone(),
                 releases: s.releases.clone(),
