@@ -420,7 +420,7 @@ pub fn without_trailing_dots(normal: &str) -> Option<String> {
 }
 
 /// A segment without its trailing dots and (encoded) spaces, as Windows servers read it.
-fn trim_dots_and_spaces(mut seg: &str) -> &str {
+pub(super) fn trim_dots_and_spaces(mut seg: &str) -> &str {
     loop {
         if let Some(s) = seg.strip_suffix('.') {
             seg = s;

@@ -13,7 +13,7 @@
 //! `{name}` is one non-empty segment; `{*name}`, only last, is the rest of the path (zero
 //! or more segments). Without a tail, a template matches its number of segments exactly.
 
-use super::path::{FormatExt, PathError};
+use super::path::{trim_dots_and_spaces, FormatExt, PathError};
 
 /// One segment of a template.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -249,19 +249,6 @@ fn suffix_of(seg: &str) -> Option<(&str, FormatExt)> {
     let dot = seg.rfind('.')?;
     let ext = FormatExt::of(&seg[dot..])?;
     Some((&seg[..dot], ext))
-}
-
-/// A segment without its trailing dots and encoded spaces.
-fn trim_dots_and_spaces(mut seg: &str) -> &str {
-    loop {
-        if let Some(s) = seg.strip_suffix('.') {
-            seg = s;
-        } else if let Some(s) = seg.strip_suffix("%20") {
-            seg = s;
-        } else {
-            return seg;
-        }
-    }
 }
 
 #[cfg(test)]
