@@ -203,7 +203,7 @@ async fn an_h2_connection_has_at_most_h2_max_concurrent_streams_open() {
 /// head, so the liveness probe gets in again at once (with the proxy's 10 s head deadline
 /// it was reset for 10 s). A flood that keeps reopening them cannot keep a probe out either:
 /// at the cap the oldest connection serving nothing makes room (tests/overload.rs), and the
-/// manifests' NetworkPolicy (deploy/k8s/networkpolicy.yaml) admits only the scraper's pods
+/// manifests' NetworkPolicy (deploy/k8s/common/networkpolicy.yaml) admits only the scraper's pods
 /// to the admin port.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_admin_connections_keep_the_probe_out_for_at_most_a_second() {

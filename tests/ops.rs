@@ -452,3 +452,49 @@ async fn redis_restarts_and_evictions_are_read_from_info() {
     assert!(evicted > 0.0);
     app.shutdown().await;
 }
+
+/// A store whose port is closed is named as refusing, not as slow: through the binary, with
+/// Redis stopped under it, the token holder's `/readyz` says the connection is refused
+/// once the first reconnection attempt has been refused (within two seconds; the probes
+/// before that end at `store_timeout`), and goes on saying so rather than "timed out".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_a_refused_connection_as_refused() {
+    let mut redis = RedisServer::start();
+    let gate = Gate::start(
+        "http://127.0.0.1:9",
+        &redis.url(),
+        &[
+            ("IDEMGATE_ADMIN_TOKEN", TOKEN),
+            ("IDEMGATE_STORE_TIMEOUT", "300ms"),
+        ],
+    );
+    let c = client();
+    let readyz = || async {
+        let r = c
+            .get(gate.admin_url("/readyz"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.text().await.unwrap())
+    };
+    assert_eq!(readyz().await.0, 200);
+    redis.stop();
+    let stopped = std::time::Instant::now();
+    let mut seen = Vec::new();
+    while stopped.elapsed() < Duration::from_secs(3) {
+        let (status, text) = readyz().await;
+        assert_eq!(status, 503, "{text}");
+        seen.push((stopped.elapsed(), text));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let first = seen
+        .iter()
+        .position(|(_, t)| t.contains("refused"))
+        .unwrap_or_else(|| panic!("never named as refused: {seen:#?}"));
+    assert!(seen[first].0 < Duration::from_secs(2), "{seen:#?}");
+    assert!(
+        seen[first..].iter().all(|(_, t)| t.contains("refused")),
+        "{seen:#?}"
+    );
+}

@@ -113,7 +113,7 @@ impl Link {
                 let link = Renewing::new(
                     open,
                     response_timeout / 2,
-                    |e| e.is_timeout() || tls_failure(e),
+                    |e| e.is_timeout() || fails_fast(e),
                     None,
                     connect_timeout * 2,
                 );
@@ -189,7 +189,7 @@ impl Link {
                             || e.is_connection_dropped()
                             || e.is_unrecoverable_error()
                             || e.is_timeout()
-                            || tls_failure(e)
+                            || fails_fast(e)
                     },
                     Some(epoch.clone()),
                     connect_timeout * 2,
@@ -531,9 +531,9 @@ impl<C> RenewingInner<C> {
         self.epoch.as_ref().map_or(0, |e| e.load(Ordering::Relaxed))
     }
 
-    /// Keeps `e` if it is a TLS failure.
+    /// Keeps `e` if it is a TLS failure or a refused connection.
     fn note_failure(&self, e: &RedisError) {
-        if tls_failure(e) {
+        if fails_fast(e) {
             if let Ok(mut failed) = self.failed.lock() {
                 *failed = Some((std::time::Instant::now(), e.clone()));
                 self.failing.store(true, Ordering::Relaxed);
@@ -550,7 +550,7 @@ impl<C> RenewingInner<C> {
         }
     }
 
-    /// The TLS failure of less than `fail_fast` ago, if any.
+    /// The TLS failure or refused connection of less than `fail_fast` ago, if any.
     fn recent_failure(&self) -> Option<RedisError> {
         if !self.failing.load(Ordering::Relaxed) {
             return None;
@@ -561,6 +561,14 @@ impl<C> RenewingInner<C> {
             .filter(|(at, _)| at.elapsed() < self.fail_fast)
             .map(|(_, e)| e.clone())
     }
+}
+
+/// Whether the calls that find no connection are told `e` at once rather than wait on a new
+/// attempt: a TLS failure, or a refused connection (nothing listens on the store's port:
+/// without this, a stopped Redis was reported as "store call timed out", each call waiting
+/// on the reconnection's retries until its deadline).
+fn fails_fast(e: &RedisError) -> bool {
+    e.is_connection_refusal() || tls_failure(e)
 }
 
 /// Whether `e` comes from the TLS layer: rustls refused the server's certificate (or the
