@@ -1,7 +1,8 @@
-//! The client side: a pooled client to the upstream for pass-through, a client that opens a
-//! fresh connection for each protected request, both over TLS to an `https://` upstream
-//! (HTTP/1.1, or h2 where the upstream picks it by ALPN); one pooled h2-only client for
-//! both to an upstream known to speak h2 ([`h2_client`]); how requests are rewritten on
+//! The client side: a pooled client to the upstream for pass-through, a fresh connection
+//! for each protected request (made directly to an `http://` upstream, [`Direct`]; through
+//! a client that never pools over TLS to an `https://` one, HTTP/1.1 or h2 where the
+//! upstream picks it by ALPN); one pooled h2-only client for both to an upstream known to
+//! speak h2 ([`h2_client`]); how requests are rewritten on
 //! their way there (hop-by-hop headers out, `X-Forwarded-*` in), and how a failure is
 //! classified, because that decides between "release the claim" and "hold it as unknown".
 
@@ -12,12 +13,13 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use hyper::body::Incoming;
 use hyper::header::{
     HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST, PROXY_AUTHORIZATION, TE, TRAILER,
     TRANSFER_ENCODING, UPGRADE,
 };
 use hyper::http::uri::PathAndQuery;
-use hyper::{Request, Uri, Version};
+use hyper::{Request, Response, Uri, Version};
 use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
@@ -28,8 +30,10 @@ use crate::body::{Body, BoxError};
 use crate::config::Upstream;
 use crate::tls::UpstreamTls;
 
+mod direct;
 mod h2_only;
 
+pub use direct::Direct;
 pub use h2_only::{h2_client, H2Client};
 
 /// How requests reach the upstream: one of the clients below, by which protocol it speaks.
@@ -37,9 +41,12 @@ pub use h2_only::{h2_client, H2Client};
 pub enum Link {
     /// Pass-through to an upstream that may speak HTTP/1.1: pooled ([`client`]).
     Pooled(UpstreamClient),
-    /// Protected requests to an upstream that may speak HTTP/1.1: a fresh connection each
-    /// ([`fresh_client`]).
+    /// Protected requests to an `https://` upstream that may speak HTTP/1.1: a fresh
+    /// connection each ([`fresh_client`]).
     Fresh(FreshClient),
+    /// Protected requests to an `http://` upstream that may speak HTTP/1.1: the same rule,
+    /// the connection made and handshaken directly ([`Direct`]).
+    Direct(Direct),
     /// Everything to an upstream known to speak h2 (`upstream_http2 = "prior_knowledge"`):
     /// streams on pooled h2 connections ([`h2_client`]).
     H2(H2Client),
@@ -47,24 +54,27 @@ pub enum Link {
 
 impl Link {
     /// Sends `req` on this link's client.
-    pub fn request(&self, req: Request<Body>) -> hyper_util::client::legacy::ResponseFuture {
+    pub fn request(&self, req: Request<Body>) -> Sending {
         match self {
-            Link::Pooled(c) => c.request(req),
-            Link::Fresh(c) => c.request(req),
-            Link::H2(c) => c.request(req),
+            Link::Pooled(c) => Sending::Client(c.request(req)),
+            Link::Fresh(c) => Sending::Client(c.request(req)),
+            Link::Direct(d) => Sending::Direct(Box::pin(d.request(req))),
+            Link::H2(c) => Sending::Client(c.request(req)),
         }
     }
 
     /// Whether each request has a connection of its own ([`close_after`] applies).
     pub fn fresh(&self) -> bool {
-        matches!(self, Link::Fresh(_))
+        matches!(self, Link::Fresh(_) | Link::Direct(_))
     }
 
     /// The links for pass-through and for protected requests. An upstream known to be h2
     /// gets one h2 client for both (one pool: the two kinds of request share its
     /// connections); any other keeps the pooled client for pass-through and a fresh
-    /// connection per protected request.
+    /// connection per protected request: [`Direct`] to an `http://` upstream (`tls` is
+    /// `None`), [`fresh_client`] over TLS.
     pub fn pair(
+        upstream: &Upstream,
         tls: Option<&UpstreamTls>,
         h2_only: bool,
         idle_timeout: Duration,
@@ -75,10 +85,63 @@ impl Link {
             let h2 = Link::H2(h2_client(tls, CONNECT_TIMEOUT, idle_timeout));
             return (h2.clone(), h2);
         }
+        let fresh = match tls {
+            Some(_) => Link::Fresh(fresh_client(tls, CONNECT_TIMEOUT)),
+            None => Link::Direct(Direct::new(&upstream.authority, CONNECT_TIMEOUT)),
+        };
         (
             Link::Pooled(client(tls, CONNECT_TIMEOUT, idle_timeout, max_idle)),
-            Link::Fresh(fresh_client(tls, CONNECT_TIMEOUT)),
+            fresh,
         )
+    }
+}
+
+/// A request on its way: hyper-util's client's future, or a [`Direct`] connection's.
+pub enum Sending {
+    Client(hyper_util::client::legacy::ResponseFuture),
+    Direct(Pin<Box<dyn Future<Output = Result<Response<Incoming>, SendError>> + Send>>),
+}
+
+impl Future for Sending {
+    type Output = Result<Response<Incoming>, SendError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Sending::Client(f) => Pin::new(f).poll(cx).map_err(SendError::Client),
+            Sending::Direct(f) => f.as_mut().poll(cx),
+        }
+    }
+}
+
+/// How sending a request failed, by which way it went; [`classify`] reads it.
+#[derive(Debug)]
+pub enum SendError {
+    /// hyper-util's client (pooled, over TLS, h2).
+    Client(hyper_util::client::legacy::Error),
+    /// A [`Direct`] connection could not be made: nothing was written.
+    Connect(io::Error),
+    /// hyper's error on a [`Direct`] connection.
+    Exchange(hyper::Error),
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Client(e) => e.fmt(f),
+            // As hyper-util's client says it: the cause follows in [`describe`].
+            SendError::Connect(_) => f.write_str("client error (Connect)"),
+            SendError::Exchange(_) => f.write_str("client error (SendRequest)"),
+        }
+    }
+}
+
+impl std::error::Error for SendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SendError::Client(e) => e.source(),
+            SendError::Connect(e) => Some(e),
+            SendError::Exchange(e) => Some(e),
+        }
     }
 }
 
@@ -525,13 +588,23 @@ pub enum Failure {
 ///   the upstream refuses after idemgate's side of it is done, see [`handshake_refused`]:
 ///   not sent either.
 /// - Over h2, a stream the upstream refused unprocessed, see [`h2_unprocessed`]: not sent.
-pub fn classify(e: &hyper_util::client::legacy::Error) -> Failure {
+///
+/// On a [`Direct`] connection the same: a failed connect is not sent, and of hyper's
+/// errors only one that is canceled (the request handed back unwritten).
+pub fn classify(e: &SendError) -> Failure {
     use std::error::Error as _;
-    let canceled = e
-        .source()
-        .and_then(|s| s.downcast_ref::<hyper::Error>())
-        .is_some_and(hyper::Error::is_canceled);
-    if e.is_connect() || canceled || handshake_refused(e) || h2_unprocessed(e) {
+    let not_sent = match e {
+        SendError::Client(e) => {
+            let canceled = e
+                .source()
+                .and_then(|s| s.downcast_ref::<hyper::Error>())
+                .is_some_and(hyper::Error::is_canceled);
+            e.is_connect() || canceled || handshake_refused(e) || h2_unprocessed(e)
+        }
+        SendError::Connect(_) => true,
+        SendError::Exchange(e) => e.is_canceled(),
+    };
+    if not_sent {
         Failure::NotSent
     } else {
         Failure::Ambiguous

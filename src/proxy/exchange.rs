@@ -138,7 +138,7 @@ pub(super) struct Protected {
 
 /// Why an exchange produced no complete answer.
 pub(super) enum ExchangeError {
-    Request(hyper_util::client::legacy::Error),
+    Request(upstream::SendError),
     Body(hyper::Error),
     Timeout,
 }

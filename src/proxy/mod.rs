@@ -124,8 +124,10 @@ struct Shared {
 }
 
 /// A serving thread's links to the upstream: pass-through's and protected requests'.
-fn links(tls: Option<&UpstreamTls>, c: &crate::config::Config) -> (Link, Link) {
+fn links(settings: &Settings, tls: Option<&UpstreamTls>) -> (Link, Link) {
+    let c = &settings.config;
     Link::pair(
+        &settings.upstream,
         tls,
         c.upstream_http2 == UpstreamHttp2::PriorKnowledge,
         c.upstream_idle_timeout,
@@ -178,7 +180,7 @@ impl Proxy {
             metrics.refused("protected", Refused::BuffersFull),
             metrics.buffered_bytes(),
         ));
-        let (client, fresh) = links(upstream_tls.as_ref(), c);
+        let (client, fresh) = links(&settings, upstream_tls.as_ref());
         Proxy {
             shared: Arc::new(Shared {
                 protected,
@@ -206,7 +208,7 @@ impl Proxy {
     /// ids, tracked exchanges, metrics, slots and buffer budget are this one's.
     pub fn sibling(&self, store: Arc<dyn Store>) -> Proxy {
         let s = &self.shared;
-        let (client, fresh) = links(s.upstream_tls.as_ref(), &s.settings.config);
+        let (client, fresh) = links(&s.settings, s.upstream_tls.as_ref());
         Proxy {
             shared: Arc::new(Shared {
                 protected: s.protected.clone(),
