@@ -21,13 +21,15 @@ use super::bank::{self, Bank};
 /// How long a crashed bank refuses connections before it is back.
 pub const CRASH_DOWN_TIME: Duration = Duration::from_millis(300);
 
+/// A running server: its task, and the sender that stops it gracefully.
+type Serving = (JoinHandle<std::io::Result<()>>, oneshot::Sender<()>);
+
 /// The bank's server on one port, which can be restarted and crashed.
 pub struct BankServer {
     addr: SocketAddr,
     bank: Bank,
     tls: Option<tokio_rustls::TlsAcceptor>,
-    // The running server: its task, and the sender that stops it gracefully.
-    running: Mutex<Option<(JoinHandle<std::io::Result<()>>, oneshot::Sender<()>)>>,
+    running: Mutex<Option<Serving>>,
 }
 
 impl BankServer {
@@ -53,10 +55,7 @@ impl BankServer {
         self.addr
     }
 
-    fn spawn(
-        &self,
-        listener: TcpListener,
-    ) -> (JoinHandle<std::io::Result<()>>, oneshot::Sender<()>) {
+    fn spawn(&self, listener: TcpListener) -> Serving {
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(bank::serve_tls(
             listener,

@@ -364,7 +364,8 @@ pub const STORM_COPIES: usize = 16;
 pub enum Style {
     /// As its behaviour says.
     Normal,
-    /// Sends [`STORM_COPIES`] copies of its request at once and retries each without backoff.
+    /// Sends [`STORM_COPIES`] copies of its request at once and retries each failure
+    /// without backoff (a `409 in-progress` still waits what idemgate says).
     Storm,
     /// Reads its answer a few bytes at a time, with pauses.
     SlowReader,
@@ -703,7 +704,8 @@ impl Run<'_> {
     }
 
     /// Sends one request until it has a final answer, retrying with the same key and body;
-    /// with `backoff`, waits a little longer after each failed attempt, as real clients do.
+    /// with `backoff`, waits a little longer after each failed attempt (a refused
+    /// connection, idemgate's 502/503), as real clients do; without, retries those at once.
     async fn request(&self, key: &str, body: &Bytes, deadline: Duration, backoff: bool) -> Final {
         for attempt in 0..self.opts.max_attempts {
             if attempt > 0 {
@@ -722,12 +724,13 @@ impl Run<'_> {
                     retry_after,
                     ..
                 } if problem == "in-progress" => {
+                    // Not a failure: idemgate says when to come back, and even a storm's
+                    // client does (else its load is no longer 16x but as much as the
+                    // machine can send).
                     let wait = retry_after
                         .unwrap_or(self.opts.in_progress_wait_cap)
                         .min(self.opts.in_progress_wait_cap);
-                    if backoff {
-                        tokio::time::sleep(wait).await;
-                    }
+                    tokio::time::sleep(wait).await;
                 }
                 Answer::Idemgate { problem, .. } if problem == "fingerprint-mismatch" => {
                     return Final::Mismatch
