@@ -111,8 +111,14 @@ impl Fleet {
             rand::random::<u32>()
         ));
         std::fs::create_dir_all(&dir).map_err(|e| format!("the instances' configuration: {e}"))?;
+        // Made first, so that a failure below removes the directory and stops the
+        // instances already started (they are killed on drop).
+        let mut fleet = Fleet {
+            instances: Vec::new(),
+            relay: Some(relay),
+            dir: Some(dir.clone()),
+        };
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let mut instances = Vec::new();
         for n in 0..INSTANCES {
             let addr = free_addr()?;
             let admin = free_addr()?;
@@ -129,18 +135,14 @@ impl Fleet {
             // One after the other: the first makes the namespace's scope secret, the second
             // reads it.
             let child = spawn_child(&exe, &config, admin).await?;
-            instances.push(Instance::Child {
+            fleet.instances.push(Instance::Child {
                 child,
                 addr,
                 admin,
                 config,
             });
         }
-        Ok(Fleet {
-            instances,
-            relay: Some(relay),
-            dir: Some(dir),
-        })
+        Ok(fleet)
     }
 
     /// Where the clients send: every instance.
