@@ -86,9 +86,9 @@ enum ConfigAction {
 
 #[derive(clap::Args, Debug)]
 struct LabArgs {
-    /// Transfer intents in the day.
-    #[arg(long, default_value_t = idemgate::lab::LabOptions::default().intents)]
-    intents: usize,
+    /// Transfer intents in the day [default: 3000; 1000 with --bad-day]
+    #[arg(long)]
+    intents: Option<usize>,
     /// Seed of the day (the same seed replays the same day).
     #[arg(long, default_value_t = idemgate::lab::LabOptions::default().seed)]
     seed: u64,
@@ -109,6 +109,12 @@ struct LabArgs {
     /// TLS listener (and to the bank in the direct run), idemgate to an HTTPS bank.
     #[arg(long)]
     tls: bool,
+    /// A bad day: the same day with incidents (bank restarts and crashes, connections
+    /// closed after answers, an idemgate instance killed, the store frozen, a retry storm,
+    /// slow clients), then the operator's pass over the records held `unknown`
+    /// (default 1000 intents).
+    #[arg(long)]
+    bad_day: bool,
 }
 
 /// Flags that override the file and the environment. Their defaults are the
@@ -249,14 +255,20 @@ fn bank(listen: SocketAddr) -> ExitCode {
 }
 
 fn lab(args: LabArgs) -> ExitCode {
-    // The lab's own output is the table; per-request logs would drown it.
-    init_tracing("error", None);
+    // The lab's own output is the table; per-request logs would drown it (on a bad day
+    // even the errors its incidents cause on purpose, which the table counts).
+    init_tracing(if args.bad_day { "off" } else { "error" }, None);
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
     };
+    if args.bad_day {
+        return bad_day(&rt, args);
+    }
     let opts = idemgate::lab::LabOptions {
-        intents: args.intents,
+        intents: args
+            .intents
+            .unwrap_or(idemgate::lab::LabOptions::default().intents),
         seed: args.seed,
         concurrency: args.concurrency,
         redis_url: args.redis_url,
@@ -278,6 +290,46 @@ fn lab(args: LabArgs) -> ExitCode {
             } else {
                 ExitCode::FAILURE
             }
+        }
+        Err(e) => {
+            eprintln!("idemgate lab: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `idemgate lab --bad-day`: exit 0 when the verdict holds, 1 when not, 64 for options the
+/// bad day does not take, 2 when the lab could not run.
+fn bad_day(rt: &tokio::runtime::Runtime, args: LabArgs) -> ExitCode {
+    let opts = idemgate::lab::LabOptions {
+        intents: args
+            .intents
+            .unwrap_or(idemgate::lab::badday::DEFAULT_INTENTS),
+        seed: args.seed,
+        concurrency: args.concurrency,
+        redis_url: args.redis_url,
+        progress: !args.json,
+        observe: args.mode == "observe",
+        tls: args.tls,
+        ..idemgate::lab::LabOptions::default()
+    };
+    match rt.block_on(idemgate::lab::run_bad_day(opts)) {
+        Ok(report) => {
+            if args.json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{}", report.table());
+                println!("{}", report.summary_line());
+            }
+            if report.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e @ idemgate::lab::LabError::Options(_)) => {
+            eprintln!("idemgate lab: {e}");
+            ExitCode::from(64)
         }
         Err(e) => {
             eprintln!("idemgate lab: {e}");

@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -41,6 +41,8 @@ const MAX_BODY_BYTES: usize = 64 * 1024;
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Nor does the bank wait forever for a body that was announced and never sent.
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection closed without saying so goes this long after its answer.
+const SILENT_CLOSE_AFTER: Duration = Duration::from_millis(20);
 /// How long `serve` waits for open connections after it was told to stop.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -114,6 +116,21 @@ struct Inner {
     in_flight: AtomicUsize,
     /// Woken when `in_flight` drops to zero.
     idle: Notify,
+    /// A [`CloseAfterAnswer`] as its number: a stretch of a bad day where the bank closes
+    /// each connection after its answer.
+    close_after_answer: AtomicU8,
+}
+
+/// Whether the bank keeps a connection open after an answer (a bad day's stretch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseAfterAnswer {
+    /// Keep-alive, as HTTP/1.1 wants.
+    Never,
+    /// Closes it after the answer, having said so (`Connection: close`).
+    Announced,
+    /// Closes it after the answer without saying so: the client's pool finds out when it
+    /// reuses the connection (a request it sends then is never read).
+    Silent,
 }
 
 #[derive(Deserialize)]
@@ -146,6 +163,7 @@ impl Bank {
                 options,
                 in_flight: AtomicUsize::new(0),
                 idle: Notify::new(),
+                close_after_answer: AtomicU8::new(0),
             }),
         }
     }
@@ -165,6 +183,24 @@ impl Bank {
     /// A copy of the ledger, taken under the lock.
     pub fn snapshot(&self) -> LedgerSnapshot {
         self.ledger().clone()
+    }
+
+    /// From now on, whether the bank closes each connection after its answer.
+    pub fn set_close_after_answer(&self, mode: CloseAfterAnswer) {
+        let n = match mode {
+            CloseAfterAnswer::Never => 0,
+            CloseAfterAnswer::Announced => 1,
+            CloseAfterAnswer::Silent => 2,
+        };
+        self.inner.close_after_answer.store(n, Ordering::SeqCst);
+    }
+
+    fn close_after_answer(&self) -> CloseAfterAnswer {
+        match self.inner.close_after_answer.load(Ordering::SeqCst) {
+            1 => CloseAfterAnswer::Announced,
+            2 => CloseAfterAnswer::Silent,
+            _ => CloseAfterAnswer::Never,
+        }
     }
 
     /// Transfer requests currently being handled.
@@ -294,6 +330,13 @@ impl Bank {
             .headers()
             .get("idempotency-key")
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        // The lab's bad day decides some latencies itself (see `traffic::LATENCY_HEADER`).
+        let latency = req
+            .headers()
+            .get(super::traffic::LATENCY_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(Duration::from_millis);
         let collect = Limited::new(req.into_body(), MAX_BODY_BYTES).collect();
         let body = match tokio::time::timeout(BODY_READ_TIMEOUT, collect).await {
             Ok(Ok(collected)) => collected.to_bytes(),
@@ -317,7 +360,7 @@ impl Bank {
         };
         // Commit first, answer after the latency: a client that times out has still paid.
         let outcome = self.transfer(&parsed.from, &parsed.to, parsed.amount, key);
-        tokio::time::sleep(self.draw_latency()).await;
+        tokio::time::sleep(latency.unwrap_or_else(|| self.draw_latency())).await;
         match outcome {
             Ok((row, from_balance, to_balance)) => json(
                 StatusCode::CREATED,
@@ -430,9 +473,34 @@ pub async fn serve_tls(
                             }
                         }
                     };
+                    // A silent close: once this connection has answered, the next request on
+                    // it is never read, and the connection goes once the answer is out.
+                    let closing = Arc::new(AtomicBool::new(false));
+                    let answered = Arc::new(Notify::new());
+                    let (closing_in, answered_in) = (closing.clone(), answered.clone());
                     let service = service_fn(move |req| {
                         let bank = bank.clone();
-                        async move { Ok::<_, Infallible>(bank.handle(req).await) }
+                        let (closing, answered) = (closing_in.clone(), answered_in.clone());
+                        async move {
+                            if closing.load(Ordering::SeqCst) {
+                                std::future::pending::<()>().await;
+                            }
+                            let mut response = bank.handle(req).await;
+                            match bank.close_after_answer() {
+                                CloseAfterAnswer::Never => {}
+                                CloseAfterAnswer::Announced => {
+                                    response.headers_mut().insert(
+                                        hyper::header::CONNECTION,
+                                        HeaderValue::from_static("close"),
+                                    );
+                                }
+                                CloseAfterAnswer::Silent => {
+                                    closing.store(true, Ordering::SeqCst);
+                                    answered.notify_one();
+                                }
+                            }
+                            Ok::<_, Infallible>(response)
+                        }
                     });
                     let conn = http1::Builder::new()
                         // A legacy bank keeps processing a request whose client hung up: the
@@ -444,6 +512,11 @@ pub async fn serve_tls(
                     tokio::pin!(conn);
                     let result = tokio::select! {
                         result = conn.as_mut() => result,
+                        _ = answered.notified() => {
+                            // Long enough to write a small answer on loopback, then gone.
+                            let _ = tokio::time::timeout(SILENT_CLOSE_AFTER, conn.as_mut()).await;
+                            Ok(())
+                        }
                         _ = stop.changed() => {
                             conn.as_mut().graceful_shutdown();
                             match tokio::time::timeout(DRAIN_TIMEOUT, conn.as_mut()).await {

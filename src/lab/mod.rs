@@ -11,15 +11,24 @@
 //! - [`traffic`]: the seeded day of intents and the retrying clients.
 //! - [`auditor`]: ledger against intents: double transfers, money moved twice, balances.
 //! - [`report`]: figures per run, the table, the summary line, JSON.
-//! - [`tracked`]: the store wrapper that lets a lab on Redis delete the records it made.
+//! - [`tracked`]: the store wrapper that lets a lab on Redis delete the records it made
+//!   (and freezes the embedded store on a bad day).
+//! - [`badday`]: `idemgate lab --bad-day`, the same day with [`incidents`]: the bank's
+//!   [`outages`], the [`fleet`] of idemgate instances (one killed) and its store frozen, a
+//!   retry storm, slow clients; then the operator's pass ([`reconcile`]) and its verdict.
 //!
 //! Crates: `tokio` to bind loopback listeners and run both servers in-process; `indicatif`
 //! for the progress bar (hidden unless stderr is a terminal); `thiserror` for [`LabError`];
 //! `tracing` for warnings that do not stop the lab.
 
 pub mod auditor;
+pub mod badday;
 pub mod bank;
+mod fleet;
+pub mod incidents;
 pub mod observe;
+mod outages;
+mod reconcile;
 pub mod report;
 mod tls;
 mod tracked;
@@ -33,6 +42,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::net::TcpListener;
 
+pub use badday::{run_bad_day, BadDayReport};
 pub use bank::{Bank, BankOptions, LedgerSnapshot, TransferRow};
 pub use report::{LabReport, RunFigures};
 pub use traffic::{Behaviour, DayPlan, Intent};

@@ -10,11 +10,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::{Method, Request};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper::Method;
 
 use super::bank::LedgerSnapshot;
 use super::report::Observed;
@@ -25,24 +21,7 @@ async fn call(
     path: &str,
     body: String,
 ) -> Result<serde_json::Value, String> {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let req = Request::builder()
-        .method(method)
-        .uri(format!("http://{admin}{path}"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|e| e.to_string())?;
-    let res = client
-        .request(req)
-        .await
-        .map_err(|e| format!("admin {path}: {e}"))?;
-    let status = res.status();
-    let bytes = res
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| format!("admin {path}: {e}"))?
-        .to_bytes();
+    let (status, bytes) = super::reconcile::call(admin, method, path, body).await?;
     if !status.is_success() {
         return Err(format!(
             "admin {path}: {status}: {}",

@@ -90,7 +90,7 @@ impl LabReport {
     /// The rows of the table: a name and, per run, the value in the table's unit (money
     /// in major units, time in seconds). The table and the JSON both come from these, so
     /// they cannot drift apart.
-    fn rows(&self) -> Vec<(&'static str, [Cell; 2])> {
+    pub(super) fn rows(&self) -> Vec<(&'static str, [Cell; 2])> {
         let runs = [&self.direct, &self.idemgate];
         let n = |f: fn(&RunFigures) -> u64| runs.map(|r| Cell::Count(f(r)));
         vec![
@@ -147,29 +147,7 @@ impl LabReport {
 
     /// An aligned text table, one column per run.
     pub fn table(&self) -> String {
-        let runs = [&self.direct, &self.idemgate];
-        let rows: Vec<(&str, [String; 2])> = self
-            .rows()
-            .into_iter()
-            .map(|(name, cells)| (name, cells.map(|c| c.text())))
-            .collect();
-        let name_width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
-        let col_width = rows
-            .iter()
-            .flat_map(|(_, cells)| cells.iter().map(String::len))
-            .chain(runs.iter().map(|r| r.label.len()))
-            .max()
-            .unwrap_or(0);
-        let mut out = format!(
-            "{:name_width$}  {:>col_width$}  {:>col_width$}\n",
-            "", self.direct.label, self.idemgate.label
-        );
-        for (name, [a, b]) in rows {
-            out.push_str(&format!(
-                "{name:name_width$}  {a:>col_width$}  {b:>col_width$}\n"
-            ));
-        }
-        out
+        table_of([&self.direct.label, &self.idemgate.label], self.rows())
     }
 
     /// The same figures as JSON, plus the verdict.
@@ -179,13 +157,60 @@ impl LabReport {
     }
 }
 
+/// An aligned text table of `rows`, one column per run, headed by the runs' labels.
+pub(super) fn table_of(labels: [&str; 2], rows: Vec<(&str, [Cell; 2])>) -> String {
+    let rows: Vec<(&str, [String; 2])> = rows
+        .into_iter()
+        .map(|(name, cells)| (name, cells.map(|c| c.text())))
+        .collect();
+    let name_width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+    let col_width = rows
+        .iter()
+        .flat_map(|(_, cells)| cells.iter().map(String::len))
+        .chain(labels.iter().map(|l| l.len()))
+        .max()
+        .unwrap_or(0);
+    let mut out = format!(
+        "{:name_width$}  {:>col_width$}  {:>col_width$}\n",
+        "", labels[0], labels[1]
+    );
+    for (name, [a, b]) in rows {
+        out.push_str(&format!(
+            "{name:name_width$}  {a:>col_width$}  {b:>col_width$}\n"
+        ));
+    }
+    out
+}
+
+/// The runs of `rows` as JSON objects under the rows' names, each with its `label`.
+pub(super) fn runs_json(
+    labels: [&str; 2],
+    rows: Vec<(&str, [Cell; 2])>,
+) -> [serde_json::Map<String, serde_json::Value>; 2] {
+    let mut runs = labels.map(|label| {
+        let mut m = serde_json::Map::new();
+        m.insert("label".into(), label.into());
+        m
+    });
+    for (name, cells) in rows {
+        for (run, cell) in runs.iter_mut().zip(cells) {
+            run.insert(name.into(), cell.json());
+        }
+    }
+    runs
+}
+
 /// One figure of the table, in the table's unit.
-#[derive(Clone, Copy)]
-enum Cell {
+#[derive(Clone)]
+pub(super) enum Cell {
     Count(u64),
     /// Minor units (cents), shown in major units.
     Money(i64),
     Seconds(f64),
+    /// A ratio, shown as `0.97x`.
+    Ratio(f64),
+    /// Words: when incidents happened, or why a figure does not apply.
+    Text(String),
 }
 
 impl Cell {
@@ -194,15 +219,19 @@ impl Cell {
             Cell::Count(n) => n.to_string(),
             Cell::Money(minor) => money(minor),
             Cell::Seconds(s) => format!("{s:.2} s"),
+            Cell::Ratio(r) => format!("{r:.2}x"),
+            Cell::Text(t) => t,
         }
     }
 
-    /// The JSON number: what the table shows, without the unit.
+    /// The JSON value: what the table shows, without the unit.
     fn json(self) -> serde_json::Value {
         match self {
             Cell::Count(n) => n.into(),
             Cell::Money(minor) => (minor as f64 / 100.0).into(),
             Cell::Seconds(s) => ((s * 100.0).round() / 100.0).into(),
+            Cell::Ratio(r) => ((r * 100.0).round() / 100.0).into(),
+            Cell::Text(t) => t.into(),
         }
     }
 }
@@ -222,16 +251,7 @@ impl Serialize for LabReport {
             passed: bool,
             summary: String,
         }
-        let mut runs = [&self.direct, &self.idemgate].map(|r| {
-            let mut m = serde_json::Map::new();
-            m.insert("label".into(), r.label.clone().into());
-            m
-        });
-        for (name, cells) in self.rows() {
-            for (run, cell) in runs.iter_mut().zip(cells) {
-                run.insert(name.into(), cell.json());
-            }
-        }
+        let runs = runs_json([&self.direct.label, &self.idemgate.label], self.rows());
         let [direct, idemgate] = runs;
         Wire {
             seed: self.seed,

@@ -5,19 +5,26 @@
 //! It wraps the [`Store`] trait rather than scanning Redis for a key pattern: the lab's
 //! records are found by their ids whatever the store makes of an id, and nothing that the
 //! lab did not claim itself is ever touched.
+//!
+//! On a bad day it is also where the embedded store freezes: while frozen, every store call
+//! waits (and the proxy's deadline around it runs out), as calls to a stalled Redis do.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::key::RecordId;
-use crate::store::{deadline, Claim, ClaimRequest, Layer, Store, StoreFuture};
+use crate::store::{
+    deadline, BoxFuture, Call, Claim, ClaimRequest, Layer, Store, StoreError, StoreFuture,
+};
 
 /// A store that remembers the ids of the records claimed through it.
 pub struct Tracked {
     inner: Arc<dyn Store>,
     // Every id a claim created; a retry's claim finds the record and adds nothing.
     claimed: Mutex<HashSet<RecordId>>,
+    // True while the store is frozen.
+    frozen: tokio::sync::watch::Sender<bool>,
 }
 
 impl Tracked {
@@ -26,7 +33,13 @@ impl Tracked {
         Tracked {
             inner,
             claimed: Mutex::new(HashSet::new()),
+            frozen: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// Freezes (`true`) or thaws the store: frozen, every call waits until it thaws.
+    pub fn freeze(&self, frozen: bool) {
+        self.frozen.send_replace(frozen);
     }
 
     /// How many records the lab has claimed so far.
@@ -60,8 +73,23 @@ impl Layer for Tracked {
         &*self.inner
     }
 
+    fn around<'a, T: Send + 'a>(
+        &'a self,
+        call: Call,
+        future: BoxFuture<'a, Result<T, StoreError>>,
+    ) -> BoxFuture<'a, Result<T, StoreError>> {
+        let _ = call;
+        let mut frozen = self.frozen.subscribe();
+        Box::pin(async move {
+            let _ = frozen.wait_for(|f| !*f).await;
+            future.await
+        })
+    }
+
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
+            let mut frozen = self.frozen.subscribe();
+            let _ = frozen.wait_for(|f| !*f).await;
             // Noted before the call: a claim whose answer is lost may still have landed.
             if let Ok(mut c) = self.claimed.lock() {
                 c.insert(req.id);

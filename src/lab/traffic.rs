@@ -35,6 +35,13 @@ use tokio::net::TcpStream;
 const EMPTY_ACCOUNTS: usize = 2;
 /// Share of intents that draw on an empty account.
 const INSUFFICIENT_RATIO: f64 = 0.03;
+/// A failed attempt's client waits this much longer before each next one (a bank that is
+/// restarting refuses connections for a moment).
+const RETRY_BACKOFF: Duration = Duration::from_millis(25);
+/// A slow reader reads this many bytes of its answer at a time ...
+const SLOW_READ_CHUNK: usize = 16;
+/// ... and pauses this long between reads.
+const SLOW_READ_PAUSE: Duration = Duration::from_millis(5);
 /// The one day, in milliseconds.
 const DAY_MS: u32 = 24 * 60 * 60 * 1000;
 
@@ -328,10 +335,103 @@ enum Answer {
 /// The final answer to one request after its retries.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Final {
-    Success { replayed: bool },
+    Success {
+        replayed: bool,
+    },
     Refused(StatusCode),
     Mismatch,
+    /// idemgate holds the outcome (`409 outcome-unknown`): only an operator can settle it.
+    Held,
     GaveUp,
+}
+
+impl Final {
+    /// Whether the client has its final answer: the bank's (first-hand or replayed) or
+    /// idemgate's refusal of a changed body.
+    fn answered(&self) -> bool {
+        matches!(
+            self,
+            Final::Success { .. } | Final::Refused(_) | Final::Mismatch
+        )
+    }
+}
+
+/// Copies of one request a client sends at once during a retry storm.
+pub const STORM_COPIES: usize = 16;
+
+/// How a client behaves on top of its intent's [`Behaviour`], by the day's incidents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    /// As its behaviour says.
+    Normal,
+    /// Sends [`STORM_COPIES`] copies of its request at once and retries each failure
+    /// without backoff (a `409 in-progress` still waits what idemgate says).
+    Storm,
+    /// Reads its answer a few bytes at a time, with pauses.
+    SlowReader,
+}
+
+/// What the day's incidents do to the clients: told when the day reaches an intent, and
+/// asked how that intent's client behaves.
+pub trait DayHooks: Sync {
+    /// The day reaches intent `seq` (its client is about to send).
+    fn reached(&self, seq: usize) {
+        let _ = seq;
+    }
+    /// How the client of intent `seq` behaves.
+    fn style(&self, seq: usize) -> Style {
+        let _ = seq;
+        Style::Normal
+    }
+    /// How long the bank takes to answer intent `seq` (sent as [`LATENCY_HEADER`]), when
+    /// the day decides it rather than the bank's own draws.
+    fn latency(&self, seq: usize) -> Option<Duration> {
+        let _ = seq;
+        None
+    }
+}
+
+/// The bank answers a request that carries this header (milliseconds) after that long
+/// instead of its own draw: a bad day pairs the latencies of the storm's intents with
+/// those just before it, so the two stretches' goodputs compare like with like.
+pub const LATENCY_HEADER: &str = "lab-latency-ms";
+
+tokio::task_local! {
+    // The latency the current intent asks the bank for (see `DayHooks::latency`).
+    static LATENCY: Option<Duration>;
+}
+
+/// The current intent's [`LATENCY_HEADER`] as a header line, or nothing.
+fn latency_line() -> String {
+    latency_header()
+        .map(|ms| format!("{LATENCY_HEADER}: {ms}\r\n"))
+        .unwrap_or_default()
+}
+
+/// The current intent's [`LATENCY_HEADER`] value.
+fn latency_header() -> Option<String> {
+    LATENCY
+        .try_with(|l| *l)
+        .ok()
+        .flatten()
+        .map(|l| l.as_millis().to_string())
+}
+
+/// A good day: no incidents.
+pub struct NoIncidents;
+
+impl DayHooks for NoIncidents {}
+
+/// How one intent ended for its client, and when.
+#[derive(Debug, Clone, Copy)]
+pub struct IntentOutcome {
+    /// When its client started and when it had its final answer (or gave up).
+    pub started: std::time::Instant,
+    pub ended: std::time::Instant,
+    /// It has its final answer (the bank's, or a refused changed body).
+    pub answered: bool,
+    /// idemgate held its outcome `unknown` (`409 outcome-unknown`) when the client stopped.
+    pub held: bool,
 }
 
 type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
@@ -346,38 +446,19 @@ struct Run<'a> {
 
 /// Replays the day against `opts.target` and returns what the clients saw.
 pub async fn replay(plan: &DayPlan, opts: &LabClient, progress: &ProgressBar) -> ClientTally {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(opts.patient_timeout));
-    connector.set_nodelay(true);
-    connector.enforce_http(false);
-    let builder = hyper_rustls::HttpsConnectorBuilder::new();
-    let connector = match &opts.tls {
-        Some(tls) => builder
-            .with_tls_config((**tls).clone())
-            .https_only()
-            .enable_http1()
-            .wrap_connector(connector),
-        // Plain HTTP: the TLS side is never used.
-        None => builder
-            .with_tls_config(
-                rustls::ClientConfig::builder()
-                    .with_root_certificates(rustls::RootCertStore::empty())
-                    .with_no_client_auth(),
-            )
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(connector),
-    };
-    let client = Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(10))
-        .pool_max_idle_per_host(opts.concurrency.max(1) * 2)
-        .build(connector);
-    let run = Arc::new(Run {
-        client,
-        opts,
-        counters: Counters::default(),
-        turn: std::sync::atomic::AtomicUsize::new(0),
-    });
+    replay_day(plan, opts, progress, &NoIncidents).await.0
+}
+
+/// As [`replay`], with the day's incidents told as it reaches them; also returns how each
+/// intent ended, in plan order.
+pub async fn replay_day(
+    plan: &DayPlan,
+    opts: &LabClient,
+    progress: &ProgressBar,
+    hooks: &dyn DayHooks,
+) -> (ClientTally, Vec<IntentOutcome>) {
+    let run = Arc::new(Run::new(opts));
+    let outcomes = std::sync::Mutex::new(vec![None; plan.intents.len()]);
     let next = AtomicUsize::new(0);
     let workers = (0..opts.concurrency.max(1)).map(|_| async {
         loop {
@@ -385,14 +466,116 @@ pub async fn replay(plan: &DayPlan, opts: &LabClient, progress: &ProgressBar) ->
             let Some(intent) = plan.intents.get(index) else {
                 break;
             };
-            run.send_intent(intent).await;
+            hooks.reached(index);
+            let started = std::time::Instant::now();
+            let (last, answered_at) = LATENCY
+                .scope(
+                    hooks.latency(index),
+                    run.send_intent(intent, hooks.style(index)),
+                )
+                .await;
+            let outcome = IntentOutcome {
+                started,
+                ended: answered_at.unwrap_or_else(std::time::Instant::now),
+                answered: last.answered(),
+                held: last == Final::Held,
+            };
+            if let Ok(mut all) = outcomes.lock() {
+                all[index] = Some(outcome);
+            }
             progress.inc(1);
         }
     });
     // Workers borrow the plan, so they run as futures on this task rather than as spawned
     // tasks; the HTTP connections themselves are driven by the client's own spawned tasks.
     join_all(workers).await;
-    run.counters.tally()
+    let now = std::time::Instant::now();
+    let outcomes = outcomes
+        .into_inner()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|o| {
+            o.unwrap_or(IntentOutcome {
+                started: now,
+                ended: now,
+                answered: false,
+                held: false,
+            })
+        })
+        .collect();
+    (run.counters.tally(), outcomes)
+}
+
+/// The clients' last retries at the end of the day: each intent in `seqs` is sent once
+/// more (with its retries), its first amount under its key. Returns what the clients saw
+/// and, per intent of `seqs`, whether it now has its final answer.
+pub async fn last_retries(
+    plan: &DayPlan,
+    opts: &LabClient,
+    seqs: &[usize],
+) -> (ClientTally, Vec<bool>) {
+    let run = Run::new(opts);
+    let mut answered = Vec::with_capacity(seqs.len());
+    for chunk in seqs.chunks(opts.concurrency.max(1)) {
+        let sends = chunk.iter().map(|&seq| {
+            let run = &run;
+            async move {
+                let intent = &plan.intents[seq];
+                let key = format!("{}{}", run.opts.key_prefix, intent.key);
+                let body = body_for(intent, intent.amount);
+                run.request(&key, &body, run.opts.patient_timeout, true)
+                    .await
+                    .answered()
+            }
+        });
+        let mut results = vec![false; chunk.len()];
+        let slots = results
+            .iter_mut()
+            .zip(sends)
+            .map(|(slot, send)| async move {
+                *slot = send.await;
+            });
+        join_all(slots).await;
+        answered.extend(results);
+    }
+    (run.counters.tally(), answered)
+}
+
+impl<'a> Run<'a> {
+    fn new(opts: &'a LabClient) -> Run<'a> {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(opts.patient_timeout));
+        connector.set_nodelay(true);
+        connector.enforce_http(false);
+        let builder = hyper_rustls::HttpsConnectorBuilder::new();
+        let connector = match &opts.tls {
+            Some(tls) => builder
+                .with_tls_config((**tls).clone())
+                .https_only()
+                .enable_http1()
+                .wrap_connector(connector),
+            // Plain HTTP: the TLS side is never used.
+            None => builder
+                .with_tls_config(
+                    rustls::ClientConfig::builder()
+                        .with_root_certificates(rustls::RootCertStore::empty())
+                        .with_no_client_auth(),
+                )
+                .https_or_http()
+                .enable_http1()
+                .wrap_connector(connector),
+        };
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(10))
+            .pool_max_idle_per_host(opts.concurrency.max(1) * 2)
+            .build(connector);
+        Run {
+            client,
+            opts,
+            counters: Counters::default(),
+            turn: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
 }
 
 /// Polls every future to completion without pulling in the `futures` crate.
@@ -415,53 +598,124 @@ fn body_for(intent: &Intent, amount: i64) -> Bytes {
 }
 
 impl Run<'_> {
-    async fn send_intent(&self, intent: &Intent) {
+    /// Sends one intent as its client would; returns the final answer of its first
+    /// request (the one whose answer the client waits for), and, in a storm, when the first
+    /// copy had it.
+    async fn send_intent(
+        &self,
+        intent: &Intent,
+        style: Style,
+    ) -> (Final, Option<std::time::Instant>) {
         let key = format!("{}{}", self.opts.key_prefix, intent.key);
         let body = body_for(intent, intent.amount);
         let patient = self.opts.patient_timeout;
+        match style {
+            Style::Normal => {}
+            Style::Storm => {
+                let (answer, at) = self.storm(&key, &body).await;
+                return (answer, Some(at));
+            }
+            Style::SlowReader => {
+                if let Some(answer) = self.slow_read(&key, &body).await {
+                    return (answer, None);
+                }
+                bump(&self.counters.retries);
+                return (
+                    self.settle(self.request(&key, &body, patient, true).await),
+                    None,
+                );
+            }
+        }
         let outcome = match intent.behaviour {
-            Behaviour::Plain => self.request(&key, &body, patient).await,
-            Behaviour::TimeoutRetry => self.request(&key, &body, self.opts.timeout).await,
+            Behaviour::Plain => self.request(&key, &body, patient, true).await,
+            Behaviour::TimeoutRetry => self.request(&key, &body, self.opts.timeout, true).await,
             Behaviour::DisconnectRetry => {
                 self.hang_up(&key, &body).await;
                 bump(&self.counters.retries);
-                self.request(&key, &body, patient).await
+                self.request(&key, &body, patient, true).await
             }
             Behaviour::DoubleClick => {
                 let (first, second) = tokio::join!(
-                    self.request(&key, &body, patient),
-                    self.request(&key, &body, patient)
+                    self.request(&key, &body, patient, true),
+                    self.request(&key, &body, patient, true)
                 );
-                if second == Final::GaveUp {
-                    bump(&self.counters.unresolved);
+                let second = self.settle(second);
+                // The intent has its answer when either click got it.
+                if first.answered() || !second.answered() {
+                    first
+                } else {
+                    second
                 }
-                first
             }
             Behaviour::TellerCorrection { corrected_amount } => {
-                let first = self.request(&key, &body, patient).await;
-                if first == Final::GaveUp {
-                    bump(&self.counters.unresolved);
-                }
+                let first = self.settle(self.request(&key, &body, patient, true).await);
                 let corrected = body_for(intent, corrected_amount);
-                match self.request(&key, &corrected, patient).await {
+                match self.request(&key, &corrected, patient, true).await {
                     Final::Success { replayed: true } => bump(&self.counters.silent_replays),
                     Final::Success { replayed: false } => bump(&self.counters.corrections_executed),
                     _ => {}
                 }
-                return;
+                return (first, None);
             }
         };
-        if outcome == Final::GaveUp {
-            bump(&self.counters.unresolved);
-        }
+        (self.settle(outcome), None)
     }
 
-    /// Sends one request until it has a final answer, retrying with the same key and body.
-    async fn request(&self, key: &str, body: &Bytes, deadline: Duration) -> Final {
+    /// Counts a request that ended without its final answer.
+    fn settle(&self, outcome: Final) -> Final {
+        if !outcome.answered() {
+            bump(&self.counters.unresolved);
+        }
+        outcome
+    }
+
+    /// A retry storm's client: [`STORM_COPIES`] copies at once, each retried without
+    /// backoff; the intent has its answer when one copy has it (returned with the moment
+    /// it came), and the client waits for every copy before its next intent.
+    async fn storm(&self, key: &str, body: &Bytes) -> (Final, std::time::Instant) {
+        let patient = self.opts.patient_timeout;
+        let first_answer = std::sync::Mutex::new(None);
+        let copies = (0..STORM_COPIES).map(|_| self.request(key, body, patient, false));
+        let mut finals = vec![Final::GaveUp; STORM_COPIES];
+        let slots = finals.iter_mut().zip(copies).map(|(slot, copy)| {
+            let first_answer = &first_answer;
+            async move {
+                *slot = copy.await;
+                if slot.answered() {
+                    if let Ok(mut at) = first_answer.lock() {
+                        at.get_or_insert_with(std::time::Instant::now);
+                    }
+                }
+            }
+        });
+        join_all(slots).await;
+        let at = first_answer
+            .into_inner()
+            .ok()
+            .flatten()
+            .unwrap_or_else(std::time::Instant::now);
+        let best = finals
+            .iter()
+            .find(|f| f.answered())
+            .or_else(|| finals.iter().find(|f| **f == Final::Held))
+            .cloned()
+            .unwrap_or(Final::GaveUp);
+        (self.settle(best), at)
+    }
+
+    /// Sends one request until it has a final answer, retrying with the same key and body;
+    /// with `backoff`, waits a little longer after each failed attempt (a refused
+    /// connection, idemgate's 502/503), as real clients do; without, retries those at once.
+    async fn request(&self, key: &str, body: &Bytes, deadline: Duration, backoff: bool) -> Final {
         for attempt in 0..self.opts.max_attempts {
             if attempt > 0 {
                 bump(&self.counters.retries);
             }
+            let pause = if backoff {
+                RETRY_BACKOFF * (attempt + 1)
+            } else {
+                Duration::ZERO
+            };
             match self.attempt(key, body, deadline).await {
                 Answer::Success { replayed } => return Final::Success { replayed },
                 Answer::Bank(status) => return Final::Refused(status),
@@ -470,6 +724,9 @@ impl Run<'_> {
                     retry_after,
                     ..
                 } if problem == "in-progress" => {
+                    // Not a failure: idemgate says when to come back, and even a storm's
+                    // client does (else its load is no longer 16x but as much as the
+                    // machine can send).
                     let wait = retry_after
                         .unwrap_or(self.opts.in_progress_wait_cap)
                         .min(self.opts.in_progress_wait_cap);
@@ -478,14 +735,30 @@ impl Run<'_> {
                 Answer::Idemgate { problem, .. } if problem == "fingerprint-mismatch" => {
                     return Final::Mismatch
                 }
+                Answer::Idemgate { problem, .. } if problem == "outcome-unknown" => {
+                    // Only an operator can settle it; the client tries again later.
+                    return Final::Held;
+                }
+                Answer::Idemgate { problem, .. }
+                    if matches!(
+                        problem.as_str(),
+                        "upstream-unreachable"
+                            | "store-unavailable"
+                            | "overloaded"
+                            | "upstream-timeout"
+                    ) =>
+                {
+                    // Nothing ran (or the retry finds the record held): try again.
+                    tokio::time::sleep(pause).await;
+                }
                 Answer::Idemgate {
                     status, problem, ..
                 } => {
-                    // outcome-unknown and the like: retrying cannot help this run.
                     tracing::warn!(%status, %problem, key, "lab client: idemgate refused");
                     return Final::Refused(status);
                 }
-                Answer::TimedOut | Answer::Transport => {}
+                Answer::Transport => tokio::time::sleep(pause).await,
+                Answer::TimedOut => {}
             }
         }
         Final::GaveUp
@@ -498,12 +771,15 @@ impl Run<'_> {
             "http"
         };
         let uri = format!("{scheme}://{}/transfers", self.next_target());
-        let request = Request::builder()
+        let mut request = Request::builder()
             .method(Method::POST)
             .uri(uri)
             .header(CONTENT_TYPE, "application/json")
-            .header("idempotency-key", key)
-            .body(Full::new(body.clone()));
+            .header("idempotency-key", key);
+        if let Some(ms) = latency_header() {
+            request = request.header(LATENCY_HEADER, ms);
+        }
+        let request = request.body(Full::new(body.clone()));
         let request = match request {
             Ok(request) => request,
             Err(err) => {
@@ -586,14 +862,97 @@ impl Run<'_> {
         }
     }
 
+    /// One attempt on a fresh socket whose answer is read [`SLOW_READ_CHUNK`] bytes at a
+    /// time with pauses, as a client on a bad link reads it. `None` when it brought no final
+    /// answer (the caller then retries as usual).
+    async fn slow_read(&self, key: &str, body: &Bytes) -> Option<Final> {
+        use tokio::io::AsyncReadExt;
+        let target = self.next_target();
+        let head = format!(
+            "POST /transfers HTTP/1.1\r\nHost: {target}\r\nContent-Type: application/json\r\n\
+             Idempotency-Key: {key}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n",
+            body.len(),
+            latency_line(),
+        );
+        let exchange = async {
+            let stream = TcpStream::connect(target).await?;
+            stream.set_nodelay(true)?;
+            let mut stream = match &self.opts.tls {
+                None => tokio_util::either::Either::Left(stream),
+                Some(tls) => {
+                    let name = rustls::pki_types::ServerName::from(target.ip());
+                    let tls = tokio_rustls::TlsConnector::from(tls.clone());
+                    tokio_util::either::Either::Right(tls.connect(name, stream).await?)
+                }
+            };
+            stream.write_all(head.as_bytes()).await?;
+            stream.write_all(body).await?;
+            stream.flush().await?;
+            let mut raw = Vec::new();
+            let mut chunk = [0u8; SLOW_READ_CHUNK];
+            loop {
+                let n = stream.read(&mut chunk).await?;
+                if n == 0 {
+                    break;
+                }
+                raw.extend_from_slice(&chunk[..n]);
+                tokio::time::sleep(SLOW_READ_PAUSE).await;
+            }
+            Ok::<_, std::io::Error>(raw)
+        };
+        bump(&self.counters.requests_sent);
+        let raw = match tokio::time::timeout(self.opts.patient_timeout, exchange).await {
+            Ok(Ok(raw)) => raw,
+            Ok(Err(err)) => {
+                tracing::debug!(error = %err, key, "lab client: slow read failed");
+                bump(&self.counters.other_errors);
+                return None;
+            }
+            Err(_) => {
+                bump(&self.counters.timeouts);
+                return None;
+            }
+        };
+        let text = String::from_utf8_lossy(&raw);
+        let (head, _) = text.split_once("\r\n\r\n")?;
+        let status: u16 = head.get(9..12)?.parse().ok()?;
+        let header = |name: &str| {
+            head.lines().skip(1).find_map(|line| {
+                let (n, v) = line.split_once(':')?;
+                n.trim()
+                    .eq_ignore_ascii_case(name)
+                    .then(|| v.trim().to_owned())
+            })
+        };
+        if header("idemgate-error").is_some() {
+            // idemgate's own answer (in progress, held...): the ordinary client handles it.
+            bump(&self.counters.idemgate_other_errors);
+            return None;
+        }
+        if (200..300).contains(&status) {
+            let replayed = header("idempotent-replayed").as_deref() == Some("true");
+            if replayed {
+                bump(&self.counters.replays);
+            }
+            return Some(Final::Success { replayed });
+        }
+        if matches!(status, 409 | 422) {
+            bump(&self.counters.bank_409_422);
+        } else {
+            bump(&self.counters.other_errors);
+        }
+        Some(Final::Refused(StatusCode::from_u16(status).ok()?))
+    }
+
     /// Writes the whole request on a fresh socket and closes it without reading the answer.
     async fn hang_up(&self, key: &str, body: &Bytes) {
         let target = self.next_target();
         let head = format!(
             "POST /transfers HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-             Idempotency-Key: {key}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+             Idempotency-Key: {key}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n",
             target,
-            body.len()
+            body.len(),
+            latency_line(),
         );
         let write = async {
             let stream = TcpStream::connect(target).await?;
