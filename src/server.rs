@@ -281,7 +281,16 @@ pub async fn start_wrapped(
     let token = stop.clone();
     let task = tokio::spawn(async move {
         let stop = token.cancelled_owned();
-        serve_on(wired, store, scoper, listener, admin, stop, Vec::new()).await;
+        serve_on(
+            wired,
+            store,
+            scoper,
+            listener,
+            admin,
+            stop,
+            Serving::default(),
+        )
+        .await;
     });
     Ok(Running {
         addr,
@@ -370,12 +379,18 @@ fn check_file_limit(c: &Config) {
 /// requests do: no request crosses threads, and each thread's Redis connection writes the
 /// calls of that thread's requests together. The embedded, SQLite and PostgreSQL stores are
 /// shared by all threads.
+///
+/// With `reload`, `SIGHUP` and `POST /config/reload` reload the configuration from it (see
+/// [`crate::reload`]). `SIGHUP` is caught from the start: one that comes while the store
+/// opens is taken once serving starts, never the signal's default (the end of the process).
 pub async fn run(
     wired: Wired,
     listener: TcpListener,
     admin: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    reload: Option<crate::reload::Source>,
 ) -> Result<(), Error> {
+    let reload = reload.map(|source| (source, hangups()));
     let mut shutdown = Box::pin(shutdown);
     let open = |starting: Arc<crate::starting::Starting>| {
         let wired = &wired;
@@ -396,8 +411,50 @@ pub async fn run(
         }
     };
     let (store, scoper, workers) = started;
-    serve_on(wired, store, scoper, listener, admin, shutdown, workers).await;
+    let serving = Serving { workers, reload };
+    serve_on(wired, store, scoper, listener, admin, shutdown, serving).await;
     Ok(())
+}
+
+/// What the binary's serving has beside the listeners: the other serving threads, and the
+/// source that `SIGHUP` and `POST /config/reload` reload the configuration from.
+#[derive(Default)]
+struct Serving {
+    workers: Vec<Worker>,
+    reload: Option<(crate::reload::Source, Option<Hangups>)>,
+}
+
+#[cfg(unix)]
+type Hangups = tokio::signal::unix::Signal;
+#[cfg(not(unix))]
+type Hangups = std::convert::Infallible;
+
+/// `SIGHUP`, caught from now on; `None` (and logged) if it cannot be.
+fn hangups() -> Option<Hangups> {
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGHUP; POST /config/reload still reloads");
+                None
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    None
+}
+
+/// Reloads the configuration at each `SIGHUP`, until aborted.
+async fn reload_on_hangup(reloader: Arc<crate::reload::Reloader>, mut hangups: Hangups) {
+    #[cfg(unix)]
+    while hangups.recv().await.is_some() {
+        let reloader = reloader.clone();
+        // It reads files: off the serving thread.
+        let _ = tokio::task::spawn_blocking(move || reloader.reload("SIGHUP")).await;
+    }
+    #[cfg(not(unix))]
+    match hangups {}
 }
 
 /// Runs `open` (the store's opening) while the listeners answer as [`crate::starting`]
@@ -535,8 +592,8 @@ impl Job {
     }
 }
 
-/// Serves on already-bound listeners until `shutdown`, then drains; `workers` serve from
-/// the same listener on threads of their own.
+/// Serves on already-bound listeners until `shutdown`, then drains; `serving.workers`
+/// serve from the same listener on threads of their own.
 async fn serve_on(
     wired: Wired,
     store: Arc<dyn Store>,
@@ -544,8 +601,9 @@ async fn serve_on(
     listener: TcpListener,
     admin: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    workers: Vec<Worker>,
+    serving: Serving,
 ) {
+    let Serving { workers, reload } = serving;
     let place = store_place(&wired, &*store);
     let Wired {
         settings,
@@ -636,15 +694,36 @@ async fn serve_on(
         };
         tokio::spawn(watch.run())
     });
+    // The settings in force, for the proxy and the admin listener's lookups: a reload
+    // swaps them.
+    let live = crate::config::Live::new(settings.clone());
+    let (config_reloader, hangups) = match reload {
+        Some((source, hangups)) => (
+            Some(Arc::new(crate::reload::Reloader::new(
+                source,
+                live.clone(),
+                metrics.clone(),
+            ))),
+            hangups,
+        ),
+        None => (None, None),
+    };
+    let hangup_task = config_reloader
+        .clone()
+        .zip(hangups)
+        .map(|(r, h)| tokio::spawn(reload_on_hangup(r, h)));
     // Shutdown ends at one deadline, set when it starts; every drain below shares it.
     let (end_tx, end_rx) = tokio::sync::watch::channel(None::<Instant>);
     let admin_task = admin.map(|l| {
         let token = settings.config.admin_token.clone();
         let authorities = listener_tls.as_ref().and_then(|t| t.authorities.clone());
-        let resolver = Resolver::new(Arc::new(settings.clone()), scoper.clone(), authorities);
-        let admin = Admin::new(store.clone(), store_timeout, metrics.clone(), token)
+        let resolver = Resolver::new(live.clone(), scoper.clone(), authorities);
+        let mut admin = Admin::new(store.clone(), store_timeout, metrics.clone(), token)
             .with_resolver(resolver)
             .with_secret(secret_health.clone(), scoper.secret().clone());
+        if let Some(reloader) = &config_reloader {
+            admin = admin.with_reloader(reloader.clone());
+        }
         // The admin listener has connections of its own, so a flood of client connections
         // never keeps an operator out.
         // A silent connection cannot be told from a probe before it speaks, and each holds
@@ -683,7 +762,7 @@ async fn serve_on(
     });
     let releases = Arc::new(Releases::new(metrics.pending_releases()));
     let proxy = Proxy::new(
-        settings,
+        live,
         upstream_tls,
         store,
         scoper,
@@ -761,6 +840,9 @@ async fn serve_on(
     }
     watcher.abort();
     unknown_counter.abort();
+    if let Some(h) = hangup_task {
+        h.abort();
+    }
     if let Some(r) = reloader {
         r.abort();
     }
