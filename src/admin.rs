@@ -78,9 +78,9 @@ impl Admin {
         self
     }
 
-    /// Enables `POST /config/reload`.
-    pub fn with_reloader(mut self, reloader: Arc<Reloader>) -> Admin {
-        self.reloader = Some(reloader);
+    /// Enables `POST /config/reload` (with a reloader).
+    pub fn with_reloader(mut self, reloader: Option<Arc<Reloader>>) -> Admin {
+        self.reloader = reloader;
         self
     }
 

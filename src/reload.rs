@@ -97,6 +97,21 @@ impl Reloader {
         }
     }
 
+    /// With a source, a reloader over `live`, and the task that reloads at each of its
+    /// `SIGHUP`s.
+    pub fn start(
+        reload: Option<(Source, Option<Hangups>)>,
+        live: &Arc<Live>,
+        metrics: &Arc<Metrics>,
+    ) -> (Option<Arc<Reloader>>, Option<tokio::task::JoinHandle<()>>) {
+        let Some((source, hangups)) = reload else {
+            return (None, None);
+        };
+        let reloader = Arc::new(Reloader::new(source, live.clone(), metrics.clone()));
+        let task = hangups.map(|h| tokio::spawn(reload_on_hangup(reloader.clone(), h)));
+        (Some(reloader), task)
+    }
+
     /// Reads, checks and applies the configuration (all or nothing), logs and counts what
     /// came of it. `cause` says what asked (`SIGHUP`, `POST /config/reload`). Reads files:
     /// run it where blocking is fine.
@@ -165,4 +180,38 @@ impl Reloader {
             changed: found.applied,
         }
     }
+}
+
+/// `SIGHUP`, as a stream of signals.
+#[cfg(unix)]
+pub type Hangups = tokio::signal::unix::Signal;
+#[cfg(not(unix))]
+pub type Hangups = std::convert::Infallible;
+
+/// `SIGHUP`, caught from now on; `None` (and logged) if it cannot be.
+pub fn hangups() -> Option<Hangups> {
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGHUP; POST /config/reload still reloads");
+                None
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    None
+}
+
+/// Reloads the configuration at each `SIGHUP`, until aborted.
+async fn reload_on_hangup(reloader: Arc<Reloader>, mut hangups: Hangups) {
+    #[cfg(unix)]
+    while hangups.recv().await.is_some() {
+        let reloader = reloader.clone();
+        // It reads files: off the serving thread.
+        let _ = tokio::task::spawn_blocking(move || reloader.reload("SIGHUP")).await;
+    }
+    #[cfg(not(unix))]
+    match hangups {}
 }

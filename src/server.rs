@@ -379,10 +379,8 @@ fn check_file_limit(c: &Config) {
 /// requests do: no request crosses threads, and each thread's Redis connection writes the
 /// calls of that thread's requests together. The embedded, SQLite and PostgreSQL stores are
 /// shared by all threads.
-///
-/// With `reload`, `SIGHUP` and `POST /config/reload` reload the configuration from it (see
-/// [`crate::reload`]). `SIGHUP` is caught from the start: one that comes while the store
-/// opens is taken once serving starts, never the signal's default (the end of the process).
+/// With `reload`, `SIGHUP` (caught from the start, never the end of the process) and `POST
+/// /config/reload` reload the configuration from it (see [`crate::reload`]).
 pub async fn run(
     wired: Wired,
     listener: TcpListener,
@@ -390,7 +388,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
     reload: Option<crate::reload::Source>,
 ) -> Result<(), Error> {
-    let reload = reload.map(|source| (source, hangups()));
+    let reload = reload.map(|source| (source, crate::reload::hangups()));
     let mut shutdown = Box::pin(shutdown);
     let open = |starting: Arc<crate::starting::Starting>| {
         let wired = &wired;
@@ -421,40 +419,7 @@ pub async fn run(
 #[derive(Default)]
 struct Serving {
     workers: Vec<Worker>,
-    reload: Option<(crate::reload::Source, Option<Hangups>)>,
-}
-
-#[cfg(unix)]
-type Hangups = tokio::signal::unix::Signal;
-#[cfg(not(unix))]
-type Hangups = std::convert::Infallible;
-
-/// `SIGHUP`, caught from now on; `None` (and logged) if it cannot be.
-fn hangups() -> Option<Hangups> {
-    #[cfg(unix)]
-    {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGHUP; POST /config/reload still reloads");
-                None
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    None
-}
-
-/// Reloads the configuration at each `SIGHUP`, until aborted.
-async fn reload_on_hangup(reloader: Arc<crate::reload::Reloader>, mut hangups: Hangups) {
-    #[cfg(unix)]
-    while hangups.recv().await.is_some() {
-        let reloader = reloader.clone();
-        // It reads files: off the serving thread.
-        let _ = tokio::task::spawn_blocking(move || reloader.reload("SIGHUP")).await;
-    }
-    #[cfg(not(unix))]
-    match hangups {}
+    reload: Option<(crate::reload::Source, Option<crate::reload::Hangups>)>,
 }
 
 /// Runs `open` (the store's opening) while the listeners answer as [`crate::starting`]
@@ -694,36 +659,19 @@ async fn serve_on(
         };
         tokio::spawn(watch.run())
     });
-    // The settings in force, for the proxy and the admin listener's lookups: a reload
-    // swaps them.
+    // The settings in force (the proxy's, the admin's lookups'): a reload swaps them.
     let live = crate::config::Live::new(settings.clone());
-    let (config_reloader, hangups) = match reload {
-        Some((source, hangups)) => (
-            Some(Arc::new(crate::reload::Reloader::new(
-                source,
-                live.clone(),
-                metrics.clone(),
-            ))),
-            hangups,
-        ),
-        None => (None, None),
-    };
-    let hangup_task = config_reloader
-        .clone()
-        .zip(hangups)
-        .map(|(r, h)| tokio::spawn(reload_on_hangup(r, h)));
+    let (config_reloader, hangup_task) = crate::reload::Reloader::start(reload, &live, &metrics);
     // Shutdown ends at one deadline, set when it starts; every drain below shares it.
     let (end_tx, end_rx) = tokio::sync::watch::channel(None::<Instant>);
     let admin_task = admin.map(|l| {
         let token = settings.config.admin_token.clone();
         let authorities = listener_tls.as_ref().and_then(|t| t.authorities.clone());
         let resolver = Resolver::new(live.clone(), scoper.clone(), authorities);
-        let mut admin = Admin::new(store.clone(), store_timeout, metrics.clone(), token)
+        let admin = Admin::new(store.clone(), store_timeout, metrics.clone(), token)
             .with_resolver(resolver)
-            .with_secret(secret_health.clone(), scoper.secret().clone());
-        if let Some(reloader) = &config_reloader {
-            admin = admin.with_reloader(reloader.clone());
-        }
+            .with_secret(secret_health.clone(), scoper.secret().clone())
+            .with_reloader(config_reloader.clone());
         // The admin listener has connections of its own, so a flood of client connections
         // never keeps an operator out.
         // A silent connection cannot be told from a probe before it speaks, and each holds
@@ -840,9 +788,7 @@ async fn serve_on(
     }
     watcher.abort();
     unknown_counter.abort();
-    if let Some(h) = hangup_task {
-        h.abort();
-    }
+    hangup_task.inspect(JoinHandle::abort);
     if let Some(r) = reloader {
         r.abort();
     }
