@@ -19,7 +19,8 @@ use crate::config::Secret;
 use crate::key::RecordId;
 use crate::metrics::{self, Metrics};
 use crate::operator::{self, Lookup, Resolver};
-use crate::problem::Problem;
+use crate::problem::{Problem, TYPE_BASE};
+use crate::reload::{Reloaded, Reloader};
 use crate::scope::ScopeSecret;
 use crate::secret::SecretHealth;
 use crate::store::{deadline, Completed, Deleted, RecordState, RecordView, Store};
@@ -47,6 +48,8 @@ pub struct Admin {
     // Whether the scope secret agrees with the store's (unready once not), and the secret
     // itself for `GET /scope-secret`.
     secret: Option<(Arc<SecretHealth>, ScopeSecret)>,
+    // `POST /config/reload`: the binary's, which knows where its configuration comes from.
+    reloader: Option<Arc<Reloader>>,
 }
 
 impl Admin {
@@ -64,6 +67,7 @@ impl Admin {
             token: token.map(|t| Sha256::digest(t.expose().as_bytes()).into()),
             resolver: None,
             secret: None,
+            reloader: None,
         }
     }
 
@@ -71,6 +75,12 @@ impl Admin {
     /// (only with `admin_token` set).
     pub fn with_secret(mut self, health: Arc<SecretHealth>, secret: ScopeSecret) -> Admin {
         self.secret = Some((health, secret));
+        self
+    }
+
+    /// Enables `POST /config/reload` (with a reloader).
+    pub fn with_reloader(mut self, reloader: Option<Arc<Reloader>>) -> Admin {
+        self.reloader = reloader;
         self
     }
 
@@ -115,6 +125,7 @@ impl Admin {
         match (req.method(), path.as_str()) {
             (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
             (&Method::GET, "/records") => self.list(&req).await,
+            (&Method::POST, "/config/reload") => self.reload().await,
             (&Method::POST, "/records/lookup") => self.lookup(req).await,
             (&Method::POST, p) if p.starts_with("/records/") && p.ends_with("/complete") => {
                 let hex = &p["/records/".len()..p.len() - "/complete".len()];
@@ -349,6 +360,65 @@ async fn read_json<T: serde::de::DeserializeOwned>(
         Err(_) => return Err(bad_request("the body did not arrive in time")),
     };
     serde_json::from_slice(&bytes).map_err(|e| bad_request(&format!("body: {e}")))
+}
+
+impl Admin {
+    /// `POST /config/reload`: 200 with the settings that changed, or a problem+json naming
+    /// what was refused (409 `reload-refused`: settings that need a restart; 422
+    /// `config-invalid`: what `config check` finds), nothing applied.
+    async fn reload(&self) -> Response<Body> {
+        let Some(reloader) = self.reloader.clone() else {
+            return text(
+                StatusCode::NOT_FOUND,
+                "this instance has no configuration source to reload\n",
+            );
+        };
+        let done = tokio::task::spawn_blocking(move || reloader.reload("POST /config/reload"));
+        let reloaded = match done.await {
+            Ok(r) => r,
+            Err(_) => {
+                return text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the reload failed; nothing was applied\n",
+                )
+            }
+        };
+        let (status, name, title, detail) = match &reloaded {
+            Reloaded::Applied { .. } => return json(StatusCode::OK, &reloaded),
+            Reloaded::Refused { restart_required } => (
+                StatusCode::CONFLICT,
+                "reload-refused",
+                "A setting that changed needs a restart",
+                format!(
+                    "nothing was applied: {} change only with a restart",
+                    restart_required.join(", ")
+                ),
+            ),
+            Reloaded::Invalid { problems } => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "config-invalid",
+                "The configuration does not pass idemgate config check",
+                format!("nothing was applied: {}", problems.join("; ")),
+            ),
+        };
+        let mut doc = serde_json::json!({
+            "type": format!("{TYPE_BASE}{name}"),
+            "title": title,
+            "status": status.as_u16(),
+            "detail": detail,
+        });
+        if let (Some(doc), Ok(serde_json::Value::Object(more))) =
+            (doc.as_object_mut(), serde_json::to_value(&reloaded))
+        {
+            doc.extend(more);
+        }
+        let mut res = json(status, &doc);
+        res.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        res
+    }
 }
 
 fn bad_request(why: &str) -> Response<Body> {

@@ -34,6 +34,9 @@
 //!   record → replay) or observed (forwarded as sent, counted as what enforcing would do).
 //! - [`answer`]: reading an upstream's answer up to `max_response_bytes`, streaming the
 //!   rest.
+//! - [`reload`]: hot reload of the configuration (`SIGHUP`, `POST /config/reload`):
+//!   checked as `config check` checks it, applied whole or refused naming what needs a
+//!   restart.
 //! - [`releases`]: claims never forwarded that this instance is still taking back.
 //! - [`secret`]: one store, one scope secret: start-up's, restoring a lost one, refusing on
 //!   disagreement.
@@ -81,6 +84,7 @@ pub mod problem;
 pub mod proxy;
 pub mod records_cli;
 pub mod releases;
+pub mod reload;
 pub mod request_id;
 pub mod retry_after;
 pub mod scope;

@@ -120,7 +120,7 @@ struct LabArgs {
 /// Flags that override the file and the environment. Their defaults are the
 /// configuration's (shown in `--help`); a flag that is not given leaves the file and the
 /// environment in charge.
-#[derive(clap::Args, Debug, Serialize)]
+#[derive(clap::Args, Debug, Clone, Serialize)]
 struct Overrides {
     /// Address to listen on for clients (a host name is resolved) [default: 127.0.0.1:8080]
     #[arg(long, value_name = "ADDR", value_parser = resolve_addr)]
@@ -155,14 +155,21 @@ fn resolve_addr(s: &str) -> Result<SocketAddr, String> {
     idemgate::config::resolve_addr(s)
 }
 
-/// Logs to stderr, filtered by `RUST_LOG`; with a tracer, idemgate's spans also go to
-/// OpenTelemetry (each output has its own filter, so the log lines are the same either way).
-fn init_tracing(default_filter: &str, tracer: Option<opentelemetry_sdk::trace::SdkTracer>) {
+/// Logs to stderr, filtered by `filter` (`RUST_LOG`'s syntax; `log_level`, else
+/// `RUST_LOG`, else a default); with a tracer, idemgate's spans also go to OpenTelemetry
+/// (each output has its own filter, so the log lines are the same either way). Returns what
+/// puts another filter in force (a reload of `log_level`).
+fn init_tracing(
+    filter: &str,
+    tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
+) -> idemgate::reload::LogFilter {
     use std::io::IsTerminal;
     use tracing_subscriber::prelude::*;
     use tracing_subscriber::EnvFilter;
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let filter = EnvFilter::builder()
+        .parse(filter)
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     let json = std::env::var("IDEMGATE_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
     // Colours only for a person at a terminal: a log file or collector gets plain text.
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
@@ -178,6 +185,17 @@ fn init_tracing(default_filter: &str, tracer: Option<opentelemetry_sdk::trace::S
         .with(fmt.with_filter(filter))
         .with(tracer.map(idemgate::telemetry::layer))
         .init();
+    Arc::new(move |filter: &str| {
+        let filter = EnvFilter::builder()
+            .parse(filter)
+            .map_err(|e| e.to_string())?;
+        handle.reload(filter).map_err(|e| e.to_string())
+    })
+}
+
+/// The log filter when no configuration says: `RUST_LOG`, else `default`.
+fn env_filter(default: &str) -> String {
+    idemgate::reload::log_filter(None, default)
 }
 
 async fn shutdown_signal() {
@@ -229,7 +247,7 @@ fn serving_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 }
 
 fn bank(listen: SocketAddr) -> ExitCode {
-    init_tracing("info", None);
+    init_tracing(&env_filter("info"), None);
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
@@ -257,7 +275,7 @@ fn bank(listen: SocketAddr) -> ExitCode {
 fn lab(args: LabArgs) -> ExitCode {
     // The lab's own output is the table; per-request logs would drown it (on a bad day
     // even the errors its incidents cause on purpose, which the table counts).
-    init_tracing(if args.bad_day { "off" } else { "error" }, None);
+    init_tracing(&env_filter(if args.bad_day { "off" } else { "error" }), None);
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
@@ -388,7 +406,8 @@ fn main() -> ExitCode {
         None
     };
     let (telemetry, tracer) = telemetry.unzip();
-    init_tracing("info", tracer);
+    let log_level = wired.settings.config.log_level.as_deref();
+    let log_filter = init_tracing(&idemgate::reload::log_filter(log_level, "info"), tracer);
     let unknown = idemgate::config::unknown_env();
     if !unknown.is_empty() {
         tracing::warn!(
@@ -409,8 +428,16 @@ fn main() -> ExitCode {
     if telemetry.is_some() {
         wired.settings.config.shutdown_grace = grace - (grace / 10).min(Duration::from_millis(100));
     }
+    // A reload reads the same sources again: the file, the environment, these flags.
+    let overrides = cli.overrides.clone();
+    let source = idemgate::reload::Source {
+        figment: Arc::new(move || {
+            Config::figment(cli.config.as_deref()).merge(Serialized::globals(&overrides))
+        }),
+        log_filter: Some(log_filter),
+    };
     let signaled = Arc::new(OnceLock::new());
-    let code = serve(wired, signaled.clone());
+    let code = serve(wired, signaled.clone(), source);
     // The spans still buffered go out before the process ends, within what is left of the
     // one shutdown grace (a silent collector would otherwise add its own export timeout).
     if let Some(telemetry) = telemetry {
@@ -439,28 +466,20 @@ fn config_command(
         ConfigAction::Check { file, connect } => {
             let file = file.or(config);
             let figment = Config::figment(file.as_deref()).merge(Serialized::globals(overrides));
-            let mistyped = idemgate::config::mistyped_env_vars(env_names());
-            let loaded = Wired::load_all(figment);
             // Every problem of this run at once: the variables that look mistyped, then
             // each invalid value.
-            let wired = match loaded {
-                Ok(s) if mistyped.is_empty() => s,
-                Ok(_) => {
-                    report_mistyped(&mistyped);
-                    return ExitCode::from(64);
-                }
+            let wired = match Wired::check(figment, env_names()) {
+                Ok(wired) => wired,
                 Err(problems) => {
-                    report_mistyped(&mistyped);
                     for e in problems {
                         eprintln!("idemgate: configuration error: {e}");
                     }
                     return ExitCode::from(64);
                 }
             };
-            let unknown: Vec<String> = idemgate::config::unknown_env()
-                .into_iter()
-                .filter(|n| !mistyped.iter().any(|(m, _)| m == n))
-                .collect();
+            // With no variable that looks mistyped (those fail above), the rest that name no
+            // setting are only said.
+            let unknown = idemgate::config::unknown_env();
             if !unknown.is_empty() {
                 eprintln!(
                     "idemgate config check: ignored (name no setting): {}",
@@ -474,7 +493,7 @@ fn config_command(
             if connect {
                 // What start-up logs as it connects (Redis persistence off, the store's
                 // scope secret made) is printed too: warnings and errors, to stderr.
-                init_tracing("warn", None);
+                init_tracing(&env_filter("warn"), None);
                 let runtime = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -505,15 +524,6 @@ fn config_command(
     }
 }
 
-/// `config check`'s lines for the variables that look mistyped.
-fn report_mistyped(mistyped: &[(String, String)]) {
-    for (name, hint) in mistyped {
-        eprintln!(
-            "idemgate: configuration error: {name} names no setting, so its value does not apply: {hint}"
-        );
-    }
-}
-
 /// The names of this process's environment variables.
 fn env_names() -> impl Iterator<Item = String> {
     std::env::vars_os().filter_map(|(k, _)| k.into_string().ok())
@@ -529,7 +539,11 @@ fn left_of(grace: Duration, signaled: &OnceLock<Instant>) -> Duration {
 /// Runs the proxy until SIGTERM/SIGINT; notes in `signaled` when the signal came, so that
 /// everything after it (the drain, the runtime's end, the last spans) fits in one
 /// `shutdown_grace`.
-fn serve(wired: Wired, signaled: Arc<OnceLock<Instant>>) -> ExitCode {
+fn serve(
+    wired: Wired,
+    signaled: Arc<OnceLock<Instant>>,
+    reload: idemgate::reload::Source,
+) -> ExitCode {
     let runtime = match serving_runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
@@ -570,7 +584,7 @@ fn serve(wired: Wired, signaled: Arc<OnceLock<Instant>>) -> ExitCode {
             shutdown_signal().await;
             let _ = noted.set(Instant::now());
         };
-        match idemgate::run(wired, listener, admin, signal).await {
+        match idemgate::run(wired, listener, admin, signal, Some(reload)).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("idemgate: {e}");

@@ -138,8 +138,9 @@ pub struct Metrics {
     /// Requests of the defaults (`route="default"`), by outcome.
     requests: [Counter; OUTCOMES.len()],
     /// The same per route, in the order of [`Metrics::routes`] (the defaults first),
-    /// resolved once so that counting is an index and an atomic add.
-    route_requests: std::sync::OnceLock<Vec<[Counter; OUTCOMES.len()]>>,
+    /// resolved when the routes are declared (at start-up and at each reload that changes
+    /// them), so that counting is an index, a name check and an atomic add.
+    route_requests: arc_swap::ArcSwap<Vec<RouteRequests>>,
     requests_family: Family<RouteOutcomeLabel, Counter>,
     answers_recorded: [Counter; STATUS_CLASSES.len()],
     records_held_unknown: Gauge,
@@ -162,8 +163,12 @@ pub struct Metrics {
     observed: Family<ObservedLabel, Counter>,
     observed_duplicates: Family<RouteLabel, Counter>,
     route_mode: Family<RouteModeLabel, Gauge>,
-    // Per declared route (`routes`): its mode and its observe-mode series.
-    observed_routes: std::sync::OnceLock<Vec<ObservedRoute>>,
+    // Per declared route (`routes`): its mode and its observe-mode series; replaced when a
+    // reload declares the routes again (a route kept keeps its counts: the series are the
+    // families' own).
+    observed_routes: arc_swap::ArcSwap<Vec<ObservedRoute>>,
+    // Configuration reloads by result (`applied`, `refused`, `invalid`).
+    config_reloads: Family<ResultLabel, Counter>,
     observe_since_ms: u64,
     // Duplicates this instance let through per record on observed routes (at most
     // OBSERVED_RECORDS records): what `GET /observe?records=1` shows, for checks key by key.
@@ -231,6 +236,17 @@ pub const WOULDS: [&str; 23] = [
 ];
 
 /// One route's observe-mode series, resolved once: counting is an atomic add.
+/// One declared route's request counters, by outcome.
+struct RouteRequests {
+    route: String,
+    by_outcome: [Counter; OUTCOMES.len()],
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
 struct ObservedRoute {
     route: String,
     mode: &'static str,
@@ -339,6 +355,15 @@ impl Metrics {
         let observed = Family::<ObservedLabel, Counter>::default();
         let observed_duplicates = Family::<RouteLabel, Counter>::default();
         let route_mode = Family::<RouteModeLabel, Gauge>::default();
+        let config_reloads = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "idemgate_config_reloads",
+            "Configuration reloads (SIGHUP, POST /config/reload) by result: applied (the new settings serve new requests), refused (a setting that needs a restart changed; nothing applied), invalid (the configuration does not pass config check; nothing applied)",
+            config_reloads.clone(),
+        );
+        for result in ["applied", "refused", "invalid"] {
+            let _ = config_reloads.get_or_create(&ResultLabel { result });
+        }
         let tls_reloads = Counter::default();
         let tls_reload_failures = Counter::default();
         let tls_handshakes = Family::<StateLabel, Gauge>::default();
@@ -490,7 +515,7 @@ impl Metrics {
                     outcome: o.as_str(),
                 })
             }),
-            route_requests: std::sync::OnceLock::new(),
+            route_requests: arc_swap::ArcSwap::from_pointee(Vec::new()),
             records_held_unknown,
             requests_family: requests,
             answers_recorded: STATUS_CLASSES.map(|status_class| {
@@ -515,7 +540,8 @@ impl Metrics {
             observed,
             observed_duplicates,
             route_mode,
-            observed_routes: std::sync::OnceLock::new(),
+            observed_routes: arc_swap::ArcSwap::from_pointee(Vec::new()),
+            config_reloads,
             observe_since_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
@@ -554,79 +580,103 @@ impl Metrics {
             .clone()
     }
 
-    /// Declares the routes and their modes (`idemgate_route_mode`, `GET /observe`), once.
+    /// Declares the routes and their modes (`idemgate_route_mode`, `GET /observe`): at
+    /// start-up, and again at each reload. A route's series are kept across a reload (its
+    /// counts go on); the mode series of a route's previous mode, or of a route no longer
+    /// declared, is removed.
     pub fn routes(&self, routes: &[(String, crate::config::Mode)]) {
-        let _ = self.route_requests.get_or_init(|| {
-            routes
-                .iter()
-                .map(|(route, _)| {
-                    OUTCOMES.map(|o| {
-                        self.requests_family
-                            .get_or_create_owned(&RouteOutcomeLabel {
-                                route: route.clone(),
-                                outcome: o.as_str(),
-                            })
-                    })
-                })
-                .collect()
-        });
-        let _ = self.observed_routes.get_or_init(|| {
-            routes
-                .iter()
-                .map(|(route, mode)| {
-                    let mode = mode_name(*mode);
-                    self.route_mode
-                        .get_or_create(&RouteModeLabel {
+        let rows = routes
+            .iter()
+            .map(|(route, _)| RouteRequests {
+                route: route.clone(),
+                by_outcome: OUTCOMES.map(|o| {
+                    self.requests_family
+                        .get_or_create_owned(&RouteOutcomeLabel {
                             route: route.clone(),
-                            mode,
+                            outcome: o.as_str(),
                         })
-                        .set(1);
-                    ObservedRoute {
-                        route: route.clone(),
-                        mode,
-                        would: WOULDS
-                            .iter()
-                            .map(|would| {
-                                self.observed.get_or_create_owned(&ObservedLabel {
-                                    route: route.clone(),
-                                    would,
-                                })
-                            })
-                            .collect(),
-                        duplicates: self.observed_duplicates.get_or_create_owned(&RouteLabel {
+                }),
+            })
+            .collect();
+        self.route_requests.store(Arc::new(rows));
+        let observed: Vec<ObservedRoute> = routes
+            .iter()
+            .map(|(route, mode)| ObservedRoute {
+                route: route.clone(),
+                mode: mode_name(*mode),
+                would: WOULDS
+                    .iter()
+                    .map(|would| {
+                        self.observed.get_or_create_owned(&ObservedLabel {
                             route: route.clone(),
-                        }),
-                    }
+                            would,
+                        })
+                    })
+                    .collect(),
+                duplicates: self.observed_duplicates.get_or_create_owned(&RouteLabel {
+                    route: route.clone(),
+                }),
+            })
+            .collect();
+        let before = self.observed_routes.swap(Arc::new(observed));
+        for r in before.iter() {
+            if !routes
+                .iter()
+                .any(|(route, mode)| *route == r.route && mode_name(*mode) == r.mode)
+            {
+                self.route_mode.remove(&RouteModeLabel {
+                    route: r.route.clone(),
+                    mode: r.mode,
+                });
+            }
+        }
+        for (route, mode) in routes {
+            self.route_mode
+                .get_or_create(&RouteModeLabel {
+                    route: route.clone(),
+                    mode: mode_name(*mode),
                 })
-                .collect()
-        });
+                .set(1);
+        }
     }
 
-    fn observed_route(&self, route: &str) -> Option<&ObservedRoute> {
-        self.observed_routes
-            .get()
-            .and_then(|routes| routes.iter().find(|r| r.route == route))
+    /// Counts a configuration reload: `applied`, `refused` or `invalid`.
+    pub fn config_reload(&self, result: &'static str) {
+        self.config_reloads
+            .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+
+    /// Runs `f` on the observe-mode series of `route`, if it is declared.
+    fn observed_route(&self, route: &str, f: impl FnOnce(&ObservedRoute)) {
+        if let Some(r) = self
+            .observed_routes
+            .load()
+            .iter()
+            .find(|r| r.route == route)
+        {
+            f(r);
+        }
     }
 
     /// Counts what enforcing would have done with a request on an observed route.
     pub fn observed(&self, route: &str, would: &'static str) {
-        let Some(r) = self.observed_route(route) else {
-            return;
-        };
         let i = WOULDS
             .iter()
             .position(|w| *w == would)
             .unwrap_or(WOULDS.len() - 1);
-        r.would[i].inc();
+        self.observed_route(route, |r| {
+            r.would[i].inc();
+        });
     }
 
     /// Counts a duplicate let through on an observed route for record `id`: a request
     /// forwarded although its record, whichever instance or process made it, shows an
     /// execution already (see the proxy's observe mode), and answered with a 2xx.
     pub fn observed_duplicate(&self, route: &str, id: RecordId) {
-        if let Some(r) = self.observed_route(route) {
+        self.observed_route(route, |r| {
             r.duplicates.inc();
-        }
+        });
         let mut answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
         let full = answers.len() >= OBSERVED_RECORDS;
         match answers.get_mut(&id) {
@@ -646,27 +696,23 @@ impl Metrics {
     pub fn observations_json(&self, records: bool) -> String {
         let routes: Vec<serde_json::Value> = self
             .observed_routes
-            .get()
-            .map(|routes| {
-                routes
+            .load()
+            .iter()
+            .map(|r| {
+                let would: serde_json::Map<String, serde_json::Value> = WOULDS
                     .iter()
-                    .map(|r| {
-                        let would: serde_json::Map<String, serde_json::Value> = WOULDS
-                            .iter()
-                            .zip(&r.would)
-                            .filter(|(_, c)| c.get() > 0)
-                            .map(|(w, c)| ((*w).to_string(), c.get().into()))
-                            .collect();
-                        serde_json::json!({
-                            "route": r.route,
-                            "mode": r.mode,
-                            "would": would,
-                            "duplicates_let_through": r.duplicates.get(),
-                        })
-                    })
-                    .collect()
+                    .zip(&r.would)
+                    .filter(|(_, c)| c.get() > 0)
+                    .map(|(w, c)| ((*w).to_string(), c.get().into()))
+                    .collect();
+                serde_json::json!({
+                    "route": r.route,
+                    "mode": r.mode,
+                    "would": would,
+                    "duplicates_let_through": r.duplicates.get(),
+                })
             })
-            .unwrap_or_default();
+            .collect();
         let mut v = serde_json::json!({
             "since_ms": self.observe_since_ms,
             "routes": routes,
@@ -735,16 +781,18 @@ impl Metrics {
         self.pending_releases.clone()
     }
 
-    /// Counts a finished request and its total time.
-    /// Counts a request of the route at `route` (its [`Policy::index`]
-    /// (crate::config::Policy::index): 0 for the defaults).
-    pub fn request(&self, route: usize, outcome: Outcome, elapsed: Duration) {
+    /// Counts a finished request of the route at `route` (its [`Policy::index`]
+    /// (crate::config::Policy::index): 0 for the defaults) named `name`, and its total
+    /// time. A request that began before a reload which moved its route is counted under
+    /// its route's name all the same (or the defaults' row, if that route is gone).
+    pub fn request(&self, route: usize, name: &str, outcome: Outcome, elapsed: Duration) {
         let i = outcome as usize;
-        let row = self
-            .route_requests
-            .get()
-            .and_then(|rows| rows.get(route))
-            .unwrap_or(&self.requests);
+        let rows = self.route_requests.load();
+        let row = rows
+            .get(route)
+            .filter(|r| r.route == name)
+            .or_else(|| rows.iter().find(|r| r.route == name))
+            .map_or(&self.requests, |r| &r.by_outcome);
         row[i].inc();
         self.request_duration[i].observe(elapsed.as_secs_f64());
     }

@@ -5,7 +5,7 @@
 //! replayed.
 //!
 //! A lookup computes the id exactly as the proxy does, with the proxy's own pieces: the
-//! route's policy ([`Settings::route`]), its tenant source ([`tenant::resolve`]), its key
+//! route's policy ([`Settings::route`](crate::config::Settings::route)), its tenant source ([`tenant::resolve`]), its key
 //! headers ([`key::parse_any`]) and the proxy's [`Scoper`].
 
 use std::sync::Arc;
@@ -15,17 +15,18 @@ use bytes::Bytes;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 
-use crate::config::Settings;
+use crate::config::Live;
 use crate::key::{self, RecordId};
 use crate::scope::client_cert::Authorities;
 use crate::scope::Scoper;
 use crate::store::{RecordState, StoredResponse};
 use rustls::pki_types::pem::PemObject;
 
-/// What a lookup needs: the proxy's settings and record-id scoper.
+/// What a lookup needs: the proxy's settings (those in force, as a reload leaves them) and
+/// record-id scoper.
 #[derive(Clone)]
 pub struct Resolver {
-    settings: Arc<Settings>,
+    settings: Arc<Live>,
     scoper: Scoper,
     // The TLS listener's client CAs (`tls_client_ca_file`), to verify a certificate that a
     // lookup names; `None` without them.
@@ -69,7 +70,7 @@ pub struct Outcome {
 impl Resolver {
     /// Over the proxy's settings and scoper.
     pub fn new(
-        settings: Arc<Settings>,
+        settings: Arc<Live>,
         scoper: Scoper,
         authorities: Option<Arc<Authorities>>,
     ) -> Resolver {
@@ -83,10 +84,8 @@ impl Resolver {
     /// The id of the record that `req` belongs to, or why it has none.
     pub fn record_id(&self, req: &Lookup) -> Result<RecordId, String> {
         let path = req.path.split('?').next().unwrap_or_default();
-        let routed = self
-            .settings
-            .route(path)
-            .map_err(|e| format!("path: {e}"))?;
+        let settings = self.settings.get();
+        let routed = settings.route(path).map_err(|e| format!("path: {e}"))?;
         if let Some(e) = &routed.refused {
             return Err(format!("path: {e}"));
         }
@@ -116,7 +115,7 @@ impl Resolver {
                 )
             }
         };
-        let tenant = match self.settings.tenant(&headers, cert.as_ref(), policy) {
+        let tenant = match settings.tenant(&headers, cert.as_ref(), policy) {
             Ok(Some(t)) => t,
             Ok(None) => {
                 return Err(

@@ -281,7 +281,16 @@ pub async fn start_wrapped(
     let token = stop.clone();
     let task = tokio::spawn(async move {
         let stop = token.cancelled_owned();
-        serve_on(wired, store, scoper, listener, admin, stop, Vec::new()).await;
+        serve_on(
+            wired,
+            store,
+            scoper,
+            listener,
+            admin,
+            stop,
+            Serving::default(),
+        )
+        .await;
     });
     Ok(Running {
         addr,
@@ -370,12 +379,16 @@ fn check_file_limit(c: &Config) {
 /// requests do: no request crosses threads, and each thread's Redis connection writes the
 /// calls of that thread's requests together. The embedded, SQLite and PostgreSQL stores are
 /// shared by all threads.
+/// With `reload`, `SIGHUP` (caught from the start, never the end of the process) and `POST
+/// /config/reload` reload the configuration from it (see [`crate::reload`]).
 pub async fn run(
     wired: Wired,
     listener: TcpListener,
     admin: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    reload: Option<crate::reload::Source>,
 ) -> Result<(), Error> {
+    let reload = reload.map(|source| (source, crate::reload::hangups()));
     let mut shutdown = Box::pin(shutdown);
     let open = |starting: Arc<crate::starting::Starting>| {
         let wired = &wired;
@@ -396,8 +409,17 @@ pub async fn run(
         }
     };
     let (store, scoper, workers) = started;
-    serve_on(wired, store, scoper, listener, admin, shutdown, workers).await;
+    let serving = Serving { workers, reload };
+    serve_on(wired, store, scoper, listener, admin, shutdown, serving).await;
     Ok(())
+}
+
+/// What the binary's serving has beside the listeners: the other serving threads, and the
+/// source that `SIGHUP` and `POST /config/reload` reload the configuration from.
+#[derive(Default)]
+struct Serving {
+    workers: Vec<Worker>,
+    reload: Option<(crate::reload::Source, Option<crate::reload::Hangups>)>,
 }
 
 /// Runs `open` (the store's opening) while the listeners answer as [`crate::starting`]
@@ -535,8 +557,8 @@ impl Job {
     }
 }
 
-/// Serves on already-bound listeners until `shutdown`, then drains; `workers` serve from
-/// the same listener on threads of their own.
+/// Serves on already-bound listeners until `shutdown`, then drains; `serving.workers`
+/// serve from the same listener on threads of their own.
 async fn serve_on(
     wired: Wired,
     store: Arc<dyn Store>,
@@ -544,8 +566,9 @@ async fn serve_on(
     listener: TcpListener,
     admin: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    workers: Vec<Worker>,
+    serving: Serving,
 ) {
+    let Serving { workers, reload } = serving;
     let place = store_place(&wired, &*store);
     let Wired {
         settings,
@@ -636,15 +659,19 @@ async fn serve_on(
         };
         tokio::spawn(watch.run())
     });
+    // The settings in force (the proxy's, the admin's lookups'): a reload swaps them.
+    let live = crate::config::Live::new(settings.clone());
+    let (config_reloader, hangup_task) = crate::reload::Reloader::start(reload, &live, &metrics);
     // Shutdown ends at one deadline, set when it starts; every drain below shares it.
     let (end_tx, end_rx) = tokio::sync::watch::channel(None::<Instant>);
     let admin_task = admin.map(|l| {
         let token = settings.config.admin_token.clone();
         let authorities = listener_tls.as_ref().and_then(|t| t.authorities.clone());
-        let resolver = Resolver::new(Arc::new(settings.clone()), scoper.clone(), authorities);
+        let resolver = Resolver::new(live.clone(), scoper.clone(), authorities);
         let admin = Admin::new(store.clone(), store_timeout, metrics.clone(), token)
             .with_resolver(resolver)
-            .with_secret(secret_health.clone(), scoper.secret().clone());
+            .with_secret(secret_health.clone(), scoper.secret().clone())
+            .with_reloader(config_reloader.clone());
         // The admin listener has connections of its own, so a flood of client connections
         // never keeps an operator out.
         // A silent connection cannot be told from a probe before it speaks, and each holds
@@ -683,7 +710,7 @@ async fn serve_on(
     });
     let releases = Arc::new(Releases::new(metrics.pending_releases()));
     let proxy = Proxy::new(
-        settings,
+        live,
         upstream_tls,
         store,
         scoper,
@@ -761,6 +788,7 @@ async fn serve_on(
     }
     watcher.abort();
     unknown_counter.abort();
+    hangup_task.inspect(JoinHandle::abort);
     if let Some(r) = reloader {
         r.abort();
     }

@@ -88,6 +88,30 @@ impl Wired {
         out
     }
 
+    /// What `idemgate config check` runs, and a reload with it: the variables among `env`
+    /// (the process's environment names) that look like a mistyped setting, then every
+    /// invalid value ([`load_all`](Self::load_all)); each problem in the words `config
+    /// check` prints it.
+    pub fn check(
+        figment: Figment,
+        env: impl IntoIterator<Item = String>,
+    ) -> Result<Wired, Vec<String>> {
+        let mut problems: Vec<String> = crate::config::mistyped_env_vars(env.into_iter())
+            .into_iter()
+            .map(|(name, hint)| {
+                format!("{name} names no setting, so its value does not apply: {hint}")
+            })
+            .collect();
+        match Wired::load_all(figment) {
+            Ok(wired) if problems.is_empty() => Ok(wired),
+            Ok(_) => Err(problems),
+            Err(invalid) => {
+                problems.extend(invalid.iter().map(ToString::to_string));
+                Err(problems)
+            }
+        }
+    }
+
     /// As [`load`](Self::load), but every problem rather than the first (for `idemgate
     /// config check`): after each invalid value, that key is put back to its default and
     /// the checks run again, until they pass, a key comes up a second time (a problem

@@ -427,8 +427,8 @@ async fn alerts_and_dashboard_use_only_exported_metrics() {
         text.contains("idemgate_requests_total{route=\"default\",outcome=\"replayed\"} 1"),
         "{text}"
     );
-    // The series that exist only with a TLS listener (its certificate's expiry), from a
-    // second instance that has one.
+    // The series that exist only with a TLS listener (its certificate's expiry) or a route
+    // in observe mode, from a second instance that has both.
     let ca = common::certs::Ca::new("ca");
     let leaf = ca.leaf(&["127.0.0.1"]);
     let files = common::certs::Dir::new();
@@ -442,6 +442,8 @@ async fn alerts_and_dashboard_use_only_exported_metrics() {
         &[
             ("IDEMGATE_TLS_CERT_FILE", &cert),
             ("IDEMGATE_TLS_KEY_FILE", &key),
+            // And the series of a route in observe mode.
+            ("IDEMGATE_DEFAULTS__MODE", "observe"),
         ],
     );
     let tls_text = c

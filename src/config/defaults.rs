@@ -81,6 +81,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(30),
             worker_threads: 1,
             otlp_endpoint: None,
+            log_level: None,
             defaults: Defaults::default(),
             routes: Vec::new(),
         }

@@ -8,6 +8,7 @@
 //!   [`ConfigError`].
 //! - `defaults`: the built-in defaults, and `idemgate config defaults`.
 //! - `load`: the layered sources (figment) and the environment names that are no setting.
+//! - `live`: the settings in force, swapped whole by a reload, and what a reload changes.
 //! - `validate`: [`Settings::new`], the checks of values, and [`Upstream`].
 //! - `at_rest`: the sealing keys and compression of recorded answers, as values.
 //! - `policy`: routes resolved into [`Policy`].
@@ -31,6 +32,7 @@ use load::describe;
 mod at_rest;
 mod defaults;
 mod framework;
+mod live;
 mod load;
 mod policy;
 mod redact;
@@ -40,6 +42,7 @@ mod validate;
 pub use at_rest::{AtRest, SealingKey};
 pub use defaults::defaults_toml;
 pub use framework::Framework;
+pub use live::{changes, Changes, Live, RELOADABLE};
 pub use load::{mistyped_env_vars, unknown_env, unknown_env_vars};
 pub use policy::Policy;
 pub use redact::redacted_toml;
@@ -428,6 +431,10 @@ pub struct Config {
     /// `/v1/traces` is added); absent: no tracing, unless the standard
     /// `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT` names one.
     pub otlp_endpoint: Option<String>,
+    /// What is logged, in `RUST_LOG`'s syntax (`info`, `warn,idemgate=debug`); absent:
+    /// `RUST_LOG`, else `info`. When set it wins over `RUST_LOG`, and a reload applies a
+    /// change of it.
+    pub log_level: Option<String>,
     /// Applies to every request unless a route overrides it.
     pub defaults: Defaults,
     /// Per-path overrides; the longest matching prefix wins.

@@ -146,6 +146,14 @@ impl Settings {
                 ));
             }
         }
+        if let Some(filter) = &config.log_level {
+            if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(filter) {
+                return Err(invalid(
+                    "log_level",
+                    format!("is not a log filter (`info`, `warn,idemgate=debug`): {e}"),
+                ));
+            }
+        }
         // How Redis is reached is checked where it is set up (`store::redis_setup`).
         let redis = config.redis_url.is_some()
             || !config.redis_sentinels.is_empty()

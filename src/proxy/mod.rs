@@ -57,7 +57,7 @@ mod replay;
 use crate::admission::{Buffers, Refusal as Refused, Slots};
 use crate::body::{self, Body};
 use crate::config::UpstreamHttp2;
-use crate::config::{Mode, Policy, Settings};
+use crate::config::{Live, Mode, Policy, Settings};
 use crate::key::RecordId;
 use crate::metrics::Metrics;
 pub use crate::outcome::Outcome;
@@ -84,7 +84,13 @@ pub struct Proxy {
 }
 
 struct Shared {
-    settings: Settings,
+    // The settings as at start-up. Only their top-level values are read from here (the
+    // store's timeout, the upstream, body and buffer limits), which a reload never changes;
+    // what a reload may change (routes, their modes, timeouts and limits) is read from the
+    // snapshot of `live` that each request takes as it starts.
+    settings: Arc<Settings>,
+    // The settings in force: swapped whole by a configuration reload.
+    live: Arc<Live>,
     // How the clients below talk TLS to an `https://` upstream (built at start-up).
     upstream_tls: Option<UpstreamTls>,
     store: Arc<dyn Store>,
@@ -152,7 +158,7 @@ impl Proxy {
     /// Builds the service over a store, counting into `metrics`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        settings: Settings,
+        live: Arc<Live>,
         upstream_tls: Option<UpstreamTls>,
         store: Arc<dyn Store>,
         scoper: Scoper,
@@ -161,6 +167,7 @@ impl Proxy {
         releases: Arc<Releases>,
         secret: Arc<SecretHealth>,
     ) -> Proxy {
+        let settings = live.get();
         metrics.routes(&settings.modes());
         let c = &settings.config;
         let protected = Arc::new(Slots::new(
@@ -190,6 +197,7 @@ impl Proxy {
                 store_failing: Arc::default(),
                 observe_log: Arc::default(),
                 settings,
+                live,
                 upstream_tls,
                 store,
                 scoper,
@@ -218,6 +226,7 @@ impl Proxy {
                 store_failing: s.store_failing.clone(),
                 observe_log: s.observe_log.clone(),
                 settings: s.settings.clone(),
+                live: s.live.clone(),
                 upstream_tls: s.upstream_tls.clone(),
                 store,
                 scoper: s.scoper.clone(),
@@ -282,9 +291,10 @@ impl Proxy {
     ) -> Response<Body> {
         let started = Instant::now();
         test_panic("respond", req.headers());
-        let settings = &self.shared.settings;
+        // This request's settings, to its end: a reload meanwhile applies to the next ones.
+        let settings = self.shared.live.get();
         let (method, uri, headers) = (req.method(), req.uri(), req.headers());
-        let decision = decision::decide(settings, method, uri, headers, peer_cert(&req));
+        let decision = decision::decide(&settings, method, uri, headers, peer_cert(&req));
         // Said in either mode: both see the same request.
         match &decision.action {
             Action::PassThrough(Pass::KeyIgnored) => tracing::warn!(
@@ -433,7 +443,8 @@ fn log_request(
         started,
     } = *line;
     let elapsed = started.elapsed();
-    metrics.request(policy.index, outcome, elapsed);
+    let route = policy.route.as_deref().unwrap_or("default");
+    metrics.request(policy.index, route, outcome, elapsed);
     if !span.is_none() {
         let record = id.map(|r| r.to_string());
         let status = res.status().as_u16();
