@@ -104,9 +104,9 @@ async fn three_hundred_slow_readers(gate: &Gate, what: &str) {
     assert!(served <= 16, "{served}");
     assert_eq!(served + refused, 300);
     assert!(buffered <= 64.0 * 1024.0 * 1024.0, "{buffered}");
-    let log = gate.log();
-    let warned: Vec<_> = log.lines().filter(|l| l.contains("WARN")).take(3).collect();
-    assert!(peak < 128, "peak RSS {peak} MiB\n{warned:?}");
+    // The budget's 64 MiB and some room: without the admission by size the peak grew by
+    // 231 MiB. (The absolute peak of a debug build sits near 128 MiB: its own is ~55.)
+    assert!(peak - before < 80, "peak RSS {before} -> {peak} MiB");
     drop(held);
 }
 
