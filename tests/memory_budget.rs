@@ -81,6 +81,21 @@ async fn slow_readers(
     (served, refused, held)
 }
 
+/// An h2c connection whose stream windows stay closed (`SETTINGS_INITIAL_WINDOW_SIZE = 0`):
+/// its sender, and the task that drives it.
+async fn zero_window(gate: &Gate) -> (h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>) {
+    let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
+    let (h2, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    let task = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (h2, task)
+}
+
 /// Records one 4 MiB answer under `key`, then sends 300 slow readers of it at once, and
 /// says what they got and the process's peak memory.
 async fn three_hundred_slow_readers(gate: &Gate, what: &str) {
@@ -191,15 +206,7 @@ async fn new_keys_answered_to_a_zero_window_hold_their_share() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
     let gate = Gate::start(&up.url(), &redis.url(), &[]);
-    let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
-    let (mut h2, conn) = h2::client::Builder::new()
-        .initial_window_size(0)
-        .handshake::<_, Bytes>(tcp)
-        .await
-        .unwrap();
-    let task = tokio::spawn(async move {
-        let _ = conn.await;
-    });
+    let (mut h2, task) = zero_window(&gate).await;
     // One after another, each head awaited before the next is sent: each answer is held
     // (never read) when the next request arrives. A burst sent at once is admitted before
     // the first answer lands (docs/requests.md says so).
@@ -257,15 +264,7 @@ async fn one_connection_holds_at_most_its_share_of_the_pass_through_slots() {
             ("IDEMGATE_MAX_UPSTREAM_CONNECTIONS", "72"),
         ],
     );
-    let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
-    let (mut h2, conn) = h2::client::Builder::new()
-        .initial_window_size(0)
-        .handshake::<_, Bytes>(tcp)
-        .await
-        .unwrap();
-    let task = tokio::spawn(async move {
-        let _ = conn.await;
-    });
+    let (mut h2, task) = zero_window(&gate).await;
     // Eight reads of a large answer whose bodies are never pulled.
     let mut pending = Vec::new();
     for _ in 0..8 {
