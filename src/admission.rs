@@ -38,6 +38,11 @@ pub enum Refusal {
     QueueTimeout,
     /// Bodies being buffered or written hold `max_buffered_bytes`.
     BuffersFull,
+    /// Its client connection or its tenant holds its whole share of the buffer budget
+    /// (`max_buffered_bytes_per_connection`, `max_buffered_bytes_per_tenant`), or its
+    /// connection its share of the pass-through slots (`max_pass_through_per_connection`),
+    /// while other connections and tenants are served.
+    ShareFull,
     /// Its HTTP/1.1 client closed or reset the connection while it waited in the queue:
     /// it leaves the queue, nothing done (nobody reads the 503).
     ClientGone,
@@ -50,6 +55,7 @@ impl Refusal {
             Refusal::QueueFull => "queue_full",
             Refusal::QueueTimeout => "queue_timeout",
             Refusal::BuffersFull => "buffers_full",
+            Refusal::ShareFull => "share_full",
             Refusal::ClientGone => "client_gone",
         }
     }
@@ -341,6 +347,16 @@ impl Buffers {
         self.used.load(Ordering::Relaxed)
     }
 
+    /// Whether the budget is all taken: new work waits for it or is refused.
+    pub fn is_full(&self) -> bool {
+        self.used() >= self.max
+    }
+
+    /// Counts a request refused because the budget is all taken (see [`is_full`](Self::is_full)).
+    pub fn refuse(&self) {
+        self.refused.inc();
+    }
+
     /// Seconds a request refused for want of budget should wait: what must drain for the
     /// largest refused request to fit, over the KiB given back in the last second; while
     /// nothing drains, as long as the budget has been full (see
@@ -358,6 +374,13 @@ impl Buffers {
 }
 
 impl Buffered {
+    /// Takes `n` more bytes whatever the budget says (an answer of a request that ran).
+    pub fn force(&mut self, n: usize) {
+        self.owner.used.fetch_add(n, Ordering::Relaxed);
+        self.owner.gauge.inc_by(n as i64);
+        self.bytes += n;
+    }
+
     /// Takes `n` more bytes if the budget has room, or if nothing else is held: one body
     /// larger than the whole budget (an 80 MiB answer under 64 MiB) is still served, alone.
     pub fn grow(&mut self, n: usize) -> Result<(), Refusal> {

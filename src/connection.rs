@@ -427,36 +427,106 @@ impl hyper::body::Body for Tracked {
     }
 }
 
-/// Bytes of the buffer budget that one connection's replays hold now (see
-/// `max_buffered_bytes_per_connection`); each request of the connection carries it.
+/// Bytes of the buffer budget that one connection, or one tenant, holds now (replays and
+/// answers waiting for their client; see `max_buffered_bytes_per_connection` and
+/// `max_buffered_bytes_per_tenant`); each request of the connection carries its own.
 #[derive(Clone, Default)]
 pub struct Holdings(Arc<std::sync::atomic::AtomicUsize>);
 
-/// Bytes taken from a connection's [`Holdings`], given back when dropped.
+/// Bytes taken from a connection's or a tenant's [`Holdings`], given back when dropped.
 pub struct Held {
     holdings: Holdings,
     bytes: usize,
 }
 
 impl Holdings {
-    /// Takes `n` bytes if the connection holds no more than `share - n` already, or
-    /// nothing at all (a single answer larger than the share is served, alone).
-    pub fn take(&self, n: usize, share: usize) -> Option<Held> {
-        self.0
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
-                (u == 0 || u.saturating_add(n) <= share).then_some(u.saturating_add(n))
-            })
-            .ok()?;
-        Some(Held {
+    /// An empty holding, to grow with [`Held::grow`].
+    pub fn hold(&self) -> Held {
+        Held {
             holdings: self.clone(),
-            bytes: n,
-        })
+            bytes: 0,
+        }
+    }
+
+    /// Takes `n` bytes if no more than `share - n` are held already, or nothing at all (a
+    /// single answer larger than the share is served, alone).
+    pub fn take(&self, n: usize, share: usize) -> Option<Held> {
+        let mut held = self.hold();
+        held.grow(n, share).then_some(held)
+    }
+
+    /// Bytes held now.
+    pub fn held(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl Held {
+    /// Takes `n` more bytes if the share has room for them, or if this holding is all
+    /// there is; `false`: nothing taken.
+    pub fn grow(&mut self, n: usize, share: usize) -> bool {
+        let mine = self.bytes;
+        let grown = self
+            .holdings
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                (u == mine || u.saturating_add(n) <= share).then_some(u.saturating_add(n))
+            });
+        if grown.is_ok() {
+            self.bytes += n;
+        }
+        grown.is_ok()
+    }
+
+    /// Takes `n` more bytes whatever the share says (an answer of a request that ran).
+    pub fn force(&mut self, n: usize) {
+        self.holdings.0.fetch_add(n, Ordering::Relaxed);
+        self.bytes += n;
+    }
+
+    /// Gives back `n` of the bytes held (at most all of them).
+    pub fn shrink(&mut self, n: usize) {
+        let n = n.min(self.bytes);
+        self.holdings.0.fetch_sub(n, Ordering::Relaxed);
+        self.bytes -= n;
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
         self.holdings.0.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// Pass-through requests of one connection now, from admission to the last byte of their
+/// answers (`max_pass_through_per_connection`), counted as a [`Holdings`] of one each.
+#[derive(Clone, Default)]
+pub struct PassThroughs(pub Holdings);
+
+/// The [`Holdings`] of every tenant holding bytes now, by the tenant's hash. A tenant's
+/// entry lives while one of its holdings does: the map is swept of the others as it grows,
+/// so a flood of made-up tenants leaves nothing behind.
+#[derive(Default)]
+pub struct TenantHoldings(
+    std::sync::Mutex<
+        std::collections::HashMap<[u8; 32], std::sync::Weak<std::sync::atomic::AtomicUsize>>,
+    >,
+);
+
+impl TenantHoldings {
+    /// The holdings of the tenant whose hash is `tenant`.
+    pub fn of(&self, tenant: &[u8; 32]) -> Holdings {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(live) = map.get(tenant).and_then(std::sync::Weak::upgrade) {
+            return Holdings(live);
+        }
+        // Swept when the map has doubled since the last sweep left it.
+        if map.len() >= 64 && map.len().is_power_of_two() {
+            map.retain(|_, w| w.strong_count() > 0);
+        }
+        let fresh = Holdings::default();
+        map.insert(*tenant, Arc::downgrade(&fresh.0));
+        fresh
     }
 }
 

@@ -1050,6 +1050,7 @@ async fn accept_loop<F, Fut>(
         let socket = Socket::new(stream);
         let hangup = socket.hangup();
         let holdings = crate::connection::Holdings::default();
+        let passing = crate::connection::PassThroughs::default();
         let svc = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             if let Some(cert) = cert_of.as_ref().and_then(|c| c.get()) {
                 req.extensions_mut().insert(cert.clone());
@@ -1060,6 +1061,7 @@ async fn accept_loop<F, Fut>(
                 req.extensions_mut().insert(hangup.clone());
             }
             req.extensions_mut().insert(holdings.clone());
+            req.extensions_mut().insert(passing.clone());
             let handler = handler.clone();
             let serving = on_request.serving();
             let answering_on = on_request.clone();

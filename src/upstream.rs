@@ -30,9 +30,11 @@ use crate::body::{Body, BoxError};
 use crate::config::Upstream;
 use crate::tls::UpstreamTls;
 
+mod accepted;
 mod direct;
 mod h2_only;
 
+pub use accepted::Accepted;
 pub use direct::Direct;
 pub use h2_only::{h2_client, H2Client};
 
@@ -178,6 +180,7 @@ pub type FreshClient = Client<Bounded<HttpsConnector<FreshConnector>>, Body>;
 /// upstream that accepted TCP and never answered the ClientHello held its request until
 /// `upstream_timeout`, and then its key as `unknown`, though nothing of the request was
 /// written. Past the deadline the connect fails, which [`classify`] reads as not sent.
+/// The connection it makes remembers whether the upstream has sent anything ([`Accepted`]).
 #[derive(Clone)]
 pub struct Bounded<C> {
     inner: C,
@@ -190,9 +193,9 @@ where
     C::Future: Send + 'static,
     C::Error: Into<BoxError>,
 {
-    type Response = C::Response;
+    type Response = Accepted<C::Response>;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<C::Response, BoxError>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -203,7 +206,7 @@ where
         let timeout = self.timeout;
         Box::pin(async move {
             match tokio::time::timeout(timeout, connecting).await {
-                Ok(connected) => connected.map_err(Into::into),
+                Ok(connected) => connected.map(Accepted::new).map_err(Into::into),
                 Err(_) => Err(format!(
                     "connecting (TCP and TLS handshake) took longer than {timeout:?}"
                 )
@@ -586,7 +589,8 @@ pub enum Failure {
 ///   part or all of the request may have been read. Ambiguous.
 /// - A TLS handshake that fails while connecting is a connect error: not sent. One that
 ///   the upstream refuses after idemgate's side of it is done, see [`handshake_refused`]:
-///   not sent either.
+///   not sent either, as long as the upstream had sent no application data first
+///   ([`Accepted`]); any other alert or close after writing is ambiguous.
 /// - Over h2, a stream the upstream refused unprocessed, see [`h2_unprocessed`]: not sent.
 ///
 /// On a [`Direct`] connection the same: a failed connect is not sent, and of hyper's

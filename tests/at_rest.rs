@@ -250,6 +250,7 @@ async fn memory_usage(
         retention: Duration::from_secs(86400),
         busy_for: Duration::from_secs(31),
         answer_room: 0,
+        room: None,
     };
     store.claim(&claim).await.unwrap();
     let answer = StoredResponse {

@@ -257,6 +257,7 @@ async fn a_record_of_an_unknown_fingerprint_version_is_never_a_422() {
         retention: Duration::from_secs(60),
         busy_for: Duration::from_secs(10),
         answer_room: 0,
+        room: None,
     };
     store.claim(&planted).await.unwrap();
     let app = spawn_app(redis_config(&up, &redis)).await;
@@ -322,6 +323,7 @@ async fn a_record_of_the_previous_version_compares_in_that_version() {
             retention: Duration::from_secs(60),
             busy_for: Duration::from_secs(10),
             answer_room: 0,
+            room: None,
         };
         store.claim(&claim).await.unwrap();
         let answer = StoredResponse {

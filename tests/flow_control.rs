@@ -93,13 +93,14 @@ async fn zero_window_posts(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replays_to_a_zero_window_are_a_stall_and_give_the_budget_back() {
     let up = Upstream::start().await;
-    // The whole budget for one connection: the stall alone gives it back.
+    // The whole budget for one connection and its tenant: the stall alone gives it back.
     let gate = Gate::start(
         &up.url(),
         "",
         &[
             ("IDEMGATE_SEND_TIMEOUT", "2s"),
             ("IDEMGATE_MAX_BUFFERED_BYTES_PER_CONNECTION", "67108864"),
+            ("IDEMGATE_MAX_BUFFERED_BYTES_PER_TENANT", "67108864"),
         ],
     );
     let c = client();
@@ -190,8 +191,13 @@ async fn new_keys_answered_to_a_zero_window_are_given_back_after_send_timeout() 
 async fn one_connection_holds_at_most_its_share_of_the_budget() {
     let up = Upstream::start().await;
     // The defaults: 64 MiB, a quarter per connection; a send_timeout that does not end the
-    // hold during the test.
-    let gate = Gate::start(&up.url(), "", &[]);
+    // hold during the test. The tenant's share is the whole budget: the connection's is
+    // what binds (`tests/memory_budget.rs` has the tenant's).
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[("IDEMGATE_MAX_BUFFERED_BYTES_PER_TENANT", "67108864")],
+    );
     let c = client();
     let url = gate.url("/v1/reports");
     let first = post_url(&c, &url, Some("big"), "{}", &[(ANSWER_BYTES, "4194304")]).await;

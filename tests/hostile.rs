@@ -405,6 +405,7 @@ async fn the_sweeper_drops_expired_records() {
             retention: Duration::from_millis(200),
             busy_for: Duration::from_millis(100),
             answer_room: 0,
+            room: None,
         };
         store.claim(&req).await.unwrap();
     }

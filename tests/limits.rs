@@ -736,6 +736,7 @@ async fn large_answers_on_redis_do_not_hold_up_other_keys() {
         retention: Duration::from_secs(60),
         busy_for: Duration::from_secs(10),
         answer_room: 0,
+        room: None,
     };
     let big = StoredResponse {
         status: 201,

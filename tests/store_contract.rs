@@ -105,6 +105,7 @@ fn claim(key: &str, fp: u8, lease_ms: u64) -> ClaimRequest {
         retention: Duration::from_secs(60),
         busy_for: Duration::from_millis(lease_ms),
         answer_room: 0,
+        room: None,
     }
 }
 

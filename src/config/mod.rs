@@ -415,6 +415,16 @@ pub struct Config {
     /// while other connections keep theirs. A single replay larger than this is still
     /// served, alone on its connection.
     pub max_buffered_bytes_per_connection: Option<usize>,
+    /// Bytes of `max_buffered_bytes` that one tenant's replays and answers waiting for its
+    /// clients may hold at once, over all its connections (unset: a quarter of it): beyond,
+    /// its further protected requests get 503 `overloaded` while other tenants keep being
+    /// served. A single replay larger than this is still served, alone for its tenant.
+    pub max_buffered_bytes_per_tenant: Option<usize>,
+    /// Pass-through requests that one client connection may have at once, from admission
+    /// to the last byte of their answers (unset: a quarter of the pass-through share of
+    /// `max_upstream_connections`): beyond, its further ones get 503 `overloaded` while
+    /// other connections keep theirs. One is always allowed.
+    pub max_pass_through_per_connection: Option<usize>,
     /// How long a write to a client may make no progress (a client that stopped reading)
     /// before its connection is closed.
     #[serde(with = "humantime_serde")]
@@ -713,6 +723,20 @@ impl Config {
     pub fn buffered_share_per_connection(&self) -> usize {
         self.max_buffered_bytes_per_connection
             .unwrap_or(self.max_buffered_bytes / 4)
+            .max(1)
+    }
+
+    /// What one tenant's replays and answers may hold of `max_buffered_bytes`.
+    pub fn buffered_share_per_tenant(&self) -> usize {
+        self.max_buffered_bytes_per_tenant
+            .unwrap_or(self.max_buffered_bytes / 4)
+            .max(1)
+    }
+
+    /// Pass-through requests one client connection may have at once.
+    pub fn pass_through_per_connection(&self) -> usize {
+        self.max_pass_through_per_connection
+            .unwrap_or(self.pass_through_share() / 4)
             .max(1)
     }
 

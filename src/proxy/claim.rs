@@ -81,6 +81,7 @@ impl Proxy {
             fingerprint,
             encoding,
             decoded,
+            room: None,
         })
     }
 
@@ -102,6 +103,7 @@ impl Proxy {
     ) -> (ClaimRequest, Found) {
         let store_timeout = self.shared.settings.config.store_timeout;
         let mut claim = new_claim(identified.id, identified.fingerprint, policy, store_timeout);
+        claim.room = identified.room.clone();
         let pending = PendingClaim {
             shared: &self.shared,
             id: claim.id,
@@ -180,6 +182,8 @@ pub(super) struct Identified {
     pub(super) fingerprint: fingerprint::Fingerprint,
     pub(super) encoding: Option<String>,
     pub(super) decoded: Option<Vec<u8>>,
+    // Enforcing: where a replay's body must find room before it is read.
+    pub(super) room: Option<crate::store::ReplayRoom>,
 }
 
 impl Identified {
@@ -210,7 +214,7 @@ impl Found {
     pub(super) fn would(&self) -> (&'static str, bool) {
         match self {
             Found::Store(Claim::Claimed) => ("execute", false),
-            Found::Store(Claim::Replay(_)) => ("replay", true),
+            Found::Store(Claim::Replay(_) | Claim::NoRoom { .. }) => ("replay", true),
             Found::Store(Claim::InFlight { .. } | Claim::OtherVersion(_)) => ("in_progress", true),
             // The same record (same key, tenant, method and path) with another request: if
             // it runs, it is that record's second execution too.
@@ -265,6 +269,7 @@ fn new_claim(
         retention: policy.retention,
         busy_for: busy_for(policy, store_timeout),
         answer_room: answer_room(policy),
+        room: None,
     }
 }
 

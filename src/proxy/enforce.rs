@@ -1,6 +1,8 @@
 //! Enforcing a decision: pass through, refuse, or take a protected request through body,
 //! fingerprint and claim, then act on what the claim found (forward, replay, 409, 422).
 
+use std::sync::Arc;
+
 use hyper::{Request, Response};
 use tracing::Span;
 
@@ -12,6 +14,8 @@ use crate::outcome::Outcome;
 use crate::problem::Problem;
 use crate::request_id;
 use crate::retry_after;
+use crate::scope::Tenant;
+use crate::store::BodyRoom;
 use crate::store::{Claim, StoreError};
 use crate::telemetry;
 
@@ -19,6 +23,7 @@ use super::claim::Found;
 use super::decision::{Action, Decision, Refusal};
 use super::exchange::Protected;
 use super::replay::replay;
+use super::room::Room;
 use super::{log_request, Arrived, Line, Proxy};
 
 impl Proxy {
@@ -86,13 +91,21 @@ impl Proxy {
         drop(buffered);
         // The fingerprint is taken over a coded body's content; the upstream still gets the
         // body as sent.
-        let identified = match self
+        let mut identified = match self
             .identify(policy, &method, &operation, &parts, &body)
             .await
         {
             Ok(identified) => identified,
             Err(refusal) => return self.refuse(&refusal, &line),
         };
+        // While answers wait for their clients, the budget, this connection's share or this
+        // tenant's is taken: new work of theirs waits for it (503, retry later) rather than
+        // memory growing. Other connections and tenants keep being served.
+        let room = self.room(&parts.extensions, &operation.tenant);
+        if let Some(why) = room.refusal() {
+            return self.refuse(&Refusal::Overloaded(why), &line);
+        }
+        identified.room = Some(room.for_claim());
         // The method scoped (a declared body `_method`'s, where there is one).
         let method = identified.method.clone();
         // Checked at the last moment before the claim: a disagreement found while the body
@@ -117,8 +130,23 @@ impl Proxy {
             started,
             slot,
             observed: false,
+            room: Some(room),
         };
         self.settle(found, protected).await
+    }
+
+    /// The room of a protected request of the connection whose request extensions are
+    /// `extensions`, for `tenant`.
+    fn room(&self, extensions: &hyper::http::Extensions, tenant: &Tenant) -> Arc<Room> {
+        let config = &self.shared.settings.config;
+        let connection = extensions
+            .get::<Holdings>()
+            .map(|h| (h.clone(), config.buffered_share_per_connection()));
+        let tenant = (
+            self.shared.tenants.of(tenant.as_bytes()),
+            config.buffered_share_per_tenant(),
+        );
+        Room::new(&self.shared.buffers, connection, tenant)
     }
 
     /// Seconds until a full store should have room: the route's typical upstream time when
@@ -162,29 +190,24 @@ impl Proxy {
                 Outcome::InProgress,
             ),
             Found::Store(Claim::Claimed) => return self.forward_claimed(protected).await,
-            // A replay's body counts against the buffer budget until it is written: clients
-            // that stop reading a large answer must not hold memory without bound.
-            // One connection's replays hold at most its share of the budget
-            // (`max_buffered_bytes_per_connection`): beyond, its further replays get 503
-            // and other connections keep being served.
-            Found::Store(Claim::Replay(stored)) => {
-                let n = stored.body.len();
-                let share = self.shared.settings.config.buffered_share_per_connection();
-                let on_conn = match protected.request.extensions().get::<Holdings>() {
-                    Some(h) => h.take(n, share).map(Some),
-                    None => Some(None),
-                };
-                let mut held = self.shared.buffers.hold();
-                match on_conn {
-                    Some(on_conn) if held.grow(n).is_ok() => (
-                        replay(stored).map(|b| body::holding(b, (held, on_conn))),
-                        Outcome::Replayed,
-                    ),
-                    _ => {
-                        let res = self.overloaded(Refused::BuffersFull, &self.shared.protected);
-                        (res, Outcome::Overloaded)
-                    }
+            // A replay's body counts against the buffer budget, its connection's share
+            // and its tenant's until it is written (taken by its size before the store read
+            // it, where the store can tell): clients that stop reading large answers hold
+            // at most their share, and beyond it their further replays get 503 while other
+            // connections and tenants keep being served.
+            Found::Store(Claim::Replay(stored)) => match protected.room {
+                Some(room) if room.reserve(stored.body.len()) => (
+                    replay(stored).map(|b| body::holding(b, room)),
+                    Outcome::Replayed,
+                ),
+                room => {
+                    let why = room.map_or(Refused::BuffersFull, |r| r.refused());
+                    (self.overloaded(why, &self.shared.protected), Outcome::Overloaded)
                 }
+            },
+            Found::Store(Claim::NoRoom { .. }) => {
+                let why = protected.room.map_or(Refused::BuffersFull, |r| r.refused());
+                (self.overloaded(why, &self.shared.protected), Outcome::Overloaded)
             }
             Found::Store(Claim::NotKept { status }) => (
                 Problem::ResponseNotStored.response(

@@ -33,6 +33,7 @@ impl Proxy {
     /// and its record.
     pub(super) async fn forward_claimed(&self, protected: Protected) -> Response<Body> {
         let (policy, peer, observed) = (protected.policy, protected.peer, protected.observed);
+        let room = protected.room;
         let (id, span) = (protected.claim.id, protected.span);
         let claimed = Claimed {
             id,
@@ -64,12 +65,19 @@ impl Proxy {
             res
         }));
         match task.await {
-            // It ran: its answer is sent whatever the budget says, and counted while it is.
+            // It ran: its answer is sent whatever the budget and the shares say, and counted
+            // against them while it is (see `room`).
             Ok(res) => {
                 let buffers = self.shared.buffers.clone();
                 res.map(|b| {
                     let n = usize::try_from(hyper::body::Body::size_hint(&b).lower()).unwrap_or(0);
-                    body::holding(b, buffers.take(n))
+                    match room {
+                        Some(room) => {
+                            room.answer(n);
+                            body::holding(b, room)
+                        }
+                        None => body::holding(b, buffers.take(n)),
+                    }
                 })
             }
             // Only a panic gets here. Its claim stays in progress and its lease runs out
@@ -134,6 +142,9 @@ pub(super) struct Protected {
     pub(super) slot: Slot,
     // On an observed route: logged and counted as `observed`.
     pub(super) observed: bool,
+    // Enforcing: what its answer holds of the buffer budget and of its connection's and
+    // tenant's shares while it waits for its client.
+    pub(super) room: Option<Arc<super::room::Room>>,
 }
 
 /// Why an exchange produced no complete answer.

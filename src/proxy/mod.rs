@@ -53,6 +53,7 @@ mod enforce;
 mod exchange;
 mod observe;
 mod replay;
+mod room;
 
 use crate::admission::{Buffers, Refusal as Refused, Slots};
 use crate::body::{self, Body};
@@ -116,6 +117,8 @@ struct Shared {
     passing: Arc<Slots>,
     // Bodies being buffered or written (`max_buffered_bytes`).
     buffers: Arc<Buffers>,
+    // What each tenant holds of it now (`max_buffered_bytes_per_tenant`).
+    tenants: Arc<crate::connection::TenantHoldings>,
     // Since when the store has failed claims (the `Retry-After` of their 503s).
     store_outage: Arc<crate::admission::Spell>,
     // Observe mode: a store that just failed is not waited on again for a moment, and
@@ -193,6 +196,7 @@ impl Proxy {
                 protected,
                 passing,
                 buffers,
+                tenants: Arc::default(),
                 store_outage: Arc::default(),
                 store_failing: Arc::default(),
                 observe_log: Arc::default(),
@@ -222,6 +226,7 @@ impl Proxy {
                 protected: s.protected.clone(),
                 passing: s.passing.clone(),
                 buffers: s.buffers.clone(),
+                tenants: s.tenants.clone(),
                 store_outage: s.store_outage.clone(),
                 store_failing: s.store_failing.clone(),
                 observe_log: s.observe_log.clone(),
@@ -335,6 +340,7 @@ impl Proxy {
             Refused::QueueFull => "too many requests are in progress and waiting; nothing was done, retry later",
             Refused::QueueTimeout => "too many requests are in progress; this one waited queue_timeout for its turn; nothing was done, retry later",
             Refused::BuffersFull => "too many request and answer bodies are held in memory (max_buffered_bytes); nothing was done, retry later",
+            Refused::ShareFull => "this client connection or tenant holds its share of idemgate's memory for answers not yet read, or of the pass-through connections (max_buffered_bytes_per_connection, max_buffered_bytes_per_tenant, max_pass_through_per_connection); nothing was done, retry later",
             Refused::ClientGone => {
                 tracing::info!("a queued request's client closed its connection; it left the queue, nothing was done");
                 "the client closed its connection while this request waited for its turn; nothing was done"
@@ -349,7 +355,7 @@ impl Proxy {
             self.shared.metrics.refused(class, why).inc();
         }
         let wait = match why {
-            Refused::BuffersFull => self.shared.buffers.retry_after(),
+            Refused::BuffersFull | Refused::ShareFull => self.shared.buffers.retry_after(),
             _ => slots.retry_after(),
         };
         Problem::Overloaded.response(detail, None, Some(wait))
@@ -362,6 +368,16 @@ impl Proxy {
         peer: SocketAddr,
         timeout: Duration,
     ) -> Response<Body> {
+        // One connection holds at most its share of the pass-through slots: answers whose
+        // bodies its client never pulls cannot hold every other client's reads.
+        let share = self.shared.settings.config.pass_through_per_connection();
+        let on_connection = match req.extensions().get::<crate::connection::PassThroughs>() {
+            Some(p) => match p.0.take(1, share) {
+                Some(held) => Some(held),
+                None => return self.overloaded(Refused::ShareFull, &self.shared.passing),
+            },
+            None => None,
+        };
         // Its own share of the upstream connections, held until the answer's body is done:
         // pass-through traffic cannot take what protected requests need, nor the other way.
         let slot = match admit(&self.shared.passing, req.extensions()).await {
@@ -378,7 +394,8 @@ impl Proxy {
                 let (mut parts, body) = res.into_parts();
                 upstream::strip_hop_by_hop(&mut parts.headers);
                 parts.extensions.insert(latency);
-                Response::from_parts(parts, body::holding(body::boxed(body), slot))
+                let held = (slot, on_connection);
+                Response::from_parts(parts, body::holding(body::boxed(body), held))
             }
             Ok(Err(e)) => match upstream::classify(&e) {
                 Failure::NotSent => {

@@ -157,6 +157,7 @@ impl Proxy {
                 started,
                 slot,
                 observed: true,
+                room: None,
             };
             return self.forward_claimed(protected).await;
         }
@@ -442,7 +443,7 @@ impl Known {
     fn completed_status(&self) -> Option<u16> {
         match &self.found {
             Found::Store(Claim::Replay(r)) => Some(r.status),
-            Found::Store(Claim::NotKept { status }) => Some(*status),
+            Found::Store(Claim::NotKept { status } | Claim::NoRoom { status }) => Some(*status),
             _ => None,
         }
     }

@@ -93,6 +93,41 @@ pub struct ClaimRequest {
     /// a store with a byte cap (the embedded one's `memory_max_bytes`) reserves them with
     /// the claim, so that the answer of a request it admitted always fits. Others ignore it.
     pub answer_room: usize,
+    /// Where a replay's body must find room before it is read: a store that learns a
+    /// recorded body's length before reading it (Redis' large bodies, the embedded store,
+    /// a sealed body before it is opened) asks here first and, refused, answers
+    /// [`Claim::NoRoom`] without reading it. `None`: read whatever its size.
+    pub room: Option<ReplayRoom>,
+}
+
+/// Room for replay bodies in the memory of whoever claims: the buffer budget, and the
+/// shares of it one connection and one tenant may hold.
+pub trait BodyRoom: Send + Sync {
+    /// Takes room for a body of `len` bytes in all (asked again with a larger `len`, takes
+    /// the difference); `false`: there is none now, and nothing more is taken.
+    fn reserve(&self, len: usize) -> bool;
+}
+
+/// A claim's [`BodyRoom`], shared by the claim and whoever answers its replay.
+#[derive(Clone)]
+pub struct ReplayRoom(pub Arc<dyn BodyRoom>);
+
+impl ReplayRoom {
+    /// Room for a body of `len` bytes, taken before it is read.
+    pub fn reserve(&self, len: usize) -> bool {
+        self.0.reserve(len)
+    }
+}
+
+impl std::fmt::Debug for ReplayRoom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReplayRoom(..)")
+    }
+}
+
+/// Asks `room`, if there is one, for `len` bytes: `true` when the body may be read.
+pub fn room_for(room: Option<&ReplayRoom>, len: usize) -> bool {
+    room.is_none_or(|r| r.reserve(len))
 }
 
 #[cfg(test)]
@@ -110,6 +145,7 @@ impl ClaimRequest {
             retention: Duration::from_secs(60),
             busy_for: ten_seconds,
             answer_room: 0,
+            room: None,
         }
     }
 }
@@ -180,6 +216,13 @@ pub enum Claim {
     /// The record's fingerprint has another input-format version (made before or after an
     /// upgrade): compute the request's fingerprint in that version and claim again.
     OtherVersion(u16),
+    /// A completed record with the same fingerprint whose body found no room in the
+    /// claim's [`ClaimRequest::room`]: it was not read. Answered as a full buffer budget is
+    /// (503, retry later).
+    NoRoom {
+        /// The status the upstream answered.
+        status: u16,
+    },
     /// Sent once, outcome unknown (marked so, or its lease ran out unrenewed).
     Unknown,
     /// This very claim (same owner) was taken back by [`Store::release`] before it reached

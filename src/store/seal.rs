@@ -326,14 +326,28 @@ impl super::Layer for Enveloped {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
             match self.inner.claim(req).await? {
+                // Opening allocates the body anew: room for it (as sealed) first.
+                Claim::Replay(stored)
+                    if !crate::store::room_for(req.room.as_ref(), stored.body.len()) =>
+                {
+                    Ok(Claim::NoRoom {
+                        status: stored.status,
+                    })
+                }
                 // A large body, or one that inflates large, is opened off the serving thread:
                 // inflating or decrypting megabytes would hold up every other request on it.
+                // The room it took stays taken until the opening ends, even if the claim's
+                // caller gives up on it first.
                 Claim::Replay(stored) if heavy_to_open(&stored) => {
-                    let (envelope, id) = (self.envelope.clone(), req.id);
-                    tokio::task::spawn_blocking(move || envelope.open(&id, stored))
-                        .await
-                        .map_err(|e| StoreError::Backend(format!("opening a record: {e}")))?
-                        .map(Claim::Replay)
+                    let (envelope, id, room) = (self.envelope.clone(), req.id, req.room.clone());
+                    tokio::task::spawn_blocking(move || {
+                        let opened = envelope.open(&id, stored);
+                        drop(room);
+                        opened
+                    })
+                    .await
+                    .map_err(|e| StoreError::Backend(format!("opening a record: {e}")))?
+                    .map(Claim::Replay)
                 }
                 Claim::Replay(stored) => Ok(Claim::Replay(self.envelope.open(&req.id, stored)?)),
                 other => Ok(other),

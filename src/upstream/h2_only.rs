@@ -101,7 +101,7 @@ impl tower_service::Service<Uri> for H2Connector {
                     if !io.connected().is_negotiated_h2() {
                         return Err("the upstream did not pick h2 by ALPN, and upstream_http2 = \"prior_knowledge\" speaks h2 only".into());
                     }
-                    Ok(H2Connection::Tls(Box::new(io)))
+                    Ok(H2Connection::Tls(Box::new(super::Accepted::new(io))))
                 })
             }
             None => {
@@ -121,7 +121,7 @@ impl tower_service::Service<Uri> for H2Connector {
 /// An h2 connection, over TLS or cleartext.
 pub enum H2Connection {
     // Boxed: a TLS session is a kilobyte, the cleartext stream a few words.
-    Tls(Box<MaybeHttpsStream<TokioIo<TcpStream>>>),
+    Tls(Box<super::Accepted<MaybeHttpsStream<TokioIo<TcpStream>>>>),
     Clear(H2c),
 }
 

@@ -147,6 +147,11 @@ impl Shard<'_> {
             return Some(Claim::Mismatch);
         }
         Some(match &e.state {
+            // The body is shared, not copied, but its replay holds it for as long as its
+            // client takes to read it: room for it is taken first, as a remote store's.
+            State::Completed(r) if !crate::store::room_for(req.room.as_ref(), r.body.len()) => {
+                Claim::NoRoom { status: r.status }
+            }
             State::Completed(r) => Claim::Replay(r.clone()),
             State::NotKept { status } => Claim::NotKept { status: *status },
             State::InProgress { lease_until } if *lease_until > now => Claim::InFlight {

@@ -27,7 +27,7 @@ impl Store for RedisStore {
                     headers,
                     at,
                     len,
-                } => {
+                } if crate::store::room_for(req.room.as_ref(), len) => {
                     let body = self.read_large(&req.id, at, len).await?;
                     Claim::Replay(StoredResponse {
                         status,
@@ -35,6 +35,8 @@ impl Store for RedisStore {
                         body,
                     })
                 }
+                // No room for the body now: it stays in Redis, unread.
+                Parsed::Large { status, .. } => Claim::NoRoom { status },
             };
             if claim == Claim::Claimed {
                 if let Err(e) = self.acknowledged("claim", acked) {
