@@ -275,7 +275,10 @@ fn bank(listen: SocketAddr) -> ExitCode {
 fn lab(args: LabArgs) -> ExitCode {
     // The lab's own output is the table; per-request logs would drown it (on a bad day
     // even the errors its incidents cause on purpose, which the table counts).
-    init_tracing(&env_filter(if args.bad_day { "off" } else { "error" }), None);
+    init_tracing(
+        &env_filter(if args.bad_day { "off" } else { "error" }),
+        None,
+    );
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
