@@ -359,16 +359,18 @@ impl Buffers {
 
     /// Seconds a request refused for want of budget should wait: what must drain for the
     /// largest refused request to fit, over the KiB given back in the last second; while
-    /// nothing drains, as long as the budget has been full (see
-    /// [`Spell`]). From 1 to 60.
+    /// nothing drains, or when what refused was a connection's or tenant's share, as long
+    /// as the refusals have lasted (see [`Spell`]). From 1 to 60.
     pub fn retry_after(&self) -> u64 {
         let held_for = self.full.refused();
         let wanted = self.wanted.load(Ordering::Relaxed);
         let excess = (self.used() + wanted).saturating_sub(self.max);
         let excess_kib = (excess as u64).div_ceil(1024).max(1);
-        match self.released.per_second() {
-            0 => held_for,
-            per_sec => excess_kib.div_ceil(per_sec).clamp(1, 60),
+        // A refusal of a share (one connection's or tenant's, the budget itself not full)
+        // wants nothing of the budget: how long the hold has lasted is all there is.
+        match (wanted, self.released.per_second()) {
+            (0, _) | (_, 0) => held_for,
+            (_, per_sec) => excess_kib.div_ceil(per_sec).clamp(1, 60),
         }
     }
 }

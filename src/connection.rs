@@ -499,9 +499,34 @@ impl Drop for Held {
 }
 
 /// Pass-through requests of one connection now, from admission to the last byte of their
-/// answers (`max_pass_through_per_connection`), counted as a [`Holdings`] of one each.
+/// answers (`max_pass_through_per_connection`): a slot each. A request beyond the share
+/// waits for one of its own connection's slots, at most `queue_timeout`; an h2 client that
+/// multiplexes its reads is slowed to its share, not refused, while one that never pulls
+/// its answers' bodies holds only its share.
 #[derive(Clone, Default)]
-pub struct PassThroughs(pub Holdings);
+pub struct PassThroughs(Arc<std::sync::OnceLock<Arc<tokio::sync::Semaphore>>>);
+
+impl PassThroughs {
+    /// One of the connection's `share` slots, waiting at most `wait` for it; `None`: the
+    /// share stayed full.
+    pub async fn take(
+        &self,
+        share: usize,
+        wait: Duration,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let slots = self
+            .0
+            .get_or_init(|| Arc::new(tokio::sync::Semaphore::new(share)))
+            .clone();
+        match slots.clone().try_acquire_owned() {
+            Ok(slot) => Some(slot),
+            Err(_) => tokio::time::timeout(wait, slots.acquire_owned())
+                .await
+                .ok()?
+                .ok(),
+        }
+    }
+}
 
 /// The [`Holdings`] of every tenant holding bytes now, by the tenant's hash. A tenant's
 /// entry lives while one of its holdings does: the map is swept of the others as it grows,

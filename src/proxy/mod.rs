@@ -370,9 +370,10 @@ impl Proxy {
     ) -> Response<Body> {
         // One connection holds at most its share of the pass-through slots: answers whose
         // bodies its client never pulls cannot hold every other client's reads.
-        let share = self.shared.settings.config.pass_through_per_connection();
+        let config = &self.shared.settings.config;
+        let share = config.pass_through_per_connection();
         let on_connection = match req.extensions().get::<crate::connection::PassThroughs>() {
-            Some(p) => match p.0.take(1, share) {
+            Some(p) => match p.take(share, config.queue_timeout).await {
                 Some(held) => Some(held),
                 None => return self.overloaded(Refused::ShareFull, &self.shared.passing),
             },
