@@ -41,11 +41,12 @@ fn assert_kept(out: &Output, day: &serde_json::Value, kill: bool) {
     assert_eq!(through["corrections replayed"], 0, "{day:#}");
     assert_eq!(through["stranded"], 0, "{day:#}");
     assert_eq!(through["unresolved after the pass"], 0, "{day:#}");
-    // The storm's goodput ratio is the one figure this machine's load can move: the
-    // verdict (and the exit code) follows it, whatever it is.
+    // The storm's goodput is the bank's capacity kept through the storm: at its floor.
     let storm = through["storm goodput ratio"].as_f64().unwrap();
-    assert_eq!(day["passed"], storm >= 0.9, "{day:#}");
-    assert_eq!(out.status.success(), storm >= 0.9, "{day:#}");
+    assert!(storm >= 0.9, "{day:#}");
+    assert_eq!(day["passed"], true, "{day:#}");
+    assert!(out.status.success(), "{day:#}");
+    assert_eq!(day["direct"]["storm goodput ratio"], "-", "{day:#}");
     assert!(day["summary"]
         .as_str()
         .unwrap()
