@@ -45,6 +45,7 @@ pub struct BadDayFigures {
     pub bank_crashes: u32,
     pub instance_kills: u32,
     pub store_freezes: u32,
+    pub store_restarts: u32,
     /// Intents without their final answer when the day ended: the clients retry each one
     /// last time after the operator's pass.
     pub unanswered_at_end: u64,
@@ -192,6 +193,10 @@ impl BadDayReport {
                 "store frozen 2 s",
                 when(Event::StoreFreeze, runs.map(|r| r.store_freezes)),
             ),
+            (
+                "store restarted (AOF)",
+                when(Event::StoreRestart, runs.map(|r| r.store_restarts)),
+            ),
             ("retry storm (16x)", stretch(&self.schedule.storm)),
             ("slow clients", stretch(&self.schedule.slow_clients)),
             ("unanswered at day's end", count(|r| r.unanswered_at_end)),
@@ -276,20 +281,22 @@ pub async fn run_bad_day(opts: LabOptions) -> Result<BadDayReport, LabError> {
     let (direct, direct_bad) = run(&plan, &schedule, &opts, false).await?;
     let (idemgate, idemgate_bad) = run(&plan, &schedule, &opts, true).await?;
     let mut not_injected = vec![];
-    if opts.redis_url.is_none() {
+    if opts.redis_url.is_none() && !opts.redis_server {
         not_injected.push((
             "instance_kill",
             "the embedded store lives in the instance's memory: a killed instance takes its records along (docs/guarantees.md); use --redis-url for two instances on a shared store, one killed",
         ));
     }
-    not_injected.push((
-        "store_restart",
-        if opts.redis_url.is_some() {
-            "the lab does not restart a Redis it did not start (and without persistence a restart loses records, docs/production.md); the store is frozen instead"
-        } else {
-            "the embedded store does not survive a restart (its records are in memory); the store is frozen instead"
-        },
-    ));
+    if !opts.redis_server {
+        not_injected.push((
+            "store_restart",
+            if opts.redis_url.is_some() {
+                "the lab does not restart a Redis it did not start (and without persistence a restart loses records, docs/production.md); the store is frozen instead (in the lab's relay); --redis-server starts one with persistence on and restarts it"
+            } else {
+                "the embedded store does not survive a restart (its records are in memory); the store is frozen instead"
+            },
+        ));
+    }
     Ok(BadDayReport {
         lab: LabReport {
             seed: opts.seed,
@@ -322,6 +329,7 @@ struct Incidents {
     crashes: Arc<AtomicU32>,
     kills: Arc<AtomicU32>,
     freezes: Arc<AtomicU32>,
+    store_restarts: Arc<AtomicU32>,
 }
 
 impl Incidents {
@@ -376,6 +384,22 @@ impl DayHooks for Incidents {
                                 }
                                 Err(err) => {
                                     tracing::warn!(error = %err, "lab: kill and replace failed")
+                                }
+                            }
+                        });
+                    }
+                }
+                Event::StoreRestart => {
+                    if let Some(fleet) = self.fleet.clone() {
+                        let n = self.store_restarts.clone();
+                        self.spawn(async move {
+                            match fleet.lock().await.restart_store().await {
+                                Ok(true) => {
+                                    n.fetch_add(1, Ordering::SeqCst);
+                                }
+                                Ok(false) => {}
+                                Err(err) => {
+                                    tracing::warn!(error = %err, "lab: store restart failed")
                                 }
                             }
                         });
@@ -437,6 +461,7 @@ async fn run(
     let (label, fleet) = if through {
         let fleet = match &opts.redis_url {
             Some(url) => Fleet::redis(server.addr(), url, "lab").await,
+            None if opts.redis_server => Fleet::redis_server(server.addr(), "lab").await,
             None => Fleet::embedded(server.addr()).await,
         };
         let fleet = match fleet {
@@ -448,6 +473,8 @@ async fn run(
         };
         let label = if opts.redis_url.is_some() {
             "idemgate (redis, 2 instances)"
+        } else if opts.redis_server {
+            "idemgate (redis-server, AOF, 2 instances)"
         } else {
             "idemgate (embedded)"
         };
@@ -484,6 +511,7 @@ async fn run(
         crashes: Arc::default(),
         kills: Arc::default(),
         freezes: Arc::default(),
+        store_restarts: Arc::default(),
     };
     let progress = super::progress_bar(opts.progress, plan.intents.len() as u64, label);
     let started = Instant::now();
@@ -571,6 +599,7 @@ async fn run(
         bank_crashes: hooks.crashes.load(Ordering::SeqCst),
         instance_kills: hooks.kills.load(Ordering::SeqCst),
         store_freezes: hooks.freezes.load(Ordering::SeqCst),
+        store_restarts: hooks.store_restarts.load(Ordering::SeqCst),
         unanswered_at_end: unanswered.len() as u64,
         pass,
         unresolved_after_pass,
