@@ -98,6 +98,11 @@ struct LabArgs {
     /// Run idemgate on this Redis instead of the embedded store.
     #[arg(long, value_name = "URL")]
     redis_url: Option<String>,
+    /// With --bad-day: run idemgate on a `redis-server` (from PATH) the lab starts itself on
+    /// a free loopback port with persistence on (appendonly, fsync always), frozen with
+    /// SIGSTOP and restarted during the day.
+    #[arg(long, conflicts_with = "redis_url")]
+    redis_server: bool,
     /// Print the figures as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -286,6 +291,12 @@ fn lab(args: LabArgs) -> ExitCode {
     if args.bad_day {
         return bad_day(&rt, args);
     }
+    if args.redis_server {
+        eprintln!(
+            "idemgate lab: --redis-server is for --bad-day (it restarts the store during the day)"
+        );
+        return ExitCode::from(64);
+    }
     let opts = idemgate::lab::LabOptions {
         intents: args
             .intents
@@ -329,6 +340,7 @@ fn bad_day(rt: &tokio::runtime::Runtime, args: LabArgs) -> ExitCode {
         seed: args.seed,
         concurrency: args.concurrency,
         redis_url: args.redis_url,
+        redis_server: args.redis_server,
         progress: !args.json,
         observe: args.mode == "observe",
         tls: args.tls,

@@ -41,11 +41,12 @@ fn assert_kept(out: &Output, day: &serde_json::Value, kill: bool) {
     assert_eq!(through["corrections replayed"], 0, "{day:#}");
     assert_eq!(through["stranded"], 0, "{day:#}");
     assert_eq!(through["unresolved after the pass"], 0, "{day:#}");
-    // The storm's goodput ratio is the one figure this machine's load can move: the
-    // verdict (and the exit code) follows it, whatever it is.
+    // The storm's goodput is the bank's capacity kept through the storm: at its floor.
     let storm = through["storm goodput ratio"].as_f64().unwrap();
-    assert_eq!(day["passed"], storm >= 0.9, "{day:#}");
-    assert_eq!(out.status.success(), storm >= 0.9, "{day:#}");
+    assert!(storm >= 0.9, "{day:#}");
+    assert_eq!(day["passed"], true, "{day:#}");
+    assert!(out.status.success(), "{day:#}");
+    assert_eq!(day["direct"]["storm goodput ratio"], "-", "{day:#}");
     assert!(day["summary"]
         .as_str()
         .unwrap()
@@ -103,6 +104,9 @@ fn the_bad_day_keeps_the_promise_on_redis_with_an_instance_killed() {
     let redis = RedisServer::start();
     let (out, day) = bad_day(&["--redis-url", &redis.url()], &[]);
     assert_kept(&out, &day, true);
+    // A Redis the lab did not start is frozen in its relay, never restarted.
+    assert_eq!(day["idemgate"]["store restarted (AOF)"], "-", "{day:#}");
+    assert_eq!(day["not_injected"][0]["incident"], "store_restart");
     assert_eq!(day["idemgate"]["label"], "idemgate (redis, 2 instances)");
     // The lab deleted the records it made: no key holds a record's state any more (the
     // scope secret stays, as for any instance, and the withdrawal notes of claims that
@@ -116,6 +120,35 @@ fn the_bad_day_keeps_the_promise_on_redis_with_an_instance_killed() {
         ])
         .unwrap();
     assert!(records.starts_with(":0\r"), "records left: {records}");
+}
+
+/// On a redis-server the lab starts itself with persistence on, the store is restarted
+/// during the day (records kept) and frozen with SIGSTOP, and the promise holds.
+#[test]
+fn the_bad_day_keeps_the_promise_through_a_restart_of_its_own_redis_server() {
+    let on_path = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if !on_path {
+        eprintln!("skipped: redis-server is not on PATH (apt-get install redis-server)");
+        return;
+    }
+    let (out, day) = bad_day(&["--redis-server"], &[]);
+    assert_kept(&out, &day, true);
+    assert_eq!(
+        day["idemgate"]["label"],
+        "idemgate (redis-server, AOF, 2 instances)"
+    );
+    assert!(
+        day["idemgate"]["store restarted (AOF)"]
+            .as_str()
+            .unwrap()
+            .starts_with("1 at"),
+        "{day:#}"
+    );
+    assert_eq!(day["direct"]["store restarted (AOF)"], "-", "{day:#}");
+    assert_eq!(day["not_injected"], serde_json::json!([]), "{day:#}");
 }
 
 /// Without the operator's pass (a debug build's test hook skips it), the records the

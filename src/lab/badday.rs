@@ -31,6 +31,12 @@ pub const DEFAULT_INTENTS: usize = 1_000;
 /// The storm's goodput must stay at least this share of the goodput just before it.
 pub const STORM_GOODPUT_FLOOR: f64 = 0.9;
 
+/// How long the bank takes for each intent of the storm and of the stretch before it, in
+/// idemgate's run: with [`super::bank::TELLERS`] tellers, the bank then does at most
+/// `TELLERS / WINDOW_LATENCY` transfers a second (50/s), fewer than the day's clients ask,
+/// so both stretches measure the bank's capacity and what idemgate keeps of it.
+pub const WINDOW_LATENCY: Duration = Duration::from_millis(40);
+
 /// What one run of the bad day adds to the good day's figures.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct BadDayFigures {
@@ -39,6 +45,7 @@ pub struct BadDayFigures {
     pub bank_crashes: u32,
     pub instance_kills: u32,
     pub store_freezes: u32,
+    pub store_restarts: u32,
     /// Intents without their final answer when the day ended: the clients retry each one
     /// last time after the operator's pass.
     pub unanswered_at_end: u64,
@@ -49,8 +56,9 @@ pub struct BadDayFigures {
     pub unresolved_after_pass: u64,
     /// Payments that should have run and never did (no execution in the ledger at the end).
     pub stranded: u64,
-    /// Intents answered with their final answer per second, just before the storm and
-    /// during it.
+    /// Distinct intents finished with their final answer per wall second, just before the
+    /// storm and during it, with the bank's tellers the bottleneck (idemgate's run only:
+    /// straight at the bank every storm copy executes, see [`goodput`]).
     pub goodput_before_storm: f64,
     pub goodput_in_storm: f64,
 }
@@ -149,6 +157,16 @@ impl BadDayReport {
                 None => Cell::Text("-".into()),
             })
         };
+        // The storm's goodput is measured in idemgate's run only (see `goodput`).
+        let measured = |f: fn(&BadDayFigures) -> Cell| {
+            runs.map(|r| {
+                if r.goodput_before_storm > 0.0 {
+                    f(r)
+                } else {
+                    Cell::Text("-".into())
+                }
+            })
+        };
         let mut rows = self.lab.rows();
         rows.extend([
             (
@@ -175,6 +193,10 @@ impl BadDayReport {
                 "store frozen 2 s",
                 when(Event::StoreFreeze, runs.map(|r| r.store_freezes)),
             ),
+            (
+                "store restarted (AOF)",
+                when(Event::StoreRestart, runs.map(|r| r.store_restarts)),
+            ),
             ("retry storm (16x)", stretch(&self.schedule.storm)),
             ("slow clients", stretch(&self.schedule.slow_clients)),
             ("unanswered at day's end", count(|r| r.unanswered_at_end)),
@@ -189,15 +211,15 @@ impl BadDayReport {
             ("stranded", count(|r| r.stranded)),
             (
                 "goodput before storm",
-                runs.map(|r| Cell::Text(format!("{:.0}/s", r.goodput_before_storm))),
+                measured(|r| Cell::Text(format!("{:.0}/s", r.goodput_before_storm))),
             ),
             (
                 "goodput in storm",
-                runs.map(|r| Cell::Text(format!("{:.0}/s", r.goodput_in_storm))),
+                measured(|r| Cell::Text(format!("{:.0}/s", r.goodput_in_storm))),
             ),
             (
                 "storm goodput ratio",
-                runs.map(|r| Cell::Ratio(r.storm_ratio())),
+                measured(|r| Cell::Ratio(r.storm_ratio())),
             ),
         ]);
         rows
@@ -259,20 +281,22 @@ pub async fn run_bad_day(opts: LabOptions) -> Result<BadDayReport, LabError> {
     let (direct, direct_bad) = run(&plan, &schedule, &opts, false).await?;
     let (idemgate, idemgate_bad) = run(&plan, &schedule, &opts, true).await?;
     let mut not_injected = vec![];
-    if opts.redis_url.is_none() {
+    if opts.redis_url.is_none() && !opts.redis_server {
         not_injected.push((
             "instance_kill",
             "the embedded store lives in the instance's memory: a killed instance takes its records along (docs/guarantees.md); use --redis-url for two instances on a shared store, one killed",
         ));
     }
-    not_injected.push((
-        "store_restart",
-        if opts.redis_url.is_some() {
-            "the lab does not restart a Redis it did not start (and without persistence a restart loses records, docs/production.md); the store is frozen instead"
-        } else {
-            "the embedded store does not survive a restart (its records are in memory); the store is frozen instead"
-        },
-    ));
+    if !opts.redis_server {
+        not_injected.push((
+            "store_restart",
+            if opts.redis_url.is_some() {
+                "the lab does not restart a Redis it did not start (and without persistence a restart loses records, docs/production.md); the store is frozen instead (in the lab's relay); --redis-server starts one with persistence on and restarts it"
+            } else {
+                "the embedded store does not survive a restart (its records are in memory); the store is frozen instead"
+            },
+        ));
+    }
     Ok(BadDayReport {
         lab: LabReport {
             seed: opts.seed,
@@ -300,14 +324,12 @@ struct Incidents {
     server: Arc<BankServer>,
     fleet: Option<Arc<tokio::sync::Mutex<Fleet>>>,
     can_kill: bool,
-    // For the storm's paired latencies.
-    seed: u64,
-    bank_options: super::bank::BankOptions,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     restarts: Arc<AtomicU32>,
     crashes: Arc<AtomicU32>,
     kills: Arc<AtomicU32>,
     freezes: Arc<AtomicU32>,
+    store_restarts: Arc<AtomicU32>,
 }
 
 impl Incidents {
@@ -367,6 +389,22 @@ impl DayHooks for Incidents {
                         });
                     }
                 }
+                Event::StoreRestart => {
+                    if let Some(fleet) = self.fleet.clone() {
+                        let n = self.store_restarts.clone();
+                        self.spawn(async move {
+                            match fleet.lock().await.restart_store().await {
+                                Ok(true) => {
+                                    n.fetch_add(1, Ordering::SeqCst);
+                                }
+                                Ok(false) => {}
+                                Err(err) => {
+                                    tracing::warn!(error = %err, "lab: store restart failed")
+                                }
+                            }
+                        });
+                    }
+                }
                 Event::StoreFreeze => {
                     if let Some(fleet) = self.fleet.clone() {
                         let n = self.freezes.clone();
@@ -383,27 +421,11 @@ impl DayHooks for Incidents {
     }
 
     fn latency(&self, seq: usize) -> Option<Duration> {
-        // The storm's n-th intent waits on the bank as long as the n-th intent before it.
-        let (storm, before) = (&self.schedule.storm, &self.schedule.before_storm);
-        let pos = if storm.contains(&seq) {
-            seq - storm.start
-        } else if before.contains(&seq) {
-            seq - before.start
-        } else {
-            return None;
-        };
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand::rngs::StdRng::seed_from_u64(
-            self.seed ^ (pos as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
-        );
-        let o = &self.bank_options;
-        if rng.random_bool(o.slow_ratio.clamp(0.0, 1.0)) {
-            return Some(o.slow_latency);
-        }
-        let base = o.base_latency.as_millis() as u64;
-        Some(Duration::from_millis(
-            rng.random_range(base / 2..=base + base / 2),
-        ))
+        // In idemgate's run, the storm and the stretch before it go through the bank's
+        // tellers, each transfer taking as long.
+        let window =
+            self.schedule.storm.contains(&seq) || self.schedule.before_storm.contains(&seq);
+        (window && self.fleet.is_some()).then_some(WINDOW_LATENCY)
     }
 
     fn style(&self, seq: usize) -> Style {
@@ -439,6 +461,7 @@ async fn run(
     let (label, fleet) = if through {
         let fleet = match &opts.redis_url {
             Some(url) => Fleet::redis(server.addr(), url, "lab").await,
+            None if opts.redis_server => Fleet::redis_server(server.addr(), "lab").await,
             None => Fleet::embedded(server.addr()).await,
         };
         let fleet = match fleet {
@@ -450,6 +473,8 @@ async fn run(
         };
         let label = if opts.redis_url.is_some() {
             "idemgate (redis, 2 instances)"
+        } else if opts.redis_server {
+            "idemgate (redis-server, AOF, 2 instances)"
         } else {
             "idemgate (embedded)"
         };
@@ -481,13 +506,12 @@ async fn run(
         server: server.clone(),
         fleet: fleet.clone(),
         can_kill,
-        seed: opts.seed,
-        bank_options: opts.bank.clone(),
         tasks: Mutex::new(Vec::new()),
         restarts: Arc::default(),
         crashes: Arc::default(),
         kills: Arc::default(),
         freezes: Arc::default(),
+        store_restarts: Arc::default(),
     };
     let progress = super::progress_bar(opts.progress, plan.intents.len() as u64, label);
     let started = Instant::now();
@@ -575,40 +599,46 @@ async fn run(
         bank_crashes: hooks.crashes.load(Ordering::SeqCst),
         instance_kills: hooks.kills.load(Ordering::SeqCst),
         store_freezes: hooks.freezes.load(Ordering::SeqCst),
+        store_restarts: hooks.store_restarts.load(Ordering::SeqCst),
         unanswered_at_end: unanswered.len() as u64,
         pass,
         unresolved_after_pass,
         stranded,
-        goodput_before_storm: goodput(&outcomes, &schedule.before_storm, opts.concurrency),
-        goodput_in_storm: goodput(&outcomes, &schedule.storm, opts.concurrency),
+        goodput_before_storm: if through {
+            goodput(&outcomes, &schedule.before_storm)
+        } else {
+            0.0
+        },
+        goodput_in_storm: if through {
+            goodput(&outcomes, &schedule.storm)
+        } else {
+            0.0
+        },
     };
     Ok((figures, bad))
 }
 
-/// Intents of `window` answered with their final answer, per second, at the day's
-/// concurrency: `clients` intents are always under way (each client takes the next intent
-/// once it has its answer), so the rate is the answered intents times the clients over the
-/// time all the window's intents took (Little's law; an intent that ended without its
-/// answer counts as time spent for nothing). Unlike the time from the window's first start
-/// to its last end, one slow answer at its edge does not move it.
-fn goodput(outcomes: &[IntentOutcome], window: &std::ops::Range<usize>, clients: usize) -> f64 {
+/// Distinct intents of `window` finished with their final answer, per wall second between
+/// the first answer among them and the last: `answered - 1` intervals over that span. Each
+/// intent of the window waits for one of the bank's tellers (see [`WINDOW_LATENCY`]), so
+/// the bank's capacity sets the pace: before the storm the clients keep every teller busy;
+/// in it, what idemgate keeps of that pace (one copy per intent reaching the bank, the
+/// others shed or told to wait) is what the figure shows. Timed from the first answer, not
+/// the first start: the storm's first intents queue behind the last ones before it (the
+/// tellers serve in order), which would count that stretch's work as the storm's. Straight
+/// at the bank every copy would hold a teller: the direct run is not measured.
+fn goodput(outcomes: &[IntentOutcome], window: &std::ops::Range<usize>) -> f64 {
     let Some(these) = outcomes.get(window.clone()) else {
         return 0.0;
     };
-    let answered: Vec<f64> = these
-        .iter()
-        .filter(|o| o.answered)
-        .map(|o| o.ended.duration_since(o.started).as_secs_f64())
-        .collect();
-    let total: f64 = answered.iter().sum();
-    if answered.is_empty() || total <= 0.0 {
+    let ends = these.iter().filter(|o| o.answered).map(|o| o.ended);
+    let (Some(first), Some(last)) = (ends.clone().min(), ends.clone().max()) else {
+        return 0.0;
+    };
+    let span = last.saturating_duration_since(first).as_secs_f64();
+    let answered = ends.count();
+    if span <= 0.0 || answered < 2 {
         return 0.0;
     }
-    // Unanswered intents count as time spent with nothing to show.
-    let wasted: f64 = these
-        .iter()
-        .filter(|o| !o.answered)
-        .map(|o| o.ended.duration_since(o.started).as_secs_f64())
-        .sum();
-    answered.len() as f64 * clients as f64 / (total + wasted)
+    (answered - 1) as f64 / span
 }

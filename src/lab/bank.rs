@@ -119,7 +119,14 @@ struct Inner {
     /// A [`CloseAfterAnswer`] as its number: a stretch of a bad day where the bank closes
     /// each connection after its answer.
     close_after_answer: AtomicU8,
+    /// The tellers who serve the transfers whose latency the day decides (the stretches a
+    /// bad day compares): a fixed number at once, so that there the bank's capacity, not
+    /// the clients' pace, sets how many transfers a second get done.
+    tellers: tokio::sync::Semaphore,
 }
+
+/// Transfers served at once when the day decides their latency (see `Inner::tellers`).
+pub const TELLERS: usize = 2;
 
 /// Whether the bank keeps a connection open after an answer (a bad day's stretch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,6 +171,7 @@ impl Bank {
                 in_flight: AtomicUsize::new(0),
                 idle: Notify::new(),
                 close_after_answer: AtomicU8::new(0),
+                tellers: tokio::sync::Semaphore::new(TELLERS),
             }),
         }
     }
@@ -357,6 +365,12 @@ impl Bank {
                     "expected {\"from\",\"to\",\"amount\"} with an integer amount",
                 )
             }
+        };
+        // A transfer whose latency the day decides waits for a free teller, who stays with
+        // it until its answer.
+        let _teller = match latency {
+            Some(_) => self.inner.tellers.acquire().await.ok(),
+            None => None,
         };
         // Commit first, answer after the latency: a client that times out has still paid.
         let outcome = self.transfer(&parsed.from, &parsed.to, parsed.amount, key);

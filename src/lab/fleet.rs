@@ -8,6 +8,8 @@
 //!   small TCP relay of the lab's own. The kill is a SIGKILL mid-request; a new instance
 //!   takes the killed one's place (same ports, same store). The store freezes in the relay:
 //!   it stops passing bytes both ways, as a Redis that stalls (or is SIGSTOPped) does.
+//! - **The lab's own redis-server** (`--redis-server`): as on Redis, but the store is a
+//!   [`LabRedis`] with persistence on; it freezes by SIGSTOP and is restarted, records kept.
 //!
 //! Crates: `tokio` for the relay, the child processes and the readiness probe; `hyper`
 //! (through [`super::reconcile`]) for the probe itself.
@@ -21,6 +23,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use super::redis_server::LabRedis;
 use super::tracked::Tracked;
 
 /// A claim's lease on a bad day: short, so the records of a killed instance read `unknown`
@@ -52,6 +55,8 @@ enum Instance {
 pub struct Fleet {
     instances: Vec<Instance>,
     relay: Option<Relay>,
+    // The redis-server the lab started itself, if it did: frozen with SIGSTOP, restarted.
+    server: Option<LabRedis>,
     // The generated configurations of the child instances, removed with the fleet.
     dir: Option<PathBuf>,
 }
@@ -91,6 +96,7 @@ impl Fleet {
         Ok(Fleet {
             instances: vec![Instance::InProcess { running, store }],
             relay: None,
+            server: None,
             dir: None,
         })
     }
@@ -116,6 +122,7 @@ impl Fleet {
         let mut fleet = Fleet {
             instances: Vec::new(),
             relay: Some(relay),
+            server: None,
             dir: Some(dir.clone()),
         };
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -143,6 +150,22 @@ impl Fleet {
             });
         }
         Ok(fleet)
+    }
+
+    /// Two child instances on a `redis-server` the lab starts itself, with persistence on.
+    pub async fn redis_server(bank: SocketAddr, namespace: &str) -> Result<Fleet, String> {
+        let server = LabRedis::start().await?;
+        let mut fleet = Fleet::redis(bank, &server.url(), namespace).await?;
+        fleet.server = Some(server);
+        Ok(fleet)
+    }
+
+    /// Restarts the store, records kept; `false` when the fleet did not start its store.
+    pub async fn restart_store(&mut self) -> Result<bool, String> {
+        match &mut self.server {
+            Some(server) => server.restart().await.map(|()| true),
+            None => Ok(false),
+        }
     }
 
     /// Where the clients send: every instance.
@@ -191,7 +214,11 @@ impl Fleet {
 
     /// Freezes or thaws the store for every instance.
     pub fn freeze(&self, frozen: bool) {
-        if let Some(relay) = &self.relay {
+        if let Some(server) = &self.server {
+            if let Err(err) = server.signal(if frozen { "STOP" } else { "CONT" }) {
+                tracing::warn!(error = %err, "lab: could not freeze or thaw redis-server");
+            }
+        } else if let Some(relay) = &self.relay {
             relay.freeze(frozen);
         }
         for instance in &self.instances {
@@ -214,6 +241,9 @@ impl Fleet {
                     let _ = child.wait().await;
                 }
             }
+        }
+        if let Some(server) = self.server.take() {
+            server.stop().await;
         }
     }
 }

@@ -31,6 +31,9 @@ pub enum Event {
     InstanceKill,
     /// The store freezes for [`FREEZE`] (idemgate's runs only).
     StoreFreeze,
+    /// The store restarts with its records kept (a `redis-server` the lab started itself,
+    /// with persistence on; idemgate's runs only).
+    StoreRestart,
 }
 
 /// The day's incidents.
@@ -63,6 +66,7 @@ impl Schedule {
         let crashes = [at(0.16), at(0.46), at(0.86)];
         let close_announced = span(at(0.22), at(0.30));
         let close_silent = span(close_announced.end, at(0.38));
+        let store_restart = at(0.34);
         let kill = at(0.42);
         let freeze = at(0.50);
         let storm = span(at(0.66), at(0.74));
@@ -88,6 +92,7 @@ impl Schedule {
                 ),
                 (kill, Event::InstanceKill),
                 (freeze, Event::StoreFreeze),
+                (store_restart, Event::StoreRestart),
             ])
             .collect();
         events.sort_by_key(|(seq, _)| *seq);
@@ -136,6 +141,7 @@ mod tests {
         assert_eq!(s.moments(Event::BankRestart, 1_000).len(), 2);
         assert_eq!(s.moments(Event::InstanceKill, 1_000).len(), 1);
         assert_eq!(s.moments(Event::StoreFreeze, 1_000).len(), 1);
+        assert_eq!(s.moments(Event::StoreRestart, 1_000).len(), 1);
         assert!(s.storm.len() > 50 && s.before_storm.len() == s.storm.len());
         assert!(!s.slow_clients.is_empty() && !s.close_silent.is_empty());
         for (seq, _) in &s.events {

@@ -29,6 +29,7 @@ pub mod incidents;
 pub mod observe;
 mod outages;
 mod reconcile;
+mod redis_server;
 pub mod report;
 mod tls;
 mod tracked;
@@ -62,6 +63,9 @@ pub struct LabOptions {
     pub concurrency: usize,
     /// Run idemgate on this Redis instead of the embedded store.
     pub redis_url: Option<String>,
+    /// On a bad day: run idemgate on a `redis-server` the lab starts itself, with
+    /// persistence on, which the day freezes (SIGSTOP) and restarts.
+    pub redis_server: bool,
     /// Draw a progress bar on stderr (only ever when stderr is a terminal).
     pub progress: bool,
     /// The impatient clients' deadline; must be shorter than `bank.slow_latency`.
@@ -83,6 +87,7 @@ impl Default for LabOptions {
             seed: 20_240_917,
             concurrency: 32,
             redis_url: None,
+            redis_server: false,
             progress: true,
             client_timeout: Duration::from_millis(100),
             bank: BankOptions::default(),
