@@ -698,26 +698,53 @@ impl Gate {
     }
 
     pub fn start(upstream: &str, redis_url: &str, env: &[(&str, &str)]) -> Gate {
-        let (cmd, addr, admin, dir) = Self::command(upstream, redis_url, env);
-        Self::launch(cmd, addr, admin, dir)
+        Self::launch_on_free_ports(|| Self::command(upstream, redis_url, env))
     }
 
     /// As [`start`](Self::start), on the persistent embedded store in `store_path` instead
     /// of Redis.
     pub fn start_on_disk(upstream: &str, store_path: &Path, env: &[(&str, &str)]) -> Gate {
-        let (mut cmd, addr, admin, dir) = Self::command(upstream, "", env);
-        cmd.env_remove("IDEMGATE_REDIS_URL")
-            .env("IDEMGATE_STORE_PATH", store_path);
-        Self::launch(cmd, addr, admin, dir)
+        Self::launch_on_free_ports(|| {
+            let (mut cmd, addr, admin, dir) = Self::command(upstream, "", env);
+            cmd.env_remove("IDEMGATE_REDIS_URL")
+                .env("IDEMGATE_STORE_PATH", store_path);
+            (cmd, addr, admin, dir)
+        })
+    }
+
+    /// Launches what `make` gives, with new ports when the ones it picked were taken in the
+    /// meantime by another test's process (free ports are found by binding and letting go,
+    /// so two tests can pick the same one): at most four tries.
+    fn launch_on_free_ports(
+        make: impl Fn() -> (Command, SocketAddr, SocketAddr, tempfile::TempDir),
+    ) -> Gate {
+        let mut tries = 0;
+        loop {
+            let (cmd, addr, admin, dir) = make();
+            tries += 1;
+            match Self::try_launch(cmd, addr, admin, dir) {
+                Ok(gate) => return gate,
+                Err((port_taken, why)) if port_taken && tries < 4 => {
+                    eprintln!("idemgate's ports were taken, trying others: {why}");
+                }
+                Err((_, why)) => panic!("{why}"),
+            }
+        }
     }
 
     /// Spawns `cmd` and waits until `/healthz` answers and start-up has opened the store.
-    fn launch(
+    fn launch(cmd: Command, addr: SocketAddr, admin: SocketAddr, dir: tempfile::TempDir) -> Gate {
+        Self::try_launch(cmd, addr, admin, dir).unwrap_or_else(|(_, why)| panic!("{why}"))
+    }
+
+    /// As [`launch`](Self::launch); `Err((port_taken, why))` where it did not start, with
+    /// `port_taken` when it could not bind a port it was given.
+    fn try_launch(
         mut cmd: Command,
         addr: SocketAddr,
         admin: SocketAddr,
         dir: tempfile::TempDir,
-    ) -> Gate {
+    ) -> Result<Gate, (bool, String)> {
         let child = cmd.spawn().expect("idemgate binary");
         let mut gate = Gate {
             addr,
@@ -730,18 +757,26 @@ impl Gate {
             // Healthy, and past start-up (which answers /healthz while the store opens,
             // and `/readyz` with "idemgate is starting").
             if started(admin) {
-                return gate;
+                return Ok(gate);
             }
             if let Some(status) = gate
                 .child
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
-                panic!("idemgate exited at start-up with {status}:\n{}", gate.log());
+                let log = gate.log();
+                let port_taken = log.contains("Address already in use");
+                return Err((
+                    port_taken,
+                    format!("idemgate exited at start-up with {status}:\n{log}"),
+                ));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("idemgate did not become healthy:\n{}", gate.log());
+        Err((
+            false,
+            format!("idemgate did not become healthy:\n{}", gate.log()),
+        ))
     }
 
     /// As [`start`](Self::start), with another build of the binary (`bin`): a previous
