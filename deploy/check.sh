@@ -7,7 +7,8 @@
 #   and the idemgate binary, configured by deploy/k8s/configmap.yaml's TOML with the password
 #   in IDEMGATE_REDIS_PASSWORD, starts against it over TLS as the `idemgate` user and
 #   records a request; the default user is refused.
-# Needs redis-server, redis-cli, openssl, python3 and a built target/debug/idemgate.
+# Needs redis-server, redis-cli, openssl, python3 and a built idemgate in
+# ${CARGO_TARGET_DIR:-target}/debug.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -62,8 +63,13 @@ wait_for "$p_up" upstream
 IDEMGATE_SCOPE_SECRET_CREATE_DELAY=0s IDEMGATE_CONFIG="$work/idemgate.toml" IDEMGATE_REDIS_PASSWORD="$PASSWORD" \
   IDEMGATE_LISTEN="127.0.0.1:$p_proxy" IDEMGATE_ADMIN_LISTEN="127.0.0.1:$p_admin" \
   IDEMGATE_UPSTREAM="http://127.0.0.1:$p_up" IDEMGATE_ADMIN_TOKEN="$(openssl rand -hex 16)" \
-  target/debug/idemgate 2>"$work/idemgate.log" & pids+=($!)
+  "${CARGO_TARGET_DIR:-target}"/debug/idemgate 2>"$work/idemgate.log" & pids+=($!)
 wait_for "$p_proxy" idemgate
+# The listener answers before the store is open (probes never wait on it): ready is /readyz.
+for _ in $(seq 1 150); do
+  curl -sf -o /dev/null "http://127.0.0.1:$p_admin/readyz" && break
+  sleep 0.1
+done
 # The upstream answers 501 to a POST: any answer is recorded, and the retry replays it.
 curl -s -o /dev/null -X POST -H 'Authorization: Bearer check' -H 'Idempotency-Key: check-1' "http://127.0.0.1:$p_proxy/transfers"
 replayed=$(curl -s -D - -o /dev/null -X POST -H 'Authorization: Bearer check' -H 'Idempotency-Key: check-1' "http://127.0.0.1:$p_proxy/transfers" | tr -d '\r' | grep -i '^idempotent-replayed: true' || true)
