@@ -310,23 +310,36 @@ fn lab(args: LabArgs) -> ExitCode {
         ..idemgate::lab::LabOptions::default()
     };
     match rt.block_on(idemgate::lab::run_lab(opts)) {
-        Ok(report) => {
-            if args.json {
-                println!("{}", report.to_json());
-            } else {
-                print!("{}", report.table());
-                println!("{}", report.summary_line());
-            }
-            if report.passed() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
-        }
+        Ok(report) => print_report(
+            args.json,
+            || report.to_json(),
+            || format!("{}{}\n", report.table(), report.summary_line()),
+            report.passed(),
+        ),
         Err(e) => {
             eprintln!("idemgate lab: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Prints a lab's report (its JSON, or its table and summary line); exit 0 when its
+/// verdict holds, 1 when not.
+fn print_report(
+    json: bool,
+    as_json: impl FnOnce() -> String,
+    as_text: impl FnOnce() -> String,
+    passed: bool,
+) -> ExitCode {
+    if json {
+        println!("{}", as_json());
+    } else {
+        print!("{}", as_text());
+    }
+    if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 
@@ -347,19 +360,12 @@ fn bad_day(rt: &tokio::runtime::Runtime, args: LabArgs) -> ExitCode {
         ..idemgate::lab::LabOptions::default()
     };
     match rt.block_on(idemgate::lab::run_bad_day(opts)) {
-        Ok(report) => {
-            if args.json {
-                println!("{}", report.to_json());
-            } else {
-                print!("{}", report.table());
-                println!("{}", report.summary_line());
-            }
-            if report.passed() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
-        }
+        Ok(report) => print_report(
+            args.json,
+            || report.to_json(),
+            || format!("{}{}\n", report.table(), report.summary_line()),
+            report.passed(),
+        ),
         Err(e @ idemgate::lab::LabError::Options(_)) => {
             eprintln!("idemgate lab: {e}");
             ExitCode::from(64)

@@ -867,27 +867,8 @@ impl Run<'_> {
     /// answer (the caller then retries as usual).
     async fn slow_read(&self, key: &str, body: &Bytes) -> Option<Final> {
         use tokio::io::AsyncReadExt;
-        let target = self.next_target();
-        let head = format!(
-            "POST /transfers HTTP/1.1\r\nHost: {target}\r\nContent-Type: application/json\r\n\
-             Idempotency-Key: {key}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n",
-            body.len(),
-            latency_line(),
-        );
         let exchange = async {
-            let stream = TcpStream::connect(target).await?;
-            stream.set_nodelay(true)?;
-            let mut stream = match &self.opts.tls {
-                None => tokio_util::either::Either::Left(stream),
-                Some(tls) => {
-                    let name = rustls::pki_types::ServerName::from(target.ip());
-                    let tls = tokio_rustls::TlsConnector::from(tls.clone());
-                    tokio_util::either::Either::Right(tls.connect(name, stream).await?)
-                }
-            };
-            stream.write_all(head.as_bytes()).await?;
-            stream.write_all(body).await?;
-            stream.flush().await?;
+            let mut stream = self.write_whole(key, body).await?;
             let mut raw = Vec::new();
             let mut chunk = [0u8; SLOW_READ_CHUNK];
             loop {
@@ -944,32 +925,41 @@ impl Run<'_> {
         Some(Final::Refused(StatusCode::from_u16(status).ok()?))
     }
 
-    /// Writes the whole request on a fresh socket and closes it without reading the answer.
-    async fn hang_up(&self, key: &str, body: &Bytes) {
+    /// Writes the whole request (`Connection: close`) on a fresh connection to the next
+    /// target, over TLS where the run is: the stream, to read the answer from or to drop.
+    async fn write_whole(
+        &self,
+        key: &str,
+        body: &Bytes,
+    ) -> std::io::Result<
+        tokio_util::either::Either<TcpStream, tokio_rustls::client::TlsStream<TcpStream>>,
+    > {
         let target = self.next_target();
         let head = format!(
-            "POST /transfers HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+            "POST /transfers HTTP/1.1\r\nHost: {target}\r\nContent-Type: application/json\r\n\
              Idempotency-Key: {key}\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n",
-            target,
             body.len(),
             latency_line(),
         );
-        let write = async {
-            let stream = TcpStream::connect(target).await?;
-            stream.set_nodelay(true)?;
-            let mut stream = match &self.opts.tls {
-                None => tokio_util::either::Either::Left(stream),
-                Some(tls) => {
-                    let name = rustls::pki_types::ServerName::from(target.ip());
-                    let tls = tokio_rustls::TlsConnector::from(tls.clone());
-                    tokio_util::either::Either::Right(tls.connect(name, stream).await?)
-                }
-            };
-            stream.write_all(head.as_bytes()).await?;
-            stream.write_all(body).await?;
-            stream.flush().await?;
-            Ok::<_, std::io::Error>(())
+        let stream = TcpStream::connect(target).await?;
+        stream.set_nodelay(true)?;
+        let mut stream = match &self.opts.tls {
+            None => tokio_util::either::Either::Left(stream),
+            Some(tls) => {
+                let name = rustls::pki_types::ServerName::from(target.ip());
+                let tls = tokio_rustls::TlsConnector::from(tls.clone());
+                tokio_util::either::Either::Right(tls.connect(name, stream).await?)
+            }
         };
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body).await?;
+        stream.flush().await?;
+        Ok(stream)
+    }
+
+    /// Writes the whole request on a fresh socket and closes it without reading the answer.
+    async fn hang_up(&self, key: &str, body: &Bytes) {
+        let write = async { self.write_whole(key, body).await.map(drop) };
         bump(&self.counters.requests_sent);
         match tokio::time::timeout(self.opts.patient_timeout, write).await {
             Ok(Ok(())) => bump(&self.counters.hang_ups),
