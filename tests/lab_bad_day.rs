@@ -46,13 +46,12 @@ fn assert_kept(out: &Output, day: &serde_json::Value, kill: bool) {
     assert_eq!(through["corrections replayed"], 0, "{day:#}");
     assert_eq!(through["stranded"], 0, "{day:#}");
     assert_eq!(through["unresolved after the pass"], 0, "{day:#}");
-    // The storm's goodput ratio decides the verdict with the figures above: in a debug
-    // build on a loaded two-core machine it reads 0.73x to 1.26x (release runs: 1.00x to
-    // 1.13x), so here the verdict and the exit code must follow it, not a fixed floor.
+    // The storm keeps the bank's pace: its goodput ratio decides the verdict with the
+    // figures above, and the day passes.
     let storm = through["storm goodput ratio"].as_f64().unwrap();
-    assert!(storm > 0.0, "{day:#}");
-    assert_eq!(day["passed"], storm >= 0.9, "{day:#}");
-    assert_eq!(out.status.success(), storm >= 0.9, "{day:#}");
+    assert!(storm >= 0.9, "{day:#}");
+    assert_eq!(day["passed"], true, "{day:#}");
+    assert!(out.status.success(), "{day:#}");
     assert_eq!(day["direct"]["storm goodput ratio"], "-", "{day:#}");
     assert!(day["summary"]
         .as_str()

@@ -33,9 +33,9 @@ pub const STORM_GOODPUT_FLOOR: f64 = 0.9;
 
 /// How long the bank takes for each intent of the storm and of the stretch before it, in
 /// idemgate's run: with [`super::bank::TELLERS`] tellers, the bank then does at most
-/// `TELLERS / WINDOW_LATENCY` transfers a second (50/s), fewer than the day's clients ask,
+/// `TELLERS / WINDOW_LATENCY` transfers a second (20/s), fewer than the day's clients ask,
 /// so both stretches measure the bank's capacity and what idemgate keeps of it.
-pub const WINDOW_LATENCY: Duration = Duration::from_millis(40);
+pub const WINDOW_LATENCY: Duration = Duration::from_millis(100);
 
 /// What one run of the bad day adds to the good day's figures.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -431,6 +431,8 @@ impl DayHooks for Incidents {
     fn style(&self, seq: usize) -> Style {
         if self.schedule.storm.contains(&seq) {
             Style::Storm
+        } else if self.schedule.before_storm.contains(&seq) {
+            Style::Steady
         } else if self.schedule.slow_clients.contains(&seq) {
             Style::SlowReader
         } else {
@@ -618,27 +620,34 @@ async fn run(
     Ok((figures, bad))
 }
 
-/// Distinct intents of `window` finished with their final answer, per wall second between
-/// the first answer among them and the last: `answered - 1` intervals over that span. Each
-/// intent of the window waits for one of the bank's tellers (see [`WINDOW_LATENCY`]), so
-/// the bank's capacity sets the pace: before the storm the clients keep every teller busy;
-/// in it, what idemgate keeps of that pace (one copy per intent reaching the bank, the
-/// others shed or told to wait) is what the figure shows. Timed from the first answer, not
-/// the first start: the storm's first intents queue behind the last ones before it (the
-/// tellers serve in order), which would count that stretch's work as the storm's. Straight
-/// at the bank every copy would hold a teller: the direct run is not measured.
+/// Distinct intents of `window` finished with their final answer, per wall second, over
+/// the middle half of their answers: the intents answered between the window's first and
+/// third quartile of answer times, over the time between those two answers. Each intent
+/// of the window waits for one of the bank's tellers (see [`WINDOW_LATENCY`]), so the
+/// bank's capacity sets the pace: before the storm the clients keep every teller busy; in
+/// it, what idemgate keeps of that pace (one copy per intent reaching the bank, the others
+/// shed or told to wait) is what the figure shows. The middle half leaves out both ends: at
+/// the start the window's first intents queue behind the last ones before it (the tellers
+/// serve in order), and at the end a few intents that met a retry's backoff would stretch
+/// a short window's span by themselves. Straight at the bank every copy would hold a
+/// teller: the direct run is not measured.
 fn goodput(outcomes: &[IntentOutcome], window: &std::ops::Range<usize>) -> f64 {
     let Some(these) = outcomes.get(window.clone()) else {
         return 0.0;
     };
-    let ends = these.iter().filter(|o| o.answered).map(|o| o.ended);
-    let (Some(first), Some(last)) = (ends.clone().min(), ends.clone().max()) else {
-        return 0.0;
-    };
-    let span = last.saturating_duration_since(first).as_secs_f64();
-    let answered = ends.count();
-    if span <= 0.0 || answered < 2 {
+    let mut ends: Vec<std::time::Instant> = these
+        .iter()
+        .filter(|o| o.answered)
+        .map(|o| o.ended)
+        .collect();
+    ends.sort();
+    let (q1, q3) = (ends.len() / 4, ends.len() * 3 / 4);
+    if q3 <= q1 || q3 >= ends.len() {
         return 0.0;
     }
-    (answered - 1) as f64 / span
+    let span = ends[q3].saturating_duration_since(ends[q1]).as_secs_f64();
+    if span <= 0.0 {
+        return 0.0;
+    }
+    (q3 - q1) as f64 / span
 }

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use http_body_util::{BodyExt, Full};
 use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, StatusCode};
@@ -356,8 +357,19 @@ impl Final {
     }
 }
 
+/// A storm's copy that runs on after its client has the answer (see `Run::storm`).
+type Leftover<'r> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'r>>;
+
 /// Copies of one request a client sends at once during a retry storm.
 pub const STORM_COPIES: usize = 16;
+
+/// The longest a storm's copy waits when idemgate answers `409 in-progress`: what its
+/// `Retry-After` says, up to this. A storm's clients send all their copies at once and
+/// retry every failure without backoff, but wait what idemgate tells them while the first
+/// copy runs; polling faster than that (the good day's clients wait at most
+/// `in_progress_wait_cap`) would make the storm's load as much as the machine can send,
+/// not 16x.
+pub const STORM_IN_PROGRESS_CAP: Duration = Duration::from_secs(2);
 
 /// How a client behaves on top of its intent's [`Behaviour`], by the day's incidents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -365,10 +377,15 @@ pub enum Style {
     /// As its behaviour says.
     Normal,
     /// Sends [`STORM_COPIES`] copies of its request at once and retries each failure
-    /// without backoff (a `409 in-progress` still waits what idemgate says).
+    /// without backoff (a `409 in-progress` still waits what idemgate says); goes on to
+    /// its next intent once one copy has the answer, the others running on.
     Storm,
     /// Reads its answer a few bytes at a time, with pauses.
     SlowReader,
+    /// Sends one patient request and retries it with backoff, whatever its behaviour:
+    /// the storm's clients without the storm, so the stretch before it measures what the
+    /// bank can do for them.
+    Steady,
 }
 
 /// What the day's incidents do to the clients: told when the day reaches an intent, and
@@ -460,35 +477,55 @@ pub async fn replay_day(
     let run = Arc::new(Run::new(opts));
     let outcomes = std::sync::Mutex::new(vec![None; plan.intents.len()]);
     let next = AtomicUsize::new(0);
-    let workers = (0..opts.concurrency.max(1)).map(|_| async {
-        loop {
-            let index = next.fetch_add(1, Ordering::Relaxed);
-            let Some(intent) = plan.intents.get(index) else {
-                break;
-            };
-            hooks.reached(index);
-            let started = std::time::Instant::now();
-            let (last, answered_at) = LATENCY
-                .scope(
-                    hooks.latency(index),
-                    run.send_intent(intent, hooks.style(index)),
-                )
-                .await;
-            let outcome = IntentOutcome {
-                started,
-                ended: answered_at.unwrap_or_else(std::time::Instant::now),
-                answered: last.answered(),
-                held: last == Final::Held,
-            };
-            if let Ok(mut all) = outcomes.lock() {
-                all[index] = Some(outcome);
+    // A storm's copies that are still running when their client has its answer and goes
+    // on: driven here to their own end.
+    let (leftovers, mut pending) = tokio::sync::mpsc::unbounded_channel::<Leftover<'_>>();
+    let workers: Vec<_> = (0..opts.concurrency.max(1))
+        .map(|_| {
+            let leftovers = leftovers.clone();
+            let (run, outcomes, next) = (&run, &outcomes, &next);
+            async move {
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(intent) = plan.intents.get(index) else {
+                        break;
+                    };
+                    hooks.reached(index);
+                    let started = std::time::Instant::now();
+                    let (last, answered_at) = LATENCY
+                        .scope(
+                            hooks.latency(index),
+                            run.send_intent(intent, hooks.style(index), &leftovers),
+                        )
+                        .await;
+                    let outcome = IntentOutcome {
+                        started,
+                        ended: answered_at.unwrap_or_else(std::time::Instant::now),
+                        answered: last.answered(),
+                        held: last == Final::Held,
+                    };
+                    if let Ok(mut all) = outcomes.lock() {
+                        all[index] = Some(outcome);
+                    }
+                    progress.inc(1);
+                }
             }
-            progress.inc(1);
+        })
+        .collect();
+    drop(leftovers);
+    let driver = async move {
+        let mut running = FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                Some(copy) = pending.recv() => running.push(copy),
+                Some(()) = running.next(), if !running.is_empty() => {}
+                else => break,
+            }
         }
-    });
+    };
     // Workers borrow the plan, so they run as futures on this task rather than as spawned
     // tasks; the HTTP connections themselves are driven by the client's own spawned tasks.
-    join_all(workers).await;
+    tokio::join!(join_all(workers), driver);
     let now = std::time::Instant::now();
     let outcomes = outcomes
         .into_inner()
@@ -601,18 +638,25 @@ impl Run<'_> {
     /// Sends one intent as its client would; returns the final answer of its first
     /// request (the one whose answer the client waits for), and, in a storm, when the first
     /// copy had it.
-    async fn send_intent(
-        &self,
+    async fn send_intent<'s>(
+        &'s self,
         intent: &Intent,
         style: Style,
+        leftovers: &tokio::sync::mpsc::UnboundedSender<Leftover<'s>>,
     ) -> (Final, Option<std::time::Instant>) {
         let key = format!("{}{}", self.opts.key_prefix, intent.key);
         let body = body_for(intent, intent.amount);
         let patient = self.opts.patient_timeout;
         match style {
             Style::Normal => {}
+            Style::Steady => {
+                return (
+                    self.settle(self.request(&key, &body, patient, true).await),
+                    None,
+                );
+            }
             Style::Storm => {
-                let (answer, at) = self.storm(&key, &body).await;
+                let (answer, at) = self.storm(&key, &body, leftovers).await;
                 return (answer, Some(at));
             }
             Style::SlowReader => {
@@ -671,42 +715,63 @@ impl Run<'_> {
 
     /// A retry storm's client: [`STORM_COPIES`] copies at once, each retried without
     /// backoff; the intent has its answer when one copy has it (returned with the moment
-    /// it came), and the client waits for every copy before its next intent.
-    async fn storm(&self, key: &str, body: &Bytes) -> (Final, std::time::Instant) {
+    /// it came). The client then goes on to its next intent, and the other copies run on to
+    /// their own end (sent to `leftovers`), as the copies of a storm do: each is its own
+    /// request, sent by a retry loop that does not know another one got the answer.
+    async fn storm<'s>(
+        &'s self,
+        key: &str,
+        body: &Bytes,
+        leftovers: &tokio::sync::mpsc::UnboundedSender<Leftover<'s>>,
+    ) -> (Final, std::time::Instant) {
         let patient = self.opts.patient_timeout;
-        let first_answer = std::sync::Mutex::new(None);
-        let copies = (0..STORM_COPIES).map(|_| self.request(key, body, patient, false));
-        let mut finals = vec![Final::GaveUp; STORM_COPIES];
-        let slots = finals.iter_mut().zip(copies).map(|(slot, copy)| {
-            let first_answer = &first_answer;
-            async move {
-                *slot = copy.await;
-                if slot.answered() {
-                    if let Ok(mut at) = first_answer.lock() {
-                        at.get_or_insert_with(std::time::Instant::now);
-                    }
+        let latency = LATENCY.try_with(|l| *l).ok().flatten();
+        let mut copies: FuturesUnordered<_> = (0..STORM_COPIES)
+            .map(|_| {
+                let (key, body) = (key.to_owned(), body.clone());
+                Box::pin(async move {
+                    self.request_waiting(&key, &body, patient, false, STORM_IN_PROGRESS_CAP)
+                        .await
+                })
+            })
+            .collect();
+        let mut held = false;
+        while let Some(last) = copies.next().await {
+            if last.answered() {
+                let at = std::time::Instant::now();
+                for copy in copies {
+                    // Outside this intent's scope now: take its latency along.
+                    let copy: Leftover<'s> = Box::pin(LATENCY.scope(latency, async move {
+                        copy.await;
+                    }));
+                    let _ = leftovers.send(copy);
                 }
+                return (self.settle(last), at);
             }
-        });
-        join_all(slots).await;
-        let at = first_answer
-            .into_inner()
-            .ok()
-            .flatten()
-            .unwrap_or_else(std::time::Instant::now);
-        let best = finals
-            .iter()
-            .find(|f| f.answered())
-            .or_else(|| finals.iter().find(|f| **f == Final::Held))
-            .cloned()
-            .unwrap_or(Final::GaveUp);
-        (self.settle(best), at)
+            held |= last == Final::Held;
+        }
+        let last = if held { Final::Held } else { Final::GaveUp };
+        (self.settle(last), std::time::Instant::now())
     }
 
     /// Sends one request until it has a final answer, retrying with the same key and body;
     /// with `backoff`, waits a little longer after each failed attempt (a refused
     /// connection, idemgate's 502/503), as real clients do; without, retries those at once.
     async fn request(&self, key: &str, body: &Bytes, deadline: Duration, backoff: bool) -> Final {
+        self.request_waiting(key, body, deadline, backoff, self.opts.in_progress_wait_cap)
+            .await
+    }
+
+    /// As [`Self::request`], waiting what a `409 in-progress`'s `Retry-After` says, at
+    /// most `in_progress_cap`.
+    async fn request_waiting(
+        &self,
+        key: &str,
+        body: &Bytes,
+        deadline: Duration,
+        backoff: bool,
+        in_progress_cap: Duration,
+    ) -> Final {
         for attempt in 0..self.opts.max_attempts {
             if attempt > 0 {
                 bump(&self.counters.retries);
@@ -727,9 +792,7 @@ impl Run<'_> {
                     // Not a failure: idemgate says when to come back, and even a storm's
                     // client does (else its load is no longer 16x but as much as the
                     // machine can send).
-                    let wait = retry_after
-                        .unwrap_or(self.opts.in_progress_wait_cap)
-                        .min(self.opts.in_progress_wait_cap);
+                    let wait = retry_after.unwrap_or(in_progress_cap).min(in_progress_cap);
                     tokio::time::sleep(wait).await;
                 }
                 Answer::Idemgate { problem, .. } if problem == "fingerprint-mismatch" => {
