@@ -60,10 +60,14 @@ pub struct Watch {
 struct Shared {
     state: Mutex<State>,
     // Woken when the deadline may have come sooner than the one the supervisor sleeps
-    // towards: a head starting after an idle spell, and a connection going idle (its
-    // last answer given). Without the second, a connection that went idle slept towards
-    // its head deadline from accept (`header_read_timeout`), and `idle_timeout` shorter
-    // than that was never applied.
+    // towards (`State::scheduled`): a head starting after an idle spell, a connection going
+    // idle (its last answer given), an answer or a write that may stall. Without the
+    // second, a connection that went idle slept towards its head deadline from accept
+    // (`header_read_timeout`), and `idle_timeout` shorter than that was never applied.
+    // A deadline later than the one slept towards wakes nothing: the supervisor looks
+    // again then, and on a busy keep-alive connection the answers' own deadlines (each
+    // request's idle and head deadlines, its answer's send deadline) are all later than
+    // the one it sleeps towards, so it is not woken per request.
     deadline_moved: Notify,
     // The answers being sent, each with since when it has waited for the client to take
     // more (process milliseconds; 0 while it waits on its own source, or is done).
@@ -81,6 +85,17 @@ struct State {
     h2: bool,
     // Closed to make room for another connection (the admin listener at its cap).
     evicted: bool,
+    // When the supervisor looks next, and the deadlines it keeps, once it runs: a deadline
+    // before that time must wake it.
+    scheduled: Option<(Instant, Deadlines)>,
+}
+
+impl State {
+    // Whether the deadline that `pick` takes from the supervisor's, counted from `since`,
+    // comes before it looks again (always, before it runs).
+    fn sooner(&self, since: Instant, pick: fn(&Deadlines) -> Duration) -> bool {
+        self.scheduled.is_none_or(|(w, d)| since + pick(&d) < w)
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -102,6 +117,7 @@ impl Watch {
                     stalled: None,
                     h2: false,
                     evicted: false,
+                    scheduled: None,
                 }),
                 deadline_moved: Notify::new(),
                 answers: Mutex::new(Vec::new()),
@@ -154,17 +170,27 @@ impl Watch {
     fn read(&self) {
         let mut s = self.lock();
         if !s.h2 && s.serving == 0 && matches!(s.phase, Phase::Idle(_)) {
-            s.phase = Phase::AwaitingHead(Instant::now());
-            drop(s);
-            self.inner.deadline_moved.notify_one();
+            let now = Instant::now();
+            s.phase = Phase::AwaitingHead(now);
+            self.moved(s, now, |d| d.header);
         }
     }
 
     fn stalled(&self) {
         let mut s = self.lock();
         if s.stalled.is_none() {
-            s.stalled = Some(Instant::now());
-            drop(s);
+            let now = Instant::now();
+            s.stalled = Some(now);
+            self.moved(s, now, |d| d.send);
+        }
+    }
+
+    // A deadline (`pick` of the deadlines) runs from `since`: wakes the supervisor if it
+    // sleeps towards a later time.
+    fn moved(&self, s: MutexGuard<'_, State>, since: Instant, pick: fn(&Deadlines) -> Duration) {
+        let sooner = s.sooner(since, pick);
+        drop(s);
+        if sooner {
             self.inner.deadline_moved.notify_one();
         }
     }
@@ -190,7 +216,7 @@ impl Watch {
         answers.retain(|a| a.strong_count() > 0);
         answers.push(Arc::downgrade(&since));
         drop(answers);
-        self.inner.deadline_moved.notify_one();
+        self.moved(self.lock(), Instant::now(), |d| d.send);
         Answering { since }
     }
 
@@ -210,7 +236,10 @@ impl Watch {
     /// When the connection is due to be closed, if nothing happens before, and why: `None`
     /// while a request is being served and its writes make progress.
     fn due(&self, d: Deadlines) -> Option<(Instant, Closed)> {
-        let s = *self.lock();
+        self.due_in(&self.lock(), d)
+    }
+
+    fn due_in(&self, s: &State, d: Deadlines) -> Option<(Instant, Closed)> {
         if s.evicted {
             return Some((Instant::now(), Closed::Quiet));
         }
@@ -245,8 +274,15 @@ impl Watch {
         tokio::pin!(conn);
         loop {
             // While a request is served there is no deadline; look again after a while.
-            let due = self.due(d);
-            let wake = due.map_or_else(|| Instant::now() + d.idle.min(d.header), |(t, _)| t);
+            // When it looks next is noted under the same lock as the state it read: a
+            // change after it sees the time, and wakes it if its deadline is sooner.
+            let (due, wake) = {
+                let mut s = self.lock();
+                let due = self.due_in(&s, d);
+                let wake = due.map_or_else(|| Instant::now() + d.idle.min(d.header), |(t, _)| t);
+                s.scheduled = Some((wake, d));
+                (due, wake)
+            };
             tokio::select! {
                 out = &mut conn => return Ok(out),
                 _ = tokio::time::sleep_until(wake) => {
@@ -274,9 +310,9 @@ impl Drop for Serving {
         let mut s = self.watch.lock();
         s.serving = s.serving.saturating_sub(1);
         if s.serving == 0 {
-            s.phase = Phase::Idle(Instant::now());
-            drop(s);
-            self.watch.inner.deadline_moved.notify_one();
+            let now = Instant::now();
+            s.phase = Phase::Idle(now);
+            self.watch.moved(s, now, |d| d.idle);
         }
     }
 }
@@ -391,14 +427,26 @@ pub struct Answering {
 /// `body` as its connection's send deadline sees it: waiting for the client from each
 /// frame it hands out until it is asked for the next; not while it waits on its own
 /// source (an upstream still sending), nor once it has ended.
-pub fn tracked(body: crate::body::Body, answering: Answering) -> crate::body::Body {
+/// `serving` is held with it, so that its request counts as served until the body is
+/// dropped (one wrapper for both: a box and an indirect call per frame less).
+pub fn tracked(
+    body: crate::body::Body,
+    answering: Answering,
+    serving: Serving,
+) -> crate::body::Body {
     use http_body_util::BodyExt;
-    Tracked { body, answering }.boxed()
+    Tracked {
+        body,
+        answering,
+        _serving: serving,
+    }
+    .boxed()
 }
 
 struct Tracked {
     body: crate::body::Body,
     answering: Answering,
+    _serving: Serving,
 }
 
 impl hyper::body::Body for Tracked {
@@ -555,6 +603,19 @@ impl TenantHoldings {
     }
 }
 
+/// What each request of a client connection carries of it, as one request extension (one
+/// allocation per request, not one per part).
+#[derive(Clone, Default)]
+pub struct OfConnection {
+    /// HTTP/1.x only: its requests are served one at a time, so the connection's end is
+    /// this request's client gone. An h2 stream's reset drops its request itself.
+    pub hangup: Option<Hangup>,
+    /// What the connection's replays and answers hold of the buffer budget.
+    pub holdings: Holdings,
+    /// The connection's pass-through slots.
+    pub passing: PassThroughs,
+}
+
 /// A client's TCP socket, shared between the connection that reads and writes it and the
 /// [`Hangup`] of its requests, which peeks at it to learn whether the client has gone.
 pub struct Socket(Arc<tokio::net::TcpStream>);
@@ -579,11 +640,12 @@ impl AsyncRead for Socket {
     ) -> Poll<io::Result<()>> {
         loop {
             std::task::ready!(self.0.poll_read_ready(cx))?;
-            match self.0.try_read(buf.initialize_unfilled()) {
-                Ok(n) => {
-                    buf.advance(n);
-                    return Poll::Ready(Ok(()));
-                }
+            // Into the buffer's unfilled part as it is: `try_read` wants it initialized,
+            // and hyper hands a fresh, uninitialized one on every read, so zeroing it first
+            // cost a memset of the whole read buffer per read (a fifth of a pass-through's
+            // instructions).
+            match self.0.try_read_buf(buf) {
+                Ok(_) => return Poll::Ready(Ok(())),
                 // Readiness was cleared: the next poll registers for more.
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Poll::Ready(Err(e)),

@@ -1049,19 +1049,21 @@ async fn accept_loop<F, Fut>(
         let cert_of = peer_cert.clone();
         let socket = Socket::new(stream);
         let hangup = socket.hangup();
-        let holdings = crate::connection::Holdings::default();
-        let passing = crate::connection::PassThroughs::default();
+        let of_connection = crate::connection::OfConnection {
+            hangup: Some(hangup),
+            ..Default::default()
+        };
         let svc = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
             if let Some(cert) = cert_of.as_ref().and_then(|c| c.get()) {
                 req.extensions_mut().insert(cert.clone());
             }
             // HTTP/1.x only: its requests are served one at a time, so the connection's end
             // is this request's client gone. An h2 stream's reset drops its request itself.
-            if req.version() <= hyper::Version::HTTP_11 {
-                req.extensions_mut().insert(hangup.clone());
+            let mut of = of_connection.clone();
+            if req.version() > hyper::Version::HTTP_11 {
+                of.hangup = None;
             }
-            req.extensions_mut().insert(holdings.clone());
-            req.extensions_mut().insert(passing.clone());
+            req.extensions_mut().insert(of);
             let handler = handler.clone();
             let serving = on_request.serving();
             let answering_on = on_request.clone();
@@ -1072,9 +1074,7 @@ async fn accept_loop<F, Fut>(
                 // Over h2 a closed flow-control window writes nothing, so the socket's
                 // stall never shows: the answer's own progress is watched instead.
                 let answering = answering_on.answering();
-                Ok::<_, Infallible>(res.map(|b| {
-                    crate::body::holding(crate::connection::tracked(b, answering), serving)
-                }))
+                Ok::<_, Infallible>(res.map(|b| crate::connection::tracked(b, answering, serving)))
             }
         });
         let io = Watched::new(socket, watch.clone());

@@ -9,7 +9,7 @@ use tracing::Span;
 use crate::admission::Refusal as Refused;
 use crate::body::{self, Body};
 use crate::config::{OnStoreError, Policy};
-use crate::connection::Holdings;
+use crate::connection::OfConnection;
 use crate::outcome::Outcome;
 use crate::problem::Problem;
 use crate::request_id;
@@ -140,8 +140,8 @@ impl Proxy {
     fn room(&self, extensions: &hyper::http::Extensions, tenant: &Tenant) -> Arc<Room> {
         let config = &self.shared.settings.config;
         let connection = extensions
-            .get::<Holdings>()
-            .map(|h| (h.clone(), config.buffered_share_per_connection()));
+            .get::<OfConnection>()
+            .map(|c| (c.holdings.clone(), config.buffered_share_per_connection()));
         let tenant = (
             self.shared.tenants.of(tenant.as_bytes()),
             config.buffered_share_per_tenant(),

@@ -372,7 +372,11 @@ impl Proxy {
         // bodies its client never pulls cannot hold every other client's reads.
         let config = &self.shared.settings.config;
         let share = config.pass_through_per_connection();
-        let on_connection = match req.extensions().get::<crate::connection::PassThroughs>() {
+        let passing = req
+            .extensions()
+            .get::<crate::connection::OfConnection>()
+            .map(|c| &c.passing);
+        let on_connection = match passing {
             Some(p) => match p.take(share, config.queue_timeout).await {
                 Some(held) => Some(held),
                 None => return self.overloaded(Refused::ShareFull, &self.shared.passing),
@@ -394,7 +398,11 @@ impl Proxy {
             Ok(Ok(res)) => {
                 let (mut parts, body) = res.into_parts();
                 upstream::strip_hop_by_hop(&mut parts.headers);
-                parts.extensions.insert(latency);
+                // Read by the log line only (`info` and `debug`, this module's target): a
+                // response's first extension allocates its map.
+                if tracing::enabled!(tracing::Level::INFO) {
+                    parts.extensions.insert(latency);
+                }
                 let held = (slot, on_connection);
                 Response::from_parts(parts, body::holding(body::boxed(body), held))
             }
@@ -428,7 +436,10 @@ async fn admit(
     slots: &Arc<Slots>,
     ext: &hyper::http::Extensions,
 ) -> Result<crate::admission::Slot, Refused> {
-    match ext.get::<crate::connection::Hangup>().cloned() {
+    let hangup = ext
+        .get::<crate::connection::OfConnection>()
+        .and_then(|c| c.hangup.clone());
+    match hangup {
         Some(hangup) => slots.admit_unless(async move { hangup.gone().await }).await,
         None => slots.admit().await,
     }

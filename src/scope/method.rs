@@ -25,6 +25,14 @@ pub const OVERRIDE_HEADERS: [&str; 3] = [
     "x-method-override",
 ];
 
+/// [`OVERRIDE_HEADERS`] as header names: looked up by a `&str`, each was parsed and
+/// hashed anew on every request.
+const OVERRIDE_HEADER_NAMES: [HeaderName; 3] = [
+    HeaderName::from_static(OVERRIDE_HEADERS[0]),
+    HeaderName::from_static(OVERRIDE_HEADERS[1]),
+    HeaderName::from_static(OVERRIDE_HEADERS[2]),
+];
+
 /// The query parameter that common frameworks honour.
 pub const OVERRIDE_PARAM: &str = "_method";
 
@@ -125,8 +133,8 @@ pub fn read(
             unseen.push(m);
         }
     };
-    for name in OVERRIDE_HEADERS {
-        if declared.iter().any(|d| d.as_str() == name) {
+    for name in &OVERRIDE_HEADER_NAMES {
+        if declared.contains(name) {
             continue;
         }
         for value in headers.get_all(name) {
