@@ -16,6 +16,7 @@ mod common;
 
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -291,6 +292,15 @@ struct Real {
 
 impl Drop for Real {
     fn drop(&mut self) {
+        // The server runs in a process group of its own (nginx's and Apache's workers are
+        // its children): stop the whole group, so that no worker outlives the test.
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
@@ -443,6 +453,7 @@ ScriptAliasMatch ^/ {d}/cgi/app.sh
             }
         };
         let child = cmd
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
