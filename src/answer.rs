@@ -26,8 +26,8 @@ pub enum Answer<B = Incoming> {
 
 /// Reads `body` up to `max` bytes. An answer that declares a larger `Content-Length` is
 /// not read at all. Before anything is read, `room` is awaited with the bytes the answer
-/// may hold: its declared length, or without one the limit and a byte (what it may hold
-/// before it is found too large); and again, should a frame take it beyond that.
+/// may hold: its declared length, or without one the limit; and again, should a frame
+/// take it beyond that (an answer found too large).
 pub async fn read<B, R, F>(
     headers: &HeaderMap,
     mut body: B,
@@ -50,10 +50,9 @@ where
         });
     }
     let max = usize::try_from(max).unwrap_or(usize::MAX);
-    let most = max.saturating_add(1);
     let first = declared
         .and_then(|n| usize::try_from(n).ok())
-        .map_or(most, |n| n.min(most));
+        .map_or(max, |n| n.min(max));
     let mut read: Vec<Bytes> = Vec::new();
     let mut held = 0usize;
     room(first).await;
