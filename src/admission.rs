@@ -383,6 +383,18 @@ impl Buffered {
         self.bytes += n;
     }
 
+    /// Gives back `n` of the bytes held (at most all of them): room taken for a body that
+    /// turned out shorter.
+    pub fn shrink(&mut self, n: usize) {
+        let n = n.min(self.bytes);
+        if n == 0 {
+            return;
+        }
+        self.owner.used.fetch_sub(n, Ordering::Relaxed);
+        self.owner.gauge.dec_by(n as i64);
+        self.bytes -= n;
+    }
+
     /// Takes `n` more bytes if the budget has room, or if nothing else is held: one body
     /// larger than the whole budget (an 80 MiB answer under 64 MiB) is still served, alone.
     pub fn grow(&mut self, n: usize) -> Result<(), Refusal> {

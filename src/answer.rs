@@ -1,7 +1,8 @@
 //! Reading an upstream's answer to a protected request: into memory up to the route's
 //! `max_response_bytes`, so that it can be recorded, and no further. A larger answer is
 //! handed on as what was read plus the rest of the stream: it still reaches its client in
-//! full, and idemgate holds no more than the limit of it at any moment.
+//! full, and idemgate holds no more than the limit of it at any moment. Room for what is
+//! read is asked for before it is read (see [`read`]).
 
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
@@ -24,10 +25,19 @@ pub enum Answer<B = Incoming> {
 }
 
 /// Reads `body` up to `max` bytes. An answer that declares a larger `Content-Length` is
-/// not read at all.
-pub async fn read<B>(headers: &HeaderMap, mut body: B, max: u64) -> Result<Answer<B>, B::Error>
+/// not read at all. Before anything is read, `room` is awaited with the bytes the answer
+/// may hold: its declared length, or without one the limit; and again, should a frame
+/// take it beyond that (an answer found too large).
+pub async fn read<B, R, F>(
+    headers: &HeaderMap,
+    mut body: B,
+    max: u64,
+    mut room: R,
+) -> Result<Answer<B>, B::Error>
 where
     B: hyper::body::Body<Data = Bytes> + Unpin,
+    R: FnMut(usize) -> F,
+    F: std::future::Future<Output = ()>,
 {
     let declared = headers
         .get(CONTENT_LENGTH)
@@ -40,8 +50,12 @@ where
         });
     }
     let max = usize::try_from(max).unwrap_or(usize::MAX);
+    let first = declared
+        .and_then(|n| usize::try_from(n).ok())
+        .map_or(max, |n| n.min(max));
     let mut read: Vec<Bytes> = Vec::new();
     let mut held = 0usize;
+    room(first).await;
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame?.into_data() else {
             // Trailers are not forwarded on protected answers (nor recorded).
@@ -49,6 +63,9 @@ where
         };
         held += data.len();
         read.push(data);
+        if held > first {
+            room(held).await;
+        }
         if held > max {
             return Ok(Answer::TooLarge { read, rest: body });
         }

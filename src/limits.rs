@@ -23,5 +23,11 @@ pub fn recorded_header_size(name: &str, value: &[u8]) -> usize {
     std::mem::size_of::<(String, bytes::Bytes)>() + name.len() + value.len()
 }
 
+/// Room taken for a replay's body before its claim goes to the store (at most the route's
+/// `max_response_bytes`), given back as soon as the claim answers: a recorded body up to
+/// this size comes back with the claim's own reply, and a longer one is asked for by its
+/// length before the store reads it (one more round trip on Redis and PostgreSQL).
+pub const REPLAY_INLINE: usize = 16 * 1024;
+
 /// The largest request body the admin API takes (a `complete` with its answer).
 pub const ADMIN_MAX_BODY: usize = 16 * 1024 * 1024;

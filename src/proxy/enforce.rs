@@ -105,7 +105,9 @@ impl Proxy {
         if let Some(why) = room.refusal() {
             return self.refuse(&Refusal::Overloaded(why), &line);
         }
-        identified.room = Some(room.for_claim());
+        let most = usize::try_from(policy.max_response_bytes).unwrap_or(usize::MAX);
+        let inline = crate::limits::REPLAY_INLINE.min(most);
+        identified.room = Some(room.for_claim(inline));
         // The method scoped (a declared body `_method`'s, where there is one).
         let method = identified.method.clone();
         // Checked at the last moment before the claim: a disagreement found while the body
@@ -189,12 +191,20 @@ impl Proxy {
                 ),
                 Outcome::InProgress,
             ),
-            Found::Store(Claim::Claimed) => return self.forward_claimed(protected).await,
+            Found::Store(Claim::Claimed) => {
+                // The room taken for a replay's body goes back: the answer is counted as
+                // it comes.
+                if let Some(room) = &protected.room {
+                    room.reserve(0);
+                }
+                return self.forward_claimed(protected).await;
+            }
             // A replay's body counts against the buffer budget, its connection's share
             // and its tenant's until it is written (taken by its size before the store read
-            // it, where the store can tell): clients that stop reading large answers hold
-            // at most their share, and beyond it their further replays get 503 while other
-            // connections and tenants keep being served.
+            // it; what the room taken before the claim held beyond it goes back here):
+            // clients that stop reading large answers hold at most their share, and beyond
+            // it their further replays get 503 while other connections and tenants keep
+            // being served.
             Found::Store(Claim::Replay(stored)) => match protected.room {
                 Some(room) if room.reserve(stored.body.len()) => (
                     replay(stored).map(|b| body::holding(b, room)),

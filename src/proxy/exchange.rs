@@ -3,6 +3,7 @@
 //! works, and the record settled: completed, released (provably not sent) or unknown.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,7 @@ impl Proxy {
             slot: protected.slot,
             span: span.clone(),
             observed,
+            room: room.clone(),
         };
         let (method, request_id, started) =
             (protected.method, protected.request_id, protected.started);
@@ -113,6 +115,9 @@ pub(super) struct Claimed {
     // On an observed route: the client gets its answer before the record is written, and a
     // failed write counts towards observe mode's store breaker.
     pub(super) observed: bool,
+    // Enforcing: room for its answer is taken from its connection's and tenant's shares
+    // as the answer is read (see `answer_room`).
+    pub(super) room: Option<Arc<super::room::Room>>,
 }
 
 /// An upstream's whole answer on its way into its record.
@@ -169,7 +174,14 @@ pub(super) async fn exchange(
         slot,
         span,
         observed,
+        room,
     } = claimed;
+    // Given up while the answer waits for room (see `answer_room`).
+    let slot = std::sync::Mutex::new(Some(slot));
+    let paused = Paused::default();
+    // Twice `send_timeout`: an answer that holds the room and whose client takes nothing
+    // is cut by then, since it last made progress before this one began to wait.
+    let wait_limit = shared.settings.config.send_timeout.saturating_mul(2);
     super::test_panic("exchange", request.headers());
     upstream::prepare(&mut request, &shared.settings.upstream, peer);
     if shared.fresh.fresh() {
@@ -186,18 +198,34 @@ pub(super) async fn exchange(
             .await
             .map_err(ExchangeError::Request)?;
         let (parts, body) = res.into_parts();
-        let answer = answer::read(&parts.headers, body, policy.max_response_bytes)
-            .await
-            .map_err(ExchangeError::Body)?;
+        let room = room.as_deref();
+        let answer = answer::read(&parts.headers, body, policy.max_response_bytes, |n| {
+            answer_room(room, n, wait_limit, &paused, &slot)
+        })
+        .await
+        .map_err(ExchangeError::Body)?;
         Ok::<_, ExchangeError>((parts, answer))
     };
+    // `upstream_timeout` does not count a wait for room: the upstream has answered by then.
     let timed = async {
-        tokio::time::timeout(policy.upstream_timeout, call)
-            .await
-            .unwrap_or(Err(ExchangeError::Timeout))
+        tokio::pin!(call);
+        let started = tokio::time::Instant::now();
+        loop {
+            let due = started + policy.upstream_timeout + paused.waited();
+            tokio::select! {
+                out = &mut call => break out,
+                () = tokio::time::sleep_until(due) => {
+                    let due = started + policy.upstream_timeout + paused.waited();
+                    if tokio::time::Instant::now() >= due {
+                        break Err(ExchangeError::Timeout);
+                    }
+                }
+            }
+        }
     };
     let sent = Instant::now();
     let result = renewing_lease(shared, &id, &owner, policy.lease, timed).await;
+    let slot = slot.into_inner().unwrap_or_else(|e| e.into_inner());
     drop(upstream_span);
     let latency = UpstreamLatency(sent.elapsed());
     shared.metrics.upstream(latency.0);
@@ -377,6 +405,77 @@ pub(super) async fn exchange(
     };
     res.extensions_mut().insert(latency);
     (res, outcome)
+}
+
+/// How long an exchange has waited for room for its answer, which `upstream_timeout` does
+/// not count.
+#[derive(Default)]
+struct Paused {
+    // Milliseconds of the waits that ended, and since when the current one runs (process
+    // milliseconds; 0: none runs).
+    total: AtomicU64,
+    since: AtomicU64,
+    // Room was asked for once already: later asks take it at once.
+    asked: std::sync::atomic::AtomicBool,
+}
+
+impl Paused {
+    fn waited(&self) -> Duration {
+        let since = self.since.load(Ordering::Relaxed);
+        let now = match since {
+            0 => 0,
+            since => crate::admission::process_ms().saturating_sub(since),
+        };
+        Duration::from_millis(self.total.load(Ordering::Relaxed) + now)
+    }
+}
+
+/// Room for an answer of `total` bytes, taken before they are read from the upstream
+/// (enforcing only; `total` is its `Content-Length`, or without one `max_response_bytes`,
+/// the rest given back once it has ended): from its connection's and its tenant's shares
+/// while they have it; otherwise, before anything of it is read, it waits for them (answers of the same connection or tenant that its clients
+/// have not read yet, each given back once written or `send_timeout` after its client last
+/// took a byte), at most `limit` (twice `send_timeout`), and then takes the room beyond them: the request ran, so
+/// its answer is recorded and sent whatever the shares say. While it waits, its in-flight
+/// slot goes to other work.
+async fn answer_room(
+    room: Option<&super::room::Room>,
+    total: usize,
+    limit: Duration,
+    paused: &Paused,
+    slot: &std::sync::Mutex<Option<Slot>>,
+) {
+    let Some(room) = room else { return };
+    if room.for_answer(total) {
+        paused.asked.store(true, Ordering::Relaxed);
+        return;
+    }
+    // Only the first ask waits, before anything is read: an answer partly read never
+    // waits for others partly read.
+    if paused.asked.swap(true, Ordering::Relaxed) {
+        room.answer(total);
+        return;
+    }
+    drop(slot.lock().unwrap_or_else(|e| e.into_inner()).take());
+    paused
+        .since
+        .store(crate::admission::process_ms(), Ordering::Relaxed);
+    let until = tokio::time::Instant::now() + limit;
+    let mut nap = Duration::from_millis(5);
+    loop {
+        tokio::time::sleep(nap).await;
+        nap = (nap * 2).min(Duration::from_millis(100));
+        if room.for_answer(total) {
+            break;
+        }
+        if tokio::time::Instant::now() >= until {
+            room.answer(total);
+            break;
+        }
+    }
+    let since = paused.since.swap(0, Ordering::Relaxed);
+    let waited = crate::admission::process_ms().saturating_sub(since);
+    paused.total.fetch_add(waited, Ordering::Relaxed);
 }
 
 /// Whether an answer's `name` header says `no-store` (one of its comma-separated tokens,

@@ -231,7 +231,10 @@ impl Proxy {
                 (res, None)
             } else {
                 let (parts, body) = res.into_parts();
-                match answer::read(&parts.headers, body, policy.max_response_bytes).await {
+                match answer::read(&parts.headers, body, policy.max_response_bytes, |_| {
+                    std::future::ready(())
+                })
+                .await {
                     Ok(Answer::Whole(bytes)) => {
                         let stored = super::exchange::stored(&parts, bytes.clone());
                         (

@@ -3,13 +3,19 @@
 //! connection's share (`max_buffered_bytes_per_connection`) and its tenant's
 //! (`max_buffered_bytes_per_tenant`).
 //!
-//! A replay's body is admitted by its size before the store is asked for it (the store
-//! calls [`Room::reserve`] once it knows the length, see [`crate::store::BodyRoom`]), so
-//! that clients that never read their replays hold at most the budget whatever the record's
-//! size. An answer of a request that ran is always sent: it is taken beyond every bound
-//! ([`Room::answer`]), and while it waits for its client, further protected requests of its
-//! connection and its tenant, and new work once the budget is all taken, are refused
-//! ([`Room::refusal`]) instead of memory growing.
+//! A replay's body is admitted by its size before the store reads it: room for a small
+//! one ([`REPLAY_INLINE`](crate::limits::REPLAY_INLINE)) is taken before the claim, and
+//! what the record does not use is given back; a larger one the store asks for by its
+//! length ([`Room::reserve`], see [`crate::store::BodyRoom`]) before reading it, so that
+//! clients that never read their replays hold at most the budget whatever the record's
+//! size and whatever the store.
+//!
+//! An answer of a request that ran is always recorded and sent. Room for it is taken from
+//! its connection's and tenant's shares before it is read from the upstream
+//! ([`Room::for_answer`]; the exchange waits for them, at most `send_timeout`, and then
+//! takes it beyond them with [`Room::answer`]), and while it waits for its client, further
+//! protected requests of its connection and its tenant, and new work once the budget is
+//! all taken, are refused ([`Room::refusal`]) instead of memory growing.
 
 use std::sync::{Arc, Mutex};
 
@@ -74,19 +80,64 @@ impl Room {
         self.lock().refused.unwrap_or(Refusal::BuffersFull)
     }
 
-    /// Takes `n` bytes more, beyond every bound: an answer of a request that ran.
+    /// Holds `n` bytes in all for the answer of a request that ran, beyond every bound for
+    /// what was not taken already ([`Room::for_answer`]), giving back what it held beyond.
     pub(super) fn answer(&self, n: usize) {
         let mut t = self.lock();
-        t.budget.force(n);
-        if let Some(c) = &mut t.connection {
-            c.force(n);
+        let t = &mut *t;
+        if n <= t.bytes {
+            let spare = t.bytes - n;
+            t.budget.shrink(spare);
+            if let Some(c) = &mut t.connection {
+                c.shrink(spare);
+            }
+            t.tenant.shrink(spare);
+            t.bytes = n;
+            return;
         }
-        t.tenant.force(n);
-        t.bytes += n;
+        let more = n - t.bytes;
+        t.budget.force(more);
+        if let Some(c) = &mut t.connection {
+            c.force(more);
+        }
+        t.tenant.force(more);
+        t.bytes = n;
     }
 
-    /// A handle to give the store with the claim.
-    pub(super) fn for_claim(self: &Arc<Self>) -> ReplayRoom {
+    /// Takes room for an answer of `total` bytes in all (as it is read from the upstream)
+    /// from its connection's share and its tenant's, if they have it; the budget counts it
+    /// whatever it says, so that only this request's own connection and tenant can keep its
+    /// answer waiting. `false`: a share has no room now, and nothing more is taken.
+    pub(super) fn for_answer(&self, total: usize) -> bool {
+        let mut t = self.lock();
+        let t = &mut *t;
+        let Some(n) = total.checked_sub(t.bytes).filter(|n| *n > 0) else {
+            return true;
+        };
+        if let (Some(c), Some((_, share))) = (&mut t.connection, &self.connection) {
+            if !c.grow(n, *share) {
+                return false;
+            }
+        }
+        if !t.tenant.grow(n, self.tenant.1) {
+            if let Some(c) = &mut t.connection {
+                c.shrink(n);
+            }
+            return false;
+        }
+        t.budget.force(n);
+        t.bytes += n;
+        true
+    }
+
+    /// A handle to give the store with the claim, holding room for a replay's body of up
+    /// to `inline` bytes if there is room for it now: a store brings a body that fits it
+    /// with the claim's own reply, and asks for a longer one by its length before it reads
+    /// it. Without room now, nothing is held, and every body is asked for.
+    pub(super) fn for_claim(self: &Arc<Self>, inline: usize) -> ReplayRoom {
+        if !self.reserve(inline) {
+            self.reserve(0);
+        }
         ReplayRoom(self.clone())
     }
 
@@ -98,10 +149,19 @@ impl Room {
 impl BodyRoom for Room {
     fn reserve(&self, len: usize) -> bool {
         let mut t = self.lock();
-        let Some(n) = len.checked_sub(t.bytes).filter(|n| *n > 0) else {
-            return true;
-        };
         let t = &mut *t;
+        if len <= t.bytes {
+            // What the body does not use of the room taken before (see `Room::inline`).
+            let spare = t.bytes - len;
+            t.budget.shrink(spare);
+            if let Some(c) = &mut t.connection {
+                c.shrink(spare);
+            }
+            t.tenant.shrink(spare);
+            t.bytes = len;
+            return true;
+        }
+        let n = len - t.bytes;
         // The shares first, the budget last; what a later step refuses, the earlier give
         // back.
         if let (Some(c), Some((_, share))) = (&mut t.connection, &self.connection) {
@@ -127,5 +187,9 @@ impl BodyRoom for Room {
         }
         t.bytes += n;
         true
+    }
+
+    fn held(&self) -> usize {
+        self.lock().bytes
     }
 }

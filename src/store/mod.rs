@@ -93,19 +93,23 @@ pub struct ClaimRequest {
     /// a store with a byte cap (the embedded one's `memory_max_bytes`) reserves them with
     /// the claim, so that the answer of a request it admitted always fits. Others ignore it.
     pub answer_room: usize,
-    /// Where a replay's body must find room before it is read: a store that learns a
-    /// recorded body's length before reading it (Redis' large bodies, the embedded store,
-    /// a sealed body before it is opened) asks here first and, refused, answers
-    /// [`Claim::NoRoom`] without reading it. `None`: read whatever its size.
+    /// Where a replay's body must find room before it is read. Every store learns a
+    /// recorded body's length before reading it and asks here first (a body no longer than
+    /// [`ReplayRoom::held`], the room taken before the claim, may come with the claim's own
+    /// reply); refused, it answers [`Claim::NoRoom`] without reading the body. A sealed body
+    /// is asked for again before it is opened. `None`: read whatever its size.
     pub room: Option<ReplayRoom>,
 }
 
 /// Room for replay bodies in the memory of whoever claims: the buffer budget, and the
 /// shares of it one connection and one tenant may hold.
 pub trait BodyRoom: Send + Sync {
-    /// Takes room for a body of `len` bytes in all (asked again with a larger `len`, takes
-    /// the difference); `false`: there is none now, and nothing more is taken.
+    /// Holds room for a body of `len` bytes in all: asked with more than it holds, takes
+    /// the difference (`false`: there is none now, and nothing more is taken); asked with
+    /// less, gives the difference back.
     fn reserve(&self, len: usize) -> bool;
+    /// The bytes it holds now: a body no longer than this may be read without asking.
+    fn held(&self) -> usize;
 }
 
 /// A claim's [`BodyRoom`], shared by the claim and whoever answers its replay.
@@ -113,9 +117,14 @@ pub trait BodyRoom: Send + Sync {
 pub struct ReplayRoom(pub Arc<dyn BodyRoom>);
 
 impl ReplayRoom {
-    /// Room for a body of `len` bytes, taken before it is read.
+    /// Room for a body of `len` bytes, taken before it is read (see [`BodyRoom::reserve`]).
     pub fn reserve(&self, len: usize) -> bool {
         self.0.reserve(len)
+    }
+
+    /// The bytes held now (see [`BodyRoom::held`]).
+    pub fn held(&self) -> usize {
+        self.0.held()
     }
 }
 

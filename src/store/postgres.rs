@@ -31,7 +31,7 @@ use super::postgres_tls::PostgresSetup;
 use super::row::{ViewRow, Walk};
 use super::{
     Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState, RecordView,
-    Store, StoreError, StoreFuture, StoredResponse,
+    ReplayRoom, Store, StoreError, StoreFuture, StoredResponse,
 };
 use crate::key::RecordId;
 
@@ -102,9 +102,17 @@ WITH w AS (
 SELECT EXISTS (SELECT 1 FROM ins) AS claimed, (SELECT withdrawn FROM w) AS withdrawn,
   r.state, r.fingerprint, r.fingerprint_version,
   (extract(epoch FROM (r.lease_until - clock_timestamp())) * 1000)::bigint AS lease_left,
-  r.status, r.headers, r.body
+  r.status, r.headers, CASE WHEN length(r.body) <= $8::bigint THEN r.body END AS body,
+  length(r.body)::bigint AS body_len
 FROM (SELECT 1) AS one
 LEFT JOIN idemgate_records r ON r.id = $1 AND r.expires > clock_timestamp()
+";
+
+/// The body of a completed record that a claim found longer than the room it had taken
+/// (`CLAIM` returns its length alone), read once room is taken for it.
+const BODY: &str = "
+SELECT body FROM idemgate_records
+WHERE id = $1 AND fingerprint = $2 AND state = 1 AND expires > clock_timestamp()
 ";
 
 const RECORD: &str = "
@@ -251,6 +259,7 @@ struct Inner {
 struct Conn {
     client: Client,
     claim: Statement,
+    body: Statement,
     record: Statement,
     renew: Statement,
     mark_unknown: Statement,
@@ -374,6 +383,7 @@ impl PostgresStore {
         };
         let conn = Arc::new(Conn {
             claim: p(CLAIM).await?,
+            body: p(BODY).await?,
             record: p(RECORD).await?,
             renew: p(RENEW).await?,
             mark_unknown: p(MARK_UNKNOWN).await?,
@@ -514,19 +524,30 @@ fn lease_left(ms: i64) -> Duration {
     Duration::from_millis(ms.max(1) as u64)
 }
 
-fn found(row: &Row, req: &ClaimRequest) -> Result<Option<Claim>, StoreError> {
+/// What a claim's row says.
+enum Found {
+    Claim(Claim),
+    /// A completed record whose body was longer than the claim's room: not read yet.
+    Unread {
+        status: u16,
+        headers: Vec<(String, Bytes)>,
+        len: usize,
+    },
+}
+
+fn found(row: &Row, req: &ClaimRequest) -> Result<Option<Found>, StoreError> {
     if col::<bool>(row, 0)? {
-        return Ok(Some(Claim::Claimed));
+        return Ok(Some(Found::Claim(Claim::Claimed)));
     }
     let Some(state) = col::<Option<i16>>(row, 2)? else {
         // No live row visible: withdrawn, or made by a claim that committed after this
         // statement's snapshot (run it again).
-        return Ok(col::<bool>(row, 1)?.then_some(Claim::Withdrawn));
+        return Ok(col::<bool>(row, 1)?.then_some(Found::Claim(Claim::Withdrawn)));
     };
     let fp: Vec<u8> = col(row, 3)?;
     let fv: i32 = col(row, 4)?;
     let fv = u16::try_from(fv).map_err(|_| corrupt("fingerprint version out of range"))?;
-    Ok(Some(if fv != req.fingerprint_version {
+    Ok(Some(Found::Claim(if fv != req.fingerprint_version {
         Claim::OtherVersion(fv)
     } else if fp.as_slice() != req.fingerprint.0.as_slice() {
         Claim::Mismatch
@@ -537,13 +558,25 @@ fn found(row: &Row, req: &ClaimRequest) -> Result<Option<Claim>, StoreError> {
             .ok_or_else(|| corrupt("completed without a status"))?;
         let headers: Option<Vec<u8>> = col(row, 7)?;
         let body: Option<Vec<u8>> = col(row, 8)?;
-        match headers {
+        let len: Option<i64> = col(row, 9)?;
+        let len = usize::try_from(len.unwrap_or(0)).unwrap_or(usize::MAX);
+        let Some(headers) = headers else {
             // Completed without headers: the answer was too large to keep.
-            None => Claim::NotKept { status },
-            Some(headers) => Claim::Replay(StoredResponse {
+            return Ok(Some(Found::Claim(Claim::NotKept { status })));
+        };
+        let headers = StoredResponse::decode_headers(&headers)
+            .ok_or_else(|| corrupt("undecodable headers"))?;
+        match body {
+            None if len > 0 => {
+                return Ok(Some(Found::Unread {
+                    status,
+                    headers,
+                    len,
+                }))
+            }
+            body => Claim::Replay(StoredResponse {
                 status,
-                headers: StoredResponse::decode_headers(&headers)
-                    .ok_or_else(|| corrupt("undecodable headers"))?,
+                headers,
                 body: Bytes::from(body.unwrap_or_default()),
             }),
         }
@@ -556,7 +589,7 @@ fn found(row: &Row, req: &ClaimRequest) -> Result<Option<Claim>, StoreError> {
         } else {
             Claim::Unknown
         }
-    }))
+    })))
 }
 
 impl Store for PostgresStore {
@@ -565,6 +598,10 @@ impl Store for PostgresStore {
             let id = req.id.as_bytes().as_slice();
             let fv = i32::from(req.fingerprint_version);
             let (lease, busy, retention) = (ms(req.lease), ms(req.busy_for), ms(req.retention));
+            // A body longer than the room taken for it before the claim comes back as its
+            // length alone: room is taken for it, then it is read.
+            let inline = req.room.as_ref().map_or(usize::MAX, ReplayRoom::held);
+            let inline = i64::try_from(inline).unwrap_or(i64::MAX);
             // The race that needs a second run ends once the concurrent claim has
             // committed, which it has by the time the conflict is seen.
             for _ in 0..3 {
@@ -581,12 +618,41 @@ impl Store for PostgresStore {
                             &lease,
                             &busy,
                             &retention,
+                            &inline,
                         ],
                     )
                     .await
                     .map_err(pg)?;
-                if let Some(claim) = found(&row, req)? {
-                    return Ok(claim);
+                match found(&row, req)? {
+                    Some(Found::Claim(claim)) => return Ok(claim),
+                    Some(Found::Unread {
+                        status,
+                        headers,
+                        len,
+                    }) => {
+                        if !super::room_for(req.room.as_ref(), len) {
+                            return Ok(Claim::NoRoom { status });
+                        }
+                        let fp = req.fingerprint.0.as_slice();
+                        let body = c.client.query_opt(&c.body, &[&id, &fp]).await.map_err(pg)?;
+                        let body: Option<Vec<u8>> = match &body {
+                            Some(row) => col(row, 0)?,
+                            None => None,
+                        };
+                        match body {
+                            Some(body) if body.len() == len => {
+                                return Ok(Claim::Replay(StoredResponse {
+                                    status,
+                                    headers,
+                                    body: Bytes::from(body),
+                                }))
+                            }
+                            // Gone or changed since the claim read it (expired, deleted by
+                            // an operator): claim again.
+                            _ => {}
+                        }
+                    }
+                    None => {}
                 }
             }
             Err(backend("the claim kept finding a row it could not read"))

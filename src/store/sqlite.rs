@@ -39,8 +39,8 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::row::{ViewRow, Walk, COMPLETED, IN_PROGRESS, UNKNOWN};
 use super::{
-    Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState, RecordView,
-    Store, StoreError, StoreFuture, StoredResponse,
+    room_for, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
+    RecordView, ReplayRoom, Store, StoreError, StoreFuture, StoredResponse,
 };
 use crate::key::RecordId;
 
@@ -344,13 +344,18 @@ fn claim_now(c: &mut Connection, req: &ClaimRequest) -> Result<Claim, StoreError
     let found = if inserted == 1 {
         Claim::Claimed
     } else {
+        // A body longer than the room taken for it before the claim is not read with the
+        // row: its length is, room is taken for it, and only then is it read.
+        let inline = req.room.as_ref().map_or(usize::MAX, ReplayRoom::held);
+        let inline = i64::try_from(inline).unwrap_or(i64::MAX);
         let row = tx
             .prepare_cached(
                 "SELECT state, fingerprint, fingerprint_version, lease_until, status, headers,
-                   body FROM records WHERE id = ?1",
+                   CASE WHEN length(body) <= ?2 THEN body END, length(body)
+                 FROM records WHERE id = ?1",
             )
             .and_then(|mut s| {
-                s.query_row(params![id], |r| {
+                s.query_row(params![id, inline], |r| {
                     Ok((
                         r.get::<_, i64>(0)?,
                         r.get::<_, Vec<u8>>(1)?,
@@ -359,6 +364,7 @@ fn claim_now(c: &mut Connection, req: &ClaimRequest) -> Result<Claim, StoreError
                         r.get::<_, Option<u16>>(4)?,
                         r.get::<_, Option<Vec<u8>>>(5)?,
                         r.get::<_, Option<Vec<u8>>>(6)?,
+                        r.get::<_, Option<i64>>(7)?,
                     ))
                 })
                 .optional()
@@ -367,22 +373,33 @@ fn claim_now(c: &mut Connection, req: &ClaimRequest) -> Result<Claim, StoreError
         match row {
             // Only a withdrawal keeps a claim from inserting into an empty place.
             None => Claim::Withdrawn,
-            Some((state, fp, fv, lease_until, status, headers, body)) => {
+            Some((state, fp, fv, lease_until, status, headers, body, len)) => {
                 if fv != req.fingerprint_version {
                     Claim::OtherVersion(fv)
                 } else if fp.as_slice() != req.fingerprint.0.as_slice() {
                     Claim::Mismatch
                 } else if state == COMPLETED {
                     let status = status.ok_or_else(|| corrupt("completed without a status"))?;
+                    let len = usize::try_from(len.unwrap_or(0)).unwrap_or(usize::MAX);
                     match headers {
                         // Completed without headers: the answer was too large to keep.
                         None => Claim::NotKept { status },
-                        Some(headers) => Claim::Replay(StoredResponse {
-                            status,
-                            headers: StoredResponse::decode_headers(&headers)
-                                .ok_or_else(|| corrupt("undecodable headers"))?,
-                            body: Bytes::from(body.unwrap_or_default()),
-                        }),
+                        // Not read, and no room for it now: it stays on disk.
+                        Some(_) if body.is_none() && !room_for(req.room.as_ref(), len) => {
+                            Claim::NoRoom { status }
+                        }
+                        Some(headers) => {
+                            let body = match body {
+                                Some(body) => body,
+                                None => read_body(&tx, id)?,
+                            };
+                            Claim::Replay(StoredResponse {
+                                status,
+                                headers: StoredResponse::decode_headers(&headers)
+                                    .ok_or_else(|| corrupt("undecodable headers"))?,
+                                body: Bytes::from(body),
+                            })
+                        }
                     }
                 } else if state == IN_PROGRESS && lease_until > now {
                     Claim::InFlight {
@@ -396,6 +413,15 @@ fn claim_now(c: &mut Connection, req: &ClaimRequest) -> Result<Claim, StoreError
     };
     tx.commit().map_err(backend)?;
     Ok(found)
+}
+
+/// The body of record `id` (empty if it has none), in the claim's transaction: once room
+/// was taken for it by its length.
+fn read_body(tx: &rusqlite::Transaction<'_>, id: &[u8]) -> Result<Vec<u8>, StoreError> {
+    tx.prepare_cached("SELECT body FROM records WHERE id = ?1")
+        .and_then(|mut s| s.query_row(params![id], |r| r.get::<_, Option<Vec<u8>>>(0)))
+        .map(Option::unwrap_or_default)
+        .map_err(backend)
 }
 
 fn corrupt(what: &str) -> StoreError {

@@ -39,6 +39,8 @@ struct State {
     /// Counters, for tests to check that a fault really happened.
     replies_dropped: AtomicUsize,
     cuts: AtomicUsize,
+    /// Bytes read from the server, on every connection.
+    reply_bytes: AtomicU64,
     conns: Mutex<Vec<Weak<Conn>>>,
 }
 
@@ -142,6 +144,12 @@ impl FaultProxy {
     /// Replies swallowed so far.
     pub fn replies_dropped(&self) -> usize {
         self.state.replies_dropped.load(Ordering::SeqCst)
+    }
+
+    /// Bytes the server has sent so far, on every connection (what its clients were sent,
+    /// or would have been had the replies not been swallowed).
+    pub fn reply_bytes(&self) -> u64 {
+        self.state.reply_bytes.load(Ordering::SeqCst)
     }
 
     /// Connections cut so far.
@@ -267,6 +275,7 @@ async fn read_replies(
             }
             Ok(n) => n,
         };
+        state.reply_bytes.fetch_add(n as u64, Ordering::SeqCst);
         if state.drop_replies.load(Ordering::SeqCst) {
             state.replies_dropped.fetch_add(1, Ordering::SeqCst);
             continue;

@@ -18,7 +18,10 @@ impl Store for RedisStore {
                 .arg(req.owner.as_str())
                 .arg(req.lease.as_millis() as u64)
                 .arg(req.retention.as_millis() as u64)
-                .arg(req.busy_for.as_millis() as u64);
+                .arg(req.busy_for.as_millis() as u64)
+                // Inline bodies up to the room taken for them come back with the claim;
+                // the claim reads a longer one's length, and takes room for it first.
+                .arg(req.room.as_ref().map_or(INLINE_MAX, ReplayRoom::held));
             let (v, acked) = self.eval(&self.scripts.claim, cmd, true).await?;
             let claim = match parse_claim(v)? {
                 Parsed::Claim(c) => c,

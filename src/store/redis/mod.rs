@@ -29,7 +29,7 @@ use super::redis_link::Link;
 use super::redis_setup::{RedisSetup, ReplicaAck, Topology};
 use super::{
     Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState, RecordView,
-    ServerStats, Store, StoreError, StoreFuture, StoredResponse, SCOPE_SECRET,
+    ReplayRoom, ServerStats, Store, StoreError, StoreFuture, StoredResponse, SCOPE_SECRET,
 };
 use crate::key::RecordId;
 

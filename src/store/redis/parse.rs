@@ -76,6 +76,7 @@ pub(super) fn parse_claim(v: Value) -> Result<Parsed, StoreError> {
     let at = match tag.as_str() {
         "completed_pieces" => Some(Body::Pieces),
         "completed_large" => Some(Body::OldKey),
+        "completed_inline" => Some(Body::Inline),
         _ => None,
     };
     if let Some(at) = at {

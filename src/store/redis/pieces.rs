@@ -9,6 +9,8 @@ pub(super) enum Body {
     Pieces,
     /// In the previous version's string `idemgate:{<id>}:body`.
     OldKey,
+    /// Inline (`bd`), longer than the claim's room: read on its own once room is taken.
+    Inline,
 }
 
 /// Bodies up to this size are kept inline in the record, and come back with the claim.
@@ -26,8 +28,9 @@ pub(super) fn hex64(bytes: &[u8; 32]) -> [u8; 64] {
 }
 
 impl RedisStore {
-    /// Reads a large body of `len` bytes, a piece per round trip: from the record's hash
-    /// (`Body::Pieces`) or from the previous version's key (`Body::OldKey`). Plain HGET and
+    /// Reads a body of `len` bytes the claim did not bring, a piece per round trip: from
+    /// the record's hash (`Body::Pieces`, or `Body::Inline` in one) or from the previous
+    /// version's key (`Body::OldKey`). Plain HGET and
     /// GETRANGE, each of one key, so that they follow a slot migration too.
     pub(super) async fn read_large(
         &self,
@@ -35,8 +38,18 @@ impl RedisStore {
         at: Body,
         len: usize,
     ) -> Result<Bytes, StoreError> {
-        let mut body = bytes::BytesMut::with_capacity(len);
         let mut c = self.conn.clone();
+        if at == Body::Inline {
+            // One piece, the record's `bd`.
+            let mut hget = redis::cmd("HGET");
+            hget.arg(&Self::key(id)[..]).arg("bd");
+            let got: Option<Vec<u8>> = query_keyed(&mut c, &hget).await.map_err(backend)?;
+            return match got {
+                Some(body) if body.len() == len => Ok(Bytes::from(body)),
+                _ => Err(corrupt("an inline body is not the length its claim said")),
+            };
+        }
+        let mut body = bytes::BytesMut::with_capacity(len);
         let mut piece = 0usize;
         while body.len() < len {
             let chunk: Vec<u8> = match at {
@@ -53,7 +66,8 @@ impl RedisStore {
                         _ => return Err(corrupt("a large body's pieces do not add up to it")),
                     }
                 }
-                Body::OldKey => {
+                // (`Body::Inline` was read above.)
+                Body::OldKey | Body::Inline => {
                     let end = (body.len() + CHUNK).min(len);
                     let mut getrange = redis::cmd("GETRANGE");
                     getrange

@@ -82,7 +82,9 @@ end
 // needed), and the clock is read only when a claim is made or a lease compared: a replay,
 // the most frequent claim, runs one command, and so does a new key before it writes. A
 // claim over other owners' notes sets the route's retention as the key's expiry, which
-// outlasts them: a note lingers for the retention of the claim it withdrew.
+// outlasts them: a note lingers for the retention of the claim it withdrew. An inline
+// body longer than ARGV[7] (the room its claimant took for it before asking) comes back
+// as its length alone: the claimant takes room for it, then reads it (`bd`) on its own.
 pub(super) const CLAIM: &str = r#"
 local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'sc', 'hd', 'bd', 'w:' .. ARGV[3])
 if not r[1] then
@@ -96,7 +98,10 @@ if not r[1] then
 end
 if r[3] ~= ARGV[2] then return {'version', r[3]} end
 if r[2] ~= ARGV[1] then return {'mismatch'} end
-if r[1] == 'c' and r[6] then return {'completed', r[4], r[5], r[6]} end
+if r[1] == 'c' and r[6] then
+  if #r[6] > tonumber(ARGV[7]) then return {'completed_inline', r[4], r[5], #r[6]} end
+  return {'completed', r[4], r[5], r[6]}
+end
 if r[1] == 'c' then
   local b = redis.call('HMGET', KEYS[1], 'bp', 'bl')
   if b[1] then return {'completed_pieces', r[4], r[5], b[1]} end
