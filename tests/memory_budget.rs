@@ -186,8 +186,16 @@ impl Readers {
 
 const BUDGET: u64 = 64 * 1024 * 1024;
 
+/// One test of this file at a time: each reads its idemgate's peak memory and some time
+/// another tenant's request, which two at once on two cores would move for each other.
+async fn alone() -> tokio::sync::MutexGuard<'static, ()> {
+    static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    ONE.lock().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_readers_of_a_large_redis_record_hold_at_most_the_budget() {
+    let _alone = alone().await;
     let redis = RedisServer::start();
     let up = Upstream::start().await;
     // One tenant's readers: its share is the whole budget here, so the budget is what binds.
@@ -206,6 +214,7 @@ async fn slow_readers_of_a_large_redis_record_hold_at_most_the_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_readers_of_an_inline_redis_record_read_only_what_is_served() {
+    let _alone = alone().await;
     let redis = RedisServer::start();
     let proxy = FaultProxy::for_redis(&redis).await;
     let up = Upstream::start().await;
@@ -226,6 +235,7 @@ async fn slow_readers_of_an_inline_redis_record_read_only_what_is_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_readers_of_a_large_postgres_record_read_only_what_is_served() {
+    let _alone = alone().await;
     let pg = tokio::task::spawn_blocking(PgServer::start).await.unwrap();
     let url = pg.fresh_db().await;
     let proxy = FaultProxy::start(format!("127.0.0.1:{}", pg.port).parse().unwrap()).await;
@@ -248,6 +258,7 @@ async fn slow_readers_of_a_large_postgres_record_read_only_what_is_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_readers_of_a_sealed_embedded_record_hold_at_most_the_budget() {
+    let _alone = alone().await;
     let up = Upstream::start().await;
     // Sealed, each replay is opened into memory of its own: room for it is taken first.
     let gate = Gate::start(
@@ -269,6 +280,7 @@ async fn slow_readers_of_a_sealed_embedded_record_hold_at_most_the_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_tenant_at_its_share_leaves_the_others_served() {
+    let _alone = alone().await;
     let up = Upstream::start().await;
     // The defaults: 64 MiB, a quarter per connection and per tenant.
     let gate = Gate::start(&up.url(), "", &[]);
@@ -310,6 +322,7 @@ async fn one_tenant_at_its_share_leaves_the_others_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_keys_answered_to_a_zero_window_hold_their_share() {
+    let _alone = alone().await;
     let redis = RedisServer::start();
     let up = Upstream::start().await;
     let gate = Gate::start(&up.url(), &redis.url(), &[]);
@@ -360,6 +373,7 @@ async fn new_keys_answered_to_a_zero_window_hold_their_share() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_new_keys_to_a_zero_window_holds_its_share_and_every_answer_is_kept() {
+    let _alone = alone().await;
     let redis = RedisServer::start();
     let up = Upstream::start().await;
     // A short send_timeout, so that the connection is closed within the test.
@@ -458,6 +472,7 @@ async fn a_burst_of_new_keys_to_a_zero_window_holds_its_share_and_every_answer_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_connection_holds_at_most_its_share_of_the_pass_through_slots() {
+    let _alone = alone().await;
     let up = Upstream::start().await;
     // A pass-through share of 8 slots (what max_in_flight leaves of the connections); a
     // connection may hold a quarter of it.
