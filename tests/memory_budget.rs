@@ -279,6 +279,26 @@ async fn slow_readers_of_a_sealed_embedded_record_hold_at_most_the_budget() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_readers_of_a_large_on_disk_record_hold_at_most_the_budget() {
+    let _alone = alone().await;
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    // The persistent embedded store: the claim reads the body's length, and the body only
+    // once room for it is taken.
+    let gate = Gate::start_on_disk(
+        &up.url(),
+        dir.path(),
+        &[
+            ("IDEMGATE_MAX_BUFFERED_BYTES_PER_TENANT", "67108864"),
+            ("IDEMGATE_STORE_TIMEOUT", "5s"),
+        ],
+    );
+    three_hundred_slow_readers(&gate, "on disk", FOUR_MIB, None)
+        .await
+        .hold_the_budget();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_tenant_at_its_share_leaves_the_others_served() {
     let _alone = alone().await;
     let up = Upstream::start().await;

@@ -85,8 +85,42 @@ CREATE TABLE IF NOT EXISTS withdrawn (
 /// The SQLite store. Cheap to clone; clones share the connection.
 #[derive(Clone)]
 pub struct SqliteStore {
-    conn: Arc<Mutex<Connection>>,
+    conn: Arc<Shared>,
     path: Arc<PathBuf>,
+}
+
+/// The connection, and the one thread that uses it.
+///
+/// Every call runs on that thread, not on the blocking pool: SQLite allocates a large body
+/// it reads with the C allocator, whose arena is per thread and keeps what was freed, so
+/// calls spread over the pool's threads left a 4 MiB record's buffer in each of their
+/// arenas (300 slow readers of one: the peak grew by 134 MiB, of which the 64 MiB budget
+/// served). Calls were one at a time on the connection anyway.
+struct Shared {
+    conn: Mutex<Connection>,
+    jobs: std::sync::mpsc::Sender<Job>,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+impl Shared {
+    /// The connection, and its thread started; the thread ends when the last
+    /// [`SqliteStore`] clone is dropped.
+    fn start(conn: Connection) -> Result<Arc<Shared>, StoreError> {
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("idemgate-sqlite".into())
+            .spawn(move || {
+                while let Ok(job) = queue.recv() {
+                    job();
+                }
+            })
+            .map_err(|e| backend(format!("cannot start the store's thread: {e}")))?;
+        Ok(Arc::new(Shared {
+            conn: Mutex::new(conn),
+            jobs,
+        }))
+    }
 }
 
 fn backend(e: impl std::fmt::Display) -> StoreError {
@@ -214,7 +248,7 @@ impl SqliteStore {
             clock_not_before(newest);
         }
         Ok(SqliteStore {
-            conn: Arc::new(Mutex::new(conn)),
+            conn: Shared::start(conn)?,
             path: Arc::new(path),
         })
     }
@@ -224,21 +258,34 @@ impl SqliteStore {
         &self.path
     }
 
-    /// Runs `f` on the connection on the blocking pool.
+    /// Runs `f` on the connection, on the store's thread.
     fn run<'a, T: Send + 'static>(
         &'a self,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> StoreFuture<'a, T> {
-        let conn = self.conn.clone();
+        let shared = self.conn.clone();
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || {
-                // A panic while holding the lock leaves no half-written record: every change
-                // is a transaction, rolled back when it is dropped unfinished.
-                let mut c = conn.lock().unwrap_or_else(|p| p.into_inner());
-                f(&mut c)
-            })
-            .await
-            .map_err(backend)?
+            let (done, result) = tokio::sync::oneshot::channel();
+            let job = {
+                let shared = shared.clone();
+                Box::new(move || {
+                    // A panic while holding the lock leaves no half-written record: every
+                    // change is a transaction, rolled back when it is dropped unfinished.
+                    // It fails this call (its answer is dropped), and the thread goes on.
+                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        let mut c = shared.conn.lock().unwrap_or_else(|p| p.into_inner());
+                        f(&mut c)
+                    }));
+                    if let Ok(r) = ran {
+                        let _ = done.send(r);
+                    }
+                })
+            };
+            shared
+                .jobs
+                .send(job)
+                .map_err(|_| backend("the store's thread has stopped"))?;
+            result.await.map_err(|_| backend("a store call panicked"))?
         })
     }
 
