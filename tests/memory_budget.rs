@@ -253,7 +253,8 @@ async fn slow_readers_of_a_large_postgres_record_read_only_what_is_served() {
     );
     let readers = three_hundred_slow_readers(&gate, "PostgreSQL", FOUR_MIB, Some(&proxy)).await;
     readers.read_only_what_is_served(4 * 1024 * 1024);
-    assert!(readers.served <= 16, "{}", readers.served);
+    // Read in pieces: as one value each body was in memory twice, the row and its copy.
+    readers.hold_the_budget();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
