@@ -33,7 +33,7 @@ async fn probe(admin: SocketAddr, path: &str) -> (String, Duration) {
 
 /// 200 silent connections that reopen as soon as they are closed, and 200 keep-alive ones
 /// that each made one `/healthz` and then stay idle (reopening too), against the admin
-/// listener's 64 connections: every `/healthz` and `/readyz` is answered within 1.5 s. At
+/// listener's 64 connections: every `/healthz` and `/readyz` is answered within 3 s (a debug build on a loaded two-core machine read up to 2.5 s, alone as well). At
 /// the cap, the oldest admin connection that serves nothing is closed to make room; before,
 /// a new connection was the one closed, and the idle ones held their places for the
 /// proxy's `idle_timeout` (75 s), so a probe got a reset throughout.
@@ -82,7 +82,7 @@ async fn probes_are_answered_whatever_other_admin_connections_do() {
                 line.starts_with("HTTP/1.1 200"),
                 "{path} (round {round}): {line:?} after {took:?}"
             );
-            assert!(took < Duration::from_millis(1500), "{path}: {took:?}");
+            assert!(took < Duration::from_millis(3000), "{path}: {took:?}");
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
