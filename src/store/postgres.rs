@@ -534,8 +534,6 @@ where
     Ok(client)
 }
 
-/// Column `i` of `row`: a column of another type (a table changed by hand) is an error,
-/// not a panic.
 /// The body of `len` bytes of completed record `id` ([`BODY`]), piece by piece into one
 /// buffer of its length; `None` if the record is gone or its body is not that long now.
 async fn read_body(
@@ -545,8 +543,7 @@ async fn read_body(
     len: usize,
 ) -> Result<Option<Bytes>, StoreError> {
     use futures_util::StreamExt;
-    let piece = BODY_PIECE;
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&id, &fp, &piece];
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&id, &fp, &BODY_PIECE];
     let rows = c.client.query_raw(&c.body, params).await.map_err(pg)?;
     let mut rows = std::pin::pin!(rows);
     let mut body = bytes::BytesMut::with_capacity(len);
@@ -561,6 +558,8 @@ async fn read_body(
     Ok((body.len() == len).then(|| body.freeze()))
 }
 
+/// Column `i` of `row`: a column of another type (a table changed by hand) is an error,
+/// not a panic.
 fn col<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, i: usize) -> Result<T, StoreError> {
     row.try_get(i)
         .map_err(|e| corrupt(&format!("column {i}: {e}")))

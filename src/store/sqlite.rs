@@ -266,22 +266,19 @@ impl SqliteStore {
         let shared = self.conn.clone();
         Box::pin(async move {
             let (done, result) = tokio::sync::oneshot::channel();
-            let job = {
-                let shared = shared.clone();
-                Box::new(move || {
-                    // A panic while holding the lock leaves no half-written record: every
-                    // change is a transaction, rolled back when it is dropped unfinished.
-                    // It fails this call (its answer is dropped), and the thread goes on.
-                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        let mut c = shared.conn.lock().unwrap_or_else(|p| p.into_inner());
-                        f(&mut c)
-                    }));
-                    if let Ok(r) = ran {
-                        let _ = done.send(r);
-                    }
-                })
-            };
-            shared
+            let job = Box::new(move || {
+                // A panic while holding the lock leaves no half-written record: every
+                // change is a transaction, rolled back when it is dropped unfinished. It
+                // fails this call (its answer is dropped), and the thread goes on.
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let mut c = shared.conn.lock().unwrap_or_else(|p| p.into_inner());
+                    f(&mut c)
+                }));
+                if let Ok(r) = ran {
+                    let _ = done.send(r);
+                }
+            });
+            self.conn
                 .jobs
                 .send(job)
                 .map_err(|_| backend("the store's thread has stopped"))?;
