@@ -546,17 +546,18 @@ impl Drop for Held {
     }
 }
 
-/// Pass-through requests of one connection now, from admission to the last byte of their
-/// answers (`max_pass_through_per_connection`): a slot each. A request beyond the share
-/// waits for one of its own connection's slots, at most `queue_timeout`; an h2 client that
+/// Pass-through requests of one connection, or of one tenant over all its connections, now,
+/// from admission to the last byte of their answers (`max_pass_through_per_connection`,
+/// `max_pass_through_per_tenant`): a slot each. A request beyond a share waits for one of
+/// its own connection's (or tenant's) slots, within `queue_timeout`; an h2 client that
 /// multiplexes its reads is slowed to its share, not refused, while one that never pulls
 /// its answers' bodies holds only its share.
 #[derive(Clone, Default)]
 pub struct PassThroughs(Arc<std::sync::OnceLock<Arc<tokio::sync::Semaphore>>>);
 
 impl PassThroughs {
-    /// One of the connection's `share` slots, waiting at most `wait` for it; `None`: the
-    /// share stayed full.
+    /// One of the `share` slots, waiting at most `wait` for it; `None`: the share stayed
+    /// full. The share is fixed by the first call.
     pub async fn take(
         &self,
         share: usize,
@@ -566,39 +567,69 @@ impl PassThroughs {
             .0
             .get_or_init(|| Arc::new(tokio::sync::Semaphore::new(share)))
             .clone();
-        match slots.clone().try_acquire_owned() {
-            Ok(slot) => Some(slot),
-            Err(_) => tokio::time::timeout(wait, slots.acquire_owned())
-                .await
-                .ok()?
-                .ok(),
-        }
+        take_slot(slots, wait).await
     }
 }
 
-/// The [`Holdings`] of every tenant holding bytes now, by the tenant's hash. A tenant's
-/// entry lives while one of its holdings does: the map is swept of the others as it grows,
-/// so a flood of made-up tenants leaves nothing behind.
-#[derive(Default)]
-pub struct TenantHoldings(
-    std::sync::Mutex<
-        std::collections::HashMap<[u8; 32], std::sync::Weak<std::sync::atomic::AtomicUsize>>,
-    >,
-);
+/// One of `slots`, waiting at most `wait` for it; `None`: none came free.
+pub async fn take_slot(
+    slots: Arc<tokio::sync::Semaphore>,
+    wait: Duration,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    match slots.clone().try_acquire_owned() {
+        Ok(slot) => Some(slot),
+        Err(_) => tokio::time::timeout(wait, slots.acquire_owned())
+            .await
+            .ok()?
+            .ok(),
+    }
+}
 
-impl TenantHoldings {
+/// What each tenant holds now, by the tenant's hash: its bytes of the buffer budget
+/// ([`Holdings`]) and its pass-through slots ([`PassThroughs`]). A tenant's entry lives
+/// while something it holds does: the maps are swept of the others as they grow, so a
+/// flood of made-up tenants leaves nothing behind.
+#[derive(Default)]
+pub struct Tenants {
+    holdings: ByTenant<std::sync::atomic::AtomicUsize>,
+    passing: ByTenant<tokio::sync::Semaphore>,
+}
+
+impl Tenants {
     /// The holdings of the tenant whose hash is `tenant`.
-    pub fn of(&self, tenant: &[u8; 32]) -> Holdings {
+    pub fn holdings(&self, tenant: &[u8; 32]) -> Holdings {
+        Holdings(self.holdings.of(tenant, Default::default))
+    }
+
+    /// The pass-through slots of the tenant whose hash is `tenant`, `share` of them when
+    /// the tenant holds none now (for [`take_slot`]; each slot taken keeps them alive).
+    pub fn passing(&self, tenant: &[u8; 32], share: usize) -> Arc<tokio::sync::Semaphore> {
+        self.passing
+            .of(tenant, || tokio::sync::Semaphore::new(share))
+    }
+}
+
+/// One shared value per tenant hash, alive while someone holds it.
+struct ByTenant<T>(std::sync::Mutex<std::collections::HashMap<[u8; 32], std::sync::Weak<T>>>);
+
+impl<T> Default for ByTenant<T> {
+    fn default() -> Self {
+        ByTenant(std::sync::Mutex::default())
+    }
+}
+
+impl<T> ByTenant<T> {
+    fn of(&self, tenant: &[u8; 32], make: impl FnOnce() -> T) -> Arc<T> {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(live) = map.get(tenant).and_then(std::sync::Weak::upgrade) {
-            return Holdings(live);
+            return live;
         }
         // Swept when the map has doubled since the last sweep left it.
         if map.len() >= 64 && map.len().is_power_of_two() {
             map.retain(|_, w| w.strong_count() > 0);
         }
-        let fresh = Holdings::default();
-        map.insert(*tenant, Arc::downgrade(&fresh.0));
+        let fresh = Arc::new(make());
+        map.insert(*tenant, Arc::downgrade(&fresh));
         fresh
     }
 }

@@ -540,3 +540,77 @@ async fn one_connection_holds_at_most_its_share_of_the_pass_through_slots() {
     }
     task.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenant_holds_at_most_its_share_of_the_pass_through_slots() {
+    let _alone = alone().await;
+    let up = Upstream::start().await;
+    // A pass-through share of 8 slots; a connection may hold a quarter of it, and so may a
+    // tenant over all its connections.
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[
+            ("IDEMGATE_MAX_IN_FLIGHT", "64"),
+            ("IDEMGATE_MAX_UPSTREAM_CONNECTIONS", "72"),
+        ],
+    );
+    // One tenant's four connections, each within its own connection's share: two reads
+    // of a large answer each, whose bodies are never pulled.
+    let mut held = Vec::new();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let (mut h2, task) = zero_window(&gate).await;
+        let mut pending = Vec::new();
+        for _ in 0..2 {
+            let req = hyper::Request::get(format!("http://{}/v1/reports", gate.addr))
+                .header("authorization", "Bearer mallory")
+                .header(ANSWER_BYTES, "1048576")
+                .body(())
+                .unwrap();
+            h2 = h2.ready().await.unwrap();
+            let (res, _) = h2.send_request(req, true).unwrap();
+            pending.push(res);
+        }
+        for res in pending {
+            let res = tokio::time::timeout(Duration::from_secs(10), res)
+                .await
+                .unwrap()
+                .unwrap();
+            statuses.push(res.status().as_u16());
+            std::mem::forget(res);
+        }
+        held.push((h2, task));
+    }
+    statuses.sort_unstable();
+    eprintln!("one tenant's 8 unread pass-through answers on 4 connections: {statuses:?}");
+    assert_eq!(statuses, [201, 201, 503, 503, 503, 503, 503, 503]);
+    // Another tenant's reads, and an anonymous client's, are served meanwhile, at once:
+    // the tenant holds 2 of the 8 slots, not all of them.
+    let c = client();
+    for auth in ["Bearer alice", "Bearer bob", ""] {
+        for _ in 0..3 {
+            let started = std::time::Instant::now();
+            let mut read = c.get(gate.url("/v1/reports"));
+            if !auth.is_empty() {
+                read = read.header("authorization", auth);
+            }
+            let read = read.send().await.unwrap();
+            assert_eq!(read.status(), 201, "{auth:?}");
+            assert!(
+                started.elapsed() < Duration::from_millis(900),
+                "{auth:?} waited"
+            );
+        }
+    }
+    assert_eq!(
+        metric(
+            &gate,
+            "idemgate_refused_total{class=\"pass_through\",reason=\"share_full\"}"
+        ),
+        6.0
+    );
+    for (_, task) in held {
+        task.abort();
+    }
+}

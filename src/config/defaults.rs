@@ -78,6 +78,7 @@ impl Default for Config {
             max_buffered_bytes_per_connection: None,
             max_buffered_bytes_per_tenant: None,
             max_pass_through_per_connection: None,
+            max_pass_through_per_tenant: None,
             send_timeout: Duration::from_secs(60),
             body_read_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),

@@ -425,6 +425,14 @@ pub struct Config {
     /// `max_upstream_connections`): beyond, its further ones get 503 `overloaded` while
     /// other connections keep theirs. One is always allowed.
     pub max_pass_through_per_connection: Option<usize>,
+    /// Pass-through requests that one tenant may have at once over all its connections,
+    /// from admission to the last byte of their answers (unset: a quarter of the
+    /// pass-through share): beyond, its further ones wait within `queue_timeout` for one of
+    /// its own, then get 503 `overloaded`, while other tenants keep theirs. The tenant is
+    /// read as the route reads it, but a bearer token is not verified: each distinct
+    /// credential counts as a tenant. Requests without one are bounded per connection only.
+    /// One is always allowed.
+    pub max_pass_through_per_tenant: Option<usize>,
     /// How long a write to a client may make no progress (a client that stopped reading)
     /// before its connection is closed.
     #[serde(with = "humantime_serde")]
@@ -736,6 +744,13 @@ impl Config {
     /// Pass-through requests one client connection may have at once.
     pub fn pass_through_per_connection(&self) -> usize {
         self.max_pass_through_per_connection
+            .unwrap_or(self.pass_through_share() / 4)
+            .max(1)
+    }
+
+    /// Pass-through requests one tenant may have at once, over all its connections.
+    pub fn pass_through_per_tenant(&self) -> usize {
+        self.max_pass_through_per_tenant
             .unwrap_or(self.pass_through_share() / 4)
             .max(1)
     }

@@ -53,8 +53,7 @@ impl Proxy {
         };
         let operation = match action {
             Action::PassThrough(pass) => {
-                let timeout = policy.upstream_timeout;
-                let res = self.pass_through(req.map(body::boxed), peer, timeout).await;
+                let res = self.pass_through(req.map(body::boxed), peer, policy).await;
                 log_request(&self.shared.metrics, &res, pass.outcome(), None, &line);
                 return res;
             }
@@ -145,7 +144,7 @@ impl Proxy {
             .get::<OfConnection>()
             .map(|c| (c.holdings.clone(), config.buffered_share_per_connection()));
         let tenant = (
-            self.shared.tenants.of(tenant.as_bytes()),
+            self.shared.tenants.holdings(tenant.as_bytes()),
             config.buffered_share_per_tenant(),
         );
         Room::new(&self.shared.buffers, connection, tenant)
@@ -304,8 +303,7 @@ impl Proxy {
                     );
                     (res, Outcome::StoreError)
                 } else {
-                    let timeout = protected.policy.upstream_timeout;
-                    let res = self.pass_through(protected.request, protected.peer, timeout).await;
+                    let res = self.pass_through(protected.request, protected.peer, &protected.policy).await;
                     (res, Outcome::StoreError)
                 }
             }

@@ -117,8 +117,9 @@ struct Shared {
     passing: Arc<Slots>,
     // Bodies being buffered or written (`max_buffered_bytes`).
     buffers: Arc<Buffers>,
-    // What each tenant holds of it now (`max_buffered_bytes_per_tenant`).
-    tenants: Arc<crate::connection::TenantHoldings>,
+    // What each tenant holds now: of the buffer budget (`max_buffered_bytes_per_tenant`)
+    // and of the pass-through slots (`max_pass_through_per_tenant`).
+    tenants: Arc<crate::connection::Tenants>,
     // Since when the store has failed claims (the `Retry-After` of their 503s).
     store_outage: Arc<crate::admission::Spell>,
     // Observe mode: a store that just failed is not waited on again for a moment, and
@@ -340,7 +341,7 @@ impl Proxy {
             Refused::QueueFull => "too many requests are in progress and waiting; nothing was done, retry later",
             Refused::QueueTimeout => "too many requests are in progress; this one waited queue_timeout for its turn; nothing was done, retry later",
             Refused::BuffersFull => "too many request and answer bodies are held in memory (max_buffered_bytes); nothing was done, retry later",
-            Refused::ShareFull => "this client connection or tenant holds its share of idemgate's memory for answers not yet read, or of the pass-through connections (max_buffered_bytes_per_connection, max_buffered_bytes_per_tenant, max_pass_through_per_connection); nothing was done, retry later",
+            Refused::ShareFull => "this client connection or tenant holds its share of idemgate's memory for answers not yet read, or of the pass-through connections (max_buffered_bytes_per_connection, max_buffered_bytes_per_tenant, max_pass_through_per_connection, max_pass_through_per_tenant); nothing was done, retry later",
             Refused::ClientGone => {
                 tracing::info!("a queued request's client closed its connection; it left the queue, nothing was done");
                 "the client closed its connection while this request waited for its turn; nothing was done"
@@ -361,26 +362,45 @@ impl Proxy {
         Problem::Overloaded.response(detail, None, Some(wait))
     }
 
-    /// Forwards a request as is, streaming both bodies.
+    /// Forwards a request as is, streaming both bodies, under `policy`'s upstream timeout.
     async fn pass_through(
         &self,
         mut req: Request<Body>,
         peer: SocketAddr,
-        timeout: Duration,
+        policy: &Policy,
     ) -> Response<Body> {
-        // One connection holds at most its share of the pass-through slots: answers whose
-        // bodies its client never pulls cannot hold every other client's reads.
+        let timeout = policy.upstream_timeout;
+        // One connection, and one tenant over all its connections, holds at most its share
+        // of the pass-through slots: answers whose bodies its client never pulls cannot
+        // hold every other client's reads. Both waits come out of one `queue_timeout`.
         let config = &self.shared.settings.config;
-        let share = config.pass_through_per_connection();
+        let until = tokio::time::Instant::now() + config.queue_timeout;
         let passing = req
             .extensions()
             .get::<crate::connection::OfConnection>()
             .map(|c| &c.passing);
         let on_connection = match passing {
-            Some(p) => match p.take(share, config.queue_timeout).await {
+            Some(p) => match p
+                .take(config.pass_through_per_connection(), config.queue_timeout)
+                .await
+            {
                 Some(held) => Some(held),
                 None => return self.overloaded(Refused::ShareFull, &self.shared.passing),
             },
+            None => None,
+        };
+        let tenant =
+            crate::scope::tenant::unverified(req.headers(), peer_cert(&req), &policy.tenant);
+        let of_tenant = match tenant {
+            Some(t) => {
+                let share = config.pass_through_per_tenant();
+                let slots = self.shared.tenants.passing(t.as_bytes(), share);
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                match crate::connection::take_slot(slots, left).await {
+                    Some(held) => Some(held),
+                    None => return self.overloaded(Refused::ShareFull, &self.shared.passing),
+                }
+            }
             None => None,
         };
         // Its own share of the upstream connections, held until the answer's body is done:
@@ -403,7 +423,7 @@ impl Proxy {
                 if tracing::enabled!(tracing::Level::INFO) {
                     parts.extensions.insert(latency);
                 }
-                let held = (slot, on_connection);
+                let held = (slot, on_connection, of_tenant);
                 Response::from_parts(parts, body::holding(body::boxed(body), held))
             }
             Ok(Err(e)) => match upstream::classify(&e) {

@@ -50,8 +50,7 @@ impl Proxy {
                         .await
                 }
                 None => {
-                    let timeout = policy.upstream_timeout;
-                    let res = self.pass_through(req.map(body::boxed), peer, timeout).await;
+                    let res = self.pass_through(req.map(body::boxed), peer, policy).await;
                     log_request(&self.shared.metrics, &res, pass.outcome(), None, &line);
                     return res;
                 }
@@ -188,8 +187,7 @@ impl Proxy {
         duplicate: bool,
     ) -> Response<Body> {
         let route = line.policy.route.as_deref().unwrap_or("default");
-        let timeout = line.policy.upstream_timeout;
-        let res = self.pass_through(req, peer, timeout).await;
+        let res = self.pass_through(req, peer, line.policy).await;
         self.observed(route, would, id, duplicate);
         log_request(&self.shared.metrics, &res, Outcome::Observed, None, line);
         res
@@ -225,7 +223,7 @@ impl Proxy {
         self.shared.metrics.observed(&route, would);
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.shared.tasks.spawn(async move {
-            let res = this.pass_through(req, peer, policy.upstream_timeout).await;
+            let res = this.pass_through(req, peer, &policy).await;
             let ours = res.headers().contains_key(crate::problem::IDEMGATE_ERROR);
             let (res, answer) = if ours {
                 (res, None)

@@ -118,6 +118,23 @@ pub fn resolve(
     }
 }
 
+/// The tenant that an unprotected (pass-through) request counts against, for its share of
+/// the pass-through slots: as [`resolve`], except that a bearer token is not verified (a
+/// signature check on every read would cost more than the read), so each distinct token
+/// counts as a tenant of its own, as raw credentials do. `None`: no tenant (a request
+/// without a credential, or whose certificate names none), counted per connection only.
+pub fn unverified(
+    headers: &HeaderMap,
+    cert: Option<&ClientCert>,
+    source: &TenantSource,
+) -> Option<Tenant> {
+    match source {
+        TenantSource::Headers(names) => from_headers(headers, names),
+        TenantSource::JwtClaim(_) => from_headers(headers, &[AUTHORIZATION]),
+        TenantSource::ClientCert(field) => cert?.principal(*field).ok().map(Tenant),
+    }
+}
+
 fn from_headers(headers: &HeaderMap, names: &[HeaderName]) -> Option<Tenant> {
     let mut h = Sha256::new();
     h.update(b"idemgate-tenant\x00\x02headers");
@@ -189,6 +206,23 @@ mod tests {
         assert_eq!(a, tenant_of(&[("authorization", "BEARER   NEW ")], &auth));
         assert_ne!(a, tenant_of(&[("authorization", "Bearer new")], &auth));
         assert_ne!(a, tenant_of(&[("authorization", "Bearer OLD")], &auth));
+    }
+
+    #[test]
+    fn a_pass_through_tenant_is_the_credential_unverified() {
+        let mut h = HeaderMap::new();
+        h.insert(AUTHORIZATION, HeaderValue::from_static("Bearer not.a.jwt"));
+        let auth = TenantSource::Headers(vec![AUTHORIZATION]);
+        let jwt = TenantSource::JwtClaim("sub".into());
+        let raw = unverified(&h, None, &auth);
+        assert!(raw.is_some());
+        // No verifier, no verification: the token's bytes name the tenant.
+        assert_eq!(unverified(&h, None, &jwt), raw);
+        h.insert(AUTHORIZATION, HeaderValue::from_static("Bearer other"));
+        assert_ne!(unverified(&h, None, &jwt), raw);
+        assert_eq!(unverified(&HeaderMap::new(), None, &jwt), None);
+        let cert = TenantSource::ClientCert(CertField::Subject);
+        assert_eq!(unverified(&h, None, &cert), None);
     }
 
     #[test]
