@@ -38,6 +38,7 @@ PIDS = {
     "nginx": int(ENV["PID_NGINX"]),
     "idemgate_redis_2_threads": int(ENV["PID_IG_2T"]),
     "idemgate_redis_after_response": int(ENV["PID_IG_AR"]),
+    "idemgate_redis_h2c": int(ENV["PID_IG_H2"]),
 }
 PORTS = {
     "upstream": int(ENV["PORT_UPSTREAM"]),
@@ -48,6 +49,7 @@ PORTS = {
     "nginx": int(ENV["PORT_NGINX"]),
     "idemgate_redis_2_threads": int(ENV["PORT_IG_2T"]),
     "idemgate_redis_after_response": int(ENV["PORT_IG_AR"]),
+    "idemgate_redis_h2c": int(ENV["PORT_IG_H2"]),
 }
 REDIS_PORT = int(ENV["PORT_REDIS"])
 
@@ -64,6 +66,10 @@ CASES = {
     "c2": ("new key, Redis, 2 worker threads", "idemgate_redis_2_threads", "new"),
     "d2": ("replay, Redis, 2 worker threads", "idemgate_redis_2_threads", "replay"),
     "c_ar": ("new key, Redis, after_response", "idemgate_redis_after_response", "new"),
+    # The same upstream spoken to over h2c (`upstream_http2 = "prior_knowledge"`): protected
+    # requests are streams on pooled connections instead of a connection each.
+    "b_h2": ("pass-through, h2c upstream", "idemgate_redis_h2c", "none"),
+    "c_h2": ("new key, Redis, h2c upstream", "idemgate_redis_h2c", "new"),
 }
 # Cases whose Redis commands are counted from INFO commandstats (the store's calls).
 REDIS_CASES = {"c", "d", "c2", "d2", "c_ar"}
@@ -340,6 +346,7 @@ def main():
         ("(c) >= 0.5x (b), c=50", ratio("c", "b", 50), ">=", 0.5),
         ("(d) >= 1.3x (b), c=50", ratio("d", "b", 50), ">=", 1.3),
         ("(e) >= 0.8x (b), c=50", ratio("e", "b", 50), ">=", 0.8),
+        ("(c_h2) >= 0.6x (b_h2), c=50", ratio("c_h2", "b_h2", 50), ">=", 0.6),
         ("peak RSS, (c) c=256 (MiB)", rss_mib, "<", 64),
     ]
     checked = [{"target": t, "value": v, "op": op, "limit": lim,

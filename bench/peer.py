@@ -24,6 +24,7 @@ RUN_ID = str(int(time.time()))
 PIDS = {
     "idemgate": int(ENV["PID_IDEMGATE"]),
     "peer": int(ENV["PID_PEER"]),
+    "idemgate_h2c": int(ENV["PID_IDEMGATE_H2C"]),
     "upstream": int(ENV["PID_UPSTREAM"]),
     "redis": int(ENV["PID_REDIS"]),
 }
@@ -31,7 +32,10 @@ PIDS = {
 PROXIES = {
     "idemgate": (int(ENV["PORT_IDEMGATE"]), "/v1/transfers"),
     "peer": (int(ENV["PORT_PEER"]), "/URL_BENCH"),
+    # idemgate with an h2c upstream: protected requests on pooled connections.
+    "idemgate_h2c": (int(ENV["PORT_IDEMGATE_H2C"]), "/v1/transfers"),
 }
+IDEMGATES = ("idemgate", "idemgate_h2c")
 CASES = [(proxy, mode) for mode in ("new", "replay") for proxy in PROXIES]
 BODY = '{"from":"acc-1","to":"acc-2","amount":1250,"currency":"EUR"}'
 
@@ -94,32 +98,34 @@ def main():
         return statistics.median(f(r) for r in runs[case])
 
     lines = [f"{CONNECTIONS} connections, {ROUNDS} rounds of {DURATION} s, medians",
-             f"{'proxy':<10} {'case':<8} {'req/s':>8} {'p50 us':>7} {'p99 us':>7} "
+             f"{'proxy':<13} {'case':<8} {'req/s':>8} {'p50 us':>7} {'p99 us':>7} "
              f"{'cpu us/req: proxy':>18} {'upstream':>8} {'redis':>6} {'errors':>6}"]
     for proxy, mode in CASES:
         case = (proxy, mode)
         errors = sum(r["non2xx"] + r["socket_errors"] for r in runs[case])
-        lines.append(f"{proxy:<10} {mode:<8} {med(case, lambda r: r['rps']):8.0f} "
+        lines.append(f"{proxy:<13} {mode:<8} {med(case, lambda r: r['rps']):8.0f} "
                      f"{med(case, lambda r: r['p50_us']):7.0f} {med(case, lambda r: r['p99_us']):7.0f} "
                      f"{med(case, lambda r: r['cpu_us_per_request'][proxy]):18.1f} "
                      f"{med(case, lambda r: r['cpu_us_per_request']['upstream']):8.1f} "
                      f"{med(case, lambda r: r['cpu_us_per_request']['redis']):6.1f} {errors:6d}")
     ratios = {}
-    for mode in ("new", "replay"):
-        ig, peer = runs[("idemgate", mode)], runs[("peer", mode)]
-        # Requests per CPU second of the proxy, idemgate over the peer, within each round.
-        ratios[mode] = {
-            "per_cpu_second": statistics.median(
-                p["cpu_us_per_request"]["peer"] / i["cpu_us_per_request"]["idemgate"]
-                for i, p in zip(ig, peer)),
-            "rps": statistics.median(i["rps"] / p["rps"] for i, p in zip(ig, peer)),
-            "redis_cpu": statistics.median(
-                i["cpu_us_per_request"]["redis"] / p["cpu_us_per_request"]["redis"]
-                for i, p in zip(ig, peer)),
-        }
-        lines.append(f"idemgate / peer, {mode}: {ratios[mode]['per_cpu_second']:.2f}x requests "
-                     f"per CPU second of the proxy, {ratios[mode]['rps']:.2f}x req/s, "
-                     f"{ratios[mode]['redis_cpu']:.2f}x Redis CPU per request")
+    for name in IDEMGATES:
+        for mode in ("new", "replay"):
+            ig, peer = runs[(name, mode)], runs[("peer", mode)]
+            # Requests per CPU second of the proxy, idemgate over the peer, within each round.
+            ratio = {
+                "per_cpu_second": statistics.median(
+                    p["cpu_us_per_request"]["peer"] / i["cpu_us_per_request"][name]
+                    for i, p in zip(ig, peer)),
+                "rps": statistics.median(i["rps"] / p["rps"] for i, p in zip(ig, peer)),
+                "redis_cpu": statistics.median(
+                    i["cpu_us_per_request"]["redis"] / p["cpu_us_per_request"]["redis"]
+                    for i, p in zip(ig, peer)),
+            }
+            ratios[f"{name}/{mode}"] = ratio
+            lines.append(f"{name} / peer, {mode}: {ratio['per_cpu_second']:.2f}x requests "
+                         f"per CPU second of the proxy, {ratio['rps']:.2f}x req/s, "
+                         f"{ratio['redis_cpu']:.2f}x Redis CPU per request")
     table = "\n".join(lines)
     print(table)
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
