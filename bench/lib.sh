@@ -4,6 +4,13 @@
 # makes the scope secret.
 export IDEMGATE_SCOPE_SECRET_CREATE_DELAY=0s
 
+# No walk of the whole store to count the records held unknown (every 5 minutes on each
+# instance by default): its cost grows with the records kept, not with the requests
+# measured, and a run of several idemgates on one Redis holding millions of records had
+# the walks' SCAN and inspections land in whichever case was running (docs/performance.md
+# measures the walk on its own).
+export IDEMGATE_UNKNOWN_COUNT_INTERVAL=0s
+
 # free_ports N: prints N free loopback ports, below the ephemeral range so that no outgoing
 # connection (of this benchmark or anything else on the machine) takes one before its server
 # binds it.

@@ -167,3 +167,48 @@ async fn sqlite_two_store_calls_per_new_key_and_one_per_replay() {
     assert_eq!(per_op["claim"], 2.0 * N as f64, "{per_op:?}");
     app.shutdown().await;
 }
+
+/// Listing the records in one state (what `idemgate_records_held_unknown` walks the store
+/// with, every `unknown_count_interval` on every instance) reads each record's state with a
+/// bare `HGET`, a page in one pipeline, and inspects (a script each) only the records that
+/// can be in that state: 50 completed records and one held unknown cost one inspection,
+/// not 51.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_unknown_records_inspects_only_those_that_can_be() {
+    let backend = Backend::redis();
+    let up = Upstream::start().await;
+    let mut cfg = config(&up, &backend);
+    cfg.defaults.upstream_timeout = std::time::Duration::from_millis(300);
+    let app = spawn_app(cfg).await;
+    let Backend::Redis(redis) = &backend else {
+        unreachable!()
+    };
+    let c = client();
+    send_keys(&c, &app, false).await;
+    let hung = post(
+        &c,
+        &app,
+        "/v1/transfers",
+        Some("hung"),
+        TRANSFER,
+        &[(FAULT, "hang")],
+    )
+    .await;
+    assert_eq!(hung.status, 504);
+    reset(redis);
+    let admin = app.admin_addr().unwrap();
+    let page: serde_json::Value = c
+        .get(format!("http://{admin}/records?state=unknown&count=1000"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(page["records"].as_array().map(Vec::len), Some(1), "{page}");
+    assert_eq!(page["records"][0]["state"], "unknown", "{page}");
+    let stats = commandstats(redis);
+    assert_eq!(stats.get("scan"), Some(&1), "{stats:?}");
+    assert_eq!(stats.get("evalsha"), Some(&1), "one inspection: {stats:?}");
+    app.shutdown().await;
+}
