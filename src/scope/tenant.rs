@@ -129,7 +129,10 @@ pub fn unverified(
     source: &TenantSource,
 ) -> Option<Tenant> {
     match source {
+        // Most reads carry none of the headers: nothing to hash (every pass-through asks).
+        TenantSource::Headers(names) if !names.iter().any(|n| headers.contains_key(n)) => None,
         TenantSource::Headers(names) => from_headers(headers, names),
+        TenantSource::JwtClaim(_) if !headers.contains_key(AUTHORIZATION) => None,
         TenantSource::JwtClaim(_) => from_headers(headers, &[AUTHORIZATION]),
         TenantSource::ClientCert(field) => cert?.principal(*field).ok().map(Tenant),
     }
