@@ -492,6 +492,41 @@ async fn a_burst_of_new_keys_to_a_zero_window_holds_its_share_and_every_answer_i
     assert_eq!(up.hits(), 41, "each executed once");
 }
 
+/// `n` reads of a 1 MiB answer on one new zero-window h2 connection (with `authorization`
+/// when given), whose bodies are never pulled: the status of each (their answers kept
+/// unread), and the connection (its sender and its task), to keep open until done.
+async fn unread_reads(
+    gate: &Gate,
+    n: usize,
+    authorization: Option<&str>,
+) -> (
+    Vec<u16>,
+    (h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>),
+) {
+    let (mut h2, task) = zero_window(gate).await;
+    let mut pending = Vec::new();
+    for _ in 0..n {
+        let mut req = hyper::Request::get(format!("http://{}/v1/reports", gate.addr))
+            .header(ANSWER_BYTES, "1048576");
+        if let Some(auth) = authorization {
+            req = req.header("authorization", auth);
+        }
+        h2 = h2.ready().await.unwrap();
+        let (res, _) = h2.send_request(req.body(()).unwrap(), true).unwrap();
+        pending.push(res);
+    }
+    let mut statuses = Vec::new();
+    for res in pending {
+        let res = tokio::time::timeout(Duration::from_secs(10), res)
+            .await
+            .unwrap()
+            .unwrap();
+        statuses.push(res.status().as_u16());
+        std::mem::forget(res);
+    }
+    (statuses, (h2, task))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_connection_holds_at_most_its_share_of_the_pass_through_slots() {
     let _alone = alone().await;
@@ -506,27 +541,8 @@ async fn one_connection_holds_at_most_its_share_of_the_pass_through_slots() {
             ("IDEMGATE_MAX_UPSTREAM_CONNECTIONS", "72"),
         ],
     );
-    let (mut h2, task) = zero_window(&gate).await;
     // Eight reads of a large answer whose bodies are never pulled.
-    let mut pending = Vec::new();
-    for _ in 0..8 {
-        let req = hyper::Request::get(format!("http://{}/v1/reports", gate.addr))
-            .header(ANSWER_BYTES, "1048576")
-            .body(())
-            .unwrap();
-        h2 = h2.ready().await.unwrap();
-        let (res, _) = h2.send_request(req, true).unwrap();
-        pending.push(res);
-    }
-    let mut statuses = Vec::new();
-    for res in pending {
-        let res = tokio::time::timeout(Duration::from_secs(10), res)
-            .await
-            .unwrap()
-            .unwrap();
-        statuses.push(res.status().as_u16());
-        std::mem::forget(res);
-    }
+    let (mut statuses, (_h2, task)) = unread_reads(&gate, 8, None).await;
     statuses.sort_unstable();
     eprintln!("8 unread pass-through answers on one connection: {statuses:?}");
     assert_eq!(statuses, [201, 201, 503, 503, 503, 503, 503, 503]);
@@ -557,30 +573,11 @@ async fn one_tenant_holds_at_most_its_share_of_the_pass_through_slots() {
     );
     // One tenant's four connections, each within its own connection's share: two reads
     // of a large answer each, whose bodies are never pulled.
-    let mut held = Vec::new();
-    let mut statuses = Vec::new();
+    let (mut held, mut statuses) = (Vec::new(), Vec::new());
     for _ in 0..4 {
-        let (mut h2, task) = zero_window(&gate).await;
-        let mut pending = Vec::new();
-        for _ in 0..2 {
-            let req = hyper::Request::get(format!("http://{}/v1/reports", gate.addr))
-                .header("authorization", "Bearer mallory")
-                .header(ANSWER_BYTES, "1048576")
-                .body(())
-                .unwrap();
-            h2 = h2.ready().await.unwrap();
-            let (res, _) = h2.send_request(req, true).unwrap();
-            pending.push(res);
-        }
-        for res in pending {
-            let res = tokio::time::timeout(Duration::from_secs(10), res)
-                .await
-                .unwrap()
-                .unwrap();
-            statuses.push(res.status().as_u16());
-            std::mem::forget(res);
-        }
-        held.push((h2, task));
+        let (got, connection) = unread_reads(&gate, 2, Some("Bearer mallory")).await;
+        statuses.extend(got);
+        held.push(connection);
     }
     statuses.sort_unstable();
     eprintln!("one tenant's 8 unread pass-through answers on 4 connections: {statuses:?}");
