@@ -527,33 +527,67 @@ async fn unread_reads(
     (statuses, (h2, task))
 }
 
+/// idemgate with a pass-through share of 8 slots (what `max_in_flight` leaves of the
+/// upstream connections) and `extra` settings.
+fn eight_pass_through_slots(up: &Upstream, extra: &[(&str, &str)]) -> Gate {
+    let mut env = vec![
+        ("IDEMGATE_MAX_IN_FLIGHT", "64"),
+        ("IDEMGATE_MAX_UPSTREAM_CONNECTIONS", "72"),
+    ];
+    env.extend_from_slice(extra);
+    Gate::start(&up.url(), "", &env)
+}
+
+/// `n` reads by a client with `authorization` (none if empty), each answered 201 in under
+/// 900 ms: nothing that others hold keeps it waiting.
+async fn served_at_once(gate: &Gate, authorization: &str, n: usize) {
+    let c = client();
+    for _ in 0..n {
+        let started = std::time::Instant::now();
+        let mut read = c.get(gate.url("/v1/reports"));
+        if !authorization.is_empty() {
+            read = read.header("authorization", authorization);
+        }
+        let read = read.send().await.unwrap();
+        assert_eq!(read.status(), 201, "{authorization:?}");
+        assert!(
+            started.elapsed() < Duration::from_millis(900),
+            "{authorization:?} waited"
+        );
+    }
+}
+
+/// The connections of [`unread_reads`], kept open until dropped.
+type Held = Vec<(h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>)>;
+
+/// One tenant's four connections, each within its own connection's share: two reads of a
+/// large answer each, whose bodies are never pulled. Their statuses, sorted, and the
+/// connections.
+async fn one_tenant_on_four_connections(gate: &Gate) -> (Vec<u16>, Held) {
+    let (mut held, mut statuses) = (Vec::new(), Vec::new());
+    for _ in 0..4 {
+        let (got, connection) = unread_reads(gate, 2, Some("Bearer mallory")).await;
+        statuses.extend(got);
+        held.push(connection);
+    }
+    statuses.sort_unstable();
+    (statuses, held)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_connection_holds_at_most_its_share_of_the_pass_through_slots() {
     let _alone = alone().await;
     let up = Upstream::start().await;
     // A pass-through share of 8 slots (what max_in_flight leaves of the connections); a
     // connection may hold a quarter of it.
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_MAX_IN_FLIGHT", "64"),
-            ("IDEMGATE_MAX_UPSTREAM_CONNECTIONS", "72"),
-        ],
-    );
+    let gate = eight_pass_through_slots(&up, &[]);
     // Eight reads of a large answer whose bodies are never pulled.
     let (mut statuses, (_h2, task)) = unread_reads(&gate, 8, None).await;
     statuses.sort_unstable();
     eprintln!("8 unread pass-through answers on one connection: {statuses:?}");
     assert_eq!(statuses, [201, 201, 503, 503, 503, 503, 503, 503]);
     // Every other client's reads are served meanwhile, at once.
-    let c = client();
-    for _ in 0..6 {
-        let started = std::time::Instant::now();
-        let read = c.get(gate.url("/v1/reports")).send().await.unwrap();
-        assert_eq!(read.status(), 201);
-        assert!(started.elapsed() < Duration::from_millis(900), "it waited");
-    }
+    served_at_once(&gate, "", 6).await;
     task.abort();
 }
 
@@ -563,42 +597,14 @@ async fn one_tenant_holds_at_most_its_share_of_the_pass_through_slots() {
     let up = Upstream::start().await;
     // A pass-through share of 8 slots; a connection may hold a quarter of it, and so may a
     // tenant over all its connections.
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_MAX_IN_FLIGHT", "64"),
-            ("IDEMGATE_MAX_UPSTREAM_CONNECTIONS", "72"),
-        ],
-    );
-    // One tenant's four connections, each within its own connection's share: two reads
-    // of a large answer each, whose bodies are never pulled.
-    let (mut held, mut statuses) = (Vec::new(), Vec::new());
-    for _ in 0..4 {
-        let (got, connection) = unread_reads(&gate, 2, Some("Bearer mallory")).await;
-        statuses.extend(got);
-        held.push(connection);
-    }
-    statuses.sort_unstable();
+    let gate = eight_pass_through_slots(&up, &[]);
+    let (statuses, held) = one_tenant_on_four_connections(&gate).await;
     eprintln!("one tenant's 8 unread pass-through answers on 4 connections: {statuses:?}");
     assert_eq!(statuses, [201, 201, 503, 503, 503, 503, 503, 503]);
     // Another tenant's reads, and an anonymous client's, are served meanwhile, at once:
     // the tenant holds 2 of the 8 slots, not all of them.
-    let c = client();
     for auth in ["Bearer alice", "Bearer bob", ""] {
-        for _ in 0..3 {
-            let started = std::time::Instant::now();
-            let mut read = c.get(gate.url("/v1/reports"));
-            if !auth.is_empty() {
-                read = read.header("authorization", auth);
-            }
-            let read = read.send().await.unwrap();
-            assert_eq!(read.status(), 201, "{auth:?}");
-            assert!(
-                started.elapsed() < Duration::from_millis(900),
-                "{auth:?} waited"
-            );
-        }
+        served_at_once(&gate, auth, 3).await;
     }
     assert_eq!(
         metric(
@@ -607,6 +613,21 @@ async fn one_tenant_holds_at_most_its_share_of_the_pass_through_slots() {
         ),
         6.0
     );
+    for (_, task) in held {
+        task.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_pass_through_per_tenant_sets_the_tenant_share() {
+    let _alone = alone().await;
+    let up = Upstream::start().await;
+    // The same four connections of one tenant, with the tenant's share set to 3 (the
+    // per-connection share stays a quarter, 2) as an operator would set it.
+    let gate = eight_pass_through_slots(&up, &[("IDEMGATE_MAX_PASS_THROUGH_PER_TENANT", "3")]);
+    let (statuses, held) = one_tenant_on_four_connections(&gate).await;
+    assert_eq!(statuses, [201, 201, 201, 503, 503, 503, 503, 503]);
+    served_at_once(&gate, "Bearer alice", 3).await;
     for (_, task) in held {
         task.abort();
     }
