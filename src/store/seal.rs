@@ -195,7 +195,10 @@ impl Envelope {
             return Err(unreadable("unknown envelope version"));
         }
         let (&flags, rest) = rest.split_first().ok_or_else(|| unreadable("truncated"))?;
-        let payload: std::borrow::Cow<'_, [u8]> = if flags & FLAG_SEALED != 0 {
+        // The payload as one buffer the body is a slice of: opening a sealed answer makes
+        // the only copy of it, and an answer in clear is not copied at all (a copy doubled
+        // what each large replay held while it was opened).
+        let payload: Bytes = if flags & FLAG_SEALED != 0 {
             let (&id_len, rest) = rest.split_first().ok_or_else(|| unreadable("truncated"))?;
             let id_len = usize::from(id_len);
             let key_id = rest.get(..id_len).ok_or_else(|| unreadable("truncated"))?;
@@ -223,9 +226,9 @@ impl Envelope {
                     },
                 )
                 .map_err(|_| unreadable("does not open (altered, or sealed for another record)"))?;
-            opened.into()
+            Bytes::from(opened)
         } else {
-            rest.into()
+            b.slice(2..)
         };
         let hlen = payload
             .get(..4)
@@ -236,7 +239,7 @@ impl Envelope {
             .get(4..4 + hlen)
             .and_then(StoredResponse::decode_headers)
             .ok_or_else(|| unreadable("corrupt headers"))?;
-        let body = &payload[4 + hlen..];
+        let body = payload.slice(4 + hlen..);
         let body = if flags & FLAG_ZSTD != 0 {
             let corrupt = || unreadable("corrupt compressed body");
             let (len, z) = body.split_first_chunk::<4>().ok_or_else(corrupt)?;
@@ -255,7 +258,7 @@ impl Envelope {
             }
             Bytes::from(out)
         } else {
-            Bytes::copy_from_slice(body)
+            body
         };
         Ok(StoredResponse {
             status: stored.status,
