@@ -163,11 +163,22 @@ async fn three_hundred_slow_readers(
 impl Readers {
     /// The budget's worth of 4 MiB answers held, the others refused, and the peak grown by
     /// the budget and some room: without the admission by size the peak from Redis grew by
-    /// 231 MiB. (The absolute peak of a debug build sits near 128 MiB: its own is ~55.)
+    /// 231 MiB. The room is half the budget: what the budget counts is the bodies, and
+    /// beside them each read holds a piece in flight (256 KiB from Redis or PostgreSQL,
+    /// twice over while the client library parses it) and the allocator keeps some of what
+    /// was freed. Growth seen in runs of this file: Redis 76 and 76 MiB, PostgreSQL 63-70,
+    /// on disk 59, sealed 54-63 (the sealed case made two copies of each opened answer
+    /// until it made one, and grew by up to 83). (The absolute peak of a debug build sits
+    /// near 128 MiB: its own is ~55.)
     fn hold_the_budget(&self) {
         assert!(self.served <= 16, "{}", self.served);
         assert!(self.buffered <= BUDGET as f64, "{}", self.buffered);
-        assert!(self.growth < 80, "peak RSS grew by {} MiB", self.growth);
+        let room = BUDGET / (1024 * 1024) / 2;
+        assert!(
+            self.growth < BUDGET / (1024 * 1024) + room,
+            "peak RSS grew by {} MiB",
+            self.growth
+        );
     }
 
     /// Only the bodies served (and a few whose room was taken and given back as others
