@@ -94,7 +94,7 @@ if not r[1] then
              'lu', string.format('%d', now + ARGV[4]), 'wu', string.format('%d', now + ARGV[6]),
              'cr', string.format('%d', now))
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
-  return {'claimed'}
+  return 'claimed'
 end
 if r[3] ~= ARGV[2] then return {'version', r[3]} end
 if r[2] ~= ARGV[1] then return {'mismatch'} end
