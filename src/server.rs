@@ -307,21 +307,37 @@ fn local_addr(l: &TcpListener, fallback: SocketAddr) -> Result<SocketAddr, Error
     })
 }
 
+/// Connections the kernel may queue on a listener before idemgate accepts them. Beyond
+/// it a client's SYN is dropped and retried a second later, then three: `bind` as tokio
+/// does it queued 128, which a burst of reconnecting clients (a fleet after a deploy, a
+/// load balancer's health checks beside them) fills at once; `tests/admin_probes.rs`
+/// saw probes of the admin listener wait 1.2 and 2.2 s for it, with the kernel's
+/// `ListenOverflows` counting the drops. The kernel caps it at `net.core.somaxconn` (4096
+/// by default since Linux 5.4), as nginx's `backlog` and Go's listeners are.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listening socket on `addr` with [`LISTEN_BACKLOG`], and `SO_REUSEADDR` as tokio's
+/// `bind` sets it (a restart listens again at once, whatever connections of the previous
+/// process are in `TIME_WAIT`).
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Binds the proxy and (if configured) admin listeners.
 pub async fn bind(settings: &Settings) -> Result<(TcpListener, Option<TcpListener>), Error> {
     let c = &settings.config;
-    let listener = TcpListener::bind(c.listen)
-        .await
-        .map_err(|source| Error::Bind {
-            addr: c.listen,
-            source,
-        })?;
+    let listener = listen(c.listen).map_err(|source| Error::Bind {
+        addr: c.listen,
+        source,
+    })?;
     let admin = match c.admin_listen {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| Error::Bind { addr, source })?,
-        ),
+        Some(addr) => Some(listen(addr).map_err(|source| Error::Bind { addr, source })?),
         None => None,
     };
     check_file_limit(c);

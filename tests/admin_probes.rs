@@ -11,12 +11,15 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// One admin probe over a new connection: its status line, and how long the answer took.
-async fn probe(admin: SocketAddr, path: &str) -> (String, Duration) {
+/// One admin probe over a new connection: its status line, how long the answer took, and
+/// how long of that the connection took to be established.
+async fn probe(admin: SocketAddr, path: &str) -> (String, Duration, Duration) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let started = Instant::now();
+    let mut connected = Duration::ZERO;
     let answer = async {
         let mut s = tokio::net::TcpStream::connect(admin).await.ok()?;
+        connected = started.elapsed();
         let head = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
         s.write_all(head.as_bytes()).await.ok()?;
         let mut out = Vec::new();
@@ -28,15 +31,22 @@ async fn probe(admin: SocketAddr, path: &str) -> (String, Duration) {
         .ok()
         .flatten()
         .unwrap_or_default();
-    (line, started.elapsed())
+    (line, started.elapsed(), connected)
 }
 
 /// 200 silent connections that reopen as soon as they are closed, and 200 keep-alive ones
 /// that each made one `/healthz` and then stay idle (reopening too), against the admin
-/// listener's 64 connections: every `/healthz` and `/readyz` is answered within 3 s (a debug build on a loaded two-core machine read up to 2.5 s, alone as well). At
+/// listener's 64 connections: every `/healthz` and `/readyz` is answered within 3 s. At
 /// the cap, the oldest admin connection that serves nothing is closed to make room; before,
 /// a new connection was the one closed, and the idle ones held their places for the
 /// proxy's `idle_timeout` (75 s), so a probe got a reset throughout.
+///
+/// And no probe's connection waits for a SYN to be sent again: the kernel drops a SYN
+/// when the listener's accept queue is full, and the client sends it again after a second
+/// (then three). With the 128 that tokio's `bind` queued, the flood kept it full: probes
+/// took 1.2 to 2.6 s in a debug build, each time with the connection's 1.0 or 2.0 s in it,
+/// against 160 ms otherwise. With [`LISTEN_BACKLOG`](idemgate::server::LISTEN_BACKLOG)
+/// every probe read 390-420 ms, waiting behind the queued flood instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn probes_are_answered_whatever_other_admin_connections_do() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -77,12 +87,18 @@ async fn probes_are_answered_whatever_other_admin_connections_do() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     for round in 0..10 {
         for path in ["/healthz", "/readyz"] {
-            let (line, took) = probe(admin, path).await;
+            let (line, took, connected) = probe(admin, path).await;
             assert!(
                 line.starts_with("HTTP/1.1 200"),
                 "{path} (round {round}): {line:?} after {took:?}"
             );
             assert!(took < Duration::from_millis(3000), "{path}: {took:?}");
+            // A SYN sent again costs a whole second; a loopback connect otherwise takes
+            // well under a millisecond, however loaded the machine.
+            assert!(
+                connected < Duration::from_millis(900),
+                "{path} (round {round}): connected after {connected:?}, a SYN was dropped"
+            );
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
