@@ -1,7 +1,7 @@
 //! The responses idemgate makes itself: RFC 9457 `application/problem+json`, one stable
 //! `type` per case, produced in one place so every synthetic answer looks the same.
 
-use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Response, StatusCode};
 use serde::Serialize;
 
@@ -10,7 +10,8 @@ use crate::key::RecordId;
 
 /// Header that marks a response as idemgate's own (not the upstream's), carrying the
 /// problem name, so clients and the lab can tell idemgate's 409/422 from the upstream's.
-pub const IDEMGATE_ERROR: &str = "idemgate-error";
+/// A parsed name: as a `&str` it was parsed anew for every answer.
+pub const IDEMGATE_ERROR: HeaderName = HeaderName::from_static("idemgate-error");
 
 /// Base of every problem `type` URI.
 pub const TYPE_BASE: &str = "https://idemgate.dev/problems/";
@@ -72,33 +73,54 @@ pub enum Problem {
     Internal,
 }
 
-impl Problem {
-    /// The short, stable name (last segment of the `type` URI).
-    pub fn name(self) -> &'static str {
-        match self {
-            Problem::MissingKey => "missing-key",
-            Problem::InvalidKey => "invalid-key",
-            Problem::MissingTenant => "missing-tenant",
-            Problem::InvalidToken => "invalid-token",
-            Problem::InvalidPath => "invalid-path",
-            Problem::InvalidMethodOverride => "invalid-method-override",
-            Problem::InvalidMethod => "invalid-method",
-            Problem::BodyTooLarge => "body-too-large",
-            Problem::BodyTimeout => "body-timeout",
-            Problem::BodyUnreadable => "body-unreadable",
-            Problem::TrailersNotSupported => "trailers-not-supported",
-            Problem::InProgress => "in-progress",
-            Problem::FingerprintMismatch => "fingerprint-mismatch",
-            Problem::OutcomeUnknown => "outcome-unknown",
-            Problem::StoreUnavailable => "store-unavailable",
-            Problem::UpstreamUnreachable => "upstream-unreachable",
-            Problem::UpstreamTimeout => "upstream-timeout",
-            Problem::ResponseNotStored => "response-not-stored",
-            Problem::Overloaded => "overloaded",
-            Problem::OwnerBusy => "owner-busy",
-            Problem::RecordUnreadable => "record-unreadable",
-            Problem::Internal => "internal-error",
+/// [`Problem::name`] and [`Problem::type_uri`] from one list: the `type` URI of each case
+/// is written at compile time, not formatted on every answer.
+macro_rules! names {
+    ($($variant:ident => $name:literal,)*) => {
+        /// The short, stable name (last segment of the `type` URI).
+        pub fn name(self) -> &'static str {
+            match self {
+                $(Problem::$variant => $name,)*
+            }
         }
+
+        /// The `type` URI: [`TYPE_BASE`] and the name.
+        pub fn type_uri(self) -> &'static str {
+            match self {
+                $(Problem::$variant => concat!("https://idemgate.dev/problems/", $name),)*
+            }
+        }
+
+        /// Every case.
+        #[cfg(test)]
+        const ALL: &'static [Problem] = &[$(Problem::$variant,)*];
+    };
+}
+
+impl Problem {
+    names! {
+        MissingKey => "missing-key",
+        InvalidKey => "invalid-key",
+        MissingTenant => "missing-tenant",
+        InvalidToken => "invalid-token",
+        InvalidPath => "invalid-path",
+        InvalidMethodOverride => "invalid-method-override",
+        InvalidMethod => "invalid-method",
+        BodyTooLarge => "body-too-large",
+        BodyTimeout => "body-timeout",
+        BodyUnreadable => "body-unreadable",
+        TrailersNotSupported => "trailers-not-supported",
+        InProgress => "in-progress",
+        FingerprintMismatch => "fingerprint-mismatch",
+        OutcomeUnknown => "outcome-unknown",
+        StoreUnavailable => "store-unavailable",
+        UpstreamUnreachable => "upstream-unreachable",
+        UpstreamTimeout => "upstream-timeout",
+        ResponseNotStored => "response-not-stored",
+        Overloaded => "overloaded",
+        OwnerBusy => "owner-busy",
+        RecordUnreadable => "record-unreadable",
+        Internal => "internal-error",
     }
 
     /// The HTTP status of this case.
@@ -179,7 +201,7 @@ impl Problem {
         #[derive(Serialize)]
         struct Doc<'a> {
             #[serde(rename = "type")]
-            kind: String,
+            kind: &'static str,
             title: &'a str,
             status: u16,
             detail: String,
@@ -187,7 +209,7 @@ impl Problem {
             record_id: Option<String>,
         }
         let doc = Doc {
-            kind: format!("{TYPE_BASE}{}", self.name()),
+            kind: self.type_uri(),
             title: self.title(),
             status: self.status().as_u16(),
             detail: detail.into(),
@@ -443,7 +465,7 @@ pub fn in_dialect(mut res: Response<Body>, format: &ErrorFormat) -> Response<Bod
                 "type": kind,
                 "code": code,
                 "message": message,
-                "doc_url": format!("{TYPE_BASE}{}", said.problem.name()),
+                "doc_url": said.problem.type_uri(),
             });
             if let Some(id) = &said.record_id {
                 error["record_id"] = serde_json::Value::from(id.as_str());
@@ -465,6 +487,14 @@ pub const STRIPE_SHOULD_RETRY: &str = "stripe-should-retry";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_type_uri_is_the_base_and_the_name() {
+        assert_eq!(Problem::ALL.len(), 22);
+        for p in Problem::ALL {
+            assert_eq!(p.type_uri(), format!("{TYPE_BASE}{}", p.name()));
+        }
+    }
     use http_body_util::BodyExt;
 
     async fn json(res: Response<Body>) -> (u16, hyper::HeaderMap, serde_json::Value) {
