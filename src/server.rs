@@ -341,6 +341,7 @@ pub async fn bind(settings: &Settings) -> Result<(TcpListener, Option<TcpListene
         None => None,
     };
     check_file_limit(c);
+    check_accept_queue();
     if let Some(warning) = crate::wiring::open_admin_warning(c) {
         tracing::warn!("{warning}");
     }
@@ -355,6 +356,29 @@ const OTHER_FILES: u64 = 128;
 /// Raises the soft limit on open files to the hard one (as Go's runtime and nginx's
 /// `worker_rlimit_nofile` do), and warns when the connection limits still cannot fit: past
 /// it, accept fails with "Too many open files" and new clients get no answer at all.
+/// Warns when the kernel caps the listeners' accept queue far below [`LISTEN_BACKLOG`]:
+/// `net.core.somaxconn` was 128 before Linux 5.4, and a network namespace (a container)
+/// may still set it so. A burst of new connections beyond it has SYNs dropped and retried
+/// a second later. Where the file cannot be read (not Linux), nothing is said.
+fn check_accept_queue() {
+    let Ok(text) = std::fs::read_to_string("/proc/sys/net/core/somaxconn") else {
+        return;
+    };
+    let Ok(somaxconn) = text.trim().parse::<u32>() else {
+        return;
+    };
+    if somaxconn < ACCEPT_QUEUE_WARNING {
+        tracing::warn!(
+            somaxconn,
+            asked = LISTEN_BACKLOG,
+            "the kernel queues at most net.core.somaxconn connections not yet accepted; beyond, new connections wait a second or more for their SYN to be sent again; raise net.core.somaxconn (a namespaced sysctl, settable per pod)"
+        );
+    }
+}
+
+/// Below this `net.core.somaxconn`, [`check_accept_queue`] warns.
+const ACCEPT_QUEUE_WARNING: u32 = 1024;
+
 fn check_file_limit(c: &Config) {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let mut lim = getrlimit(Resource::Nofile);
