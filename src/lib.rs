@@ -53,6 +53,7 @@
 //! - [`probe`]: `idemgate probe URL`, the container health check.
 //! - [`connection`]: what one client connection may hold: head and idle deadlines from
 //!   accept on, and the cap on open connections.
+//! - [`listener`]: the listening sockets and their accept queue.
 //! - [`server`]: start-up checks, accept loops and graceful shutdown.
 //! - [`telemetry`]: OpenTelemetry spans for protected requests (`otlp_endpoint`).
 //! - [`tls`]: TLS to an `https://` upstream, and the TLS listener with its certificate
@@ -76,6 +77,7 @@ pub mod fingerprint;
 pub mod key;
 pub mod lab;
 pub mod limits;
+pub mod listener;
 pub mod metrics;
 pub mod operator;
 pub mod outcome;

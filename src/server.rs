@@ -307,41 +307,21 @@ fn local_addr(l: &TcpListener, fallback: SocketAddr) -> Result<SocketAddr, Error
     })
 }
 
-/// Connections the kernel may queue on a listener before idemgate accepts them. Beyond
-/// it a client's SYN is dropped and retried a second later, then three: `bind` as tokio
-/// does it queued 128, which a burst of reconnecting clients (a fleet after a deploy, a
-/// load balancer's health checks beside them) fills at once; `tests/admin_probes.rs`
-/// saw probes of the admin listener wait 1.2 and 2.2 s for it, with the kernel's
-/// `ListenOverflows` counting the drops. The kernel caps it at `net.core.somaxconn` (4096
-/// by default since Linux 5.4), as nginx's `backlog` and Go's listeners are.
-pub const LISTEN_BACKLOG: u32 = 4096;
-
-/// A listening socket on `addr` with [`LISTEN_BACKLOG`], and `SO_REUSEADDR` as tokio's
-/// `bind` sets it (a restart listens again at once, whatever connections of the previous
-/// process are in `TIME_WAIT`).
-fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = match addr {
-        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
-        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(LISTEN_BACKLOG)
-}
-
 /// Binds the proxy and (if configured) admin listeners.
 pub async fn bind(settings: &Settings) -> Result<(TcpListener, Option<TcpListener>), Error> {
     let c = &settings.config;
-    let listener = listen(c.listen).map_err(|source| Error::Bind {
+    let listener = crate::listener::listen(c.listen).map_err(|source| Error::Bind {
         addr: c.listen,
         source,
     })?;
     let admin = match c.admin_listen {
-        Some(addr) => Some(listen(addr).map_err(|source| Error::Bind { addr, source })?),
+        Some(addr) => {
+            Some(crate::listener::listen(addr).map_err(|source| Error::Bind { addr, source })?)
+        }
         None => None,
     };
     check_file_limit(c);
-    check_accept_queue();
+    crate::listener::check_accept_queue();
     if let Some(warning) = crate::wiring::open_admin_warning(c) {
         tracing::warn!("{warning}");
     }
@@ -356,29 +336,6 @@ const OTHER_FILES: u64 = 128;
 /// Raises the soft limit on open files to the hard one (as Go's runtime and nginx's
 /// `worker_rlimit_nofile` do), and warns when the connection limits still cannot fit: past
 /// it, accept fails with "Too many open files" and new clients get no answer at all.
-/// Warns when the kernel caps the listeners' accept queue far below [`LISTEN_BACKLOG`]:
-/// `net.core.somaxconn` was 128 before Linux 5.4, and a network namespace (a container)
-/// may still set it so. A burst of new connections beyond it has SYNs dropped and retried
-/// a second later. Where the file cannot be read (not Linux), nothing is said.
-fn check_accept_queue() {
-    let Ok(text) = std::fs::read_to_string("/proc/sys/net/core/somaxconn") else {
-        return;
-    };
-    let Ok(somaxconn) = text.trim().parse::<u32>() else {
-        return;
-    };
-    if somaxconn < ACCEPT_QUEUE_WARNING {
-        tracing::warn!(
-            somaxconn,
-            asked = LISTEN_BACKLOG,
-            "the kernel queues at most net.core.somaxconn connections not yet accepted; beyond, new connections wait a second or more for their SYN to be sent again; raise net.core.somaxconn (a namespaced sysctl, settable per pod)"
-        );
-    }
-}
-
-/// Below this `net.core.somaxconn`, [`check_accept_queue`] warns.
-const ACCEPT_QUEUE_WARNING: u32 = 1024;
-
 fn check_file_limit(c: &Config) {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let mut lim = getrlimit(Resource::Nofile);

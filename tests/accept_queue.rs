@@ -36,7 +36,7 @@ async fn both_listeners_ask_for_an_accept_queue_of_4096() {
         .parse()
         .unwrap();
     // The kernel caps what is asked at net.core.somaxconn.
-    let expected = somaxconn.min(idemgate::server::LISTEN_BACKLOG);
+    let expected = somaxconn.min(idemgate::listener::LISTEN_BACKLOG);
     assert!(expected > 128, "net.core.somaxconn is {somaxconn} here");
     assert_eq!(
         accept_queue(gate.addr.port()),

@@ -45,7 +45,7 @@ async fn probe(admin: SocketAddr, path: &str) -> (String, Duration, Duration) {
 /// when the listener's accept queue is full, and the client sends it again after a second
 /// (then three). With the 128 that tokio's `bind` queued, the flood kept it full: probes
 /// took 1.2 to 2.6 s in a debug build, each time with the connection's 1.0 or 2.0 s in it,
-/// against 160 ms otherwise. With [`LISTEN_BACKLOG`](idemgate::server::LISTEN_BACKLOG)
+/// against 160 ms otherwise. With [`LISTEN_BACKLOG`](idemgate::listener::LISTEN_BACKLOG)
 /// every probe read 390-420 ms, waiting behind the queued flood instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn probes_are_answered_whatever_other_admin_connections_do() {
