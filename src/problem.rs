@@ -13,8 +13,15 @@ use crate::key::RecordId;
 /// A parsed name: as a `&str` it was parsed anew for every answer.
 pub const IDEMGATE_ERROR: HeaderName = HeaderName::from_static("idemgate-error");
 
+/// The base of every problem `type` URI, as a literal for `concat!`.
+macro_rules! type_base {
+    () => {
+        "https://idemgate.dev/problems/"
+    };
+}
+
 /// Base of every problem `type` URI.
-pub const TYPE_BASE: &str = "https://idemgate.dev/problems/";
+pub const TYPE_BASE: &str = type_base!();
 
 /// Every case in which idemgate answers instead of (or on behalf of) the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +94,7 @@ macro_rules! names {
         /// The `type` URI: [`TYPE_BASE`] and the name.
         pub fn type_uri(self) -> &'static str {
             match self {
-                $(Problem::$variant => concat!("https://idemgate.dev/problems/", $name),)*
+                $(Problem::$variant => concat!(type_base!(), $name),)*
             }
         }
 
@@ -487,6 +494,7 @@ pub const STRIPE_SHOULD_RETRY: &str = "stripe-should-retry";
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::BodyExt;
 
     #[test]
     fn every_type_uri_is_the_base_and_the_name() {
@@ -495,7 +503,6 @@ mod tests {
             assert_eq!(p.type_uri(), format!("{TYPE_BASE}{}", p.name()));
         }
     }
-    use http_body_util::BodyExt;
 
     async fn json(res: Response<Body>) -> (u16, hyper::HeaderMap, serde_json::Value) {
         let status = res.status().as_u16();

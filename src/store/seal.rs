@@ -457,6 +457,27 @@ mod tests {
         }
     }
 
+    /// An answer kept in clear (compression on, the body too small for it) opens to a
+    /// slice of what the store gave back, not a copy: a copy doubled what each large replay
+    /// held while it was served.
+    #[test]
+    fn an_answer_in_clear_opens_without_a_copy() {
+        let id = RecordId::from_bytes([9; 32]);
+        let env = Envelope {
+            keys: None,
+            compress_min_bytes: Some(1024 * 1024),
+            max_body: None,
+        };
+        let closed = env.close(&id, &answer(b"{\"id\":\"tr_1\"}"));
+        let stored = closed.body.as_ptr_range();
+        let opened = env.open(&id, closed.clone()).unwrap();
+        assert_eq!(&opened.body[..], b"{\"id\":\"tr_1\"}");
+        assert!(
+            stored.contains(&opened.body.as_ptr()),
+            "the body was copied"
+        );
+    }
+
     #[test]
     fn sealed_answers_open_to_what_was_recorded_and_show_nothing() {
         let id = RecordId::from_bytes([7; 32]);

@@ -146,3 +146,37 @@ pub(super) fn parse_claim_tag(tag: &str, items: Vec<Value>) -> Result<Claim, Sto
         other => Err(corrupt(&format!("claim reply tag {other:?}"))),
     }
 }
+
+#[cfg(test)]
+mod replies {
+    use super::*;
+
+    /// A new key's claim is the bare tag, and a replay's body is the reply's own buffer.
+    #[test]
+    fn a_claim_reads_the_bare_tag_and_keeps_the_replayed_body_where_it_came() {
+        let claimed = parse_claim(Value::BulkString(b"claimed".to_vec())).unwrap();
+        assert!(matches!(claimed, Parsed::Claim(Claim::Claimed)));
+        let answer = StoredResponse {
+            status: 201,
+            headers: vec![(
+                "content-type".into(),
+                Bytes::from_static(b"application/json"),
+            )],
+            body: Bytes::new(),
+        };
+        let body = b"{\"id\":\"tr_1\"}".to_vec();
+        let at = body.as_ptr();
+        let reply = Value::Array(vec![
+            Value::BulkString(b"completed".to_vec()),
+            Value::BulkString(b"201".to_vec()),
+            Value::BulkString(answer.encode_headers()),
+            Value::BulkString(body),
+        ]);
+        let Parsed::Claim(Claim::Replay(replayed)) = parse_claim(reply).unwrap() else {
+            panic!("not a replay");
+        };
+        assert_eq!(&replayed.body[..], b"{\"id\":\"tr_1\"}");
+        assert_eq!(replayed.body.as_ptr(), at, "the body was copied");
+        assert_eq!(replayed.headers, answer.headers);
+    }
+}
