@@ -256,3 +256,49 @@ async fn retries_across_a_rolling_upgrade() {
     );
     drop((old, new));
 }
+
+/// Switching a fleet to `redis_record_format = "value"` (docs/production.md): instances of
+/// this build read both forms whichever they write, so hash-writing and value-writing ones
+/// replay each other's records; an instance of a version that reads hashes only meets a
+/// value record with Redis's `WRONGTYPE`, answers 503, and executes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_switching_to_value_records() {
+    let old_bin = previous_binary();
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let old = Gate::start_binary(&old_bin, &up.url(), &redis.url(), &[]);
+    let hash = Gate::start(&up.url(), &redis.url(), &[]);
+    let value = Gate::start(
+        &up.url(),
+        &redis.url(),
+        &[("IDEMGATE_REDIS_RECORD_FORMAT", "value")],
+    );
+    let c = client();
+    let auth = "Bearer acct-1";
+    let body = r#"{"from":"acc-1","to":"acc-2","amount":1000}"#;
+    let path = "/v1/transfers";
+    let hits = up.hits();
+
+    // Hashes, by either version, replay on a value-writing instance.
+    assert_eq!(pay(&c, &old, path, auth, "old", body).await, (201, false));
+    assert_eq!(pay(&c, &value, path, auth, "old", body).await, (201, true));
+    assert_eq!(pay(&c, &hash, path, auth, "hash", body).await, (201, false));
+    assert_eq!(pay(&c, &value, path, auth, "hash", body).await, (201, true));
+    // A value record replays on a hash-writing instance of this build ...
+    assert_eq!(
+        pay(&c, &value, path, auth, "value", body).await,
+        (201, false)
+    );
+    assert_eq!(pay(&c, &hash, path, auth, "value", body).await, (201, true));
+    assert_eq!(
+        pay(&c, &value, path, auth, "value", body).await,
+        (201, true)
+    );
+    // ... and the previous version refuses it rather than running it again.
+    let (status, replayed, problem) = pay_problem(&c, &old, path, auth, "value", body).await;
+    assert_eq!((status, replayed), (503, false), "{problem:?}");
+    let other = r#"{"from":"acc-1","to":"acc-2","amount":9999}"#;
+    assert_eq!(pay(&c, &hash, path, auth, "value", other).await.0, 422);
+    assert_eq!(up.hits(), hits + 3, "one execution per operation");
+    drop((old, hash, value));
+}

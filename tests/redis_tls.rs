@@ -194,6 +194,43 @@ async fn the_documented_acl_user_is_enough_and_no_more() {
     assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
     app.shutdown().await;
 
+    // Records kept as values: the same line is enough.
+    let mut values = c.clone();
+    values.redis_record_format = idemgate::config::RedisRecordFormat::Value;
+    // Apart from the records above (same keys).
+    values.namespace = Some("values".into());
+    let up_v = Upstream::start().await;
+    values.upstream = up_v.url();
+    let app = spawn_app(values).await;
+    one_key_executes_once(&app, &up_v).await;
+    let admin = app.admin_addr().unwrap();
+    let slow = post(
+        &client,
+        &app,
+        "/pay",
+        Some("acl-v"),
+        "{}",
+        &[(DELAY_MS, "300")],
+    );
+    let busy = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        post(&client, &app, "/pay", Some("acl-v"), "{}", &[]).await
+    };
+    let (done, busy) = tokio::join!(slow, busy);
+    assert_eq!(done.status, 201);
+    assert_eq!(busy.status, 409, "{:?}", busy.body);
+    let id = busy.json()["record_id"].as_str().unwrap().to_string();
+    assert!(inspect(&client, admin, &id).await.is_some());
+    let listed = client
+        .get(format!("http://{admin}/records?state=completed&count=1000"))
+        .send()
+        .await
+        .expect("admin request");
+    assert_eq!(listed.status().as_u16(), 200);
+    assert!(release(&client, admin, &id).await);
+    assert!(inspect(&client, admin, &id).await.is_none());
+    app.shutdown().await;
+
     // The user reaches nothing but idemgate's keys.
     let denied = redis_cli_as(redis.port, password, &["GET", "other:key"]);
     assert!(denied.contains("NOPERM"), "{denied}");

@@ -81,6 +81,28 @@ async fn redis() -> Fixture {
     }
 }
 
+/// Redis with records kept as one value each (`redis_record_format = "value"`).
+async fn redis_value() -> Fixture {
+    let server = RedisServer::start();
+    let setup = idemgate::store::RedisSetup {
+        topology: idemgate::store::redis_setup::Topology::Single(server.url()),
+        tls: None,
+        username: None,
+        password: None,
+        replica_ack: None,
+        value_records: true,
+    };
+    let store = RedisStore::open(&setup, Duration::from_secs(1), Duration::from_secs(1))
+        .await
+        .unwrap();
+    Fixture {
+        store: Arc::new(store),
+        _redis: Some(server),
+        _dir: None,
+        _pg: None,
+    }
+}
+
 fn id(key: &str) -> RecordId {
     let mut h = hyper::HeaderMap::new();
     h.insert(
@@ -138,6 +160,9 @@ macro_rules! contract {
         }
         mod on_redis {
             $( #[tokio::test] async fn $name() { super::$name(super::redis().await).await } )*
+        }
+        mod on_redis_values {
+            $( #[tokio::test] async fn $name() { super::$name(super::redis_value().await).await } )*
         }
     };
 }

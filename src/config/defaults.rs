@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::redact::{to_toml, unset_keys};
 use super::{Anonymous, Config, Defaults, Mode, OnAmbiguous, OnStoreError, PathMatch};
-use super::{PathParams, RecordMode, UpstreamHttp2, UPSTREAM_IDLE_TIMEOUT};
+use super::{PathParams, RecordMode, RedisRecordFormat, UpstreamHttp2, UPSTREAM_IDLE_TIMEOUT};
 use crate::fingerprint::QueryOrder;
 
 impl Default for Config {
@@ -41,6 +41,7 @@ impl Default for Config {
             redis_tls_insecure: false,
             redis_username: None,
             redis_password: None,
+            redis_record_format: RedisRecordFormat::Hash,
             min_replicas_ack: 0,
             replica_ack_timeout: default_replica_ack_timeout(),
             replica_ack_connections: default_replica_ack_connections(),

@@ -141,6 +141,20 @@ pub enum ClientAuth {
     Required,
 }
 
+/// `redis_record_format`: how a record is kept in Redis. Every version reads hashes;
+/// only this one and later read values, so a fleet switches to `value` once every instance
+/// runs a version that reads both (docs/production.md, "Namespaces and upgrades").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisRecordFormat {
+    /// One hash per record, fields for its parts (every version reads it).
+    #[default]
+    Hash,
+    /// One string value per record: a new key's claim and a replay are one bare
+    /// `SET ... NX GET` each (Redis 7.0 or later).
+    Value,
+}
+
 /// `upstream_http2`: `true` (the default) offers h2 besides http/1.1 to an `https://`
 /// upstream by ALPN; `false` offers http/1.1 only; `"prior_knowledge"` says the upstream
 /// speaks h2 and nothing else: cleartext h2 (h2c) to an `http://` upstream, ALPN offering
@@ -303,6 +317,9 @@ pub struct Config {
     /// Its password (better from `IDEMGATE_REDIS_PASSWORD` than from a file).
     #[serde(default)]
     pub redis_password: Option<Secret>,
+    /// How new records are kept in Redis: see [`RedisRecordFormat`].
+    #[serde(default)]
+    pub redis_record_format: RedisRecordFormat,
     /// Claims and records count as written only once this many replicas have them (`WAIT`).
     #[serde(default)]
     pub min_replicas_ack: u32,

@@ -75,6 +75,9 @@ pub struct RedisSetup {
     pub password: Option<Secret>,
     /// Replica acknowledgement (`min_replicas_ack` > 0).
     pub replica_ack: Option<ReplicaAck>,
+    /// New records as one string value each (`redis_record_format = "value"`); hashes
+    /// otherwise. Both are read either way.
+    pub value_records: bool,
 }
 
 impl RedisSetup {
@@ -164,6 +167,7 @@ impl RedisSetup {
             username: c.redis_username.clone(),
             password: c.redis_password.clone(),
             replica_ack,
+            value_records: c.redis_record_format == crate::config::RedisRecordFormat::Value,
         }))
     }
 

@@ -12,6 +12,17 @@ fn push_answer(cmd: &mut Cmd, response: &StoredResponse) {
 impl Store for RedisStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
+            let value = self.value_records.then(|| claim_value(req));
+            // A value-form claim is first the bare command, unless the claim holds no room
+            // at all (then a script brings a body only once room is found for it).
+            let bare = value
+                .as_ref()
+                .filter(|_| req.room.as_ref().is_none_or(|r| r.held() > 0));
+            if let Some(value) = bare {
+                if let Some(claim) = self.claim_bare(req, value).await? {
+                    return Ok(claim);
+                }
+            }
             let mut cmd = evalsha(&self.scripts.claim, &Self::key(&req.id));
             cmd.arg(&hex64(&req.fingerprint.0)[..])
                 .arg(req.fingerprint_version)
@@ -22,6 +33,9 @@ impl Store for RedisStore {
                 // Inline bodies up to the room taken for them come back with the claim;
                 // the claim reads a longer one's length, and takes room for it first.
                 .arg(req.room.as_ref().map_or(INLINE_MAX, ReplayRoom::held));
+            if let Some(value) = &value {
+                cmd.arg(&value[..]);
+            }
             let (v, acked) = self.eval(&self.scripts.claim, cmd, true).await?;
             let claim = match parse_claim(v)? {
                 Parsed::Claim(c) => c,
@@ -41,16 +55,7 @@ impl Store for RedisStore {
                 // No room for the body now: it stays in Redis, unread.
                 Parsed::Large { status, .. } => Claim::NoRoom { status },
             };
-            if claim == Claim::Claimed {
-                if let Err(e) = self.acknowledged("claim", acked) {
-                    // Not forwarded, so not kept: a retry must be able to execute. Should
-                    // this release be lost too, the claim reads as unknown once its lease
-                    // runs out (409, never a second execution).
-                    let _ = self.release(&req.id, &req.owner, req.lease).await;
-                    return Err(e);
-                }
-            }
-            Ok(claim)
+            self.claim_acknowledged(req, claim, acked).await
         })
     }
 
@@ -66,8 +71,37 @@ impl Store for RedisStore {
             }
             let status = response.status.to_string();
             let headers = response.encode_headers();
-            let args: [&[u8]; 3] = [status.as_bytes(), &headers, &response.body];
-            self.owner_checked(&self.scripts.record, id, owner, &args, Some("record"))
+            if !self.value_records {
+                let args: [&[u8]; 3] = [status.as_bytes(), &headers, &response.body];
+                // A value at the key is not this owner's record (this instance claims
+                // hashes, and nothing turns a hash into a value): another claim's.
+                let script = &self.scripts.record;
+                let mut cmd = evalsha(script, &Self::key(id));
+                cmd.arg(owner.as_str());
+                for arg in args {
+                    cmd.arg(arg);
+                }
+                return match self.call(Some(script), cmd, true).await? {
+                    Err(e) if wrong_type(&e) => Ok(false),
+                    Err(e) => Err(backend(e)),
+                    Ok((Value::Int(1), acked)) => {
+                        self.acknowledged("record", acked)?;
+                        Ok(true)
+                    }
+                    Ok((Value::Int(0), _)) => Ok(false),
+                    Ok(_) => Err(corrupt("owner-checked script reply")),
+                };
+            }
+            let head = answer_head(response.status, headers.len());
+            let max = VALUE_BODY_MAX.to_string();
+            let args: [&[u8]; 5] = [
+                status.as_bytes(),
+                &headers,
+                &response.body,
+                head.as_bytes(),
+                max.as_bytes(),
+            ];
+            self.owner_checked(&self.scripts.record_value, id, owner, &args, Some("record"))
                 .await
         })
     }
@@ -93,8 +127,9 @@ impl Store for RedisStore {
         status: u16,
     ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
+            let head = answer_head(status, 0);
             let status = status.to_string();
-            let args: [&[u8]; 1] = [status.as_bytes()];
+            let args: [&[u8]; 2] = [status.as_bytes(), head.as_bytes()];
             self.owner_checked(
                 &self.scripts.record_not_kept,
                 id,
@@ -195,6 +230,7 @@ impl Store for RedisStore {
                     // A large body: read a piece at a time, as a replay reads it.
                     (true, None) => {
                         let large = match (num(10), num(11)) {
+                            // (A value record's body came with the script's reply.)
                             (Some(len), _) => Some((Body::Pieces, len)),
                             (None, Some(len)) => Some((Body::OldKey, len)),
                             _ => None,
@@ -311,8 +347,6 @@ impl Store for RedisStore {
                 .arg("idemgate:{*}")
                 .arg("COUNT")
                 .arg(count.max(1))
-                .arg("TYPE")
-                .arg("hash")
                 .query_async(&mut c)
                 .await
                 .map_err(backend)?;
@@ -321,15 +355,39 @@ impl Store for RedisStore {
             // script each): the walk that counts the records held `unknown` (every
             // `unknown_count_interval`, on every instance) otherwise ran one INSPECT per
             // live record, nearly all of them completed.
-            let states: Vec<Option<Vec<u8>>> = if keys.is_empty() {
-                Vec::new()
-            } else {
+            // A value record (`value.rs`) refuses HGET (`WRONGTYPE`); its state is its first
+            // byte, read for those alone in a second pipeline.
+            let mut states: Vec<Option<Vec<u8>>> = Vec::with_capacity(keys.len());
+            let mut values = Vec::new();
+            if !keys.is_empty() {
                 let mut pipe = redis::pipe();
+                pipe.ignore_errors();
                 for key in &keys {
                     pipe.cmd("HGET").arg(key).arg("st");
                 }
-                pipe.query_async(&mut c).await.map_err(backend)?
-            };
+                let replies: Vec<Value> = pipe.query_async(&mut c).await.map_err(backend)?;
+                for (i, reply) in replies.into_iter().enumerate() {
+                    states.push(match reply {
+                        Value::ServerError(e) if e.code() == "WRONGTYPE" => {
+                            values.push(i);
+                            None
+                        }
+                        Value::ServerError(e) => return Err(backend(e.into())),
+                        other => bytes_of(&other).map(|b| b.to_vec()),
+                    });
+                }
+            }
+            if !values.is_empty() {
+                let mut pipe = redis::pipe();
+                for &i in &values {
+                    pipe.cmd("GETRANGE").arg(&keys[i]).arg(0).arg(0);
+                }
+                let firsts: Vec<Vec<u8>> = pipe.query_async(&mut c).await.map_err(backend)?;
+                for (&i, first) in values.iter().zip(firsts) {
+                    // Gone since (empty): nothing to show.
+                    states[i] = (!first.is_empty()).then_some(first);
+                }
+            }
             let mut records = Vec::new();
             for (key, st) in keys.into_iter().zip(states) {
                 if !may_be_in(st.as_deref(), state) {

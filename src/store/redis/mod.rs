@@ -41,6 +41,7 @@ mod pieces;
 mod scripts;
 #[cfg(test)]
 mod tests;
+mod value;
 
 use self::ack::*;
 use self::meta::*;
@@ -48,11 +49,14 @@ pub use self::meta::{meta_key, SECRET_ACK_TRIES, SECRET_KEY};
 use self::parse::*;
 use self::pieces::*;
 use self::scripts::*;
+use self::value::*;
 
 /// The Redis store.
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Link,
+    /// New records as one string value each (`redis_record_format = "value"`).
+    value_records: bool,
     scripts: std::sync::Arc<Scripts>,
     /// `WAIT` after claims and records, when configured.
     replica_ack: Option<ReplicaAck>,
@@ -95,6 +99,7 @@ impl RedisStore {
             username: None,
             password: None,
             replica_ack: None,
+            value_records: false,
         };
         Self::open(&setup, connect_timeout, response_timeout).await
     }
@@ -127,24 +132,29 @@ impl RedisStore {
                 )))
             }
         };
+        // Every script reads both forms of a record (see `value.rs`); those that write what
+        // a value cannot hold turn one into its hash first (HASH_FIRST).
+        let to_hash = format!("{NOW_MS}{V_NUM}{AS_HASH}");
         let scripts = Scripts {
-            claim: Script::new(&format!("{NOW_MS}{CLAIM}")),
+            claim: Script::new(&format!("{NOW_MS}{V_NUM}{CLAIM_VALUE}{CLAIM}")),
             record: Script::new(RECORD),
+            record_value: Script::new(&format!("{to_hash}{RECORD_VALUE}{RECORD}")),
             record_not_kept: Script::new(&format!("{DROP_PIECES}{RECORD_NOT_KEPT}")),
-            shorten: Script::new(SHORTEN),
-            write_chunk: Script::new(WRITE_CHUNK),
-            record_large: Script::new(RECORD_LARGE),
+            shorten: Script::new(&format!("{V_NUM}{SHORTEN}")),
+            write_chunk: Script::new(&format!("{to_hash}{HASH_FIRST}{WRITE_CHUNK}")),
+            record_large: Script::new(&format!("{to_hash}{HASH_FIRST}{RECORD_LARGE}")),
             renew: Script::new(&format!("{NOW_MS}{NOW}{RENEW}")),
             mark_unknown: Script::new(MARK_UNKNOWN),
-            release: Script::new(&format!("{NOW_MS}{DROP_RECORD}{RELEASE}")),
-            delete: Script::new(&format!("{NOW_MS}{DROP_RECORD}{DELETE}")),
-            inspect: Script::new(&format!("{NOW_MS}{NOW}{INSPECT}")),
-            complete: Script::new(&format!("{NOW_MS}{DROP_PIECES}{COMPLETE}")),
-            supersede: Script::new(&format!("{DROP_PIECES}{SUPERSEDE}")),
+            release: Script::new(&format!("{to_hash}{DROP_RECORD}{HASH_FIRST}{RELEASE}")),
+            delete: Script::new(&format!("{to_hash}{DROP_RECORD}{HASH_FIRST}{DELETE}")),
+            inspect: Script::new(&format!("{NOW_MS}{NOW}{V_NUM}{INSPECT}")),
+            complete: Script::new(&format!("{to_hash}{DROP_PIECES}{HASH_FIRST}{COMPLETE}")),
+            supersede: Script::new(&format!("{to_hash}{DROP_PIECES}{HASH_FIRST}{SUPERSEDE}")),
         };
         let leader = conn.primary_epoch();
         let store = RedisStore {
             conn,
+            value_records: setup.value_records,
             scripts: std::sync::Arc::new(scripts),
             replica_ack: setup.replica_ack,
             acked: setup.replica_ack.map(|ack| {
@@ -161,6 +171,9 @@ impl RedisStore {
         for s in [
             &store.scripts.claim,
             &store.scripts.record,
+            &store.scripts.record_value,
+            &store.scripts.shorten,
+            &store.scripts.supersede,
             &store.scripts.record_not_kept,
             &store.scripts.write_chunk,
             &store.scripts.record_large,
@@ -173,6 +186,25 @@ impl RedisStore {
         ] {
             let load = async { s.prepare_invoke().load_async(&mut c).await.map_err(at) };
             let _: String = super::deadline(response_timeout, load).await?;
+        }
+        if store.value_records {
+            // `SET ... NX GET` is refused before Redis 7.0.
+            let info = super::deadline(response_timeout, store.info_all("server")).await?;
+            for i in &info {
+                let version = info_field(i, "redis_version").unwrap_or_default();
+                let major: u32 = version
+                    .split('.')
+                    .next()
+                    .and_then(|m| m.parse().ok())
+                    .unwrap_or(0);
+                if major < 7 {
+                    return Err(StoreError::Backend(format!(
+                        "Redis at {}: redis_record_format = \"value\" needs Redis 7.0 or later \
+                         (SET with NX and GET), and this server is {version}; use \"hash\"",
+                        setup.addresses()
+                    )));
+                }
+            }
         }
         Ok(store)
     }
@@ -228,7 +260,19 @@ impl RedisStore {
         cmd: Cmd,
         wait: bool,
     ) -> Result<(Value, Option<i64>), StoreError> {
-        match (self.replica_ack.filter(|_| wait), &self.acked) {
+        self.call(Some(script), cmd, wait).await?.map_err(backend)
+    }
+
+    /// [`eval`](Self::eval) of a script or (`script` = `None`) of a bare command, with
+    /// Redis's own error kept as such (the inner result), for the caller to tell
+    /// `WRONGTYPE` from the rest.
+    async fn call(
+        &self,
+        script: Option<&Script>,
+        cmd: Cmd,
+        wait: bool,
+    ) -> Result<redis::RedisResult<(Value, Option<i64>)>, StoreError> {
+        Ok(match (self.replica_ack.filter(|_| wait), &self.acked) {
             (Some(ack), Some(links)) => {
                 let mut held = links.take().await?;
                 let out = Self::run(script, cmd, Some(ack), &mut held.link).await;
@@ -236,17 +280,17 @@ impl RedisStore {
                 out
             }
             _ => Self::run(script, cmd, None, &mut self.conn.clone()).await,
-        }
+        })
     }
 
     /// [`eval`](Self::eval) on the connection `c`, with `WAIT` when `ack` is given, and
     /// behind `ASKING` in a cluster (see [`query_keyed`]).
     async fn run(
-        script: &Script,
+        script: Option<&Script>,
         cmd: Cmd,
         ack: Option<ReplicaAck>,
         c: &mut Link,
-    ) -> Result<(Value, Option<i64>), StoreError> {
+    ) -> redis::RedisResult<(Value, Option<i64>)> {
         let asking = c.is_cluster();
         let pipe = (asking || ack.is_some()).then(|| {
             let mut pipe = redis::pipe();
@@ -288,16 +332,12 @@ impl RedisStore {
                         })
                 }
             };
-            match result {
-                Err(e) if !loaded && e.code() == Some("NOSCRIPT") => {
+            match (result, script) {
+                (Err(e), Some(script)) if !loaded && e.code() == Some("NOSCRIPT") => {
                     loaded = true;
-                    script
-                        .prepare_invoke()
-                        .load_async(&mut *c)
-                        .await
-                        .map_err(backend)?;
+                    let _: String = script.prepare_invoke().load_async(&mut *c).await?;
                 }
-                other => return other.map_err(backend),
+                (other, _) => return other,
             }
         }
     }

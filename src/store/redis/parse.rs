@@ -24,6 +24,12 @@ pub(super) fn backend(e: redis::RedisError) -> StoreError {
     StoreError::Backend(e.to_string())
 }
 
+/// Whether Redis refused a call for the type of the key it names (a value record where a
+/// hash was read, or the other way round).
+pub(super) fn wrong_type(e: &redis::RedisError) -> bool {
+    e.code() == Some("WRONGTYPE") || e.to_string().contains("WRONGTYPE")
+}
+
 pub(super) fn corrupt(what: &str) -> StoreError {
     StoreError::Corrupt(what.to_string())
 }
@@ -82,6 +88,7 @@ pub(super) fn parse_claim(v: Value) -> Result<Parsed, StoreError> {
         "completed_pieces" => Some(Body::Pieces),
         "completed_large" => Some(Body::OldKey),
         "completed_inline" => Some(Body::Inline),
+        "completed_value" => Some(Body::Value),
         _ => None,
     };
     if let Some(at) = at {

@@ -11,6 +11,9 @@ pub(super) enum Body {
     OldKey,
     /// Inline (`bd`), longer than the claim's room: read on its own once room is taken.
     Inline,
+    /// In a value record (`value.rs`), longer than the claim's room: the value is read
+    /// whole once room is taken.
+    Value,
 }
 
 /// Bodies up to this size are kept inline in the record, and come back with the claim.
@@ -39,6 +42,12 @@ impl RedisStore {
         len: usize,
     ) -> Result<Bytes, StoreError> {
         let mut c = self.conn.clone();
+        if at == Body::Value {
+            let mut get = redis::cmd("GET");
+            get.arg(&Self::key(id)[..]);
+            let got: Option<Vec<u8>> = query_keyed(&mut c, &get).await.map_err(backend)?;
+            return body_of(got.ok_or_else(|| corrupt("a value record vanished"))?, len);
+        }
         if at == Body::Inline {
             // One piece, the record's `bd`.
             let mut hget = redis::cmd("HGET");
@@ -66,8 +75,8 @@ impl RedisStore {
                         _ => return Err(corrupt("a large body's pieces do not add up to it")),
                     }
                 }
-                // (`Body::Inline` was read above.)
-                Body::OldKey | Body::Inline => {
+                // (`Body::Inline` and `Body::Value` were read above.)
+                Body::OldKey | Body::Inline | Body::Value => {
                     let end = (body.len() + CHUNK).min(len);
                     let mut getrange = redis::cmd("GETRANGE");
                     getrange

@@ -77,6 +77,74 @@ local function drop_record(k, wx)
 end
 "#;
 
+// Reading a value record (layout in `value.rs`): a number in columns a..b.
+pub(super) const V_NUM: &str =
+    "local function v_num(v, a, b) return tonumber(string.sub(v, a, b)) end\n";
+
+// A claim that found a value record: what it holds for this claim, as CLAIM answers for
+// a hash. A lease is live while the key's PTTL is above the lease mark.
+pub(super) const CLAIM_VALUE: &str = r#"
+local function claim_value(k)
+  local v = redis.call('GET', k)
+  if v_num(v, 99, 103) ~= tonumber(ARGV[2]) then return {'version', tostring(v_num(v, 99, 103))} end
+  if string.sub(v, 35, 98) ~= ARGV[1] then return {'mismatch'} end
+  local st = string.sub(v, 1, 1)
+  if st == 'c' then
+    local hl = v_num(v, 146, 153)
+    local sc = tostring(v_num(v, 143, 145))
+    local n = #v - 153 - hl
+    if n > tonumber(ARGV[7]) then return {'completed_value', sc, string.sub(v, 154, 153 + hl), n} end
+    return {'completed', sc, string.sub(v, 154, 153 + hl), string.sub(v, 154 + hl)}
+  end
+  if st == 'n' then return {'not_kept', tostring(v_num(v, 143, 145))} end
+  if st == 'p' then
+    local left = redis.call('PTTL', k) - v_num(v, 117, 129)
+    if left > 0 then return {'in_progress', string.format('%d', left)} end
+  end
+  return {'unknown'}
+end
+"#;
+
+// The hash a value record stands for, written in its place with the same expiry: `cr`,
+// `lu` and `wu` on Redis's clock from the key's PTTL and the value's marks. For the
+// scripts that write what a value does not hold (withdrawal notes, pieces of a large
+// body, an operator's answer), which then go on as on a hash.
+pub(super) const AS_HASH: &str = r#"
+local function as_hash(k, v)
+  local ttl = redis.call('PTTL', k)
+  local now = now_ms()
+  local left = ttl
+  if left < 0 then left = 0 end
+  local st = string.sub(v, 1, 1)
+  local f = {'st', st, 'fp', string.sub(v, 35, 98), 'fv', tostring(v_num(v, 99, 103)),
+             'ow', string.sub(v, 3, 34),
+             'cr', string.format('%d', now - (v_num(v, 104, 116) - left)),
+             'wu', string.format('%d', now + left - v_num(v, 130, 142))}
+  if st == 'p' then
+    f[#f + 1] = 'lu'
+    f[#f + 1] = string.format('%d', now + left - v_num(v, 117, 129))
+  end
+  if st == 'c' or st == 'n' then
+    f[#f + 1] = 'sc'
+    f[#f + 1] = tostring(v_num(v, 143, 145))
+  end
+  if st == 'c' then
+    local hl = v_num(v, 146, 153)
+    f[#f + 1] = 'hd'
+    f[#f + 1] = string.sub(v, 154, 153 + hl)
+    f[#f + 1] = 'bd'
+    f[#f + 1] = string.sub(v, 154 + hl)
+  end
+  redis.call('DEL', k)
+  redis.call('HSET', k, unpack(f))
+  if ttl > 0 then redis.call('PEXPIRE', k, ttl) end
+end
+"#;
+
+// Put before a hash script that must also work on a value record: the value becomes its
+// hash first.
+pub(super) const HASH_FIRST: &str = "local cv = redis.pcall('GET', KEYS[1])\nif type(cv) == 'string' then as_hash(KEYS[1], cv) end\n";
+
 // One HMGET reads everything a replay needs and this owner's withdrawal note (and no more:
 // `lu`, needed only while in progress, and `bp`/`bl`, only for a large body, are read when
 // needed), and the clock is read only when a claim is made or a lease compared: a replay,
@@ -85,11 +153,20 @@ end
 // outlasts them: a note lingers for the retention of the claim it withdrew. An inline
 // body longer than ARGV[7] (the room its claimant took for it before asking) comes back
 // as its length alone: the claimant takes room for it, then reads it (`bd`) on its own.
+//
+// A value record (see `value.rs`) makes HMGET fail (`WRONGTYPE`): it is read as such. With
+// ARGV[8] (a value-form instance, whose bare claim could not decide), a key that does not
+// exist at all is created as that value; a hash of withdrawal notes stays a hash.
 pub(super) const CLAIM: &str = r#"
-local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'sc', 'hd', 'bd', 'w:' .. ARGV[3])
+local r = redis.pcall('HMGET', KEYS[1], 'st', 'fp', 'fv', 'sc', 'hd', 'bd', 'w:' .. ARGV[3])
+if r.err then return claim_value(KEYS[1]) end
 if not r[1] then
   local now = now_ms()
   if r[7] and tonumber(r[7]) > now then return {'withdrawn'} end
+  if ARGV[8] and redis.call('EXISTS', KEYS[1]) == 0 then
+    redis.call('SET', KEYS[1], ARGV[8], 'PX', ARGV[5])
+    return 'claimed'
+  end
   redis.call('HSET', KEYS[1], 'st', 'p', 'fp', ARGV[1], 'fv', ARGV[2], 'ow', ARGV[3],
              'lu', string.format('%d', now + ARGV[4]), 'wu', string.format('%d', now + ARGV[6]),
              'cr', string.format('%d', now))
@@ -125,10 +202,34 @@ redis.call('HSET', KEYS[1], 'st', 'c', 'sc', ARGV[2], 'hd', ARGV[3], 'bd', ARGV[
 return 1
 "#;
 
+// RECORD of a value-form instance: on a value, its fixed part (the state made `c`) and the
+// answer in one `SET ... KEEPTTL` (ARGV[5] = status and headers' length as the value keeps
+// them); an answer too large for a value makes the record a hash first. On a hash, RECORD.
+pub(super) const RECORD_VALUE: &str = r#"
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'string' then
+  if string.sub(v, 3, 34) ~= ARGV[1] then return 0 end
+  if #ARGV[4] <= tonumber(ARGV[6]) then
+    redis.call('SET', KEYS[1], 'c' .. string.sub(v, 2, 142) .. ARGV[5] .. ARGV[3] .. ARGV[4], 'KEEPTTL')
+    return 1
+  end
+  as_hash(KEYS[1], v)
+elseif not v then
+  return 0
+end
+"#;
+
 // As RECORD, for an answer too large to keep (or that found Redis out of memory, maybe
 // after some pieces of it were written): the status alone. The pieces go first, so that
 // the memory they held is free for the rest.
 pub(super) const RECORD_NOT_KEPT: &str = r#"
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'string' then
+  if string.sub(v, 3, 34) ~= ARGV[1] then return 0 end
+  redis.call('SET', KEYS[1], 'n' .. string.sub(v, 2, 142) .. ARGV[3], 'KEEPTTL')
+  return 1
+end
+if not v then return 0 end
 if redis.call('HGET', KEYS[1], 'ow') ~= ARGV[1] then return 0 end
 drop_pieces(KEYS[1])
 redis.call('HDEL', KEYS[1], 'lu', 'hd', 'bd', 'bl', 'bp')
@@ -162,7 +263,26 @@ return 1
 
 // Owner-checked: the record's expiry brought forward to ARGV[2] ms from now, never later
 // (an answer that shows nothing ran, kept only `short_retention`).
+// On a value, its marks and retention move with the expiry, so that the creation time and a
+// live lease read the same as before.
 pub(super) const SHORTEN: &str = r#"
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'string' then
+  if string.sub(v, 3, 34) ~= ARGV[1] then return 0 end
+  local left = redis.call('PTTL', KEYS[1])
+  local want = tonumber(ARGV[2])
+  if left >= 0 and left <= want then return 1 end
+  local d = 0
+  if left > want then d = left - want end
+  local function moved(a, b)
+    local n = v_num(v, a, b) - d
+    if n < 0 then n = 0 end
+    return string.format('%013d', n)
+  end
+  redis.call('SET', KEYS[1], string.sub(v, 1, 103) .. moved(104, 116) .. moved(117, 129) .. moved(130, 142) .. string.sub(v, 143), 'PX', want)
+  return 1
+end
+if not v then return 0 end
 if redis.call('HGET', KEYS[1], 'ow') ~= ARGV[1] then return 0 end
 local left = redis.call('PTTL', KEYS[1])
 if left < 0 or left > tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
@@ -170,6 +290,15 @@ return 1
 "#;
 
 pub(super) const RENEW: &str = r#"
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'string' then
+  if string.sub(v, 3, 34) ~= ARGV[1] or string.sub(v, 1, 1) ~= 'p' then return 0 end
+  local mark = redis.call('PTTL', KEYS[1]) - tonumber(ARGV[2])
+  if mark < 0 then mark = 0 end
+  redis.call('SET', KEYS[1], string.sub(v, 1, 116) .. string.format('%013d', mark) .. string.sub(v, 130), 'KEEPTTL')
+  return 1
+end
+if not v then return 0 end
 local r = redis.call('HMGET', KEYS[1], 'ow', 'st')
 if r[1] ~= ARGV[1] or r[2] ~= 'p' then return 0 end
 redis.call('HSET', KEYS[1], 'lu', string.format('%d', now + ARGV[2]))
@@ -177,6 +306,14 @@ return 1
 "#;
 
 pub(super) const MARK_UNKNOWN: &str = r#"
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'string' then
+  local st = string.sub(v, 1, 1)
+  if string.sub(v, 3, 34) ~= ARGV[1] or st == 'c' or st == 'n' then return 0 end
+  redis.call('SET', KEYS[1], 'u' .. string.sub(v, 2), 'KEEPTTL')
+  return 1
+end
+if not v then return 0 end
 local r = redis.call('HMGET', KEYS[1], 'ow', 'st')
 if r[1] ~= ARGV[1] or r[2] == 'c' or r[2] == 'n' then return 0 end
 redis.call('HSET', KEYS[1], 'st', 'u')
@@ -267,6 +404,21 @@ return 1
 // instead (`bp`: pieces in the hash, `bl`: the previous version's key), for the caller to
 // read a piece at a time.
 pub(super) const INSPECT: &str = r#"
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'string' then
+  local ttl = redis.call('PTTL', KEYS[1])
+  local left = ttl
+  if left < 0 then left = 0 end
+  local st = string.sub(v, 1, 1)
+  local lu, sc, body = '', '', false
+  if st == 'p' then lu = string.format('%d', now + left - v_num(v, 117, 129)) end
+  if st == 'c' or st == 'n' then sc = tostring(v_num(v, 143, 145)) end
+  if ARGV[1] == '1' and st == 'c' then body = string.sub(v, 154 + v_num(v, 146, 153)) end
+  return {st, string.sub(v, 35, 98), tostring(v_num(v, 99, 103)), lu,
+          string.format('%d', now - (v_num(v, 104, 116) - left)), sc, tostring(now),
+          tostring(ttl), body, string.format('%d', now + left - v_num(v, 130, 142)), '', ''}
+end
+if not v then return false end
 local r = redis.call('HMGET', KEYS[1], 'st', 'fp', 'fv', 'lu', 'cr', 'sc', 'wu', 'bp', 'bl')
 if not r[1] then return false end
 local body = false
@@ -277,6 +429,7 @@ return {r[1], r[2], r[3], r[4] or '', r[5], r[6] or '', tostring(now), tostring(
 pub(super) struct Scripts {
     pub(super) claim: Script,
     pub(super) record: Script,
+    pub(super) record_value: Script,
     pub(super) record_not_kept: Script,
     pub(super) shorten: Script,
     pub(super) write_chunk: Script,
