@@ -9,6 +9,9 @@
 //! BENCH_UPSTREAM_TLS_DIR=/tmp/up cargo run --release --example bench_upstream  # HTTPS
 //! ```
 //!
+//! `GET /__accepted` answers how many connections it has accepted so far (that request's
+//! own included), for `bench/measure.py` to count an idemgate's upstream connections.
+//!
 //! With `BENCH_UPSTREAM_TLS_DIR` it speaks TLS (ALPN h2 and http/1.1) with a certificate
 //! for 127.0.0.1 made at start by a CA of its own, whose certificate it writes to `ca.pem`
 //! in that directory for idemgate's `upstream_tls_ca_file`; the certificate and its key go
@@ -28,7 +31,14 @@ use hyper_util::server::conn::auto;
 
 const BODY: &[u8] = br#"{"id":"tr_1","status":"accepted","amount":1250,"currency":"EUR"}"#;
 
+/// Connections accepted so far.
+static ACCEPTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.uri().path() == "/__accepted" {
+        let n = ACCEPTED.load(std::sync::atomic::Ordering::Relaxed);
+        return Ok(Response::new(Full::new(Bytes::from(n.to_string()))));
+    }
     // Read the request body, as a real API would, before answering.
     let _ = req.into_body().collect().await;
     let delay = delay();
@@ -68,6 +78,7 @@ async fn main() -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     loop {
         let (stream, _) = listener.accept().await?;
+        ACCEPTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let _ = stream.set_nodelay(true);
         let tls = tls.clone();
         tokio::spawn(async move {

@@ -205,7 +205,8 @@ async fn open_backend(wired: &Wired) -> Result<Arc<dyn Store>, Error> {
             "Redis append-only persistence is off: records written since the last snapshot are lost if Redis restarts, and their keys could execute again"
         );
     }
-    tracing::info!(redis_version = %info.version, "connected to Redis");
+    let records = if setup.value_records { "value" } else { "hash" };
+    tracing::info!(redis_version = %info.version, records, "connected to Redis");
     Ok(Arc::new(store))
 }
 

@@ -1,5 +1,6 @@
 //! A Jepsen-style history check. Clients send retried transfers to two services, each
-//! behind two idemgate instances, all four sharing one Redis under two namespaces, while
+//! behind two idemgate instances (one keeping records as hashes, the other as values), all
+//! four sharing one Redis under two namespaces, while
 //! faults are injected at random: Redis frozen (SIGSTOP/SIGCONT) or killed and restarted
 //! (fsynced append-only file), the upstream breaking off mid-answer or hanging, clients
 //! hanging up. The clients vary what real clients vary: each attempt picks an instance, a
@@ -116,7 +117,11 @@ async fn history_under_random_faults_has_no_double_execution() {
         if std::env::var("HISTORY_ON_AMBIGUOUS").as_deref() == Ok("release") {
             cfg.defaults.on_ambiguous = idemgate::config::OnAmbiguous::Release;
         }
-        instances.push(vec![spawn_app(cfg.clone()).await, spawn_app(cfg).await]);
+        // A fleet half-way through switching to records kept as values: of each pair, one
+        // instance writes hashes, the other values, and each reads the other's.
+        let mut values = cfg.clone();
+        values.redis_record_format = idemgate::config::RedisRecordFormat::Value;
+        instances.push(vec![spawn_app(cfg).await, spawn_app(values).await]);
     }
     let addrs: Vec<Vec<_>> = instances
         .iter()

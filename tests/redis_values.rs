@@ -288,8 +288,20 @@ async fn what_a_value_cannot_hold_turns_it_into_its_hash() {
         .await
         .unwrap());
     assert_eq!(
-        value.claim(&claim(3, 1, 10_000)).await.unwrap(),
-        Claim::Claimed
+        kind(&mut con, &mine),
+        "none",
+        "an owner's release leaves no note"
+    );
+    // Another owner's claim over the first one's notes: a hash, which its record writes as
+    // such.
+    let anew = claim(2, 1, 10_000);
+    assert_eq!(value.claim(&anew).await.unwrap(), Claim::Claimed);
+    assert_eq!(kind(&mut con, &anew), "hash");
+    let small = answer(br#"{"id":"tr_3"}"#.to_vec());
+    assert!(value.record(&anew.id, &anew.owner, &small).await.unwrap());
+    assert_eq!(
+        value.claim(&claim(2, 1, 10_000)).await.unwrap(),
+        Claim::Replay(small)
     );
 
     // In progress: an operator's delete waits for the owner, marking unknown keeps the

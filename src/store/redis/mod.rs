@@ -1,8 +1,10 @@
 //! The Redis store: one record = one Redis hash under `idemgate:{<record id>}` (the hash tag
 //! keeps a record in one cluster slot), its time to live = the route's retention from the
-//! claim. Claim, record, renew, mark-unknown and release are each one Lua script: one round
-//! trip, atomic, and safe to run twice. Times come from Redis's own clock (`TIME`), so
-//! several idemgate instances agree on leases whatever their clocks say.
+//! claim; or, with `redis_record_format = "value"`, one string value under the same key
+//! (`value.rs`), which every script here reads too. Claim, record, renew, mark-unknown and
+//! release are each one Lua script (a value's claim one bare `SET ... NX GET`): one round
+//! trip, atomic, and safe to run twice. Times come from Redis's own clock (`TIME`, or a
+//! value's `PTTL`), so several idemgate instances agree on leases whatever their clocks say.
 //!
 //! Every script names exactly one key, the record's: its withdrawal notes and the pieces of
 //! a large body are fields of the same hash. While a Redis Cluster slot is being migrated,
@@ -138,7 +140,8 @@ impl RedisStore {
         let scripts = Scripts {
             claim: Script::new(&format!("{NOW_MS}{V_NUM}{CLAIM_VALUE}{CLAIM}")),
             record: Script::new(RECORD),
-            record_value: Script::new(&format!("{to_hash}{RECORD_VALUE}{RECORD}")),
+            record_value: Script::new(RECORD_VALUE),
+            record_hash: Script::new(&format!("{to_hash}{HASH_FIRST}{RECORD}")),
             record_not_kept: Script::new(&format!("{DROP_PIECES}{RECORD_NOT_KEPT}")),
             shorten: Script::new(&format!("{V_NUM}{SHORTEN}")),
             write_chunk: Script::new(&format!("{to_hash}{HASH_FIRST}{WRITE_CHUNK}")),
@@ -172,6 +175,7 @@ impl RedisStore {
             &store.scripts.claim,
             &store.scripts.record,
             &store.scripts.record_value,
+            &store.scripts.record_hash,
             &store.scripts.shorten,
             &store.scripts.supersede,
             &store.scripts.record_not_kept,

@@ -202,21 +202,16 @@ redis.call('HSET', KEYS[1], 'st', 'c', 'sc', ARGV[2], 'hd', ARGV[3], 'bd', ARGV[
 return 1
 "#;
 
-// RECORD of a value-form instance: on a value, its fixed part (the state made `c`) and the
-// answer in one `SET ... KEEPTTL` (ARGV[5] = status and headers' length as the value keeps
-// them); an answer too large for a value makes the record a hash first. On a hash, RECORD.
+// RECORD of a value-form instance, on a value: its fixed part with the state made `c`, then
+// the answer (ARGV[2]: status and headers' length as the value keeps them, the headers, the
+// body), in one `SET ... KEEPTTL`. A hash at the key fails it (`WRONGTYPE`, nothing
+// written): the caller runs RECORD then. The cheapest owner-fenced write found: two
+// commands and two arguments (`bench/redis_scripts`).
 pub(super) const RECORD_VALUE: &str = r#"
-local v = redis.pcall('GET', KEYS[1])
-if type(v) == 'string' then
-  if string.sub(v, 3, 34) ~= ARGV[1] then return 0 end
-  if #ARGV[4] <= tonumber(ARGV[6]) then
-    redis.call('SET', KEYS[1], 'c' .. string.sub(v, 2, 142) .. ARGV[5] .. ARGV[3] .. ARGV[4], 'KEEPTTL')
-    return 1
-  end
-  as_hash(KEYS[1], v)
-elseif not v then
-  return 0
-end
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 3, 34) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], 'c' .. string.sub(v, 2, 142) .. ARGV[2], 'KEEPTTL')
+return 1
 "#;
 
 // As RECORD, for an answer too large to keep (or that found Redis out of memory, maybe
@@ -430,6 +425,7 @@ pub(super) struct Scripts {
     pub(super) claim: Script,
     pub(super) record: Script,
     pub(super) record_value: Script,
+    pub(super) record_hash: Script,
     pub(super) record_not_kept: Script,
     pub(super) shorten: Script,
     pub(super) write_chunk: Script,
