@@ -154,44 +154,7 @@ async fn the_documented_acl_user_is_enough_and_no_more() {
     c.admin_listen = Some("127.0.0.1:0".parse().unwrap());
     let app = spawn_app(c.clone()).await;
     one_key_executes_once(&app, &up).await;
-    // Every other path of a record: in flight, released by an operator, inspected.
-    let client = client();
-    let admin = app.admin_addr().unwrap();
-    let slow = post(
-        &client,
-        &app,
-        "/pay",
-        Some("acl-2"),
-        "{}",
-        &[(DELAY_MS, "300")],
-    );
-    let busy = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        post(&client, &app, "/pay", Some("acl-2"), "{}", &[]).await
-    };
-    let (done, busy) = tokio::join!(slow, busy);
-    assert_eq!(done.status, 201);
-    assert_eq!(busy.status, 409, "{:?}", busy.body);
-    let id = busy.json()["record_id"].as_str().unwrap().to_string();
-    assert!(inspect(&client, admin, &id).await.is_some());
-    // An operator's walk over the records (SCAN).
-    let listed = client
-        .get(format!("http://{admin}/records?state=completed&count=1000"))
-        .send()
-        .await
-        .expect("admin request");
-    assert_eq!(listed.status().as_u16(), 200);
-    let listed: serde_json::Value = listed.json().await.expect("page json");
-    assert!(
-        listed["records"]
-            .as_array()
-            .is_some_and(|r| r.iter().any(|v| v["id"] == id.as_str())),
-        "{listed}"
-    );
-    assert!(release(&client, admin, &id).await);
-    assert!(inspect(&client, admin, &id).await.is_none());
-    let ready = http_get(admin, "/readyz").unwrap();
-    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    every_path_of_a_record(&app).await;
     app.shutdown().await;
 
     // Records kept as values: the same line is enough.
@@ -203,32 +166,7 @@ async fn the_documented_acl_user_is_enough_and_no_more() {
     values.upstream = up_v.url();
     let app = spawn_app(values).await;
     one_key_executes_once(&app, &up_v).await;
-    let admin = app.admin_addr().unwrap();
-    let slow = post(
-        &client,
-        &app,
-        "/pay",
-        Some("acl-v"),
-        "{}",
-        &[(DELAY_MS, "300")],
-    );
-    let busy = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        post(&client, &app, "/pay", Some("acl-v"), "{}", &[]).await
-    };
-    let (done, busy) = tokio::join!(slow, busy);
-    assert_eq!(done.status, 201);
-    assert_eq!(busy.status, 409, "{:?}", busy.body);
-    let id = busy.json()["record_id"].as_str().unwrap().to_string();
-    assert!(inspect(&client, admin, &id).await.is_some());
-    let listed = client
-        .get(format!("http://{admin}/records?state=completed&count=1000"))
-        .send()
-        .await
-        .expect("admin request");
-    assert_eq!(listed.status().as_u16(), 200);
-    assert!(release(&client, admin, &id).await);
-    assert!(inspect(&client, admin, &id).await.is_none());
+    every_path_of_a_record(&app).await;
     app.shutdown().await;
 
     // The user reaches nothing but idemgate's keys.
@@ -255,6 +193,47 @@ async fn the_documented_acl_user_is_enough_and_no_more() {
         e.to_string().contains(&format!("127.0.0.1:{}", redis.port)),
         "{e}"
     );
+}
+
+/// Every other path of a record: in flight, inspected, listed (SCAN), released by an
+/// operator; and the instance ready throughout.
+async fn every_path_of_a_record(app: &idemgate::Running) {
+    let client = client();
+    let admin = app.admin_addr().unwrap();
+    let slow = post(
+        &client,
+        app,
+        "/pay",
+        Some("acl-2"),
+        "{}",
+        &[(DELAY_MS, "300")],
+    );
+    let busy = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        post(&client, app, "/pay", Some("acl-2"), "{}", &[]).await
+    };
+    let (done, busy) = tokio::join!(slow, busy);
+    assert_eq!(done.status, 201);
+    assert_eq!(busy.status, 409, "{:?}", busy.body);
+    let id = busy.json()["record_id"].as_str().unwrap().to_string();
+    assert!(inspect(&client, admin, &id).await.is_some());
+    let listed = client
+        .get(format!("http://{admin}/records?state=completed&count=1000"))
+        .send()
+        .await
+        .expect("admin request");
+    assert_eq!(listed.status().as_u16(), 200);
+    let listed: serde_json::Value = listed.json().await.expect("page json");
+    assert!(
+        listed["records"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|v| v["id"] == id.as_str())),
+        "{listed}"
+    );
+    assert!(release(&client, admin, &id).await);
+    assert!(inspect(&client, admin, &id).await.is_none());
+    let ready = http_get(admin, "/readyz").unwrap();
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
 }
 
 fn redis_cli_as(port: u16, password: &str, args: &[&str]) -> String {
