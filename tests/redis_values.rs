@@ -13,24 +13,12 @@ use bytes::Bytes;
 use common::RedisServer;
 use idemgate::fingerprint::Fingerprint;
 use idemgate::key::RecordId;
-use idemgate::store::redis_setup::Topology;
 use idemgate::store::{
-    Claim, ClaimRequest, Deleted, OwnerToken, RecordState, RedisSetup, RedisStore, Store,
-    StoredResponse,
+    Claim, ClaimRequest, Deleted, OwnerToken, RecordState, RedisStore, Store, StoredResponse,
 };
 
 async fn store(server: &RedisServer, value_records: bool) -> RedisStore {
-    let setup = RedisSetup {
-        topology: Topology::Single(server.url()),
-        tls: None,
-        username: None,
-        password: None,
-        replica_ack: None,
-        value_records,
-    };
-    RedisStore::open(&setup, Duration::from_secs(1), Duration::from_secs(1))
-        .await
-        .unwrap()
+    server.store(value_records).await
 }
 
 fn con(server: &RedisServer) -> redis::Connection {

@@ -84,19 +84,8 @@ async fn redis() -> Fixture {
 /// Redis with records kept as one value each (`redis_record_format = "value"`).
 async fn redis_value() -> Fixture {
     let server = RedisServer::start();
-    let setup = idemgate::store::RedisSetup {
-        topology: idemgate::store::redis_setup::Topology::Single(server.url()),
-        tls: None,
-        username: None,
-        password: None,
-        replica_ack: None,
-        value_records: true,
-    };
-    let store = RedisStore::open(&setup, Duration::from_secs(1), Duration::from_secs(1))
-        .await
-        .unwrap();
     Fixture {
-        store: Arc::new(store),
+        store: Arc::new(server.store(true).await),
         _redis: Some(server),
         _dir: None,
         _pg: None,

@@ -118,6 +118,22 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
+    /// idemgate's Redis store on this server, keeping new records as one value each
+    /// (`redis_record_format = "value"`) or as hashes.
+    pub async fn store(&self, value_records: bool) -> idemgate::store::RedisStore {
+        let setup = idemgate::store::RedisSetup {
+            topology: idemgate::store::redis_setup::Topology::Single(self.url()),
+            tls: None,
+            username: None,
+            password: None,
+            replica_ack: None,
+            value_records,
+        };
+        idemgate::store::RedisStore::open(&setup, Duration::from_secs(1), Duration::from_secs(1))
+            .await
+            .expect("the Redis store opens")
+    }
+
     /// Sends PING over a raw socket.
     pub fn ping(&self) -> bool {
         self.command(&["PING"])

@@ -71,7 +71,6 @@ impl Store for RedisStore {
             }
             let status = response.status.to_string();
             let headers = response.encode_headers();
-            let args: [&[u8]; 3] = [status.as_bytes(), &headers, &response.body];
             if self.value_records && response.body.len() <= VALUE_BODY_MAX {
                 let mut answer = Vec::with_capacity(11 + headers.len() + response.body.len());
                 answer.extend_from_slice(answer_head(response.status, headers.len()).as_bytes());
@@ -80,17 +79,11 @@ impl Store for RedisStore {
                 let script = &self.scripts.record_value;
                 let mut cmd = evalsha(script, &Self::key(id));
                 cmd.arg(owner.as_str()).arg(answer);
-                match self.call(Some(script), cmd, true).await? {
-                    // A hash record (claimed over withdrawal notes, or by a hash-writing
-                    // instance): RECORD below.
-                    Err(e) if wrong_type(&e) => {}
-                    Err(e) => return Err(backend(e)),
-                    Ok((Value::Int(1), acked)) => {
-                        self.acknowledged("record", acked)?;
-                        return Ok(true);
-                    }
-                    Ok((Value::Int(0), _)) => return Ok(false),
-                    Ok(_) => return Err(corrupt("owner-checked script reply")),
+                let reply = self.call(Some(script), cmd, true).await?;
+                // `None`: a hash record (claimed over withdrawal notes, or by a hash-writing
+                // instance), for RECORD below.
+                if let Some(written) = self.record_reply(reply)? {
+                    return Ok(written);
                 }
             }
             // A value-form record with an answer too large for a value becomes its hash.
@@ -100,22 +93,14 @@ impl Store for RedisStore {
                 &self.scripts.record
             };
             let mut cmd = evalsha(script, &Self::key(id));
-            cmd.arg(owner.as_str());
-            for arg in args {
-                cmd.arg(arg);
-            }
-            match self.call(Some(script), cmd, true).await? {
-                // A value at the key, where this instance claims hashes (and nothing turns
-                // a hash into a value): another claim's record.
-                Err(e) if wrong_type(&e) => Ok(false),
-                Err(e) => Err(backend(e)),
-                Ok((Value::Int(1), acked)) => {
-                    self.acknowledged("record", acked)?;
-                    Ok(true)
-                }
-                Ok((Value::Int(0), _)) => Ok(false),
-                Ok(_) => Err(corrupt("owner-checked script reply")),
-            }
+            cmd.arg(owner.as_str())
+                .arg(status)
+                .arg(headers)
+                .arg(&response.body[..]);
+            let reply = self.call(Some(script), cmd, true).await?;
+            // `None`: a value at the key, where this instance claims hashes (and nothing
+            // turns a hash into a value): another claim's record.
+            Ok(self.record_reply(reply)?.unwrap_or(false))
         })
     }
 
@@ -242,8 +227,8 @@ impl Store for RedisStore {
                     (true, Some(b)) => Some(String::from_utf8_lossy(&b).into_owned()),
                     // A large body: read a piece at a time, as a replay reads it.
                     (true, None) => {
+                        // (A value record's body always comes with the script's reply.)
                         let large = match (num(10), num(11)) {
-                            // (A value record's body came with the script's reply.)
                             (Some(len), _) => Some((Body::Pieces, len)),
                             (None, Some(len)) => Some((Body::OldKey, len)),
                             _ => None,

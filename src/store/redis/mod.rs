@@ -196,12 +196,7 @@ impl RedisStore {
             let info = super::deadline(response_timeout, store.info_all("server")).await?;
             for i in &info {
                 let version = info_field(i, "redis_version").unwrap_or_default();
-                let major: u32 = version
-                    .split('.')
-                    .next()
-                    .and_then(|m| m.parse().ok())
-                    .unwrap_or(0);
-                if major < 7 {
+                if !claims_with_set_nx_get(&version) {
                     return Err(StoreError::Backend(format!(
                         "Redis at {}: redis_record_format = \"value\" needs Redis 7.0 or later \
                          (SET with NX and GET), and this server is {version}; use \"hash\"",
@@ -377,6 +372,25 @@ impl RedisStore {
             }
             Value::Int(0) => Ok(false),
             _ => Err(corrupt(bad)),
+        }
+    }
+
+    /// A record script's reply: `Some(true)` written (and acknowledged by the replicas when
+    /// they must be), `Some(false)` left alone (not, or no longer, the owner's record),
+    /// `None` when the key holds the other form of record (`WRONGTYPE`: nothing written).
+    fn record_reply(
+        &self,
+        reply: redis::RedisResult<(Value, Option<i64>)>,
+    ) -> Result<Option<bool>, StoreError> {
+        match reply {
+            Err(e) if wrong_type(&e) => Ok(None),
+            Err(e) => Err(backend(e)),
+            Ok((Value::Int(1), acked)) => {
+                self.acknowledged("record", acked)?;
+                Ok(Some(true))
+            }
+            Ok((Value::Int(0), _)) => Ok(Some(false)),
+            Ok(_) => Err(corrupt("owner-checked script reply")),
         }
     }
 

@@ -42,6 +42,16 @@ pub(super) const HEAD: usize = 153;
 /// replayed by the bare claim comes back whole, body included.
 pub(super) const VALUE_BODY_MAX: usize = crate::limits::REPLAY_INLINE;
 
+/// Whether a Redis of `version` (`INFO`'s `redis_version`) takes `SET` with both `NX` and
+/// `GET`, the value form's claim: 7.0 and later.
+pub(super) fn claims_with_set_nx_get(version: &str) -> bool {
+    version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse::<u32>().ok())
+        .is_some_and(|major| major >= 7)
+}
+
 /// The in-progress record a claim creates.
 pub(super) fn claim_value(req: &ClaimRequest) -> Vec<u8> {
     let retention = req.retention.as_millis() as u64;
@@ -181,6 +191,16 @@ impl RedisStore {
 mod layout {
     use super::*;
     use crate::fingerprint::Fingerprint;
+
+    #[test]
+    fn set_nx_get_is_asked_of_redis_7_and_later_only() {
+        for refused in ["6.2.14", "5.0.7", "", "unknown"] {
+            assert!(!claims_with_set_nx_get(refused), "{refused}");
+        }
+        for taken in ["7.0.15", "7.2.4", "8.4.0", "10.0.0"] {
+            assert!(claims_with_set_nx_get(taken), "{taken}");
+        }
+    }
 
     #[test]
     fn a_claimed_value_has_the_layout_the_scripts_read() {
