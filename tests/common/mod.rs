@@ -1130,8 +1130,41 @@ pub fn start_up_failure(env: &[(&str, &str)]) -> (Option<i32>, String) {
     }
 }
 
-/// Sockets in TIME_WAIT on either end of a connection to `port` (IPv4, /proc/net/tcp).
-pub fn time_wait_towards(port: u16) -> usize {
+/// Sockets in TIME_WAIT on either end of a connection to a port, counted from a moment on.
+///
+/// A listener bound to port 0 may be given a port that an earlier connection of another
+/// test used as its ephemeral end, and that connection's TIME_WAIT stays in the table under
+/// that port for up to 60 s. Taking the table when the listener is bound, before any
+/// traffic, and counting only the sockets that were not in it leaves those out: once the
+/// port is bound, no new connection can take it as its ephemeral end, so every socket in
+/// TIME_WAIT that appears afterwards is a connection to the listener.
+pub struct TimeWait {
+    port: u16,
+    before: std::collections::HashSet<(String, String)>,
+}
+
+impl TimeWait {
+    /// Starts counting for `port` (IPv4, /proc/net/tcp).
+    pub fn from_now(port: u16) -> TimeWait {
+        TimeWait {
+            port,
+            before: time_wait_on(port),
+        }
+    }
+
+    /// The sockets (local and remote address, in /proc/net/tcp's hex) in TIME_WAIT towards
+    /// the port that were not there when counting started.
+    pub fn new_since(&self) -> Vec<(String, String)> {
+        let mut new: Vec<_> = time_wait_on(self.port)
+            .into_iter()
+            .filter(|s| !self.before.contains(s))
+            .collect();
+        new.sort();
+        new
+    }
+}
+
+fn time_wait_on(port: u16) -> std::collections::HashSet<(String, String)> {
     let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
     let port_of = |addr: &str| {
         addr.rsplit(':')
@@ -1141,11 +1174,12 @@ pub fn time_wait_towards(port: u16) -> usize {
     table
         .lines()
         .skip(1)
-        .filter(|line| {
+        .filter_map(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();
-            f.len() > 3
+            (f.len() > 3
                 && f[3] == "06"
-                && (port_of(f[1]) == Some(port) || port_of(f[2]) == Some(port))
+                && (port_of(f[1]) == Some(port) || port_of(f[2]) == Some(port)))
+            .then(|| (f[1].to_string(), f[2].to_string()))
         })
-        .count()
+        .collect()
 }
