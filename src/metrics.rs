@@ -174,6 +174,9 @@ pub struct Metrics {
     // OBSERVED_RECORDS records): what `GET /observe?records=1` shows, for checks key by key.
     answers: std::sync::Mutex<IdMap>,
     records_not_followed: Counter,
+    // Duplicates answered on observed routes whose record is still being read (to count
+    // them, or to replace a failure it records): `GET /observe`'s `duplicates_settling`.
+    duplicates_settling: Gauge,
     // The TLS listener's certificate reloads: pairs swapped in, and new pairs refused.
     tls_reloads: Counter,
     tls_reload_failures: Counter,
@@ -547,6 +550,7 @@ impl Metrics {
                 .map_or(0, |d| d.as_millis() as u64),
             answers: std::sync::Mutex::new(IdMap::default()),
             records_not_followed: Counter::default(),
+            duplicates_settling: Gauge::default(),
             tls_reloads,
             tls_reload_failures,
             tls_handshakes,
@@ -690,9 +694,20 @@ impl Metrics {
         }
     }
 
+    /// An observed duplicate's record starts (`true`) or ends (`false`) being read after
+    /// its client has its answer.
+    pub fn duplicate_settling(&self, starts: bool) {
+        if starts {
+            self.duplicates_settling.inc();
+        } else {
+            self.duplicates_settling.dec();
+        }
+    }
+
     /// What `GET /observe` returns: `{"since_ms", "routes": [{"route", "mode", "would",
-    /// "duplicates_let_through"}], "records_not_followed"}`; with `records`, also the
-    /// duplicates this instance let through per record (`{"<id>": n}`).
+    /// "duplicates_let_through"}], "records_not_followed", "duplicates_settling"}`; with
+    /// `records`, also the duplicates this instance let through per record
+    /// (`{"<id>": n}`).
     pub fn observations_json(&self, records: bool) -> String {
         let routes: Vec<serde_json::Value> = self
             .observed_routes
@@ -717,6 +732,7 @@ impl Metrics {
             "since_ms": self.observe_since_ms,
             "routes": routes,
             "records_not_followed": self.records_not_followed.get(),
+            "duplicates_settling": self.duplicates_settling.get(),
         });
         if records {
             let answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());

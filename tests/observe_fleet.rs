@@ -3,7 +3,8 @@
 //!
 //! - No record contradicts what the client got: a first attempt answered 500 while
 //!   observing, its retry forwarded by the other observer and answered 201, and then the
-//!   route enforcing: the retry after the switch gets the 201 replayed, never the 500.
+//!   route enforcing: the retry after the switch gets the 201 replayed, never the 500,
+//!   also when the 500 is recorded after the 201 was answered.
 //! - Duplicates are counted from what the record says, whichever instance made it: summed
 //!   over the instances, `duplicates_let_through` equals the executions the upstream ran
 //!   beyond each key's first, sequential and concurrent, on either instance, in a mixed
@@ -17,6 +18,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use common::faultproxy::FaultProxy;
 use common::*;
 
 fn observe_json(gate: &Gate) -> serde_json::Value {
@@ -108,15 +110,27 @@ async fn a_failure_recorded_while_observing_is_superseded_by_the_later_success()
         assert_eq!(retry.status, 201, "{:?}", retry.body);
         assert!(!retry.replayed());
     }
-    // The superseding writes land after each client's answer: let them.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    drop((a, b));
-    // The switch: the fleet now enforces.
-    let enforcing = instance(&up, &redis, "enforce");
+    switch_and_replay(&up, &redis, [a, b], "stale", KEYS).await;
+}
+
+/// The observers stop as a rolling switch stops them (SIGTERM: what they write after
+/// their clients' answers lands first); an enforcing instance then replays each key's
+/// later success, never the failure before it, and executes nothing again.
+async fn switch_and_replay(
+    up: &Upstream,
+    redis: &RedisServer,
+    observers: [Gate; 2],
+    prefix: &str,
+    keys: usize,
+) {
+    for mut g in observers {
+        assert!(g.terminate(Duration::from_secs(40)).success());
+    }
+    let enforcing = instance(up, redis, "enforce");
     let hits = up.hits();
     let mut stale = 0;
-    for i in 0..KEYS {
-        let later = send(&enforcing, &format!("stale-{i}"), &[]).await;
+    for i in 0..keys {
+        let later = send(&enforcing, &format!("{prefix}-{i}"), &[]).await;
         assert!(later.replayed(), "{} {:?}", later.status, later.body);
         if later.status != 201 {
             stale += 1;
@@ -127,6 +141,40 @@ async fn a_failure_recorded_while_observing_is_superseded_by_the_later_success()
         "replays of a failure a later execution superseded"
     );
     assert_eq!(up.hits(), hits, "the switch executed nothing again");
+}
+
+/// The same when the first execution's record is written after the retry's execution has
+/// its answer: an observer answers its client before it records, and here its link to
+/// Redis holds every command back 300 ms, so that the retry on the other instance claims,
+/// executes and answers while the failure is still being recorded. The retry waits for
+/// that record and replaces the failure; read once, the failure would land after it and be
+/// replayed once the route enforces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_recorded_after_the_later_success_is_superseded_too() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let slow = FaultProxy::for_redis(&redis).await;
+    let a = Gate::start(
+        &up.url(),
+        &slow.redis_url(),
+        &[
+            ("IDEMGATE_DEFAULTS__MODE", "observe"),
+            ("IDEMGATE_SCOPE_SECRET", SECRET),
+        ],
+    );
+    let b = instance(&up, &redis, "observe");
+    slow.delay_requests(Duration::from_millis(300));
+    const KEYS: usize = 3;
+    for i in 0..KEYS {
+        let key = format!("late-{i}");
+        let first = send(&a, &key, &[(STATUS, "500")]).await;
+        assert_eq!(first.status, 500);
+        let retry = send(&b, &key, &[]).await;
+        assert_eq!(retry.status, 201, "{:?}", retry.body);
+        assert!(!retry.replayed());
+    }
+    assert_eq!(up.hits(), 2 * KEYS);
+    switch_and_replay(&up, &redis, [a, b], "late", KEYS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

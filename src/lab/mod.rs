@@ -259,15 +259,28 @@ async fn run_day(
         tokio::time::sleep(Duration::from_millis(200)).await;
         observed_ids = running.admin_addr();
     }
+    // A duplicate is counted once its record says what the first execution answered,
+    // which may be written after the bank is idle: the count is read once no instance
+    // is still reading a duplicate's record (`duplicates_settling`), or at the limit.
     let observed_json = match observed_ids {
         Some(_) => {
-            let mut each = Vec::new();
-            for (running, _) in &proxies {
-                if let Some(admin) = running.admin_addr() {
-                    each.push(observe::fetch(admin).await.map_err(LabError::Proxy)?);
+            let until = Instant::now() + SETTLE_LIMIT;
+            loop {
+                let mut each = Vec::new();
+                for (running, _) in &proxies {
+                    if let Some(admin) = running.admin_addr() {
+                        each.push(observe::fetch(admin).await.map_err(LabError::Proxy)?);
+                    }
                 }
+                let settling: u64 = each
+                    .iter()
+                    .filter_map(|o| o["duplicates_settling"].as_u64())
+                    .sum();
+                if settling == 0 || Instant::now() > until {
+                    break Some(observe::sum(&each));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Some(observe::sum(&each))
         }
         None => None,
     };

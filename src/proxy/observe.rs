@@ -266,17 +266,21 @@ impl Proxy {
                 this.shared.metrics.observed_duplicate(&route, known.id);
             }
             // The client gets its answer now; the store is asked after.
+            this.shared.metrics.duplicate_settling(true);
             let _ = tx.send(res);
             let duplicate = if early {
                 true
             } else {
-                let duplicate = this.settle_duplicate(&known, success, answer).await;
+                let duplicate = this
+                    .settle_duplicate(&known, success, answer, policy.upstream_timeout)
+                    .await;
                 if duplicate {
                     this.shared.metrics.observed_duplicate(&route, known.id);
                 }
                 duplicate
             };
             this.log_observed(&route, would, Some(known.id), duplicate);
+            this.shared.metrics.duplicate_settling(false);
         });
         let res = match rx.await {
             Ok(res) => res,
@@ -291,12 +295,15 @@ impl Proxy {
     }
 
     /// Whether a second execution, answered `success` or not, was a duplicate, by what its
-    /// record says; a recorded failure is superseded by `answer`.
+    /// record says; a recorded failure is superseded by `answer`. `owner_bound`: how long
+    /// the route's upstream may take to answer (`upstream_timeout`), the longest a first
+    /// execution still under way can take before its record is written.
     async fn settle_duplicate(
         &self,
         known: &Known,
         success: bool,
         answer: Option<StoredResponse>,
+        owner_bound: Duration,
     ) -> bool {
         let store = &self.shared.store;
         let store_timeout = self.shared.settings.config.store_timeout;
@@ -304,18 +311,46 @@ impl Proxy {
             Some(status) => Recorded::Completed(status),
             // Running, unknown, another request's or unreadable when claimed: as it is now
             // that this execution has its answer.
-            None => match deadline(store_timeout, store.inspect(&known.id, false)).await {
-                Ok(Some(v)) => match (v.state, v.status) {
-                    (RecordState::Completed, Some(status)) => Recorded::Completed(status),
-                    _ => Recorded::Running,
-                },
-                Ok(None) => Recorded::Nothing,
-                Err(e) => {
-                    tracing::warn!(record = %known.id, error = %e, "observe mode: could not read the record of a duplicate");
-                    self.shared.store_failing.took(false);
-                    return false;
+            None => {
+                // An execution still under way when this one has its answer (the first of
+                // a retried key, whose client may already have its answer: an observed
+                // route writes the record after it) is waited for, while this execution's
+                // answer could replace a failure it records: for as long as its upstream
+                // may take to answer and its record to be written, re-read at growing
+                // intervals. Read once, that failure would be written after this read and
+                // replayed once the route enforces, although a later execution succeeded.
+                let until = tokio::time::Instant::now() + owner_bound + store_timeout * 2;
+                let mut pause = Duration::from_millis(10);
+                loop {
+                    let read = deadline(store_timeout, store.inspect(&known.id, false)).await;
+                    match read {
+                        Ok(Some(v)) => match (v.state, v.status) {
+                            (RecordState::Completed, Some(status)) => {
+                                break Recorded::Completed(status)
+                            }
+                            (RecordState::InProgress, _)
+                                if success
+                                    && answer.is_some()
+                                    && tokio::time::Instant::now() + pause < until =>
+                            {
+                                tokio::time::sleep(pause).await;
+                                pause = (pause * 2).min(Duration::from_millis(250));
+                            }
+                            (RecordState::InProgress, _) if success && answer.is_some() => {
+                                tracing::warn!(record = %known.id, "observe mode: the first execution of a duplicate was still recording when the wait for it ended; a failure it records later would be replayed once the route enforces");
+                                break Recorded::Running;
+                            }
+                            _ => break Recorded::Running,
+                        },
+                        Ok(None) => break Recorded::Nothing,
+                        Err(e) => {
+                            tracing::warn!(record = %known.id, error = %e, "observe mode: could not read the record of a duplicate");
+                            self.shared.store_failing.took(false);
+                            return false;
+                        }
+                    }
                 }
-            },
+            }
         };
         match recorded {
             Recorded::Completed(status) if !(200..300).contains(&status) => {
