@@ -101,28 +101,31 @@ async fn a_failure_recorded_while_observing_is_superseded_by_the_later_success()
         instance(&up, &redis, "observe"),
         instance(&up, &redis, "observe"),
     );
-    const KEYS: usize = 20;
-    for i in 0..KEYS {
-        let key = format!("stale-{i}");
-        let first = send(&a, &key, &[(STATUS, "500")]).await;
-        assert_eq!(first.status, 500);
-        let retry = send(&b, &key, &[]).await;
-        assert_eq!(retry.status, 201, "{:?}", retry.body);
-        assert!(!retry.replayed());
-    }
-    switch_and_replay(&up, &redis, [a, b], "stale", KEYS).await;
+    fail_retry_and_switch(&up, &redis, [a, b], "stale", 20).await;
 }
 
-/// The observers stop as a rolling switch stops them (SIGTERM: what they write after
-/// their clients' answers lands first); an enforcing instance then replays each key's
-/// later success, never the failure before it, and executes nothing again.
-async fn switch_and_replay(
+/// Each of `keys` keys is answered 500 by the first observer, then its retry 201 by the
+/// second (both executed: observe mode forwards). The observers then stop as a rolling
+/// switch stops them (SIGTERM: what they write after their clients' answers lands first);
+/// an enforcing instance replays each key's later success, never the failure before it,
+/// and executes nothing again.
+async fn fail_retry_and_switch(
     up: &Upstream,
     redis: &RedisServer,
     observers: [Gate; 2],
     prefix: &str,
     keys: usize,
 ) {
+    let [a, b] = &observers;
+    for i in 0..keys {
+        let key = format!("{prefix}-{i}");
+        let first = send(a, &key, &[(STATUS, "500")]).await;
+        assert_eq!(first.status, 500);
+        let retry = send(b, &key, &[]).await;
+        assert_eq!(retry.status, 201, "{:?}", retry.body);
+        assert!(!retry.replayed());
+    }
+    assert_eq!(up.hits(), 2 * keys);
     for mut g in observers {
         assert!(g.terminate(Duration::from_secs(40)).success());
     }
@@ -164,17 +167,7 @@ async fn a_failure_recorded_after_the_later_success_is_superseded_too() {
     );
     let b = instance(&up, &redis, "observe");
     slow.delay_requests(Duration::from_millis(300));
-    const KEYS: usize = 3;
-    for i in 0..KEYS {
-        let key = format!("late-{i}");
-        let first = send(&a, &key, &[(STATUS, "500")]).await;
-        assert_eq!(first.status, 500);
-        let retry = send(&b, &key, &[]).await;
-        assert_eq!(retry.status, 201, "{:?}", retry.body);
-        assert!(!retry.replayed());
-    }
-    assert_eq!(up.hits(), 2 * KEYS);
-    switch_and_replay(&up, &redis, [a, b], "late", KEYS).await;
+    fail_retry_and_switch(&up, &redis, [a, b], "late", 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
