@@ -395,6 +395,24 @@ impl Buffered {
         self.bytes -= n;
     }
 
+    /// Takes `n` more bytes only if the budget has room for them, and counts no refusal
+    /// when it has not: for work that can be left undone (an observed duplicate's answer
+    /// kept while it waits for a record), never for a request.
+    pub fn grow_if_room(&mut self, n: usize) -> bool {
+        let max = self.owner.max;
+        let grown = self
+            .owner
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                u.checked_add(n).filter(|t| *t <= max)
+            });
+        if grown.is_ok() {
+            self.bytes += n;
+            self.owner.gauge.inc_by(n as i64);
+        }
+        grown.is_ok()
+    }
+
     /// Takes `n` more bytes if the budget has room, or if nothing else is held: one body
     /// larger than the whole budget (an 80 MiB answer under 64 MiB) is still served, alone.
     pub fn grow(&mut self, n: usize) -> Result<(), Refusal> {
@@ -555,5 +573,22 @@ mod tests {
         huge.grow(80).expect("alone");
         huge.grow(900).expect("still alone");
         assert_eq!(b.hold().grow(1), Err(Refusal::BuffersFull));
+    }
+
+    /// Work that can be left undone takes bytes only where the budget has room, even
+    /// with nothing else held, and a "no" is not counted as a refused request.
+    #[test]
+    fn grow_if_room_takes_only_room_and_counts_no_refusal() {
+        let refused = Counter::default();
+        let b = Arc::new(Buffers::new(100, refused.clone(), Gauge::default()));
+        assert!(!b.hold().grow_if_room(101), "alone, but beyond the budget");
+        let held = b.take(60);
+        let mut kept = b.hold();
+        assert!(!kept.grow_if_room(41));
+        assert!(kept.grow_if_room(40));
+        assert_eq!(b.used(), 100);
+        assert_eq!(refused.get(), 0);
+        drop((held, kept));
+        assert_eq!(b.used(), 0);
     }
 }

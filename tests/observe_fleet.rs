@@ -104,6 +104,55 @@ async fn a_failure_recorded_while_observing_is_superseded_by_the_later_success()
     fail_retry_and_switch(&up, &redis, [a, b], "stale", 20).await;
 }
 
+/// The wait keeps the later answer in memory: it is taken from the buffer budget
+/// (`max_buffered_bytes`), and with no room there the retry reads the record once, as it
+/// did before the wait, with a warning naming what it could not do; it waits for nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_budget_to_keep_its_answer_a_retry_does_not_wait_and_says_so() {
+    let up = Upstream::start().await;
+    let redis = RedisServer::start();
+    let slow = FaultProxy::for_redis(&redis).await;
+    let a = Gate::start(
+        &up.url(),
+        &slow.redis_url(),
+        &[
+            ("IDEMGATE_DEFAULTS__MODE", "observe"),
+            ("IDEMGATE_SCOPE_SECRET", SECRET),
+        ],
+    );
+    let b = Gate::start(
+        &up.url(),
+        &redis.url(),
+        &[
+            ("IDEMGATE_DEFAULTS__MODE", "observe"),
+            ("IDEMGATE_SCOPE_SECRET", SECRET),
+            ("IDEMGATE_MAX_BUFFERED_BYTES", "16"),
+        ],
+    );
+    slow.delay_requests(Duration::from_millis(300));
+    let first = send(&a, "tight", &[(STATUS, "500")]).await;
+    assert_eq!(first.status, 500);
+    let retry = send(&b, "tight", &[]).await;
+    assert_eq!(retry.status, 201, "{:?}", retry.body);
+    assert!(
+        retry.body.len() > 16,
+        "the answer must not fit the budget: {:?}",
+        retry.body
+    );
+    // The warning is written where the wait would begin: it did not.
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while observe_json(&b)["duplicates_settling"] != 0 && std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(observe_json(&b)["duplicates_settling"], 0);
+    assert!(
+        b.log()
+            .contains("the buffer budget had no room to keep this answer"),
+        "{}",
+        b.log()
+    );
+}
+
 /// Each of `keys` keys is answered 500 by the first observer, then its retry 201 by the
 /// second (both executed: observe mode forwards). The observers then stop as a rolling
 /// switch stops them (SIGTERM: what they write after their clients' answers lands first);

@@ -319,8 +319,13 @@ impl Proxy {
                 // may take to answer and its record to be written, re-read at growing
                 // intervals. Read once, that failure would be written after this read and
                 // replayed once the route enforces, although a later execution succeeded.
+                // The answer kept meanwhile is taken from the buffer budget; with no room
+                // there, the record is read once, as before, and the warning says so.
                 let until = tokio::time::Instant::now() + owner_bound + store_timeout * 2;
                 let mut pause = Duration::from_millis(10);
+                let mut kept = self.shared.buffers.hold();
+                let may_wait = success && answer.is_some();
+                let mut budgeted = false;
                 loop {
                     let read = deadline(store_timeout, store.inspect(&known.id, false)).await;
                     match read {
@@ -328,16 +333,22 @@ impl Proxy {
                             (RecordState::Completed, Some(status)) => {
                                 break Recorded::Completed(status)
                             }
-                            (RecordState::InProgress, _)
-                                if success
-                                    && answer.is_some()
-                                    && tokio::time::Instant::now() + pause < until =>
-                            {
-                                tokio::time::sleep(pause).await;
-                                pause = (pause * 2).min(Duration::from_millis(250));
-                            }
-                            (RecordState::InProgress, _) if success && answer.is_some() => {
-                                tracing::warn!(record = %known.id, "observe mode: the first execution of a duplicate was still recording when the wait for it ended; a failure it records later would be replayed once the route enforces");
+                            (RecordState::InProgress, _) if may_wait => {
+                                if !budgeted {
+                                    let size = answer.as_ref().map_or(0, answer_size);
+                                    budgeted = kept.grow_if_room(size);
+                                }
+                                if budgeted && tokio::time::Instant::now() + pause < until {
+                                    tokio::time::sleep(pause).await;
+                                    pause = (pause * 2).min(Duration::from_millis(250));
+                                    continue;
+                                }
+                                let why = if budgeted {
+                                    "the wait for it ended"
+                                } else {
+                                    "the buffer budget had no room to keep this answer"
+                                };
+                                tracing::warn!(record = %known.id, why, "observe mode: the first execution of a duplicate was still recording; a failure it records later would be replayed once the route enforces");
                                 break Recorded::Running;
                             }
                             _ => break Recorded::Running,
@@ -464,6 +475,12 @@ impl Breaker {
             self.trying.store(0, Relaxed);
         }
     }
+}
+
+/// The bytes an answer kept in memory takes: its body and its headers.
+fn answer_size(answer: &StoredResponse) -> usize {
+    let headers: usize = answer.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+    answer.body.len() + headers
 }
 
 /// What an observed duplicate's claim found, kept for after its answer.
