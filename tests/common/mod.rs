@@ -1132,12 +1132,15 @@ pub fn start_up_failure(env: &[(&str, &str)]) -> (Option<i32>, String) {
 
 /// Sockets in TIME_WAIT on either end of a connection to a port, counted from a moment on.
 ///
-/// A listener bound to port 0 may be given a port that an earlier connection of another
-/// test used as its ephemeral end, and that connection's TIME_WAIT stays in the table under
-/// that port for up to 60 s. Taking the table when the listener is bound, before any
-/// traffic, and counting only the sockets that were not in it leaves those out: once the
-/// port is bound, no new connection can take it as its ephemeral end, so every socket in
-/// TIME_WAIT that appears afterwards is a connection to the listener.
+/// A listener bound to port 0 may be given a port that earlier sockets of other tests
+/// still use: an earlier server's connections on that port, closed into TIME_WAIT (the
+/// side that closes first enters it, for up to 60 s) or still closing (in FIN_WAIT_2 until
+/// their peer closes, then in TIME_WAIT), or a connection that had it as its ephemeral
+/// end. Taking every socket with the port at either end when the listener is bound, before
+/// any traffic, and counting only TIME_WAIT sockets that were not among them leaves those
+/// out: a socket keeps its addresses as it moves through those states, and once the port
+/// is bound to a listener no new connection can take it as its ephemeral end, so every
+/// other socket in TIME_WAIT is a connection to the listener.
 pub struct TimeWait {
     port: u16,
     before: std::collections::HashSet<(String, String)>,
@@ -1148,14 +1151,14 @@ impl TimeWait {
     pub fn from_now(port: u16) -> TimeWait {
         TimeWait {
             port,
-            before: time_wait_on(port),
+            before: sockets_on(port, None),
         }
     }
 
     /// The sockets (local and remote address, in /proc/net/tcp's hex) in TIME_WAIT towards
-    /// the port that were not there when counting started.
+    /// the port that were not there, in any state, when counting started.
     pub fn new_since(&self) -> Vec<(String, String)> {
-        let mut new: Vec<_> = time_wait_on(self.port)
+        let mut new: Vec<_> = sockets_on(self.port, Some("06"))
             .into_iter()
             .filter(|s| !self.before.contains(s))
             .collect();
@@ -1164,7 +1167,9 @@ impl TimeWait {
     }
 }
 
-fn time_wait_on(port: u16) -> std::collections::HashSet<(String, String)> {
+/// The sockets with `port` at either end, in `state` (/proc/net/tcp's hex, "06" for
+/// TIME_WAIT) or in any.
+fn sockets_on(port: u16, state: Option<&str>) -> std::collections::HashSet<(String, String)> {
     let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
     let port_of = |addr: &str| {
         addr.rsplit(':')
@@ -1177,7 +1182,7 @@ fn time_wait_on(port: u16) -> std::collections::HashSet<(String, String)> {
         .filter_map(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();
             (f.len() > 3
-                && f[3] == "06"
+                && state.is_none_or(|s| f[3] == s)
                 && (port_of(f[1]) == Some(port) || port_of(f[2]) == Some(port)))
             .then(|| (f[1].to_string(), f[2].to_string()))
         })
