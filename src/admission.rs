@@ -399,12 +399,19 @@ impl Buffered {
     /// when it has not: for work that can be left undone (an observed duplicate's answer
     /// kept while it waits for a record), never for a request.
     pub fn grow_if_room(&mut self, n: usize) -> bool {
+        self.add(n, false)
+    }
+
+    /// Adds `n` bytes if they fit the budget, or (`alone`) if this holding is all there is.
+    fn add(&mut self, n: usize, alone: bool) -> bool {
         let max = self.owner.max;
+        let mine = self.bytes;
         let grown = self
             .owner
             .used
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
-                u.checked_add(n).filter(|t| *t <= max)
+                u.checked_add(n)
+                    .filter(|t| *t <= max || (alone && u == mine))
             });
         if grown.is_ok() {
             self.bytes += n;
@@ -416,26 +423,14 @@ impl Buffered {
     /// Takes `n` more bytes if the budget has room, or if nothing else is held: one body
     /// larger than the whole budget (an 80 MiB answer under 64 MiB) is still served, alone.
     pub fn grow(&mut self, n: usize) -> Result<(), Refusal> {
-        let max = self.owner.max;
-        let mine = self.bytes;
-        let grown = self
-            .owner
-            .used
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
-                u.checked_add(n).filter(|t| *t <= max || u == mine)
-            });
-        match grown {
-            Ok(_) => {
-                self.bytes += n;
-                self.owner.gauge.inc_by(n as i64);
-                Ok(())
-            }
-            Err(_) => {
-                self.owner.refused.inc();
-                self.owner.wanted.fetch_max(mine + n, Ordering::Relaxed);
-                Err(Refusal::BuffersFull)
-            }
+        if self.add(n, true) {
+            return Ok(());
         }
+        self.owner.refused.inc();
+        self.owner
+            .wanted
+            .fetch_max(self.bytes + n, Ordering::Relaxed);
+        Err(Refusal::BuffersFull)
     }
 }
 

@@ -48,14 +48,25 @@ fn would(gate: &Gate, what: &str) -> u64 {
 const SECRET: &str = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
 
 fn instance(up: &Upstream, redis: &RedisServer, mode: &str) -> Gate {
-    Gate::start(
-        &up.url(),
-        &redis.url(),
-        &[
-            ("IDEMGATE_DEFAULTS__MODE", mode),
-            ("IDEMGATE_SCOPE_SECRET", SECRET),
-        ],
-    )
+    instance_on(up, &redis.url(), mode, &[])
+}
+
+fn instance_on(up: &Upstream, redis_url: &str, mode: &str, extra: &[(&str, &str)]) -> Gate {
+    let mut env = vec![
+        ("IDEMGATE_DEFAULTS__MODE", mode),
+        ("IDEMGATE_SCOPE_SECRET", SECRET),
+    ];
+    env.extend_from_slice(extra);
+    Gate::start(&up.url(), redis_url, &env)
+}
+
+/// An observer whose link to Redis holds every command back 300 ms (through the proxy
+/// returned with it): it records each answer well after its client has it.
+async fn slow_observer(up: &Upstream, redis: &RedisServer) -> (FaultProxy, Gate) {
+    let slow = FaultProxy::for_redis(redis).await;
+    let gate = instance_on(up, &slow.redis_url(), "observe", &[]);
+    slow.delay_requests(Duration::from_millis(300));
+    (slow, gate)
 }
 
 async fn send(gate: &Gate, key: &str, extra: &[(&str, &str)]) -> Answer {
@@ -111,25 +122,13 @@ async fn a_failure_recorded_while_observing_is_superseded_by_the_later_success()
 async fn with_no_budget_to_keep_its_answer_a_retry_does_not_wait_and_says_so() {
     let up = Upstream::start().await;
     let redis = RedisServer::start();
-    let slow = FaultProxy::for_redis(&redis).await;
-    let a = Gate::start(
-        &up.url(),
-        &slow.redis_url(),
-        &[
-            ("IDEMGATE_DEFAULTS__MODE", "observe"),
-            ("IDEMGATE_SCOPE_SECRET", SECRET),
-        ],
-    );
-    let b = Gate::start(
-        &up.url(),
+    let (_slow, a) = slow_observer(&up, &redis).await;
+    let b = instance_on(
+        &up,
         &redis.url(),
-        &[
-            ("IDEMGATE_DEFAULTS__MODE", "observe"),
-            ("IDEMGATE_SCOPE_SECRET", SECRET),
-            ("IDEMGATE_MAX_BUFFERED_BYTES", "16"),
-        ],
+        "observe",
+        &[("IDEMGATE_MAX_BUFFERED_BYTES", "16")],
     );
-    slow.delay_requests(Duration::from_millis(300));
     let first = send(&a, "tight", &[(STATUS, "500")]).await;
     assert_eq!(first.status, 500);
     let retry = send(&b, "tight", &[]).await;
@@ -205,17 +204,8 @@ async fn fail_retry_and_switch(
 async fn a_failure_recorded_after_the_later_success_is_superseded_too() {
     let up = Upstream::start().await;
     let redis = RedisServer::start();
-    let slow = FaultProxy::for_redis(&redis).await;
-    let a = Gate::start(
-        &up.url(),
-        &slow.redis_url(),
-        &[
-            ("IDEMGATE_DEFAULTS__MODE", "observe"),
-            ("IDEMGATE_SCOPE_SECRET", SECRET),
-        ],
-    );
+    let (_slow, a) = slow_observer(&up, &redis).await;
     let b = instance(&up, &redis, "observe");
-    slow.delay_requests(Duration::from_millis(300));
     fail_retry_and_switch(&up, &redis, [a, b], "late", 3).await;
 }
 

@@ -79,19 +79,7 @@ async fn slot_migration(values: bool) {
     let client = client();
     if values {
         // A record in progress, asked for while it runs: the claim script reads the value.
-        let slow = post(
-            &client,
-            &app,
-            "/pay",
-            Some("slow"),
-            "{}",
-            &[(DELAY_MS, "300")],
-        );
-        let busy = async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            post(&client, &app, "/pay", Some("slow"), "{}", &[]).await
-        };
-        let (done, busy) = tokio::join!(slow, busy);
+        let (done, busy) = post_and_retry_while_running(&client, &app, "/pay", "slow").await;
         assert_eq!(done.status, 201);
         assert_eq!(busy.status, 409, "{:?}", busy.body);
         let again = post(&client, &app, "/pay", Some("slow"), "{}", &[]).await;

@@ -200,19 +200,7 @@ async fn the_documented_acl_user_is_enough_and_no_more() {
 async fn every_path_of_a_record(app: &idemgate::Running) {
     let client = client();
     let admin = app.admin_addr().unwrap();
-    let slow = post(
-        &client,
-        app,
-        "/pay",
-        Some("acl-2"),
-        "{}",
-        &[(DELAY_MS, "300")],
-    );
-    let busy = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        post(&client, app, "/pay", Some("acl-2"), "{}", &[]).await
-    };
-    let (done, busy) = tokio::join!(slow, busy);
+    let (done, busy) = post_and_retry_while_running(&client, app, "/pay", "acl-2").await;
     assert_eq!(done.status, 201);
     assert_eq!(busy.status, 409, "{:?}", busy.body);
     let id = busy.json()["record_id"].as_str().unwrap().to_string();

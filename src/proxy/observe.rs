@@ -312,54 +312,11 @@ impl Proxy {
             // Running, unknown, another request's or unreadable when claimed: as it is now
             // that this execution has its answer.
             None => {
-                // An execution still under way when this one has its answer (the first of
-                // a retried key, whose client may already have its answer: an observed
-                // route writes the record after it) is waited for, while this execution's
-                // answer could replace a failure it records: for as long as its upstream
-                // may take to answer and its record to be written, re-read at growing
-                // intervals. Read once, that failure would be written after this read and
-                // replayed once the route enforces, although a later execution succeeded.
-                // The answer kept meanwhile is taken from the buffer budget; with no room
-                // there, the record is read once, as before, and the warning says so.
-                let until = tokio::time::Instant::now() + owner_bound + store_timeout * 2;
-                let mut pause = Duration::from_millis(10);
-                let mut kept = self.shared.buffers.hold();
-                let may_wait = success && answer.is_some();
-                let mut budgeted = false;
-                loop {
-                    let read = deadline(store_timeout, store.inspect(&known.id, false)).await;
-                    match read {
-                        Ok(Some(v)) => match (v.state, v.status) {
-                            (RecordState::Completed, Some(status)) => {
-                                break Recorded::Completed(status)
-                            }
-                            (RecordState::InProgress, _) if may_wait => {
-                                if !budgeted {
-                                    let size = answer.as_ref().map_or(0, answer_size);
-                                    budgeted = kept.grow_if_room(size);
-                                }
-                                if budgeted && tokio::time::Instant::now() + pause < until {
-                                    tokio::time::sleep(pause).await;
-                                    pause = (pause * 2).min(Duration::from_millis(250));
-                                    continue;
-                                }
-                                let why = if budgeted {
-                                    "the wait for it ended"
-                                } else {
-                                    "the buffer budget had no room to keep this answer"
-                                };
-                                tracing::warn!(record = %known.id, why, "observe mode: the first execution of a duplicate was still recording; a failure it records later would be replayed once the route enforces");
-                                break Recorded::Running;
-                            }
-                            _ => break Recorded::Running,
-                        },
-                        Ok(None) => break Recorded::Nothing,
-                        Err(e) => {
-                            tracing::warn!(record = %known.id, error = %e, "observe mode: could not read the record of a duplicate");
-                            self.shared.store_failing.took(false);
-                            return false;
-                        }
-                    }
+                // Only an answer that could replace a failure waits for the record.
+                let keep = answer.as_ref().filter(|_| success);
+                match self.record_once_written(known, keep, owner_bound).await {
+                    Some(recorded) => recorded,
+                    None => return false,
                 }
             }
         };
@@ -379,6 +336,62 @@ impl Proxy {
             }
             Recorded::Completed(_) | Recorded::Running => success,
             Recorded::Nothing => false,
+        }
+    }
+
+    /// What a duplicate's record says once the execution that holds it has written it.
+    ///
+    /// An execution still under way when this one has its answer (the first of a retried
+    /// key, whose client may already have its answer: an observed route writes the record
+    /// after it) is waited for while `keep`, this execution's answer, could replace a
+    /// failure it records: for as long as its upstream may take to answer (`owner_bound`)
+    /// and its record to be written, re-read at growing intervals. Read once, that failure
+    /// would be written after this read and replayed once the route enforces, although a
+    /// later execution succeeded. The answer kept meanwhile is taken from the buffer
+    /// budget; with no room there, or still in progress when the wait ends, the record
+    /// counts as running and a warning says why. `None`: the store could not be read.
+    async fn record_once_written(
+        &self,
+        known: &Known,
+        keep: Option<&StoredResponse>,
+        owner_bound: Duration,
+    ) -> Option<Recorded> {
+        let store_timeout = self.shared.settings.config.store_timeout;
+        let until = tokio::time::Instant::now() + owner_bound + store_timeout * 2;
+        let mut pause = Duration::from_millis(10);
+        let mut kept = self.shared.buffers.hold();
+        let mut budgeted = false;
+        loop {
+            let read = deadline(store_timeout, self.shared.store.inspect(&known.id, false)).await;
+            let view = match read {
+                Ok(Some(view)) => view,
+                Ok(None) => return Some(Recorded::Nothing),
+                Err(e) => {
+                    tracing::warn!(record = %known.id, error = %e, "observe mode: could not read the record of a duplicate");
+                    self.shared.store_failing.took(false);
+                    return None;
+                }
+            };
+            let answer = match (view.state, view.status, keep) {
+                (RecordState::Completed, Some(status), _) => {
+                    return Some(Recorded::Completed(status))
+                }
+                (RecordState::InProgress, _, Some(answer)) => answer,
+                _ => return Some(Recorded::Running),
+            };
+            budgeted = budgeted || kept.grow_if_room(answer_size(answer));
+            if budgeted && tokio::time::Instant::now() + pause < until {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(250));
+                continue;
+            }
+            let why = if budgeted {
+                "the wait for it ended"
+            } else {
+                "the buffer budget had no room to keep this answer"
+            };
+            tracing::warn!(record = %known.id, why, "observe mode: the first execution of a duplicate was still recording; a failure it records later would be replayed once the route enforces");
+            return Some(Recorded::Running);
         }
     }
 

@@ -622,6 +622,22 @@ pub async fn post(
     .await
 }
 
+/// A POST with `key` that the upstream takes 300 ms to answer, and its retry sent 100 ms
+/// into it, while the first is in progress: both answers, the first's first.
+pub async fn post_and_retry_while_running(
+    client: &reqwest::Client,
+    app: &Running,
+    path: &str,
+    key: &str,
+) -> (Answer, Answer) {
+    let slow = post(client, app, path, Some(key), "{}", &[(DELAY_MS, "300")]);
+    let busy = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        post(client, app, path, Some(key), "{}", &[]).await
+    };
+    tokio::join!(slow, busy)
+}
+
 /// POSTs JSON to a full URL with a key in a task of its own: a request that stays in
 /// flight while the test goes on.
 pub fn post_in_background(
