@@ -336,13 +336,10 @@ fn acking(up: &Upstream, primary: &RedisServer) -> Config {
 
 async fn eventually_online(primary: &RedisServer) {
     let until = std::time::Instant::now() + Duration::from_secs(20);
-    while !primary
-        .command(&["INFO", "replication"])
-        .is_some_and(|r| r.contains("state=online"))
-    {
-        assert!(std::time::Instant::now() < until, "replica never online");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let streaming = tokio::task::block_in_place(|| {
+        common::topology::replicas_streaming(|a| primary.command(a), 1, until)
+    });
+    assert!(streaming, "replica never online");
 }
 
 fn replica_pid(n: &Node) -> u32 {

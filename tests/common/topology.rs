@@ -432,17 +432,15 @@ impl Sentinels {
             .expect("a data node on that port")
     }
 
-    /// Waits until the primary sees `n` replicas online.
+    /// Waits until the primary has `n` replicas online and streaming
+    /// ([`replicas_streaming`]).
     pub fn wait_replicas_online(&self, n: usize) {
         let until = Instant::now() + Duration::from_secs(30);
         while Instant::now() < until {
             if let Some(port) = self.primary_port() {
-                let i = self.index_of(port);
-                let online = self.data[i]
-                    .cli(&["INFO", "replication"])
-                    .map(|r| r.matches("state=online").count())
-                    .unwrap_or(0);
-                if online >= n {
+                let node = &self.data[self.index_of(port)];
+                let step = (Instant::now() + Duration::from_secs(2)).min(until);
+                if replicas_streaming(|a| node.cli(a), n, step) {
                     return;
                 }
             }
@@ -555,9 +553,8 @@ impl Cluster {
                     .is_some_and(|i| i.contains("cluster_state:ok"))
             }) && self.primaries().len() == 3
                 && self.primaries().iter().all(|i| {
-                    self.nodes[*i]
-                        .cli(&["INFO", "replication"])
-                        .is_some_and(|r| r.contains("state=online"))
+                    let step = (Instant::now() + Duration::from_secs(2)).min(until);
+                    replicas_streaming(|a| self.nodes[*i].cli(a), 1, step)
                 });
             if ok {
                 return;
@@ -632,4 +629,63 @@ pub fn redis_base(up: &super::Upstream) -> idemgate::Config {
     let mut c = super::config(up, &super::Backend::memory());
     c.namespace = Some(super::NAMESPACE.into());
     c
+}
+
+/// Waits until `n` replicas of the primary that `cmd` sends to apply its replication
+/// stream: each must acknowledge the offset of a probe write (a key set and deleted again;
+/// on a cluster node, under the first hash tag that node serves). `state=online` alone is
+/// not that: after a diskless full sync, Redis 7.0 names a replica online but streams
+/// nothing to it until the replica's next `REPLCONF ACK`, up to a second later, and a
+/// replica frozen in that window acknowledges nothing, however long a `WAIT` waits.
+/// False if that does not happen by `until`.
+pub fn replicas_streaming(
+    cmd: impl Fn(&[&str]) -> Option<String>,
+    n: usize,
+    until: Instant,
+) -> bool {
+    let offsets = |info: &str| -> (Option<u64>, Vec<u64>) {
+        let mut primary = None;
+        let mut acked = Vec::new();
+        for l in info.lines().map(str::trim) {
+            if let Some(v) = l.strip_prefix("master_repl_offset:") {
+                primary = v.parse().ok();
+            } else if l.starts_with("slave") && l.contains("state=online") {
+                acked.extend(
+                    l.split(',')
+                        .find_map(|f| f.strip_prefix("offset="))
+                        .and_then(|v| v.parse::<u64>().ok()),
+                );
+            }
+        }
+        (primary, acked)
+    };
+    while Instant::now() < until {
+        let online = cmd(&["INFO", "replication"]).map_or(0, |i| offsets(&i).1.len());
+        if online < n {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        let written = (0..256).find_map(|tag| {
+            let key = format!("test:replication-probe:{{{tag}}}");
+            let ok = cmd(&["SET", &key, "1"]).is_some_and(|r| r.trim_end().ends_with("OK"));
+            ok.then(|| cmd(&["DEL", &key]))
+        });
+        if written.is_none() {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        let Some(target) = cmd(&["INFO", "replication"]).and_then(|i| offsets(&i).0) else {
+            continue;
+        };
+        while Instant::now() < until {
+            let caught_up = cmd(&["INFO", "replication"]).map_or(0, |i| {
+                offsets(&i).1.iter().filter(|o| **o >= target).count()
+            });
+            if caught_up >= n {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    false
 }
