@@ -313,7 +313,7 @@ fn hundreds_of_silent_connections_under_a_low_fd_limit_leave_normal_traffic_alon
                 .body("{}")
                 .send()
                 .await;
-            answers.push(r.map(|r| r.status().as_u16()).map_err(|e| e.to_string()));
+            answers.push(r.map(|r| r.status().as_u16()).map_err(|e| format!("{e:?}")));
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         answers
