@@ -635,7 +635,6 @@ async fn shutdown_takes_one_grace_period_in_all() {
     waiting.abort();
 }
 
-/// Peak resident memory (VmHWM) of a process, in bytes.
 /// A `POST /v1/transfers` of `{}` under `key` on one client connection, its answer read
 /// to the end: the status, or the error (the whole chain) that ended the connection.
 async fn post_on(
@@ -663,6 +662,7 @@ async fn post_on(
     Ok(status)
 }
 
+/// Peak resident memory (VmHWM) of a process, in bytes.
 fn peak_rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let kb: u64 = status

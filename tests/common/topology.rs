@@ -665,15 +665,14 @@ pub fn replicas_streaming(
             std::thread::sleep(Duration::from_millis(50));
             continue;
         }
-        let written = (0..256).find_map(|tag| {
-            let key = format!("test:replication-probe:{{{tag}}}");
-            let ok = cmd(&["SET", &key, "1"]).is_some_and(|r| r.trim_end().ends_with("OK"));
-            ok.then(|| cmd(&["DEL", &key]))
-        });
-        if written.is_none() {
+        let probe = (0..256)
+            .map(|tag| format!("test:replication-probe:{{{tag}}}"))
+            .find(|key| cmd(&["SET", key, "1"]).is_some_and(|r| r.trim_end().ends_with("OK")));
+        let Some(key) = probe else {
             std::thread::sleep(Duration::from_millis(50));
             continue;
-        }
+        };
+        cmd(&["DEL", &key]);
         let Some(target) = cmd(&["INFO", "replication"]).and_then(|i| offsets(&i).0) else {
             continue;
         };
