@@ -15,6 +15,7 @@ use common::*;
 /// The accept queue the kernel gave the socket listening on `port` (`ss`'s `Send-Q` for a
 /// listening socket), if one is listening there.
 fn accept_queue(port: u16) -> Option<u32> {
+    common::setup::tools();
     let out = Command::new("ss")
         .args(["-ltnH", &format!("sport = :{port}")])
         .output()

@@ -12,8 +12,8 @@
 //! another method case, `_method` bodies, suffixes): a replay must answer what the handler
 //! runs as the first request, and what it runs as the first must not run again.
 //!
-//! The frameworks are installed, pinned, by `tests/frameworks/install.sh` (which `.ci/run`
-//! runs too) into the target directory. `docs/path-spellings.md` holds the table this test
+//! The frameworks are installed, pinned, by `tests/frameworks/install.sh`, which the tests'
+//! shared set-up (`tests/setup/install.sh`) runs once per machine into its cache. `docs/path-spellings.md` holds the table this test
 //! makes: it fails when the table there differs; `IDEMGATE_WRITE_DOCS=1` rewrites it.
 
 #![allow(clippy::unwrap_used)]
@@ -157,26 +157,9 @@ fn corpus() -> Vec<(Vec<u8>, String)> {
         .collect()
 }
 
-/// Where the frameworks are installed: beside the test binaries, in the target directory.
-/// Installed once per test binary: the tests run in parallel, and two runs of the script
-/// into one directory would race.
+/// Where the frameworks are installed: in the tests' shared cache (tests/setup/install.sh).
 fn install_dir() -> PathBuf {
-    static INSTALLED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    INSTALLED.get_or_init(install).clone()
-}
-
-fn install() -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_idemgate"));
-    let target = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let dir = target.join("frameworks");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/frameworks/install.sh");
-    let status = Command::new("bash")
-        .arg(&script)
-        .arg(&dir)
-        .status()
-        .expect("run tests/frameworks/install.sh");
-    assert!(status.success(), "tests/frameworks/install.sh failed");
-    dir
+    common::setup::tools().join("frameworks")
 }
 
 fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {

@@ -4,7 +4,7 @@
 //! field it is sent: over h2 the authority goes once (`:authority`, no `host` beside it) and
 //! no connection-specific header goes at all (RFC 9113 8.2.2, 8.3.1); over HTTP/1.1 exactly
 //! one `Host`, the upstream's. Then against servers that no one here wrote, installed from
-//! Debian's packages by `tests/h2_servers/install.sh` (which `.ci/run` runs too): nginx
+//! Debian's packages by the tests' shared set-up (`tests/setup/install.sh`): nginx
 //! (`listen ... ssl http2`), Caddy (`protocols h1 h2 h2c`) and Apache httpd with mod_http2,
 //! each as an `https://` upstream, with ALPN h2 and with `upstream_http2 = false`: a
 //! pass-through GET, a protected POST and its replay, and the server's own access log saying
@@ -17,7 +17,7 @@ mod common;
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -250,18 +250,9 @@ async fn over_http1_exactly_one_host_goes_and_it_is_the_upstreams() {
 
 // Servers no one here wrote.
 
-/// The servers' install directory check: runs the install script (which keeps what is
-/// there) once per test binary.
+/// The servers come from Debian's packages, installed by the tests' shared set-up.
 fn install() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h2_servers/install.sh");
-        let status = Command::new("bash")
-            .arg(&script)
-            .status()
-            .expect("run tests/h2_servers/install.sh");
-        assert!(status.success(), "tests/h2_servers/install.sh failed");
-    });
+    common::setup::tools();
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -1,7 +1,8 @@
 //! A rolling upgrade: an instance of the previous release and one of this build on one
 //! Redis, each retry sent to the other version. The previous release is built from this
-//! repository's history (`PREVIOUS`, the release before the changes to record ids and
-//! fingerprints) into `target/mixed-version`, once; later runs reuse the build.
+//! repository's history (tests/setup/previous-release, the release before the changes to
+//! record ids and fingerprints) by tests/setup/install.sh into the tests' cache
+//! (~/.cache/idemgate-tests), once per machine; later runs and other clones reuse it.
 //!
 //! What must hold, as docs/production.md ("Namespaces and upgrades") says:
 //! - a retry on this build of an operation the previous release ran is a replay, and an
@@ -21,63 +22,16 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
 use common::*;
 
-/// The previous release: the last commit before record ids and fingerprints changed.
-const PREVIOUS: &str = "4684aed649fdb2029c91c63dffc2b0162d935810";
 const SECRET: &str = "mixed-version-jwt-secret-0123456789abcdef";
 
-/// The previous release's binary, built once from `git archive PREVIOUS`.
+/// The previous release (the last commit before record ids and fingerprints changed, named in
+/// tests/setup/previous-release), built once per machine by the tests' shared set-up.
 fn previous_binary() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_idemgate"));
-    let target = exe.parent().and_then(Path::parent).unwrap();
-    let dir = target.join("mixed-version");
-    let bin = dir.join("debug/idemgate");
-    let stamp = dir.join("built-from");
-    if bin.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(PREVIOUS) {
-        return bin;
-    }
-    let has = Command::new("git")
-        .arg("-C")
-        .arg(manifest)
-        .args(["cat-file", "-e", &format!("{PREVIOUS}^{{commit}}")])
-        .status()
-        .unwrap();
-    assert!(
-        has.success(),
-        "the previous release {PREVIOUS} is not in this clone's history (a shallow clone?): fetch it to run this test"
-    );
-    let src = dir.join("src");
-    let _ = std::fs::remove_dir_all(&src);
-    std::fs::create_dir_all(&src).unwrap();
-    let archive = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "git -C \"$0\" archive {PREVIOUS} | tar -x -C \"$1\""
-        ))
-        .arg(manifest)
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(archive.success(), "git archive {PREVIOUS}");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let built = Command::new(cargo)
-        .current_dir(&src)
-        .args(["build", "--locked", "--bin", "idemgate", "--target-dir"])
-        .arg(&dir)
-        // Only the binary is needed: no debug info, no incremental cache.
-        .env("CARGO_PROFILE_DEV_DEBUG", "0")
-        .env("CARGO_INCREMENTAL", "0")
-        .env_remove("CARGO_TARGET_DIR")
-        .status()
-        .unwrap();
-    assert!(built.success(), "building the previous release {PREVIOUS}");
-    std::fs::write(&stamp, PREVIOUS).unwrap();
-    bin
+    common::setup::previous_release()
 }
 
 /// `POST path` with `auth` and `key`: status and whether it was a replay.

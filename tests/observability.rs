@@ -3,8 +3,8 @@
 //! is on `/metrics` of a running idemgate, and every label value they select on (`op="record"`,
 //! `outcome=~"store_error|overloaded"`) exists on that metric. The dashboard's expressions,
 //! with Grafana's variables filled in, must also parse as PromQL: they are written as
-//! recording rules and run through `promtool check rules` (skipped, with a message, where
-//! promtool is not installed; CI installs it in deploy/prometheus/check.sh first).
+//! recording rules and run through `promtool check rules` (Debian's `prometheus` package,
+//! which the tests' shared set-up, tests/setup/install.sh, installs).
 
 #![allow(clippy::unwrap_used)]
 
@@ -516,13 +516,7 @@ async fn alerts_and_dashboard_use_only_exported_metrics() {
     for e in &substituted {
         assert!(!e.contains('$'), "a variable left in {e}");
     }
-    if Command::new("promtool").arg("--version").output().is_err() {
-        eprintln!(
-            "SKIPPED: promtool is not installed, the dashboard's expressions were not parsed \
-             (bash deploy/prometheus/check.sh installs it)"
-        );
-        return;
-    }
+    common::setup::tools();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("dashboard_rules.yaml");
     let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");

@@ -105,6 +105,7 @@ async fn a_new_store_directory_starts_empty() {
 /// again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wall_clock_jump_expires_nothing() {
+    common::setup::tools();
     let lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
     assert!(
         std::path::Path::new(lib).exists(),

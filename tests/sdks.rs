@@ -15,7 +15,7 @@ mod common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -99,20 +99,9 @@ impl FakeStripe {
     }
 }
 
+/// Where the SDKs are installed: in the tests' shared cache (tests/setup/install.sh).
 fn install_dir() -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_idemgate"));
-    let dir = exe.parent().and_then(Path::parent).unwrap().join("sdks");
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdks/install.sh");
-        let status = Command::new("bash")
-            .arg(&script)
-            .arg(&dir)
-            .status()
-            .unwrap();
-        assert!(status.success(), "tests/sdks/install.sh failed");
-    });
-    dir
+    common::setup::tools().join("sdks")
 }
 
 #[derive(Clone, Copy, Debug)]

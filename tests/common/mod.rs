@@ -6,6 +6,7 @@ pub mod certs;
 pub mod history;
 pub mod idp;
 pub mod postgres;
+pub mod setup;
 pub mod topology;
 
 /// Runs each named `async fn(Backend)` of the test file twice: on the embedded store and on
@@ -88,6 +89,7 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
+        setup::tools();
         let log = self.dir.path().join("redis.log");
         let mut cmd = Command::new("redis-server");
         cmd.arg("--port")

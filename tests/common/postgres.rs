@@ -33,6 +33,7 @@ pub struct Ssl<'a> {
 /// The directory with `initdb` and `pg_ctl`: `$PG_BIN`, else the newest
 /// /usr/lib/postgresql/*/bin, else the PATH.
 fn bin_dir() -> PathBuf {
+    super::setup::tools();
     if let Some(dir) = std::env::var_os("PG_BIN") {
         return dir.into();
     }

@@ -189,6 +189,7 @@ impl Node {
     }
 
     fn spawn_process(&mut self) {
+        super::setup::tools();
         let mut cmd = Command::new("redis-server");
         cmd.args(&self.args)
             .arg("--bind")
