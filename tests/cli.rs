@@ -1,7 +1,7 @@
 //! The binary's contract with its operator: flags, configuration layering, exit codes.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};

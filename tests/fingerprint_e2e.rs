@@ -2,8 +2,7 @@
 //! when they do not. Each case runs through the proxy on the embedded store and on Redis.
 #![allow(clippy::unwrap_used)]
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::*;
 use idemgate::config::Route;

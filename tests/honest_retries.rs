@@ -4,7 +4,7 @@
 //! request's bytes exactly as the client sent them.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 

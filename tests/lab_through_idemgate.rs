@@ -60,7 +60,7 @@ async fn over_tls_nothing_moves_twice() {
     assert!(report.passed(), "{table}");
 }
 
-mod common;
+use crate::common;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_idemgate_on_redis_nothing_moves_twice() {

@@ -8,8 +8,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -4,8 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

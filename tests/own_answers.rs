@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::{client, http_get, post_url, Gate, Upstream, FAULT};
 

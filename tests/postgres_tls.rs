@@ -13,7 +13,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};

@@ -3,8 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[macro_use]
-mod common;
+use crate::common;
 
 use common::*;
 use idemgate::config::{Config, Route};

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -339,7 +339,7 @@ async fn a_frozen_primary_is_left_behind() {
 /// The per-primary share of records and the primaries' time in idemgate's scripts, over
 /// `SCALE_KEYS` (default 100,000) new keys sent through one idemgate, 32 at a time;
 /// printed, not asserted.
-/// `cargo test --test redis_cluster share_over_many_keys -- --ignored --nocapture`
+/// `cargo test --test stores redis_cluster::share_over_many_keys -- --ignored --nocapture`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement"]
 async fn share_over_many_keys() {

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -351,7 +351,7 @@ fn replica_pid(n: &Node) -> u32 {
 
 /// What `min_replicas_ack` costs, read from Redis itself (`INFO commandstats` and
 /// `INFO cpu` of the primary) over new keys sent one at a time; printed, not asserted.
-/// `cargo test --release --test redis_sentinel replica_ack_cost -- --ignored --nocapture`
+/// `cargo test --release --test stores redis_sentinel::replica_ack_cost -- --ignored --nocapture`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement"]
 async fn replica_ack_cost() {

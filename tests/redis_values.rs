@@ -4,7 +4,7 @@
 //! memory. The contract common to every store runs on this form in `tests/store_contract.rs`.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! real PostgreSQL server, through the `Store` trait only.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,0 +1,17 @@
+//! Tests that read a process's resources (resident memory, threads, sockets, the accept queue) or
+//! load it on purpose (floods, overload): kept out of the main binary so that other tests'
+//! traffic does not share their process.
+//!
+//! Each module is one file of tests/ (`cargo test --test measured NAME::` runs one).
+
+#[macro_use]
+mod common;
+
+mod accept_queue;
+mod flow_control;
+mod hostile;
+mod keepalive;
+mod limits;
+mod memory_budget;
+mod overload;
+mod threads;

@@ -1,0 +1,13 @@
+//! Peers no one here wrote: real frameworks, SDKs and h2 servers behind or in front of idemgate,
+//! and the previous release beside this one.
+//!
+//! Each module is one file of tests/ (`cargo test --test peers NAME::` runs one).
+
+#[macro_use]
+mod common;
+
+mod frameworks;
+mod h2_servers;
+mod h2_upstreams;
+mod mixed_version;
+mod sdks;

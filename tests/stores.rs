@@ -1,0 +1,18 @@
+//! idemgate on each store and topology: PostgreSQL servers, Redis over TLS, Sentinel and Cluster
+//! set-ups, the store contract, the files of the persistent stores.
+//!
+//! Each module is one file of tests/ (`cargo test --test stores NAME::` runs one).
+
+#[macro_use]
+mod common;
+
+mod at_rest;
+mod persistent;
+mod postgres;
+mod postgres_faults;
+mod postgres_tls;
+mod redis_cluster;
+mod redis_sentinel;
+mod redis_tls;
+mod redis_values;
+mod store_contract;
