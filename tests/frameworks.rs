@@ -24,7 +24,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const BODY: &str = r#"{"amount":10,"to":"acct-2"}"#;
 
@@ -162,12 +162,12 @@ fn install_dir() -> PathBuf {
     common::setup::tools().join("frameworks")
 }
 
-fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(60);
-    while !ready() {
-        assert!(Instant::now() < until, "{what} did not become ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn wait_until(what: &str, ready: impl FnMut() -> bool) {
+    common::wait_until(
+        Duration::from_secs(60),
+        &format!("{what} to be ready"),
+        ready,
+    );
 }
 
 fn start(framework: &str, dir: &Path) -> (Server, SocketAddr) {
