@@ -8,6 +8,7 @@ pub mod idp;
 pub mod postgres;
 pub mod setup;
 pub mod topology;
+pub mod wire;
 
 /// Runs each named `async fn(Backend)` of the test file twice: on the embedded store and on
 /// a redis-server of its own.
