@@ -526,7 +526,7 @@ mod tests {
 
     #[test]
     fn every_type_uri_is_the_base_and_the_name() {
-        assert_eq!(Problem::ALL.len(), 22);
+        assert_eq!(Problem::ALL.len(), 25);
         for p in Problem::ALL {
             assert_eq!(p.type_uri(), format!("{TYPE_BASE}{}", p.name()));
         }

@@ -31,6 +31,7 @@ mod operator;
 mod ops;
 mod otel;
 mod own_answers;
+mod path_strictness;
 mod proxy;
 mod record_control;
 mod record_mode;
