@@ -517,7 +517,11 @@ const PAIRS: [Pair; 17] = [
 const PARAM_COLUMNS: [(&str, &str, &str); 5] = [
     ("Express 5.2", "express", "framework = \"express\""),
     // @koa/router 15 keeps a `+`, which the preset cannot know (13 reads a space).
-    ("Koa 3.3", "koa", "framework = \"koa\"\nplus_is_space = false"),
+    (
+        "Koa 3.3",
+        "koa",
+        "framework = \"koa\"\nplus_is_space = false",
+    ),
     ("Fastify 5.12", "fastify", "framework = \"fastify\""),
     ("Flask 3.1", "flask", "framework = \"flask\""),
     ("Starlette 1.10", "starlette", "framework = \"fastapi\""),
