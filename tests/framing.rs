@@ -313,3 +313,48 @@ async fn a_head_answer_keeps_its_length_and_sends_no_body() {
     assert_eq!(next.expect("next").text(), BALANCE);
     app.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_both_framing_headers_reach_the_client_as_their_replay() {
+    let (_up, app) = rig().await;
+    let c = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .expect("client");
+    let url = format!("http://{}/both", app.addr());
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let res = c
+            .post(&url)
+            .header("idempotency-key", "k-h2-both")
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+            .expect("answer");
+        let status = res.status().as_u16();
+        let mut headers: Vec<(String, String)> = res
+            .headers()
+            .iter()
+            .filter(|(n, _)| !["date", "idempotent-replayed", "x-request-id"].contains(&n.as_str()))
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or_default().to_string()))
+            .collect();
+        headers.sort();
+        let replayed = res.headers().contains_key("idempotent-replayed");
+        let body = res.bytes().await.expect("body");
+        answers.push((status, headers, body, replayed));
+    }
+    assert_eq!(answers[0].2, long_body().as_bytes());
+    assert!(!answers[0].3 && answers[1].3, "the second is the replay");
+    let len = answers[0]
+        .1
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .map(|(_, v)| v.clone());
+    assert!(len.is_none() || len == Some("106".into()), "{len:?}");
+    assert_eq!(
+        (&answers[0].0, &answers[0].1, &answers[0].2),
+        (&answers[1].0, &answers[1].1, &answers[1].2)
+    );
+    app.shutdown().await;
+}
