@@ -202,3 +202,28 @@ async fn connect_is_refused_405_and_never_forwarded() {
     assert_eq!(methods, vec!["POST".to_string()], "CONNECT never forwarded");
     app.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observing_counts_a_hidden_deciding_header_as_enforcing_would_refuse_it() {
+    let (up, app) = rig(|cfg| cfg.defaults.mode = idemgate::config::Mode::Observe).await;
+    let answers = send_each(
+        &app,
+        vec![post(
+            "/transfers",
+            "k-obs",
+            "{}",
+            "connection: authorization\r\nauthorization: Bearer t\r\n",
+        )],
+    )
+    .await;
+    // Forwarded as if idemgate were absent.
+    assert_eq!(answers[0].status, 201, "{}", answers[0].text());
+    assert_eq!(up.hits(), 1);
+    let admin = app.admin_addr().expect("admin");
+    let metrics = crate::common::http_get(admin, "/metrics").unwrap_or_default();
+    assert!(
+        metrics.contains("idemgate_observed_total{route=\"default\",would=\"invalid_header\"} 1"),
+        "{metrics}"
+    );
+    app.shutdown().await;
+}
