@@ -212,7 +212,7 @@ struct RouteModeLabel {
 }
 
 /// What enforcing would have done, the `would` label of `idemgate_observed_total`.
-pub const WOULDS: [&str; 23] = [
+pub const WOULDS: [&str; 24] = [
     "execute",
     "replay",
     "in_progress",
@@ -235,6 +235,7 @@ pub const WOULDS: [&str; 23] = [
     "invalid_method_override",
     "invalid_method",
     "invalid_path",
+    "invalid_header",
     "other",
 ];
 

@@ -12,4 +12,5 @@ mod frameworks;
 mod h2_servers;
 mod h2_upstreams;
 mod mixed_version;
+mod peers_wire;
 mod sdks;

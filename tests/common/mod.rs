@@ -8,6 +8,7 @@ pub mod idp;
 pub mod postgres;
 pub mod setup;
 pub mod topology;
+pub mod wire;
 
 /// Runs each named `async fn(Backend)` of the test file twice: on the embedded store and on
 /// a redis-server of its own.
@@ -368,9 +369,9 @@ impl Upstream {
         let mode = match one(FAULT).as_deref() {
             Some("hang") => Mode::Hang,
             Some("reset") => Mode::Reset,
-            _ => *self.mode.lock().unwrap(),
+            _ => *self.mode.lock().expect("lock"),
         };
-        self.seen.lock().unwrap().push(Seen {
+        self.seen.lock().expect("lock").push(Seen {
             execution: n,
             method: parts.method.to_string(),
             uri: parts.uri.to_string(),
@@ -433,11 +434,11 @@ impl Upstream {
     }
 
     pub fn set_mode(&self, m: Mode) {
-        *self.mode.lock().unwrap() = m;
+        *self.mode.lock().expect("lock") = m;
     }
 
     pub fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
+        self.seen.lock().expect("lock").clone()
     }
 
     pub fn url(&self) -> String {
@@ -809,7 +810,7 @@ impl Gate {
         env: &[(&str, &str)],
     ) -> (Option<i32>, String) {
         let (mut cmd, _, _, dir) = Self::command(upstream, redis_url, env);
-        let mut child = cmd.spawn().unwrap();
+        let mut child = cmd.spawn().expect("test set-up");
         let Some(status) = exit_within(&mut child, Duration::from_secs(20)) else {
             let _ = child.kill();
             panic!("idemgate did not exit");
@@ -1160,7 +1161,7 @@ impl RawUpstream {
                 let received = received.clone();
                 tokio::spawn(async move {
                     let slot = {
-                        let mut r = received.lock().unwrap();
+                        let mut r = received.lock().expect("lock");
                         r.push(Vec::new());
                         r.len() - 1
                     };
@@ -1173,7 +1174,7 @@ impl RawUpstream {
                         if n == 0 {
                             break;
                         }
-                        received.lock().unwrap()[slot].extend_from_slice(&buf[..n]);
+                        received.lock().expect("lock")[slot].extend_from_slice(&buf[..n]);
                     }
                     let _ = stream
                         .write_all(b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
@@ -1188,7 +1189,7 @@ impl RawUpstream {
     pub fn received(&self) -> Vec<String> {
         self.received
             .lock()
-            .unwrap()
+            .expect("lock")
             .iter()
             .map(|b| String::from_utf8_lossy(b).into_owned())
             .collect()
@@ -1280,7 +1281,7 @@ impl TimeWait {
 /// The sockets with `port` at either end, in `state` (/proc/net/tcp's hex, "06" for
 /// TIME_WAIT) or in any.
 fn sockets_on(port: u16, state: Option<&str>) -> std::collections::HashSet<(String, String)> {
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
     let port_of = |addr: &str| {
         addr.rsplit(':')
             .next()
