@@ -200,6 +200,8 @@ async fn an_unknown_record_is_listed_shown_found_and_completed_then_replays() {
         body_file.to_str().unwrap(),
         "--header",
         "Content-Type: application/json",
+        "--reason",
+        "the upstream's ledger shows tr_123 booked",
     ]);
     let completed = records_async(complete.clone(), env.clone()).await;
     assert_eq!(completed.code, 0, "{completed}");
@@ -235,7 +237,11 @@ async fn an_unknown_record_is_listed_shown_found_and_completed_then_replays() {
     let missing = records_async(owned(&["show", &nothing]), env.clone()).await;
     assert_eq!(missing.code, 1, "{missing}");
     assert!(missing.stderr.contains("no such record"), "{missing}");
-    let missing = records_async(owned(&["release", &nothing]), env.clone()).await;
+    let missing = records_async(
+        owned(&["release", &nothing, "--reason", "test"]),
+        env.clone(),
+    )
+    .await;
     assert_eq!(missing.code, 1, "{missing}");
 
     // IDEMGATE_ADMIN_URL is known; a variable that names nothing is still warned about.
@@ -299,23 +305,33 @@ async fn releasing_an_in_progress_record_wants_force_and_the_token() {
 
     // Without the token, or with another one: 77, nothing released.
     let no_token = admin_env(&gate);
-    let r = records_async(owned(&["release", &id, "--force"]), no_token.clone()).await;
+    let r = records_async(
+        owned(&["release", &id, "--force", "--reason", "owner gone"]),
+        no_token.clone(),
+    )
+    .await;
     assert_eq!(r.code, 77, "{r}");
     let r = records_async(
-        owned(&["--token", "wrong", "release", &id, "--force"]),
+        owned(&[
+            "--token", "wrong", "release", &id, "--force", "--reason", "x",
+        ]),
         no_token,
     )
     .await;
     assert_eq!(r.code, 77, "{r}");
     assert!(r.stderr.contains("token"), "{r}");
 
-    let refused = records_async(owned(&["release", &id]), env.clone()).await;
+    let refused = records_async(owned(&["release", &id, "--reason", "test"]), env.clone()).await;
     assert_eq!(refused.code, 2, "{refused}");
     assert!(refused.stderr.contains("lease"), "{refused}");
     let still = records_async(owned(&["show", &id, "--json"]), env.clone()).await;
     assert_eq!(still.json()["state"], "in_progress", "{still}");
 
-    let forced = records_async(owned(&["release", &id, "--force"]), env.clone()).await;
+    let forced = records_async(
+        owned(&["release", &id, "--force", "--reason", "owner gone"]),
+        env.clone(),
+    )
+    .await;
     assert_eq!(forced.code, 0, "{forced}");
     assert!(forced.stdout.contains("released"), "{forced}");
     let gone = records_async(owned(&["show", &id]), env.clone()).await;
@@ -356,6 +372,8 @@ fn nothing_listening_is_69_and_bad_usage_is_64() {
         vec!["list", "--state", "lost"],
         vec!["complete", id.as_str()],
         vec!["complete", id.as_str(), "--status", "many"],
+        vec!["complete", id.as_str(), "--status", "201"],
+        vec!["release", id.as_str()],
         vec!["lookup", "--path", "/v1/transfers"],
         vec![
             "lookup", "--path", "/p", "--key", "k", "--header", "no colon",
@@ -374,6 +392,8 @@ fn nothing_listening_is_69_and_bad_usage_is_64() {
             "201",
             "--body-file",
             "/nonexistent/f",
+            "--reason",
+            "test",
         ],
         &[("IDEMGATE_ADMIN_URL", &url)],
     );

@@ -945,7 +945,7 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
     )
     .ok()?;
     let mut out = Vec::new();
@@ -1012,7 +1012,9 @@ pub async fn inspect(
 pub async fn release(client: &reqwest::Client, admin: SocketAddr, id: &str) -> bool {
     // Whatever its state: a completed record too (`?completed=true`).
     let r = client
-        .delete(format!("http://{admin}/records/{id}?completed=true"))
+        .delete(format!(
+            "http://{admin}/records/{id}?completed=true&reason=test+releases+it"
+        ))
         .send()
         .await
         .expect("admin request");
@@ -1026,9 +1028,11 @@ pub async fn admin_delete(
     id: &str,
     force: bool,
 ) -> u16 {
-    let force = if force { "?force=true" } else { "" };
+    let force = if force { "&force=true" } else { "" };
     client
-        .delete(format!("http://{admin}/records/{id}{force}"))
+        .delete(format!(
+            "http://{admin}/records/{id}?reason=test+releases+it{force}"
+        ))
         .send()
         .await
         .expect("admin request")
