@@ -242,7 +242,7 @@ impl Admin {
                     Method::DELETE => {
                         let reason = match access::reason(param(&req, "reason").as_deref()) {
                             Ok(r) => r,
-                            Err(res) => return refused(res),
+                            Err(why) => return refused(access::reason_refused(why)),
                         };
                         let (res, before) = self.release(&id, force, &req).await;
                         (res, Some(reason), before, None)
@@ -405,7 +405,7 @@ impl Admin {
         };
         let lookup: Lookup = match parse_json(body) {
             Ok(l) => l,
-            Err(res) => return res,
+            Err(e) => return bad_request(&e),
         };
         let id = match resolver.record_id(&lookup) {
             Ok(id) => id,
@@ -435,12 +435,12 @@ impl Admin {
     ) -> (Response<Body>, Option<String>, Option<String>, Option<u16>) {
         let outcome: operator::Outcome = match parse_json(body) {
             Ok(o) => o,
-            Err(res) => return (res, param(req, "reason"), None, None),
+            Err(e) => return (bad_request(&e), param(req, "reason"), None, None),
         };
         let given = param(req, "reason").or_else(|| outcome.reason.clone());
         let reason = match access::reason(given.as_deref()) {
             Ok(r) => r,
-            Err(res) => return (res, given, None, None),
+            Err(why) => return (access::reason_refused(why), given, None, None),
         };
         let response = match outcome.response() {
             Ok(r) => r,
@@ -497,8 +497,8 @@ async fn read_body(body: Incoming) -> Result<Bytes, Response<Body>> {
 }
 
 /// A JSON request body, read as `T`.
-fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Response<Body>> {
-    serde_json::from_slice(bytes).map_err(|e| bad_request(&format!("body: {e}")))
+fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    serde_json::from_slice(bytes).map_err(|e| format!("body: {e}"))
 }
 
 impl Admin {

@@ -210,23 +210,24 @@ pub fn not_json() -> Response<Body> {
 pub const MAX_REASON: usize = 500;
 
 /// A decision's reason, checked: 1 to [`MAX_REASON`] characters, no control characters.
-pub fn reason(given: Option<&str>) -> Result<String, Response<Body>> {
-    let refuse = |why: &str| {
-        Err(Problem::ReasonRequired.response(
-            format!("{why}: every complete and release says why, as `?reason=...` (1 to {MAX_REASON} characters, no control characters), which the audit log keeps with the operator's name"),
-            None,
-            None,
-        ))
-    };
+/// The error is what [`reason_refused`] says.
+pub fn reason(given: Option<&str>) -> Result<String, &'static str> {
     match given {
-        None => refuse("no reason"),
-        Some(r) if r.trim().is_empty() => refuse("the reason is empty"),
-        Some(r) if r.chars().count() > MAX_REASON => refuse("the reason is too long"),
-        Some(r) if r.chars().any(char::is_control) => {
-            refuse("the reason holds a control character")
-        }
+        None => Err("no reason"),
+        Some(r) if r.trim().is_empty() => Err("the reason is empty"),
+        Some(r) if r.chars().count() > MAX_REASON => Err("the reason is too long"),
+        Some(r) if r.chars().any(char::is_control) => Err("the reason holds a control character"),
         Some(r) => Ok(r.to_string()),
     }
+}
+
+/// The 400 `reason-required` for what [`reason`] found.
+pub fn reason_refused(why: &str) -> Response<Body> {
+    Problem::ReasonRequired.response(
+        format!("{why}: every complete and release says why, as `?reason=...` (1 to {MAX_REASON} characters, no control characters), which the audit log keeps with the operator's name"),
+        None,
+        None,
+    )
 }
 
 /// The 403 for a role that does not allow `what`.
