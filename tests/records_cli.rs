@@ -426,3 +426,74 @@ async fn listing_on_a_cluster_says_why_it_cannot() {
     let r = records_async(lookup, env).await;
     assert_eq!(r.code, 1, "{r}");
 }
+
+/// With named operators: a role that does not allow a release is exit 78 naming the role, a
+/// reason the admin API refuses is 64 naming `reason-required`; the refused attempt is in
+/// the audit log under the operator's name, and nothing was released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_refusal_of_the_admin_api_has_its_exit_code() {
+    use sha2::Digest;
+    let (reader, decider) = ("reader-token-0123456789", "decider-token-0123456789");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idemgate.toml");
+    let mut toml = String::new();
+    for (name, token, role) in [("rita", reader, "read"), ("dan", decider, "decide")] {
+        toml.push_str(&format!(
+            "[[admin_operators]]\nname = \"{name}\"\ntoken_sha256 = \"{}\"\nrole = \"{role}\"\n",
+            hex::encode(sha2::Sha256::digest(token.as_bytes()))
+        ));
+    }
+    std::fs::write(&file, toml).unwrap();
+    let up = Upstream::start().await;
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[
+            ("IDEMGATE_CONFIG", file.to_str().unwrap()),
+            ("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", "300ms"),
+        ],
+    );
+    let c = client();
+    let lost = post_url(
+        &c,
+        &gate.url("/v1/transfers"),
+        Some("x-1"),
+        TRANSFER,
+        &[(FAULT, "hang")],
+    )
+    .await;
+    assert_eq!(lost.status, 504);
+    let id = lost.json()["record_id"].as_str().unwrap().to_string();
+    let with = |token: &str| {
+        let mut env = admin_env(&gate);
+        env.push(("IDEMGATE_ADMIN_TOKEN".into(), token.into()));
+        env
+    };
+    let r = records_async(
+        owned(&["release", &id, "--reason", "not run"]),
+        with(reader),
+    )
+    .await;
+    assert_eq!(r.code, 78, "{r}");
+    assert!(
+        r.stderr.contains("role-forbidden") && r.stderr.contains("`read`"),
+        "{r}"
+    );
+    let r = records_async(
+        owned(&["release", &id, "--reason", "bell\u{7}"]),
+        with(decider),
+    )
+    .await;
+    assert_eq!(r.code, 64, "{r}");
+    assert!(r.stderr.contains("reason-required"), "{r}");
+    let shown = records_async(owned(&["show", &id, "--json"]), with(reader)).await;
+    assert_eq!(shown.json()["state"], "unknown", "{shown}");
+    assert!(
+        gate.log().lines().any(|l| l.contains("idemgate::audit")
+            && l.contains("actor=rita")
+            && l.contains("result=\"refused\"")
+            && l.contains("reason=\"not run\"")),
+        "{}",
+        gate.log()
+    );
+}
