@@ -95,6 +95,7 @@ impl Admin {
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
         let mut res = self.answer(req, peer).await;
         access::secure(&mut res);
+        access::retry_hint(&mut res);
         res
     }
 

@@ -224,6 +224,8 @@ async fn a_web_page_cannot_decide_a_payment_and_the_retry_never_sees_a_forged_an
             "{method} {url} {headers:?}: {doc}"
         );
         assert_eq!(h["content-type"], "application/problem+json");
+        assert_eq!(h["idemgate-error"], *name);
+        assert_eq!(h["x-should-retry"], "false", "{name}");
         assert_secure(&h, name);
         assert_eq!(state(&c, &gate, &id, None).await, "unknown", "{headers:?}");
     }
