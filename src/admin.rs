@@ -1,9 +1,11 @@
-//! The admin listener: `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /records/{id}`
-//! and `DELETE /records/{id}`. Loopback by default; it can release records, so keep it
-//! private, and set `admin_token` when it is not on loopback: then every endpoint but the
-//! probes (`/healthz`, `/readyz`) wants `Authorization: Bearer <token>`. The probes are open
-//! so that a plain `httpGet` probe can use them; they say up or not, nothing else (the
-//! store's error only to a caller with the token).
+//! The admin listener: `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /records/{id}`,
+//! `DELETE /records/{id}` and the rest of the admin API. Loopback by default; it can release
+//! records, so keep it private. Who may do what, from where, is [`crate::admin_access`]'s:
+//! the listener answers only under known hosts, takes writes only from the operator's own
+//! tools, and, once `admin_token` or `admin_operators` is set, wants a token whose role
+//! allows the endpoint. The probes (`/healthz`, `/readyz`) are open so that a plain
+//! `httpGet` probe can use them; they say up or not, nothing else (the store's error only to
+//! a known operator).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -166,7 +168,7 @@ impl Admin {
                 Role::Decide,
             );
         }
-        let force = forced;
+
         let (req, body) = if access::unsafe_method(req.method()) {
             let (parts, incoming) = req.into_parts();
             let bytes = match read_body(incoming).await {
@@ -191,7 +193,7 @@ impl Admin {
             (&Method::POST, p) if p.starts_with("/records/") && p.ends_with("/complete") => {
                 let hex = &p["/records/".len()..p.len() - "/complete".len()];
                 match RecordId::from_hex(hex) {
-                    Some(id) => self.complete(id, force, &req, &body).await,
+                    Some(id) => self.complete(id, forced, &req, &body).await,
                     None => return bad_request("a record id is 64 hex characters"),
                 }
             }
@@ -245,7 +247,7 @@ impl Admin {
                             Ok(r) => r,
                             Err(why) => return refused(access::reason_refused(why)),
                         };
-                        let (res, before) = self.release(&id, force, &req).await;
+                        let (res, before) = self.release(&id, forced, &req).await;
                         (res, Some(reason), before, None)
                     }
                     _ => return text(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE\n"),
