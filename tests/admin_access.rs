@@ -131,7 +131,16 @@ async fn a_web_page_cannot_decide_a_payment_and_the_retry_never_sees_a_forged_an
     let other_port = format!("http://127.0.0.1:{}", admin_addr.port() + 1);
     let own = format!("http://{admin_addr}");
     let evil_host = format!("evil.example:{}", admin_addr.port());
-    let attacks: Vec<(&str, String, Vec<(&str, &str)>, Option<&str>, u16, &str)> = vec![
+    // Method, URL, headers, body, and the status and problem it gets.
+    type Attack<'a> = (
+        &'a str,
+        String,
+        Vec<(&'a str, &'a str)>,
+        Option<&'a str>,
+        u16,
+        &'a str,
+    );
+    let attacks: Vec<Attack> = vec![
         // The simple request a page sends without asking.
         (
             "POST",

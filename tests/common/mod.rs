@@ -1,6 +1,8 @@
 //! Shared test fixtures: a real `redis-server` per test, a fake upstream over TCP with a hit
 //! counter and a settable delay, and idemgate in-process on port 0.
 #![allow(dead_code)]
+// Test helpers: a failed lock or spawn is the test failing.
+#![allow(clippy::unwrap_used)]
 
 pub mod certs;
 pub mod history;
