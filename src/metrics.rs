@@ -217,7 +217,7 @@ struct RouteModeLabel {
 }
 
 /// What enforcing would have done, the `would` label of `idemgate_observed_total`.
-pub const WOULDS: [&str; 23] = [
+pub const WOULDS: [&str; 24] = [
     "execute",
     "replay",
     "in_progress",
@@ -240,6 +240,7 @@ pub const WOULDS: [&str; 23] = [
     "invalid_method_override",
     "invalid_method",
     "invalid_path",
+    "invalid_header",
     "other",
 ];
 

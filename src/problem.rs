@@ -66,6 +66,15 @@ pub enum Problem {
     UpstreamUnreachable,
     /// The request was sent and no complete answer came back.
     UpstreamTimeout,
+    /// The request was sent and what came back is not one answer: its declared length
+    /// disagrees with the bytes the upstream sent, its head could not be parsed, or its
+    /// final status is interim (`101`). It may have run.
+    UpstreamBrokenAnswer,
+    /// A request header that idemgate decides on is hidden from the upstream (named by
+    /// `Connection`) or has a look-alike (`_` for `-`) that some servers merge with it.
+    InvalidHeader,
+    /// A method idemgate does not forward (`CONNECT`).
+    MethodNotAllowed,
     /// The request was executed, but its answer was too large to keep, so it cannot be
     /// replayed.
     ResponseNotStored,
@@ -137,6 +146,9 @@ impl Problem {
         StoreUnavailable => "store-unavailable",
         UpstreamUnreachable => "upstream-unreachable",
         UpstreamTimeout => "upstream-timeout",
+        UpstreamBrokenAnswer => "upstream-broken-answer",
+        InvalidHeader => "invalid-header",
+        MethodNotAllowed => "method-not-allowed",
         ResponseNotStored => "response-not-stored",
         Overloaded => "overloaded",
         OwnerBusy => "owner-busy",
@@ -158,7 +170,10 @@ impl Problem {
             | Problem::MissingTenant
             | Problem::InvalidPath
             | Problem::InvalidMethodOverride
+            | Problem::InvalidHeader
             | Problem::InvalidMethod => StatusCode::BAD_REQUEST,
+            Problem::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Problem::UpstreamBrokenAnswer => StatusCode::BAD_GATEWAY,
             Problem::InvalidToken => StatusCode::UNAUTHORIZED,
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -210,6 +225,13 @@ impl Problem {
             Problem::StoreUnavailable => "The idempotency store is unavailable",
             Problem::UpstreamUnreachable => "The upstream could not be reached",
             Problem::UpstreamTimeout => "The upstream did not answer completely in time",
+            Problem::UpstreamBrokenAnswer => {
+                "The upstream's answer was broken; the request may have been executed"
+            }
+            Problem::InvalidHeader => {
+                "A header idemgate decides on would not reach the upstream as it was read"
+            }
+            Problem::MethodNotAllowed => "idemgate does not forward this method",
             Problem::ResponseNotStored => {
                 "The request with this Idempotency-Key was executed, but its answer was not kept"
             }
@@ -419,6 +441,8 @@ fn stripe_error(problem: Problem) -> (&'static str, &'static str, Option<bool>) 
         | Problem::InvalidPath
         | Problem::InvalidMethodOverride
         | Problem::InvalidMethod
+        | Problem::InvalidHeader
+        | Problem::MethodNotAllowed
         | Problem::BodyTooLarge
         | Problem::BodyTimeout
         | Problem::BodyUnreadable
@@ -440,6 +464,7 @@ fn stripe_error(problem: Problem) -> (&'static str, &'static str, Option<bool>) 
         // and must not read as success.
         Problem::OutcomeUnknown
         | Problem::UpstreamTimeout
+        | Problem::UpstreamBrokenAnswer
         | Problem::ResponseNotStored
         | Problem::RecordUnreadable
         | Problem::Internal => ("api_error", problem.code(), Some(false)),
@@ -467,6 +492,9 @@ impl Problem {
             Problem::StoreUnavailable => "store_unavailable",
             Problem::UpstreamUnreachable => "upstream_unreachable",
             Problem::UpstreamTimeout => "upstream_timeout",
+            Problem::UpstreamBrokenAnswer => "upstream_broken_answer",
+            Problem::InvalidHeader => "invalid_header",
+            Problem::MethodNotAllowed => "method_not_allowed",
             Problem::ResponseNotStored => "response_not_stored",
             Problem::Overloaded => "overloaded",
             Problem::OwnerBusy => "owner_busy",
@@ -543,7 +571,7 @@ mod tests {
 
     #[test]
     fn every_type_uri_is_the_base_and_the_name() {
-        assert_eq!(Problem::ALL.len(), 28);
+        assert_eq!(Problem::ALL.len(), 31);
         for p in Problem::ALL {
             assert_eq!(p.type_uri(), format!("{TYPE_BASE}{}", p.name()));
         }
@@ -582,7 +610,11 @@ mod tests {
         assert_eq!(h[STRIPE_SHOULD_RETRY], "true");
         assert_eq!(h[RETRY_AFTER], "2");
 
-        for p in [Problem::OutcomeUnknown, Problem::UpstreamTimeout] {
+        for p in [
+            Problem::OutcomeUnknown,
+            Problem::UpstreamTimeout,
+            Problem::UpstreamBrokenAnswer,
+        ] {
             let (_, h, doc) =
                 json(in_dialect(p.response("", None, None), &ErrorFormat::Stripe)).await;
             assert_eq!(doc["error"]["type"], "api_error", "{p:?}");

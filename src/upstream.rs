@@ -32,6 +32,7 @@ use crate::tls::UpstreamTls;
 
 mod accepted;
 mod direct;
+pub mod framing;
 mod h2_only;
 
 pub use accepted::Accepted;

@@ -126,9 +126,8 @@ async fn store_down_at_claim_is_503_within_the_deadline_and_resumes_by_itself() 
         assert_eq!(r.status, 503);
         assert!(r.problem_type().ends_with("/store-unavailable"));
         assert_eq!(r.header("retry-after"), Some("1"));
-        // A refused connection fails fast; in no case later than the deadline (plus slack
-        // for a loaded test machine).
-        assert!(started.elapsed() < Duration::from_millis(300 + 700));
+        // A refused connection fails fast, whatever the deadline; a hang guard only.
+        assert!(started.elapsed() < common::HANG_GUARD);
     }
     let ready = c
         .get(format!("http://{admin}/readyz"))
@@ -139,14 +138,12 @@ async fn store_down_at_claim_is_503_within_the_deadline_and_resumes_by_itself() 
     assert_eq!(up.hits(), 0);
     // Redis back: service resumes without restarting idemgate.
     redis.restart();
-    let until = Instant::now() + Duration::from_secs(10);
-    let r = loop {
-        let r = post(&c, &app, "/v1/transfers", Some("k-down-1"), TRANSFER, &[]).await;
-        if r.status != 503 || Instant::now() > until {
-            break r;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let r = common::retry_until(
+        Duration::from_secs(10),
+        async || post(&c, &app, "/v1/transfers", Some("k-down-1"), TRANSFER, &[]).await,
+        |r| r.status != 503,
+    )
+    .await;
     assert_eq!(r.status, 201);
     assert!(!r.replayed());
     let ready = c
@@ -189,14 +186,12 @@ async fn store_down_at_record_answers_the_client_and_never_executes_again() {
     redis.restart();
     // The claim survived the restart; nobody recorded it, so its lease runs out: unknown.
     let url = format!("http://{}/v1/transfers", app.addr());
-    let until = Instant::now() + Duration::from_secs(10);
-    let r = loop {
-        let r = retry_past_in_progress(&c, &url, "k-rec").await;
-        if r.status != 503 || Instant::now() > until {
-            break r;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let r = common::retry_until(
+        Duration::from_secs(10),
+        async || retry_past_in_progress(&c, &url, "k-rec").await,
+        |r| r.status != 503,
+    )
+    .await;
     assert_outcome_unknown(&r);
     assert_eq!(up.hits(), 1, "never a second execution");
     app.shutdown().await;
@@ -214,7 +209,9 @@ async fn frozen_store_fails_within_the_deadline_and_never_executes_twice() {
     let took = started.elapsed();
     assert_eq!(r.status, 503);
     assert!(r.problem_type().ends_with("/store-unavailable"));
-    assert!(took < Duration::from_millis(300 + 700), "took {took:?}");
+    // Without the deadline the claim would wait on the frozen Redis until it is resumed,
+    // which happens only after this answer: the 503 itself shows the deadline held.
+    assert!(took < common::HANG_GUARD, "took {took:?}");
     let started = Instant::now();
     let ready = c
         .get(format!("http://{admin}/readyz"))
@@ -222,7 +219,7 @@ async fn frozen_store_fails_within_the_deadline_and_never_executes_twice() {
         .await
         .unwrap();
     assert_eq!(ready.status(), 503);
-    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(started.elapsed() < common::HANG_GUARD);
     // Frozen a while longer than the deadline of the claim's clean-up.
     tokio::time::sleep(Duration::from_millis(800)).await;
     redis.resume();
@@ -230,14 +227,12 @@ async fn frozen_store_fails_within_the_deadline_and_never_executes_twice() {
     // The claim may have landed once Redis woke up; it was never forwarded, so the key
     // must execute normally (once), not be stuck as unknown.
     let url = format!("http://{}/v1/transfers", app.addr());
-    let until = Instant::now() + Duration::from_secs(10);
-    let r = loop {
-        let r = retry_past_in_progress(&c, &url, "k-frozen").await;
-        if r.status != 503 || Instant::now() > until {
-            break r;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let r = common::retry_until(
+        Duration::from_secs(10),
+        async || retry_past_in_progress(&c, &url, "k-frozen").await,
+        |r| r.status != 503,
+    )
+    .await;
     assert_eq!(r.status, 201, "{:?}", r.body);
     assert!(!r.replayed());
     assert_eq!(up.hits(), 2);
@@ -256,8 +251,10 @@ async fn frozen_store_fails_within_the_deadline_and_never_executes_twice() {
     redis.pause();
     let started = Instant::now();
     let first = first.await.unwrap();
+    // Answered while Redis is still frozen (it is resumed only after this): the record's
+    // write did not hold the answer.
     assert_eq!(first.status, 201);
-    assert!(started.elapsed() < Duration::from_millis(300 + 300 + 700));
+    assert!(started.elapsed() < common::HANG_GUARD);
     redis.resume();
     // The record either landed after the thaw (replay) or not (in progress, then unknown);
     // either way no second execution.
@@ -298,14 +295,12 @@ async fn a_claim_whose_client_cancels_is_taken_back_not_left_in_progress() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     redis.resume();
 
-    let until = Instant::now() + Duration::from_secs(3);
-    let r = loop {
-        let r = post_url(&h2, &url, Some("k-cancel"), TRANSFER, &[]).await;
-        if r.status != 409 || Instant::now() > until {
-            break r;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let r = common::retry_until(
+        Duration::from_secs(3),
+        async || post_url(&h2, &url, Some("k-cancel"), TRANSFER, &[]).await,
+        |r| r.status != 409,
+    )
+    .await;
     assert_eq!(r.status, 201, "{:?}", r.body);
     assert!(!r.replayed(), "the cancelled request was never forwarded");
     assert_eq!(up.hits(), 2);
@@ -329,14 +324,12 @@ async fn records_survive_a_persistent_redis_restart() {
     redis.restart();
     let url = format!("http://{}/v1/transfers", app.addr());
     for (key, body) in firsts {
-        let until = Instant::now() + Duration::from_secs(10);
-        let r = loop {
-            let r = post_url(&c, &url, Some(&key), TRANSFER, &[]).await;
-            if r.status != 503 || Instant::now() > until {
-                break r;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let r = common::retry_until(
+            Duration::from_secs(10),
+            async || post_url(&c, &url, Some(&key), TRANSFER, &[]).await,
+            |r| r.status != 503,
+        )
+        .await;
         assert_eq!(r.status, 201);
         assert!(r.replayed(), "{key} replays after the restart");
         assert_eq!(r.body, body);
@@ -352,16 +345,11 @@ async fn binary_refuses_an_evicting_redis() {
     let up = Upstream::start().await;
     let (mut cmd, _, _, dir) = Gate::command(&up.url(), &redis.url(), &[]);
     let mut child = cmd.spawn().unwrap();
-    let until = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > until {
-            let _ = child.kill();
-            panic!("idemgate started on an evicting Redis");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    let status =
+        tokio::task::block_in_place(|| common::exit_within(&mut child, Duration::from_secs(15)));
+    let Some(status) = status else {
+        let _ = child.kill();
+        panic!("idemgate started on an evicting Redis");
     };
     let log = std::fs::read_to_string(dir.path().join("idemgate.log")).unwrap();
     assert_eq!(status.code(), Some(64), "{log}");
@@ -371,17 +359,13 @@ async fn binary_refuses_an_evicting_redis() {
 }
 
 /// Waits for the binary to exit on its own, at most `limit`; kills it and fails otherwise.
-async fn exit_within(child: &mut std::process::Child, limit: Duration, what: &str) -> i32 {
-    let until = Instant::now() + limit;
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s.code().unwrap_or(-1);
-        }
-        if Instant::now() > until {
+async fn exit_code_within(child: &mut std::process::Child, limit: Duration, what: &str) -> i32 {
+    match tokio::task::block_in_place(|| common::exit_within(child, limit)) {
+        Some(s) => s.code().unwrap_or(-1),
+        None => {
             let _ = child.kill();
             panic!("idemgate still running after {limit:?}: {what}");
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -397,7 +381,7 @@ async fn a_redis_that_stops_answering_at_start_up_is_an_exit_not_a_hang() {
     redis.pause();
     let (mut cmd, _, _, dir) = Gate::command(&up.url(), &redis.url(), &[]);
     let mut child = cmd.spawn().unwrap();
-    let code = exit_within(&mut child, Duration::from_secs(15), "frozen Redis").await;
+    let code = exit_code_within(&mut child, Duration::from_secs(15), "frozen Redis").await;
     let log = std::fs::read_to_string(dir.path().join("idemgate.log")).unwrap();
     assert_eq!(code, 69, "{log}");
     assert!(log.contains("timed out"), "{log}");
@@ -430,7 +414,7 @@ async fn a_redis_that_stops_answering_at_start_up_is_an_exit_not_a_hang() {
     });
     let (mut cmd, _, _, dir) = Gate::command(&up.url(), &url, &[]);
     let mut child = cmd.spawn().unwrap();
-    let code = exit_within(&mut child, Duration::from_secs(15), "mute Redis").await;
+    let code = exit_code_within(&mut child, Duration::from_secs(15), "mute Redis").await;
     let log = std::fs::read_to_string(dir.path().join("idemgate.log")).unwrap();
     assert_eq!(code, 69, "{log}");
     assert!(log.contains("timed out"), "{log}");
@@ -488,9 +472,10 @@ async fn full_redis_is_503_and_never_forwards_unprotected() {
     app.shutdown().await;
 }
 
-// 7. The upstream breaks off mid-answer (headers and half the body, then a reset).
+// 7. The upstream breaks off mid-answer (headers and half the body, then it closes): fewer
+// bytes than its declared length, a broken answer that may reflect an execution.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upstream_reset_mid_response_is_504_unknown_and_never_retried() {
+async fn upstream_cut_mid_response_is_502_broken_answer_unknown_and_never_retried() {
     for backend in [Backend::memory(), Backend::redis()] {
         let up = Upstream::start().await;
         let app = spawn_app(config(&up, &backend)).await;
@@ -504,8 +489,8 @@ async fn upstream_reset_mid_response_is_504_unknown_and_never_retried() {
             &[(FAULT, "reset")],
         )
         .await;
-        assert_eq!(r.status, 504, "{:?}", r.body);
-        assert!(r.problem_type().ends_with("/upstream-timeout"));
+        assert_eq!(r.status, 502, "{:?}", r.body);
+        assert!(r.problem_type().ends_with("/upstream-broken-answer"));
         let id = r.json()["record_id"].as_str().unwrap().to_string();
         let view = inspect(&c, app.admin_addr().unwrap(), &id).await.unwrap();
         assert_eq!(view["state"], "unknown");

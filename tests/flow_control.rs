@@ -13,14 +13,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use common::{client, http_get, post_url, Gate, Upstream, ANSWER_BYTES};
-
-fn metric(gate: &Gate, series: &str) -> f64 {
-    let text = http_get(gate.admin, "/metrics").unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
-}
+use common::{client, post_url, Gate, Upstream, ANSWER_BYTES};
 
 fn rss_mib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -111,7 +104,7 @@ async fn replays_to_a_zero_window_are_a_stall_and_give_the_budget_back() {
     let held_from = Instant::now();
     let (statuses, conn, _h2) = zero_window_posts(&gate, 17, "big", true).await;
     let replays = statuses.iter().filter(|s| **s == 201).count();
-    let buffered = metric(&gate, "idemgate_buffered_bytes");
+    let buffered = gate.metric("idemgate_buffered_bytes");
     let during = rss_mib(gate.pid());
     eprintln!(
         "17 zero-window replays of 4 MiB on one h2 connection: {replays} answered 201, buffered {buffered} bytes, RSS {before} -> {during} MiB"
@@ -120,7 +113,7 @@ async fn replays_to_a_zero_window_are_a_stall_and_give_the_budget_back() {
     // Within send_timeout (2 s) and the supervisor's wake, the stalled connection is closed
     // and everything it held is back.
     common::eventually(Duration::from_secs(8), "the budget given back", || {
-        metric(&gate, "idemgate_buffered_bytes") == 0.0
+        gate.metric("idemgate_buffered_bytes") == 0.0
     })
     .await;
     let held_for = held_from.elapsed();
@@ -128,7 +121,7 @@ async fn replays_to_a_zero_window_are_a_stall_and_give_the_budget_back() {
         "held for {held_for:?}, RSS after {} MiB",
         rss_mib(gate.pid())
     );
-    assert!(metric(&gate, "idemgate_send_timeouts_total") >= 1.0);
+    assert!(gate.metric("idemgate_send_timeouts_total") >= 1.0);
     // Another tenant's payment is served.
     let other = post_url(
         &c,
@@ -166,33 +159,33 @@ async fn new_keys_answered_to_a_zero_window_are_given_back_after_send_timeout() 
     );
     assert!(answered >= 1, "{statuses:?}");
     common::eventually(Duration::from_secs(8), "the budget given back", || {
-        metric(&gate, "idemgate_buffered_bytes") == 0.0
+        gate.metric("idemgate_buffered_bytes") == 0.0
     })
     .await;
     sampler.abort();
     eprintln!("RSS after {} MiB", rss_mib(gate.pid()));
-    assert!(metric(&gate, "idemgate_send_timeouts_total") >= 1.0);
+    assert!(gate.metric("idemgate_send_timeouts_total") >= 1.0);
     // Their records were kept: each replays to a client that reads. The answers that
     // waited upstream are read and recorded once the stalled connection is gone, and
     // while one is, it holds the (shared anonymous) tenant's share: a replay meanwhile
     // is refused 503, or 409 while its own answer is still being read, both with a
     // Retry-After, and retried as a client would.
     let c = client();
-    let until = std::time::Instant::now() + Duration::from_secs(10);
-    let again = loop {
-        let again = post_url(
-            &c,
-            &gate.url("/v1/reports"),
-            Some("fresh-0"),
-            "{}",
-            &[(ANSWER_BYTES, "4194304")],
-        )
-        .await;
-        if !matches!(again.status, 409 | 503) || std::time::Instant::now() > until {
-            break again;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let again = common::retry_until(
+        Duration::from_secs(10),
+        async || {
+            post_url(
+                &c,
+                &gate.url("/v1/reports"),
+                Some("fresh-0"),
+                "{}",
+                &[(ANSWER_BYTES, "4194304")],
+            )
+            .await
+        },
+        |again| !matches!(again.status, 409 | 503),
+    )
+    .await;
     assert!(
         again.replayed(),
         "{} {}",
@@ -221,7 +214,7 @@ async fn one_connection_holds_at_most_its_share_of_the_budget() {
     let (statuses, conn, _h2) = zero_window_posts(&gate, 17, "big", true).await;
     let replays = statuses.iter().filter(|s| **s == 201).count();
     let refused = statuses.iter().filter(|s| **s == 503).count();
-    let buffered = metric(&gate, "idemgate_buffered_bytes");
+    let buffered = gate.metric("idemgate_buffered_bytes");
     eprintln!("one zero-window connection, 17 replays of 4 MiB: {replays} served, {refused} refused, {buffered} bytes held");
     assert_eq!(replays, 4, "16 MiB of 4 MiB answers: {statuses:?}");
     assert_eq!(refused, 13);

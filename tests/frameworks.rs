@@ -24,7 +24,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const BODY: &str = r#"{"amount":10,"to":"acct-2"}"#;
 
@@ -162,12 +162,12 @@ fn install_dir() -> PathBuf {
     common::setup::tools().join("frameworks")
 }
 
-fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(60);
-    while !ready() {
-        assert!(Instant::now() < until, "{what} did not become ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn wait_until(what: &str, ready: impl FnMut() -> bool) {
+    common::wait_until(
+        Duration::from_secs(60),
+        &format!("{what} to be ready"),
+        ready,
+    );
 }
 
 fn start(framework: &str, dir: &Path) -> (Server, SocketAddr) {
@@ -516,7 +516,12 @@ const PAIRS: [Pair; 17] = [
 /// The frameworks of the parameter table: title, framework, the route's setting.
 const PARAM_COLUMNS: [(&str, &str, &str); 5] = [
     ("Express 5.2", "express", "framework = \"express\""),
-    ("Koa 3.3", "koa", "framework = \"koa\""),
+    // @koa/router 15 keeps a `+`, which the preset cannot know (13 reads a space).
+    (
+        "Koa 3.3",
+        "koa",
+        "framework = \"koa\"\nplus_is_space = false",
+    ),
     ("Fastify 5.12", "fastify", "framework = \"fastify\""),
     ("Flask 3.1", "flask", "framework = \"flask\""),
     ("Starlette 1.10", "starlette", "framework = \"fastapi\""),
@@ -645,6 +650,7 @@ fn a_parameter_a_method_and_a_body_are_one_operation_as_the_handler_gets_them() 
     );
     let mut table = String::from("| Second request, after `POST` of the first under its key |");
     for (title, _, extra) in PARAM_COLUMNS {
+        let extra = extra.replace('\n', "`, `");
         table.push_str(&format!(" {title}, `{extra}` |"));
     }
     table.push_str("\n|---|");

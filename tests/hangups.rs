@@ -11,14 +11,7 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use common::{client, eventually, http_get, post_url, Gate, Upstream, DELAY_MS};
-
-fn metric(gate: &Gate, series: &str) -> f64 {
-    let text = http_get(gate.admin, "/metrics").unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
-}
+use common::{client, eventually, post_url, Gate, Upstream, DELAY_MS};
 
 const QUEUED: &str = "idemgate_queued{class=\"protected\"}";
 
@@ -64,7 +57,7 @@ async fn queued_requests_whose_clients_hang_up_leave_the_queue_and_never_execute
         dead.push(send_and_wait(&gate, &format!("dead-{i}")).await);
     }
     eventually(Duration::from_secs(5), "four queued", || {
-        metric(&gate, QUEUED) == 4.0
+        gate.metric(QUEUED) == 4.0
     })
     .await;
     // Closed, closed, half-closed (kept open for reading), reset.
@@ -77,7 +70,7 @@ async fn queued_requests_whose_clients_hang_up_leave_the_queue_and_never_execute
     reset.set_zero_linger().unwrap();
     drop(reset);
     eventually(Duration::from_secs(2), "the dead left the queue", || {
-        metric(&gate, QUEUED) == 0.0
+        gate.metric(QUEUED) == 0.0
     })
     .await;
     // A live client is queued, not refused, and served once the slot frees.
@@ -93,10 +86,7 @@ async fn queued_requests_whose_clients_hang_up_leave_the_queue_and_never_execute
         .collect();
     assert_eq!(keys, ["running", "live"], "the dead never executed");
     assert_eq!(
-        metric(
-            &gate,
-            "idemgate_refused_total{class=\"protected\",reason=\"client_gone\"}"
-        ),
+        gate.metric("idemgate_refused_total{class=\"protected\",reason=\"client_gone\"}"),
         4.0
     );
     // Nothing was claimed: a retry of a dead one executes.

@@ -3,6 +3,8 @@
 //!
 //! Each module is one file of tests/ (`cargo test --test lab NAME::` runs one).
 
+#![allow(clippy::unwrap_used)]
+
 #[macro_use]
 mod common;
 

@@ -463,11 +463,9 @@ async fn a_burst_beyond_max_in_flight_and_the_queue_is_refused_at_once_and_claim
         "https://idemgate.dev/problems/overloaded"
     );
     assert_eq!(third.header("retry-after"), Some("1"));
-    assert!(
-        started.elapsed() < Duration::from_millis(1000),
-        "not at once: {:?}",
-        started.elapsed()
-    );
+    // Refused while both slots' holders are still at the upstream: it waited for neither.
+    assert!(!a.is_finished() && !b.is_finished(), "a slot freed first");
+    assert!(started.elapsed() < common::HANG_GUARD);
     // Requests without a key are not protected, and not counted.
     let unprotected = post(&client, &app, "/v1/transfers", None, "{}", &[]).await;
     assert_eq!(unprotected.status, 201);
@@ -623,8 +621,9 @@ async fn shutdown_takes_one_grace_period_in_all() {
     let started = Instant::now();
     app.shutdown().await;
     let took = started.elapsed();
+    // Both exchanges hang for ever: without the grace the shutdown would not end.
     assert!(
-        took < Duration::from_millis(3200),
+        took < common::HANG_GUARD,
         "shutdown took {took:?} for a 2 s grace"
     );
     assert!(

@@ -4,6 +4,8 @@
 //!
 //! Each module is one file of tests/ (`cargo test --test measured NAME::` runs one).
 
+#![allow(clippy::unwrap_used)]
+
 #[macro_use]
 mod common;
 

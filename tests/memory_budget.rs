@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use common::faultproxy::FaultProxy;
 use common::postgres::PgServer;
-use common::{client, http_get, post_url, Gate, RedisServer, Upstream, ANSWER_BYTES};
+use common::{client, post_url, Gate, RedisServer, Upstream, ANSWER_BYTES};
 
 const FOUR_MIB: &str = "4194304";
 
@@ -31,13 +31,6 @@ fn status_mib(pid: u32, field: &str) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap();
     kib / 1024
-}
-
-fn metric(gate: &Gate, series: &str) -> f64 {
-    let text = http_get(gate.admin, "/metrics").unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
 }
 
 /// An HTTP/1.1 client that sends a keyed POST (asking the test upstream for a 4 MiB
@@ -142,7 +135,7 @@ async fn three_hundred_slow_readers(
     let before = status_mib(gate.pid(), "VmHWM");
     let sent_before = proxy.map(FaultProxy::reply_bytes);
     let (served, refused, held) = slow_readers(gate, 300, "big", None, size).await;
-    let buffered = metric(gate, "idemgate_buffered_bytes");
+    let buffered = gate.metric("idemgate_buffered_bytes");
     let peak = status_mib(gate.pid(), "VmHWM");
     let from_store = proxy.zip(sent_before).map(|(p, b)| p.reply_bytes() - b);
     eprintln!(
@@ -327,7 +320,7 @@ async fn one_tenant_at_its_share_leaves_the_others_served() {
     // Eight connections of one tenant, none reading: each within its connection's share,
     // together at the tenant's.
     let (served, refused, held) = slow_readers(&gate, 8, "big", Some("tenant-a"), FOUR_MIB).await;
-    let buffered = metric(&gate, "idemgate_buffered_bytes");
+    let buffered = gate.metric("idemgate_buffered_bytes");
     eprintln!("one tenant's 8 slow readers of 4 MiB: {served} served, {refused} refused, {buffered} bytes held");
     assert_eq!(served, 4, "16 MiB of 4 MiB answers");
     assert_eq!(refused, 4);
@@ -346,7 +339,7 @@ async fn one_tenant_at_its_share_leaves_the_others_served() {
     // Once its readers go, the tenant is served again.
     drop(held);
     common::eventually(Duration::from_secs(5), "the share given back", || {
-        metric(&gate, "idemgate_buffered_bytes") == 0.0
+        gate.metric("idemgate_buffered_bytes") == 0.0
     })
     .await;
     let later = post_url(&c, &url, Some("a-new"), "{}", &a).await;
@@ -383,7 +376,7 @@ async fn new_keys_answered_to_a_zero_window_hold_their_share() {
         std::mem::forget(res);
     }
     let answered = statuses.iter().filter(|s| **s == 201).count();
-    let buffered = metric(&gate, "idemgate_buffered_bytes");
+    let buffered = gate.metric("idemgate_buffered_bytes");
     let peak = status_mib(gate.pid(), "VmHWM");
     eprintln!("40 new keys of 4 MiB to a zero window: {answered} answered 201, {buffered} bytes held, peak RSS {peak} MiB");
     // 16 MiB of 4 MiB answers for the connection (and its tenant); the rest wait for it.
@@ -434,7 +427,7 @@ async fn a_burst_of_new_keys_to_a_zero_window_holds_its_share_and_every_answer_i
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // Their answers wait for the connection's share (16 MiB) before they are read from the
     // upstream: four are held, the others wait upstream.
-    let buffered = metric(&gate, "idemgate_buffered_bytes");
+    let buffered = gate.metric("idemgate_buffered_bytes");
     let peak = status_mib(gate.pid(), "VmHWM");
     eprintln!("a burst of 40 new keys of 4 MiB to a zero window: {buffered} bytes held, peak RSS {before} -> {peak} MiB");
     assert!(buffered <= 16.0 * 1024.0 * 1024.0, "{buffered}");
@@ -453,8 +446,11 @@ async fn a_burst_of_new_keys_to_a_zero_window_holds_its_share_and_every_answer_i
         "another tenant's payment meanwhile: {:?}",
         started.elapsed()
     );
-    // Nothing of its own waits (a debug build on a loaded machine takes some of a second).
-    assert!(started.elapsed() < Duration::from_secs(3), "it waited");
+    // Served while the burst still holds its share: it did not wait for that room.
+    assert!(
+        gate.metric("idemgate_buffered_bytes") > 0.0,
+        "the burst's answers were no longer held"
+    );
     // `send_timeout` closes the connection; the waiting answers then take the room the
     // held ones gave back, and every one is recorded: each key replays.
     tokio::time::timeout(Duration::from_secs(20), task)
@@ -497,7 +493,7 @@ async fn a_burst_of_new_keys_to_a_zero_window_holds_its_share_and_every_answer_i
         assert!(
             replayed,
             "{key} was not recorded; {} bytes held",
-            metric(&gate, "idemgate_buffered_bytes")
+            gate.metric("idemgate_buffered_bytes")
         );
     }
     assert_eq!(up.hits(), 41, "each executed once");
@@ -549,8 +545,8 @@ fn eight_pass_through_slots(up: &Upstream, extra: &[(&str, &str)]) -> Gate {
     Gate::start(&up.url(), "", &env)
 }
 
-/// `n` reads by a client with `authorization` (none if empty), each answered 201 in under
-/// 900 ms: nothing that others hold keeps it waiting.
+/// `n` reads by a client with `authorization` (none if empty), each answered 201 while the
+/// others' unread answers are still held: nothing that others hold keeps it waiting.
 async fn served_at_once(gate: &Gate, authorization: &str, n: usize) {
     let c = client();
     for _ in 0..n {
@@ -561,8 +557,10 @@ async fn served_at_once(gate: &Gate, authorization: &str, n: usize) {
         }
         let read = read.send().await.unwrap();
         assert_eq!(read.status(), 201, "{authorization:?}");
+        // The held connections never pull their answers: a read that needed one of their
+        // slots would wait until they are aborted, after this.
         assert!(
-            started.elapsed() < Duration::from_millis(900),
+            started.elapsed() < common::HANG_GUARD,
             "{authorization:?} waited"
         );
     }
@@ -618,10 +616,7 @@ async fn one_tenant_holds_at_most_its_share_of_the_pass_through_slots() {
         served_at_once(&gate, auth, 3).await;
     }
     assert_eq!(
-        metric(
-            &gate,
-            "idemgate_refused_total{class=\"pass_through\",reason=\"share_full\"}"
-        ),
+        gate.metric("idemgate_refused_total{class=\"pass_through\",reason=\"share_full\"}"),
         6.0
     );
     for (_, task) in held {

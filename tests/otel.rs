@@ -156,11 +156,10 @@ impl Binary {
     /// SIGTERM and wait: the buffered spans are exported before the process exits.
     fn stop(mut self) -> String {
         signal(self.child.id(), "TERM");
-        let until = Instant::now() + Duration::from_secs(15);
-        while self.child.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < until, "no exit after SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        assert!(
+            common::exit_within(&mut self.child, Duration::from_secs(15)).is_some(),
+            "no exit after SIGTERM"
+        );
         self.output()
     }
 }

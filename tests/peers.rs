@@ -3,6 +3,8 @@
 //!
 //! Each module is one file of tests/ (`cargo test --test peers NAME::` runs one).
 
+#![allow(clippy::unwrap_used)]
+
 #[macro_use]
 mod common;
 
@@ -11,4 +13,5 @@ mod frameworks;
 mod h2_servers;
 mod h2_upstreams;
 mod mixed_version;
+mod peers_wire;
 mod sdks;

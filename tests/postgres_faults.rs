@@ -264,14 +264,12 @@ async fn statement_timeout_answers_503_and_never_executes_twice() {
     );
     // The claims the callers gave up on are cancelled by the server, while the lock is
     // still held.
-    let until = Instant::now() + Duration::from_secs(10);
-    while claims_waiting_on_lock(&url).await > 0 {
-        assert!(
-            Instant::now() < until,
-            "claims still waiting on the lock: no statement_timeout"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::until(
+        Duration::from_secs(10),
+        "claims still waiting on the lock: no statement_timeout",
+        async || claims_waiting_on_lock(&url).await == 0,
+    )
+    .await;
     locker.batch_execute("ROLLBACK").await.unwrap();
     drop(locker);
     let _ = task.await;

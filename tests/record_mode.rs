@@ -180,22 +180,22 @@ async fn the_answer_leaves_before_the_record_and_a_retry_meanwhile_gets_in_progr
     assert_eq!(replay.header("x-execution"), first.header("x-execution"));
     assert_eq!(rig.up.hits(), 2, "the key executed once");
     // The permit is back: the instance takes the next key.
-    let until = Instant::now() + Duration::from_secs(5);
-    let next = loop {
-        let r = post(
-            &rig.c,
-            &rig.app,
-            "/v1/transfers",
-            Some("k-next"),
-            TRANSFER,
-            &[],
-        )
-        .await;
-        if r.status != 503 || Instant::now() > until {
-            break r;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let next = common::retry_until(
+        Duration::from_secs(5),
+        async || {
+            post(
+                &rig.c,
+                &rig.app,
+                "/v1/transfers",
+                Some("k-next"),
+                TRANSFER,
+                &[],
+            )
+            .await
+        },
+        |r| r.status != 503,
+    )
+    .await;
     assert_eq!(next.status, 201, "{:?}", next.body);
     rig.other.shutdown().await;
     rig.app.shutdown().await;

@@ -209,11 +209,12 @@ async fn a_primary_killed_mid_traffic() {
     assert!(before > 0);
     let victim = cluster.primaries()[0];
     cluster.nodes[victim].kill();
-    let until = std::time::Instant::now() + Duration::from_secs(60);
-    while cluster.primaries().len() < 3 {
-        assert!(std::time::Instant::now() < until, "no replica took over");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::until(
+        Duration::from_secs(60),
+        "no replica took over",
+        async || cluster.primaries().len() >= 3,
+    )
+    .await;
     // Until the killed node is back (as a replica of the new primary), the shard has no
     // replica to acknowledge its claims: they get 503, as they should.
     tokio::time::sleep(Duration::from_millis(500)).await;

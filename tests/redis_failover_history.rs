@@ -20,7 +20,7 @@ use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::history::*;
 use common::topology::{redis_base, Cluster, Sentinels, MASTER};
@@ -55,11 +55,9 @@ impl Topo {
                 let primaries = c.primaries();
                 let victim = primaries[rng.random_range(0..primaries.len())];
                 c.nodes[victim].kill();
-                let until = Instant::now() + Duration::from_secs(60);
-                while c.primaries().len() < 3 {
-                    assert!(Instant::now() < until, "no replica took over");
-                    std::thread::sleep(Duration::from_millis(50));
-                }
+                common::wait_until(Duration::from_secs(60), "no replica took over", || {
+                    c.primaries().len() >= 3
+                });
                 c.nodes[victim].restart();
                 c.wait_ok();
             }

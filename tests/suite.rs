@@ -3,6 +3,8 @@
 //!
 //! Each module is one file of tests/ (`cargo test --test suite NAME::` runs one).
 
+#![allow(clippy::unwrap_used)]
+
 #[macro_use]
 mod common;
 
@@ -10,11 +12,13 @@ mod admin_access;
 mod admin_probes;
 mod body_paths;
 mod cli;
+mod deciding_headers;
 mod decoded_params;
 mod error_formats;
 mod faults;
 mod fingerprint_e2e;
 mod framework_presets;
+mod framing;
 mod hangups;
 mod honest_retries;
 mod jwt_principal;
@@ -30,6 +34,7 @@ mod operator;
 mod ops;
 mod otel;
 mod own_answers;
+mod path_strictness;
 mod proxy;
 mod record_control;
 mod record_mode;

@@ -790,14 +790,12 @@ async fn certificates_rotate_under_traffic_and_a_bad_pair_keeps_the_old_one() {
     let new = ca.leaf(&["127.0.0.1"]);
     g.dir.write("tls.key", &new.key);
     g.dir.write("tls.crt", &new.cert);
-    let until = Instant::now() + Duration::from_secs(5);
-    while g.presented(&ca).await != new.der() {
-        assert!(
-            Instant::now() < until,
-            "the new certificate was not picked up"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::until(
+        Duration::from_secs(5),
+        "the new certificate was not picked up",
+        async || g.presented(&ca).await == new.der(),
+    )
+    .await;
     assert!(g.metric("idemgate_tls_reloads_total").await >= 1);
     tokio::time::sleep(Duration::from_millis(300)).await;
 
@@ -806,11 +804,12 @@ async fn certificates_rotate_under_traffic_and_a_bad_pair_keeps_the_old_one() {
     let reloads_before = g.metric("idemgate_tls_reloads_total").await;
     let stray = ca.leaf(&["127.0.0.1"]);
     g.dir.write("tls.crt", &stray.cert);
-    let until = Instant::now() + Duration::from_secs(5);
-    while g.metric("idemgate_tls_reload_failures_total").await == failed_before {
-        assert!(Instant::now() < until, "the bad pair was not counted");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::until(
+        Duration::from_secs(5),
+        "the bad pair was not counted",
+        async || g.metric("idemgate_tls_reload_failures_total").await != failed_before,
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(g.presented(&ca).await, new.der());
     // Counted once, not on every look.

@@ -11,14 +11,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::certs::{Ca, Dir};
-use common::{http_get, post_url, Gate, Upstream};
-
-fn metric(gate: &Gate, series: &str) -> f64 {
-    let text = http_get(gate.admin, "/metrics").unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
-}
+use common::{post_url, Gate, Upstream};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_tls_sockets_do_not_delay_a_real_client() {
@@ -59,7 +52,7 @@ async fn silent_tls_sockets_do_not_delay_a_real_client() {
     common::eventually(
         Duration::from_secs(10),
         "silent sockets awaiting their hello",
-        || metric(&gate, "idemgate_tls_handshakes{state=\"awaiting_hello\"}") >= 300.0,
+        || gate.metric("idemgate_tls_handshakes{state=\"awaiting_hello\"}") >= 300.0,
     )
     .await;
     let client = reqwest::Client::builder()
@@ -82,7 +75,7 @@ async fn silent_tls_sockets_do_not_delay_a_real_client() {
     eprintln!("slowest of 6 real TLS clients beside 400 silent sockets: {slowest:?}");
     assert!(slowest < Duration::from_secs(1), "{slowest:?}");
     assert_eq!(
-        metric(&gate, "idemgate_tls_handshakes{state=\"waiting\"}"),
+        gate.metric("idemgate_tls_handshakes{state=\"waiting\"}"),
         0.0
     );
     // A silent socket is closed once its ClientHello is overdue (3 s), well before the

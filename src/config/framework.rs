@@ -46,9 +46,11 @@ pub enum Framework {
 /// The settings a preset fills.
 #[derive(Debug, Default)]
 struct Preset {
-    case_insensitive_paths: bool,
+    // `None`: the preset cannot know (the route must say, else the spelling is refused).
+    case_insensitive_paths: Option<bool>,
     strict: bool,
-    plus_is_space: bool,
+    plus_is_space: Option<bool>,
+    raw_utf8_paths: Option<bool>,
     path_params: PathParams,
     format_suffixes: &'static [&'static str],
     method_case: MethodCase,
@@ -59,17 +61,27 @@ struct Preset {
 impl Framework {
     fn preset(self) -> Preset {
         use Framework::*;
-        let generic = Preset::default();
+        // Every framework below compares letters as its router says and reads a raw `+`
+        // in a path as a plus, unless it says otherwise. Raw bytes beyond ASCII: Node
+        // refuses them (400) before any router sees them, and no preset vouches for the
+        // rest: such a path is refused unless the route sets `raw_utf8_paths`.
+        let generic = Preset {
+            case_insensitive_paths: Some(false),
+            plus_is_space: Some(false),
+            ..Preset::default()
+        };
         match self {
             // Router `caseSensitive: false` and `strict: false` by default.
             Express => Preset {
-                case_insensitive_paths: true,
+                case_insensitive_paths: Some(true),
                 ..generic
             },
-            // @koa/router: `sensitive: false`. Its parameters keep a `+` (15.x, pinned in
-            // tests/frameworks); older koa-router read it as a space: `plus_is_space`.
+            // @koa/router: `sensitive: false`. Its parameters keep a `+` from 15 on, and
+            // read it as a space up to 13 (with Koa 2, long the default): the preset
+            // cannot know which runs, so a raw `+` is refused unless `plus_is_space` says.
             Koa => Preset {
-                case_insensitive_paths: true,
+                case_insensitive_paths: Some(true),
+                plus_is_space: None,
                 ..generic
             },
             // find-my-way: `caseSensitive: true`, `ignoreTrailingSlash: false`,
@@ -133,7 +145,16 @@ pub(super) fn apply(r: &Route, d: &Defaults) -> Route {
             }
         };
     }
-    fill!(case_insensitive_paths, p.case_insensitive_paths);
+    // Settings a preset may not know: filled only where it does.
+    macro_rules! fill_known {
+        ($field:ident, $value:expr) => {
+            if let Some(v) = $value {
+                fill!($field, v);
+            }
+        };
+    }
+    fill_known!(case_insensitive_paths, p.case_insensitive_paths);
+    fill_known!(raw_utf8_paths, p.raw_utf8_paths);
     fill!(
         path_match,
         if p.strict {
@@ -142,7 +163,7 @@ pub(super) fn apply(r: &Route, d: &Defaults) -> Route {
             PathMatch::Normalized
         }
     );
-    fill!(plus_is_space, p.plus_is_space);
+    fill_known!(plus_is_space, p.plus_is_space);
     fill!(path_params, p.path_params);
     fill!(
         format_suffixes,

@@ -596,11 +596,19 @@ pub struct Defaults {
     pub anonymous: Anonymous,
     /// See [`PathMatch`].
     pub path_match: PathMatch,
-    /// Compare paths case-insensitively (IIS/ASP.NET-style upstreams).
-    pub case_insensitive_paths: bool,
-    /// A raw `+` in the path is a space and `%2B` the plus, as older Koa routers (koa-router) decode
-    /// parameters.
-    pub plus_is_space: bool,
+    /// How the upstream treats letter case in paths: `true` compares them
+    /// case-insensitively (IIS/ASP.NET, Express, Koa), `false` case-sensitively. Unset (the
+    /// default, unless a framework preset knows): a protected path that is a route's only
+    /// when case is ignored is refused.
+    pub case_insensitive_paths: Option<bool>,
+    /// How the upstream reads a raw `+` in a path: `true` as a space (`%2B` the plus), as
+    /// @koa/router 13 and older decode parameters; `false` as a plus. Unset (the default,
+    /// unless a framework preset knows): a protected path with a raw `+` is refused.
+    pub plus_is_space: Option<bool>,
+    /// Whether the upstream reads raw bytes beyond ASCII in a path as UTF-8 (the same as
+    /// their percent-escapes). Unset or `false` (the default): a protected path with such a
+    /// byte is refused, since some frameworks read it as Latin-1 (Tornado).
+    pub raw_utf8_paths: Option<bool>,
     /// The upstream's framework (`express`, `koa`, `fastify`, `flask`, `fastapi`, `django`,
     /// `rails`, `laravel`, `spring`, `jetty`, `go`): the path, method and override rules it
     /// uses, where this route (or `[defaults]`) does not set them itself.
@@ -727,6 +735,7 @@ pub struct Route {
     pub path_match: Option<PathMatch>,
     pub case_insensitive_paths: Option<bool>,
     pub plus_is_space: Option<bool>,
+    pub raw_utf8_paths: Option<bool>,
     pub framework: Option<Framework>,
     pub on_store_error: Option<OnStoreError>,
     pub on_ambiguous: Option<OnAmbiguous>,

@@ -45,6 +45,9 @@ pub struct Policy {
     pub anonymous: Anonymous,
     /// `path_match` and `case_insensitive_paths`.
     pub path_rules: PathRules,
+    /// Which spellings the route says how its upstream reads; the others are refused on
+    /// protected methods (see [`crate::config::route`]).
+    pub spellings: Spellings,
     /// The route's path when it names parameters (`/v1/accounts/{id}/transfers`): matched
     /// segment by segment instead of as a prefix.
     pub template: Option<crate::scope::template::Template>,
@@ -203,10 +206,17 @@ pub(super) fn resolve(
             None => TenantSource::Headers(tenant_header_names),
         },
     };
+    let case = r.case_insensitive_paths.or(d.case_insensitive_paths);
+    let plus = r.plus_is_space.or(d.plus_is_space);
     let path_rules = PathRules {
         strict: r.path_match.unwrap_or(d.path_match) == PathMatch::Strict,
-        case_insensitive: r.case_insensitive_paths.unwrap_or(d.case_insensitive_paths),
-        plus_is_space: r.plus_is_space.unwrap_or(d.plus_is_space),
+        case_insensitive: case.unwrap_or(false),
+        plus_is_space: plus.unwrap_or(false),
+    };
+    let spellings = Spellings {
+        case_known: case.is_some(),
+        plus_known: plus.is_some(),
+        raw_utf8: r.raw_utf8_paths.or(d.raw_utf8_paths).unwrap_or(false),
     };
     let mut format_suffixes = Vec::new();
     for f in r.format_suffixes.as_ref().unwrap_or(&d.format_suffixes) {
@@ -347,6 +357,7 @@ pub(super) fn resolve(
         tenant,
         anonymous: r.anonymous.unwrap_or(d.anonymous),
         path_rules,
+        spellings,
         template: None,
         on_store_error: r.on_store_error.unwrap_or(d.on_store_error),
         on_ambiguous: r.on_ambiguous.unwrap_or(d.on_ambiguous),
@@ -465,6 +476,19 @@ fn matches_override(r: &Route, name: &str) -> bool {
         "error_template" => r.error_template.is_some(),
         _ => false,
     }
+}
+
+/// What a route says of the path spellings on which frameworks disagree: where it says
+/// nothing, a protected path that depends on one is refused (400 `invalid-path`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Spellings {
+    /// `case_insensitive_paths` is set (or a preset knows): a path that is this route's
+    /// only when letter case is ignored is matched by that setting, not refused.
+    pub case_known: bool,
+    /// `plus_is_space` is set (or a preset knows): a raw `+` is read by it, not refused.
+    pub plus_known: bool,
+    /// `raw_utf8_paths = true`: raw bytes beyond ASCII are the UTF-8 of their escapes.
+    pub raw_utf8: bool,
 }
 
 #[cfg(test)]

@@ -143,6 +143,54 @@ impl Settings {
             chosen = Some((policy, i, None));
             templated = None;
         }
+        // A path that would be a longer route's if letter case were ignored
+        // (`/V1/Transfers`, `/v1/transfer%53`) belongs to that route, refused, unless the
+        // route says how its upstream compares letters: Express and Koa fold case by
+        // default, so it may be that route's operation.
+        let mut cased = None;
+        if trailing.is_none() && raw.bytes().any(|b| b.is_ascii_uppercase() || b == b'%') {
+            let longer = match chosen {
+                Some((p, _, _)) => self
+                    .routes
+                    .iter()
+                    .take_while(|(_, q)| !Arc::ptr_eq(q, p))
+                    .count(),
+                None => self.routes.len(),
+            };
+            for (prefix, policy) in self.routes[..longer]
+                .iter()
+                .filter(|(_, p)| !p.spellings.case_known)
+            {
+                let hit = match &policy.template {
+                    // A template compares the form that keeps case, folding its literals.
+                    Some(t) => {
+                        let i = form_for(&mut forms, raw, policy.path_rules)?;
+                        forms[i].as_ref().is_some_and(|(_, form)| {
+                            t.matches(form, true, &policy.format_suffixes).is_some()
+                        })
+                    }
+                    None => {
+                        let folded = PathRules {
+                            case_insensitive: true,
+                            ..policy.path_rules
+                        };
+                        let i = form_for(&mut forms, raw, folded)?;
+                        let lower = prefix.to_ascii_lowercase();
+                        forms[i].as_ref().is_some_and(|(_, form)| {
+                            prefix_matches(&lower, form) || format_suffix(&lower, form).is_some()
+                        })
+                    }
+                };
+                if hit {
+                    cased = Some((policy, form_for(&mut forms, raw, policy.path_rules)?));
+                    break;
+                }
+            }
+        }
+        if let Some((policy, i)) = cased {
+            chosen = Some((policy, i, None));
+            templated = None;
+        }
         let (policy, i, suffix) = match chosen {
             Some(c) => c,
             None => (
@@ -152,7 +200,16 @@ impl Settings {
             ),
         };
         let rules = policy.path_rules;
-        let mut refused = trailing.map(|_| PathError::TrailingSpelling);
+        let mut refused = trailing
+            .map(|_| PathError::TrailingSpelling)
+            .or(cased.map(|_| PathError::LetterCase));
+        // Spellings the route does not say how its upstream reads.
+        if raw.contains('+') && !policy.spellings.plus_known {
+            refused = refused.or(Some(PathError::RawPlus));
+        }
+        if !raw.is_ascii() && !policy.spellings.raw_utf8 {
+            refused = refused.or(Some(PathError::RawNonAscii));
+        }
         // `;` is never in a normal form: a raw one is a parameter, left out above.
         let params = raw.contains(';');
         if params && policy.path_params == PathParams::Refuse {

@@ -809,6 +809,7 @@ impl Run<'_> {
                             | "store-unavailable"
                             | "overloaded"
                             | "upstream-timeout"
+                            | "upstream-broken-answer"
                     ) =>
                 {
                     // Nothing ran (or the retry finds the record held): try again.

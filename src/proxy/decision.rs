@@ -119,6 +119,9 @@ pub(crate) enum Refusal {
     InvalidPath(String),
     /// A malformed declared override, or an undeclared one that names another method.
     InvalidMethodOverride(String),
+    /// A header this route decides on is named by `Connection` (it would be stripped as
+    /// hop-by-hop after the decision), or has a look-alike spelt with `_`.
+    InvalidHeader(String),
     /// A protected method in another letter case, on a route whose upstream does not say
     /// it folds it (`method_case`).
     InvalidMethod(String),
@@ -155,6 +158,7 @@ impl Refusal {
         match self {
             Refusal::InvalidPath(_) => "invalid_path",
             Refusal::InvalidMethodOverride(_) => "invalid_method_override",
+            Refusal::InvalidHeader(_) => "invalid_header",
             Refusal::InvalidMethod(_) => "invalid_method",
             Refusal::MissingKey => "missing_key",
             Refusal::InvalidKey(_) => "invalid_key",
@@ -191,6 +195,7 @@ impl Refusal {
                 Problem::InvalidMethodOverride.response(detail, None, None)
             }
             Refusal::InvalidMethod(detail) => Problem::InvalidMethod.response(detail, None, None),
+            Refusal::InvalidHeader(detail) => Problem::InvalidHeader.response(detail, None, None),
             Refusal::MissingKey => Problem::MissingKey.response(
                 "send an Idempotency-Key header with a unique value per operation",
                 None,
@@ -258,6 +263,15 @@ pub(crate) fn decide<'s>(
         traced,
         action,
     };
+    // What idemgate reads to decide must reach the upstream as it was read: a header that
+    // `Connection` names is stripped after the decision, and one spelt with `_` for `-` is
+    // the same header to CGI-style servers (Puma, Rack, PHP-FPM) and another to idemgate.
+    if !policy.methods.is_empty() {
+        if let Some(detail) = hidden_deciding_header(policy, headers) {
+            let refusal = Refusal::InvalidHeader(detail);
+            return decision(method.clone(), false, Action::Refuse(refusal));
+        }
+    }
     // The method the upstream will run. Which requests an unseen override refuses: those
     // where the request's method *or* a method an override names is protected on this
     // route. idemgate cannot know which of the two the upstream runs, and if either is
@@ -403,6 +417,61 @@ fn unroutable<'s>(
         traced: false,
         action,
     }
+}
+
+/// Headers every protected route decides on, whatever its settings: the credential that is
+/// the default tenant, and what the fingerprint reads of the body.
+const ALWAYS_DECIDING: [hyper::header::HeaderName; 3] = [
+    hyper::header::AUTHORIZATION,
+    CONTENT_TYPE,
+    hyper::header::CONTENT_ENCODING,
+];
+
+/// Whether `name` is a header `policy` decides on: its key headers, every method-override
+/// header (declared ones decide the method, undeclared ones a refusal), its tenant headers,
+/// and [`ALWAYS_DECIDING`].
+fn decides(policy: &Policy, name: &str) -> bool {
+    let is = |n: &hyper::header::HeaderName| n.as_str().eq_ignore_ascii_case(name);
+    let tenant = match &policy.tenant {
+        TenantSource::Headers(names) => names.iter().any(is),
+        _ => false,
+    };
+    tenant
+        || ALWAYS_DECIDING.iter().any(is)
+        || policy.key_headers.iter().any(is)
+        || policy.method_override_headers.iter().any(is)
+        || method::OVERRIDE_HEADERS
+            .iter()
+            .any(|h| h.eq_ignore_ascii_case(name))
+}
+
+/// The refusal's detail when a header `policy` decides on would not reach the upstream as
+/// idemgate read it: named by `Connection`, or present under a name that is one of them
+/// with `_` for `-`.
+fn hidden_deciding_header(policy: &Policy, headers: &HeaderMap) -> Option<String> {
+    for value in headers.get_all(hyper::header::CONNECTION) {
+        let Ok(text) = value.to_str() else { continue };
+        for token in text.split(',').map(str::trim) {
+            if !token.is_empty() && decides(policy, token) {
+                return Some(format!(
+                    "the Connection header names `{}`, which idemgate reads to decide on this request and would then remove as hop-by-hop; the upstream would not receive what was decided on: send `{}` without naming it in Connection",
+                    token.to_ascii_lowercase(),
+                    token.to_ascii_lowercase()
+                ));
+            }
+        }
+    }
+    for name in headers.keys() {
+        let name = name.as_str();
+        if name.contains('_') && decides(policy, &name.replace('_', "-")) {
+            return Some(format!(
+                "the header `{name}` is `{}` with `_` for `-`, which servers that map headers to CGI variables (Puma, Rack, PHP-FPM) read as the same header and idemgate does not: send it as `{}`",
+                name.replace('_', "-"),
+                name.replace('_', "-")
+            ));
+        }
+    }
+    None
 }
 
 /// The refusal's detail when an override the route does not declare names a method that

@@ -23,7 +23,7 @@ use crate::problem::Problem;
 use crate::request_id::X_REQUEST_ID;
 use crate::store::{deadline, ClaimRequest, OwnerToken, StoreError, StoredResponse};
 use crate::telemetry::{self, Step};
-use crate::upstream::{self, Failure};
+use crate::upstream::{self, framing, Failure};
 
 use super::claim::release_in_background;
 use super::{log_request, Line, Proxy, Shared, UpstreamLatency};
@@ -157,6 +157,8 @@ pub(super) enum ExchangeError {
     Request(upstream::SendError),
     Body(hyper::Error),
     Timeout,
+    // What came back is not one answer (see [`framing`]).
+    Broken(String),
 }
 
 /// Forwards a claimed request, keeps its lease alive while the upstream works, and settles
@@ -191,19 +193,35 @@ pub(super) async fn exchange(
     // The upstream continues the trace under idemgate's span (with tracing off, the
     // client's traceparent passes as it came).
     telemetry::inject(&upstream_span, request.headers_mut());
+    let head = request.method() == hyper::Method::HEAD;
     let call = async {
         let res = shared
             .fresh
             .request(request)
             .await
             .map_err(ExchangeError::Request)?;
-        let (parts, body) = res.into_parts();
+        let (mut parts, body) = res.into_parts();
+        if framing::not_an_answer(parts.status) {
+            return Err(ExchangeError::Broken(format!(
+                "the upstream's final answer was the interim status {}",
+                parts.status.as_u16()
+            )));
+        }
+        let declared = framing::reframe(&mut parts.headers);
         let room = room.as_deref();
         let answer = answer::read(&parts.headers, body, policy.max_response_bytes, |n| {
             answer_room(room, n, wait_limit, &paused, &slot)
         })
         .await
         .map_err(ExchangeError::Body)?;
+        if let (Answer::Whole(bytes), Some(n)) = (&answer, declared) {
+            let sent = bytes.len() as u64;
+            if framing::length_is_of_bytes_sent(parts.status, head) && sent != n {
+                return Err(ExchangeError::Broken(format!(
+                    "the upstream declared a length of {n} bytes and sent {sent}"
+                )));
+            }
+        }
         Ok::<_, ExchangeError>((parts, answer))
     };
     // `upstream_timeout` does not count a wait for room: the upstream has answered by then.
@@ -294,6 +312,9 @@ pub(super) async fn exchange(
         Ok((mut parts, Answer::Whole(bytes))) => {
             policy.upstream_time.observe(latency.0);
             upstream::strip_hop_by_hop(&mut parts.headers);
+            // hyper writes the length of the bytes in hand, as it does for the replay: one
+            // canonical form, never the upstream's.
+            parts.headers.remove(CONTENT_LENGTH);
             let stored = stored(&parts, bytes.clone());
             // An answer that shows nothing ran (401, 403, 407 by default) is kept only
             // briefly: a flood of made-up credentials, each a tenant of its own, must not
@@ -361,17 +382,34 @@ pub(super) async fn exchange(
             (res, Outcome::UpstreamError)
         }
         Err(e) => {
-            let why = match &e {
-                ExchangeError::Timeout => {
-                    "the upstream did not answer within upstream_timeout".to_string()
-                }
-                ExchangeError::Request(e) => {
+            let (problem, why) = match &e {
+                ExchangeError::Timeout => (
+                    Problem::UpstreamTimeout,
+                    "the upstream did not answer within upstream_timeout".to_string(),
+                ),
+                ExchangeError::Request(e) if framing::broken_head(e) => (
+                    Problem::UpstreamBrokenAnswer,
+                    format!(
+                        "the upstream's answer could not be read: {}",
+                        upstream::describe(e)
+                    ),
+                ),
+                ExchangeError::Request(e) => (
+                    Problem::UpstreamTimeout,
                     format!(
                         "the upstream connection failed after sending: {}",
                         upstream::describe(e)
-                    )
-                }
-                ExchangeError::Body(e) => format!("the upstream's answer broke off: {e}"),
+                    ),
+                ),
+                ExchangeError::Body(e) if framing::broken_body(e) => (
+                    Problem::UpstreamBrokenAnswer,
+                    format!("the upstream's answer was broken: {e}"),
+                ),
+                ExchangeError::Body(e) => (
+                    Problem::UpstreamTimeout,
+                    format!("the upstream's answer broke off: {e}"),
+                ),
+                ExchangeError::Broken(why) => (Problem::UpstreamBrokenAnswer, why.clone()),
             };
             tracing::warn!(record = %id, reason = %why, "upstream outcome unknown");
             let (s, p) = (Arc::clone(shared), policy.clone());
@@ -392,13 +430,13 @@ pub(super) async fn exchange(
             // Observing, retries are forwarded whatever the record says: the answer says
             // what happened upstream and nothing of what enforcing would do.
             let res = if observed {
-                Problem::UpstreamTimeout.response(why, None, None)
+                problem.response(why, None, None)
             } else {
                 let detail = match policy.on_ambiguous {
                     OnAmbiguous::Hold => format!("{why}; the request may have been executed, and retries with this key get 409 until an operator releases the record"),
                     OnAmbiguous::Release => format!("{why}; the request may have been executed, and the key was released"),
                 };
-                Problem::UpstreamTimeout.response(detail, Some(&id), None)
+                problem.response(detail, Some(&id), None)
             };
             (res, Outcome::Ambiguous)
         }

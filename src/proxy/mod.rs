@@ -299,6 +299,24 @@ impl Proxy {
         test_panic("respond", req.headers());
         // This request's settings, to its end: a reload meanwhile applies to the next ones.
         let settings = self.shared.live.get();
+        // A tunnel is not a request idemgate can decide on, and its 2xx would leave the
+        // client's connection to bytes no one frames: refused, never forwarded.
+        if req.method() == hyper::Method::CONNECT {
+            tracing::info!(
+                request_id = request_id.to_str().unwrap_or("-"),
+                "CONNECT refused: idemgate forwards no tunnels"
+            );
+            let mut res = Problem::MethodNotAllowed.response(
+                "idemgate does not forward CONNECT; it is a reverse proxy, not a tunnel",
+                None,
+                None,
+            );
+            res.headers_mut().insert(
+                hyper::header::ALLOW,
+                HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+            );
+            return crate::problem::in_dialect(res, &settings.default_policy.error_format);
+        }
         let (method, uri, headers) = (req.method(), req.uri(), req.headers());
         let decision = decision::decide(&settings, method, uri, headers, peer_cert(&req));
         // Said in either mode: both see the same request.
@@ -417,6 +435,19 @@ impl Proxy {
         match answer {
             Ok(Ok(res)) => {
                 let (mut parts, body) = res.into_parts();
+                // No upgrade is ever forwarded: an interim status as the final answer would
+                // leave the client's connection between two protocols.
+                if upstream::framing::not_an_answer(parts.status) {
+                    return Problem::UpstreamBrokenAnswer.response(
+                        "the upstream's final answer was an interim status",
+                        None,
+                        None,
+                    );
+                }
+                // The body streams on under hyper's framing: a length that the body does
+                // not reach ends in a body error, which closes the client's connection
+                // (HTTP/1.1) or resets its stream (h2), never a short answer.
+                upstream::framing::reframe(&mut parts.headers);
                 upstream::strip_hop_by_hop(&mut parts.headers);
                 // Read by the log line only (`info` and `debug`, this module's target): a
                 // response's first extension allocates its map.
@@ -431,6 +462,13 @@ impl Proxy {
                     tracing::warn!(error = %upstream::describe(&e), "upstream unreachable");
                     Problem::UpstreamUnreachable.response(
                         "could not connect to the upstream",
+                        None,
+                        None,
+                    )
+                }
+                Failure::Ambiguous if upstream::framing::broken_head(&e) => {
+                    Problem::UpstreamBrokenAnswer.response(
+                        "the upstream's answer could not be read",
                         None,
                         None,
                     )

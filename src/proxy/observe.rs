@@ -228,12 +228,13 @@ impl Proxy {
             let (res, answer) = if ours {
                 (res, None)
             } else {
-                let (parts, body) = res.into_parts();
+                let (mut parts, body) = res.into_parts();
                 match answer::read(&parts.headers, body, policy.max_response_bytes, |_| {
                     std::future::ready(())
                 })
                 .await {
                     Ok(Answer::Whole(bytes)) => {
+                        parts.headers.remove(hyper::header::CONTENT_LENGTH);
                         let stored = super::exchange::stored(&parts, bytes.clone());
                         (
                             Response::from_parts(parts, body::chunked(bytes)),

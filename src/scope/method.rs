@@ -71,6 +71,10 @@ pub enum OverrideError {
     /// Declared headers name two different methods.
     #[error("the method-override headers name more than one method")]
     Conflicting,
+    /// A declared header sent on more than one line: servers join the lines into a list
+    /// (`DELETE, DELETE`), which frameworks then read as no method and run the request's.
+    #[error("the `{0}` header is sent more than once; send it on one line, naming one method")]
+    Repeated(String),
 }
 
 /// A method token, uppercased as the frameworks that read these headers do; `None` if the
@@ -117,7 +121,11 @@ pub fn read(
 ) -> Result<Overrides, OverrideError> {
     let mut named: Option<Method> = None;
     for name in declared {
-        for value in headers.get_all(name) {
+        let values = headers.get_all(name);
+        if values.iter().nth(1).is_some() {
+            return Err(OverrideError::Repeated(name.as_str().to_string()));
+        }
+        for value in values {
             declare(&mut named, value.as_bytes(), name.as_str())?;
         }
     }

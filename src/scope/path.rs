@@ -97,6 +97,19 @@ pub enum PathError {
     /// route or the defaults as another operation.
     #[error("the path is this route's but for a segment's trailing dots or spaces, which some frameworks drop and others keep: send the path without them")]
     TrailingSpelling,
+    /// A path that is a route's only when letter case is ignored (`/V1/Transfers`,
+    /// `/v1/transfer%53`), on a route that does not say how its upstream compares letters:
+    /// Express and Koa route it to the same handler, most others do not.
+    #[error("the path is this route's only when letter case is ignored, which some frameworks (Express, Koa) do and others do not: send the route's spelling, or set case_insensitive_paths (or framework) on the route")]
+    LetterCase,
+    /// A raw `+`, which some routers read as a space (@koa/router 13 and older) and others
+    /// as a plus, on a route that does not say which (`plus_is_space`).
+    #[error("the path contains a raw '+', which some routers read as a space and others as a plus: send it as %2B (a plus) or %20 (a space), or set plus_is_space on the route")]
+    RawPlus,
+    /// A raw byte beyond ASCII, which most frameworks read as UTF-8 and some as Latin-1
+    /// (Tornado), on a route that does not say its upstream reads UTF-8 (`raw_utf8_paths`).
+    #[error("the path contains raw bytes beyond ASCII, which some frameworks read as UTF-8 and others as Latin-1: percent-encode them, or set raw_utf8_paths = true on a route whose upstream reads them as UTF-8")]
+    RawNonAscii,
     /// A format suffix (`/v1/transfers.json`) that the route does not list.
     #[error("the path ends in a format suffix ('.{0}') that frameworks such as Rails route to the same handler; this route does not list it in format_suffixes: send the path without it")]
     FormatSuffix(FormatExt),

@@ -158,7 +158,7 @@ impl FaultProxy {
     }
 
     fn live(&self) -> Vec<Arc<Conn>> {
-        let mut conns = self.state.conns.lock().unwrap();
+        let mut conns = self.state.conns.lock().expect("lock");
         conns.retain(|c| c.strong_count() > 0);
         conns.iter().filter_map(Weak::upgrade).collect()
     }
@@ -188,7 +188,11 @@ async fn proxy(client: TcpStream, target: SocketAddr, state: Arc<State>) {
         reply_delay_ms: AtomicU64::new(0),
         cut: cut_tx,
     });
-    state.conns.lock().unwrap().push(Arc::downgrade(&conn));
+    state
+        .conns
+        .lock()
+        .expect("lock")
+        .push(Arc::downgrade(&conn));
     let (cr, cw) = client.into_split();
     let (sr, sw) = server.into_split();
     let (to_server, for_server) = mpsc::unbounded_channel::<Timed>();

@@ -10,6 +10,7 @@ pub mod idp;
 pub mod postgres;
 pub mod setup;
 pub mod topology;
+pub mod wire;
 
 /// Runs each named `async fn(Backend)` of the test file twice: on the embedded store and on
 /// a redis-server of its own.
@@ -41,7 +42,7 @@ use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -108,14 +109,12 @@ impl RedisServer {
             cmd.spawn()
                 .expect("redis-server on PATH (apt-get install redis-server)"),
         );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if self.ping() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("redis-server did not start on port {}", self.port);
+        let port = self.port;
+        wait_until(
+            Duration::from_secs(10),
+            &format!("redis-server to start on port {port}"),
+            || self.ping(),
+        );
     }
 
     pub fn url(&self) -> String {
@@ -225,6 +224,12 @@ pub enum Mode {
     /// Send the status line, the headers and part of the body, then break the connection.
     Reset,
 }
+
+/// How long a test waits for what should come at once before it calls it a hang: far from
+/// any expected time, so that a slow machine never fails a test; what is fast or slow is
+/// measured in bench/, not asserted here. A test shows "at once" by an order or a state
+/// (answered while the thing it must not wait for is still held) and keeps this as a guard.
+pub const HANG_GUARD: Duration = Duration::from_secs(20);
 
 /// Per-request header that makes the fake upstream misbehave for that request only:
 /// `hang` or `reset` (as the [`Mode`]s).
@@ -366,9 +371,9 @@ impl Upstream {
         let mode = match one(FAULT).as_deref() {
             Some("hang") => Mode::Hang,
             Some("reset") => Mode::Reset,
-            _ => *self.mode.lock().unwrap(),
+            _ => *self.mode.lock().expect("lock"),
         };
-        self.seen.lock().unwrap().push(Seen {
+        self.seen.lock().expect("lock").push(Seen {
             execution: n,
             method: parts.method.to_string(),
             uri: parts.uri.to_string(),
@@ -431,11 +436,11 @@ impl Upstream {
     }
 
     pub fn set_mode(&self, m: Mode) {
-        *self.mode.lock().unwrap() = m;
+        *self.mode.lock().expect("lock") = m;
     }
 
     pub fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
+        self.seen.lock().expect("lock").clone()
     }
 
     pub fn url(&self) -> String {
@@ -685,6 +690,20 @@ pub async fn upstream_reached(up: &Upstream, n: usize) {
     .await;
 }
 
+/// The value of one series (its name and labels exactly as exposed) in a `/metrics` text.
+pub fn series_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// [`series_value`], failing the test with the whole text if the series is not there.
+pub fn metric_in(text: &str, series: &str) -> f64 {
+    series_value(text, series).unwrap_or_else(|| panic!("no {series} in\n{text}"))
+}
+
+/// How often the waits below look again.
+const POLL: Duration = Duration::from_millis(20);
+
 /// Waits until `cond` holds, polling; panics after `limit`.
 pub async fn eventually(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     let until = Instant::now() + limit;
@@ -695,6 +714,82 @@ pub async fn eventually(limit: Duration, what: &str, mut cond: impl FnMut() -> b
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("timed out waiting for: {what}");
+}
+
+/// [`eventually`] for a condition that awaits (a request, a store read).
+pub async fn until(limit: Duration, what: &str, mut cond: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond().await {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// [`eventually`] for a test thread outside the runtime: blocks it between looks.
+pub fn wait_until(limit: Duration, what: &str, cond: impl FnMut() -> bool) {
+    assert!(held_within(limit, cond), "timed out waiting for: {what}");
+}
+
+/// Whether `cond` came to hold within `limit`, looking again every 20 ms (blocking the
+/// thread): for a caller whose failure message needs what it sees at the end (a log).
+pub fn held_within(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(POLL);
+    }
+    true
+}
+
+/// Runs `attempt` again until `done` accepts what it gave or `limit` has passed, and
+/// returns the last result either way: the caller asserts on it, so a timeout fails with
+/// the answer that was still wrong.
+pub async fn retry_until<T>(
+    limit: Duration,
+    mut attempt: impl AsyncFnMut() -> T,
+    mut done: impl FnMut(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        let got = attempt().await;
+        if done(&got) || Instant::now() > deadline {
+            return got;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Waits for `child` to exit on its own, at most `limit`: its status, or `None` if it still
+/// runs (left running: the caller kills it or fails).
+pub fn exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// [`retry_until`] on a test thread outside the runtime.
+pub fn retry_until_blocking<T>(
+    limit: Duration,
+    mut attempt: impl FnMut() -> T,
+    mut done: impl FnMut(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        let got = attempt();
+        if done(&got) || Instant::now() > deadline {
+            return got;
+        }
+        std::thread::sleep(POLL);
+    }
 }
 
 /// The real `idemgate` binary as a child process, configured through the environment;
@@ -717,17 +812,10 @@ impl Gate {
         env: &[(&str, &str)],
     ) -> (Option<i32>, String) {
         let (mut cmd, _, _, dir) = Self::command(upstream, redis_url, env);
-        let mut child = cmd.spawn().unwrap();
-        let until = Instant::now() + Duration::from_secs(20);
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > until {
-                let _ = child.kill();
-                panic!("idemgate did not exit");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let mut child = cmd.spawn().expect("test set-up");
+        let Some(status) = exit_within(&mut child, Duration::from_secs(20)) else {
+            let _ = child.kill();
+            panic!("idemgate did not exit");
         };
         let log = std::fs::read_to_string(dir.path().join("idemgate.log")).unwrap_or_default();
         (status.code(), log)
@@ -894,25 +982,36 @@ impl Gate {
     }
 
     /// SIGTERM, then waits (at most `limit`) for the exit status.
-    pub fn terminate(&mut self, limit: Duration) -> std::process::ExitStatus {
+    pub fn terminate(&mut self, limit: Duration) -> ExitStatus {
         let mut c = self.child.take().expect("running");
         signal(c.id(), "TERM");
-        let until = Instant::now() + limit;
-        loop {
-            if let Some(status) = c.try_wait().expect("wait") {
-                return status;
-            }
-            if Instant::now() > until {
-                let _ = c.kill();
-                let _ = c.wait();
-                panic!("idemgate did not exit within {limit:?} of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let Some(status) = exit_within(&mut c, limit) else {
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!("idemgate did not exit within {limit:?} of SIGTERM");
+        };
+        status
     }
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("idemgate.log")).unwrap_or_default()
+    }
+
+    /// The admin listener's `/metrics` text (empty if it did not answer).
+    pub fn metrics(&self) -> String {
+        http_get(self.admin, "/metrics").unwrap_or_default()
+    }
+
+    /// One series of `/metrics` (its name and labels exactly as exposed); fails the test
+    /// if it is not exposed.
+    pub fn metric(&self, series: &str) -> f64 {
+        metric_in(&self.metrics(), series)
+    }
+
+    /// One series of `/metrics`, 0 while it is not exposed yet (a labelled counter before
+    /// its first increment).
+    pub fn metric_or_zero(&self, series: &str) -> f64 {
+        series_value(&self.metrics(), series).unwrap_or(0.0)
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -1068,7 +1167,7 @@ impl RawUpstream {
                 let received = received.clone();
                 tokio::spawn(async move {
                     let slot = {
-                        let mut r = received.lock().unwrap();
+                        let mut r = received.lock().expect("lock");
                         r.push(Vec::new());
                         r.len() - 1
                     };
@@ -1081,7 +1180,7 @@ impl RawUpstream {
                         if n == 0 {
                             break;
                         }
-                        received.lock().unwrap()[slot].extend_from_slice(&buf[..n]);
+                        received.lock().expect("lock")[slot].extend_from_slice(&buf[..n]);
                     }
                     let _ = stream
                         .write_all(b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
@@ -1096,7 +1195,7 @@ impl RawUpstream {
     pub fn received(&self) -> Vec<String> {
         self.received
             .lock()
-            .unwrap()
+            .expect("lock")
             .iter()
             .map(|b| String::from_utf8_lossy(b).into_owned())
             .collect()
@@ -1138,20 +1237,14 @@ pub fn start_up_failure(env: &[(&str, &str)]) -> (Option<i32>, String) {
         .stderr(std::fs::File::create(&err_path).expect("stderr file"))
         .spawn()
         .expect("idemgate binary");
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            let err = std::fs::read_to_string(&err_path).unwrap_or_default();
-            return (status.code(), err);
-        }
-        if Instant::now() > until {
-            let _ = child.kill();
-            let _ = child.wait();
-            let err = std::fs::read_to_string(&err_path).unwrap_or_default();
-            panic!("idemgate started instead of refusing its configuration:\n{err}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let status = exit_within(&mut child, Duration::from_secs(10));
+    let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("idemgate started instead of refusing its configuration:\n{err}");
+    };
+    (status.code(), err)
 }
 
 /// Sockets in TIME_WAIT on either end of a connection to a port, counted from a moment on.
@@ -1194,7 +1287,7 @@ impl TimeWait {
 /// The sockets with `port` at either end, in `state` (/proc/net/tcp's hex, "06" for
 /// TIME_WAIT) or in any.
 fn sockets_on(port: u16, state: Option<&str>) -> std::collections::HashSet<(String, String)> {
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
     let port_of = |addr: &str| {
         addr.rsplit(':')
             .next()

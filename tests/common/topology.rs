@@ -156,14 +156,9 @@ impl Node {
 
     fn spawn(&mut self) {
         self.spawn_process();
-        let until = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < until {
-            if self.cli(&["PING"]).is_some_and(|r| r.trim() == "PONG") {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(30));
-        }
-        panic!(
+        let pong = || self.cli(&["PING"]).is_some_and(|r| r.trim() == "PONG");
+        assert!(
+            super::held_within(Duration::from_secs(15), pong),
             "redis-server did not start on port {}:\n{}",
             self.port,
             self.log()
@@ -176,16 +171,14 @@ impl Node {
     pub fn restart_listening(&mut self) {
         self.kill();
         self.spawn_process();
-        let until = Instant::now() + Duration::from_secs(15);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < until,
-                "redis-server did not listen on port {}:\n{}",
-                self.port,
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(30));
-        }
+        let port = self.port;
+        let listening = || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+        assert!(
+            super::held_within(Duration::from_secs(15), listening),
+            "redis-server did not listen on port {}:\n{}",
+            self.port,
+            self.log()
+        );
     }
 
     fn spawn_process(&mut self) {
@@ -437,17 +430,17 @@ impl Sentinels {
     /// ([`replicas_streaming`]).
     pub fn wait_replicas_online(&self, n: usize) {
         let until = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < until {
-            if let Some(port) = self.primary_port() {
-                let node = &self.data[self.index_of(port)];
-                let step = (Instant::now() + Duration::from_secs(2)).min(until);
-                if replicas_streaming(|a| node.cli(a), n, step) {
-                    return;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("{n} replicas never came online");
+        super::wait_until(
+            Duration::from_secs(30),
+            &format!("{n} replicas online"),
+            || {
+                self.primary_port().is_some_and(|port| {
+                    let node = &self.data[self.index_of(port)];
+                    let step = (Instant::now() + Duration::from_secs(2)).min(until);
+                    replicas_streaming(|a| node.cli(a), n, step)
+                })
+            },
+        );
     }
 
     /// Kills the primary and waits until the sentinels name another one, which answers
@@ -456,17 +449,15 @@ impl Sentinels {
         let old = self.primary_port().expect("a primary");
         let i = self.index_of(old);
         self.data[i].kill();
-        let until = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < until {
-            if let Some(port) = self.primary_port().filter(|p| *p != old) {
-                let n = &self.data[self.index_of(port)];
-                if n.info_field("replication", "role").as_deref() == Some("master") {
-                    return i;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("no failover within 60s");
+        super::wait_until(Duration::from_secs(60), "a failover", || {
+            self.primary_port()
+                .filter(|p| *p != old)
+                .is_some_and(|port| {
+                    let n = &self.data[self.index_of(port)];
+                    n.info_field("replication", "role").as_deref() == Some("master")
+                })
+        });
+        i
     }
 }
 
@@ -548,21 +539,16 @@ impl Cluster {
     /// and each has a replica online.
     pub fn wait_ok(&self) {
         let until = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < until {
-            let ok = self.nodes.iter().filter(|n| n.is_running()).all(|n| {
+        super::wait_until(Duration::from_secs(60), "the cluster to be ok", || {
+            self.nodes.iter().filter(|n| n.is_running()).all(|n| {
                 n.cli(&["CLUSTER", "INFO"])
                     .is_some_and(|i| i.contains("cluster_state:ok"))
             }) && self.primaries().len() == 3
                 && self.primaries().iter().all(|i| {
                     let step = (Instant::now() + Duration::from_secs(2)).min(until);
                     replicas_streaming(|a| self.nodes[*i].cli(a), 1, step)
-                });
-            if ok {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("cluster never became ok");
+                })
+        });
     }
 
     /// Indices of the running nodes that are primaries owning slots.

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the real frameworks that tests/frameworks.rs puts behind idemgate, pinned, from
-# the registries: Express 5, Fastify 5 and Koa 3 (npm, with their lock files), Flask 3.1 and
-# Starlette 1.10 under uvicorn (PyPI), and Debian's Jetty 9.4 (libjetty9-java, the library
-# half of the jetty9 package). Usage: install.sh DIR.
+# the registries: Express 5, Fastify 5, Koa 3 and Koa 2 with @koa/router 13 (npm, with their
+# lock files), Flask 3.1 and Starlette 1.10 under uvicorn, uvicorn with httptools and Tornado
+# (PyPI), and Debian's Jetty 9.4 (libjetty9-java, the library half of the jetty9 package).
+# Node's own `http` and Debian's Puma with Rack (tests/setup/install.sh) need nothing here
+# but their apps, under wire/. Usage: install.sh DIR.
 # Idempotent: what DIR already holds at the pinned versions is kept.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -48,7 +50,7 @@ echo "$dir/jetty/classes:$jars" > "$dir/jetty/classpath"
 
 # Fastify 5 and Koa 3 (npm, with their lock files) and Starlette 1.10 under uvicorn (PyPI):
 # the parameterised handlers of tests/frameworks.rs.
-for app in fastify koa; do
+for app in fastify koa koa2; do
   if [ ! -d "$dir/$app/node_modules" ] \
     || ! cmp -s "$here/$app/package-lock.json" "$dir/$app/package-lock.json"; then
     rm -rf "$dir/$app"
@@ -69,3 +71,17 @@ if [ ! -f "$dir/starlette/requirements.txt" ] \
   cp "$here/starlette/requirements.txt" "$dir/starlette/requirements.txt"
 fi
 cp "$here/starlette/app.py" "$dir/starlette/app.py"
+
+# The peers of tests/peers_wire.rs: uvicorn with httptools and Tornado (PyPI, pinned), and the
+# apps for them, Node's own `http` and Puma.
+if [ ! -f "$dir/wire/requirements.txt" ] \
+  || ! cmp -s "$here/wire/requirements.txt" "$dir/wire/requirements.txt"; then
+  rm -rf "$dir/wire"
+  mkdir -p "$dir/wire/site"
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+    --root-user-action=ignore --no-deps --target "$dir/wire/site" \
+    -r "$here/wire/requirements.txt"
+  cp "$here/wire/requirements.txt" "$dir/wire/requirements.txt"
+fi
+cp "$here/wire/node_framing.js" "$here/wire/uvicorn_framing.py" "$here/wire/tornado_app.py" \
+  "$here/wire/config.ru" "$dir/wire/"

@@ -2,7 +2,7 @@
 # What the tests need from outside the crate, installed once per machine and shared by every
 # clone and every test binary: Debian's packages (redis-server and redis-cli, openssl,
 # PostgreSQL's initdb and pg_ctl, libfaketime, iproute2, promtool, nginx, Caddy, Apache
-# httpd, Jetty), the real frameworks (npm and PyPI, pinned) and Stripe's SDKs (npm and PyPI,
+# httpd, Jetty, Puma with Rack), the real frameworks (npm and PyPI, pinned) and Stripe's SDKs (npm and PyPI,
 # pinned). The packages go where Debian puts them (through sudo when the tests do not run as
 # root); the rest under the cache directory, by default ~/.cache/idemgate-tests
 # (IDEMGATE_TEST_CACHE overrides it), which this script prints on its last line.
@@ -43,6 +43,8 @@ have caddy || need+=(caddy)
 have javac || need+=(default-jdk-headless)
 have node || need+=(nodejs)
 have npm || need+=(npm)
+{ have puma && ls /usr/share/rubygems-integration/all/gems/rack-2*/lib/rack/method_override.rb >/dev/null 2>&1; } \
+  || need+=(puma ruby-rack)
 if [ ${#need[@]} -gt 0 ]; then
   echo "tests/setup/install.sh: installing from Debian: ${need[*]}" >&2
   if [ "$(id -u)" = 0 ]; then
