@@ -1,21 +1,24 @@
-//! The admin listener: `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /records/{id}`
-//! and `DELETE /records/{id}`. Loopback by default; it can release records, so keep it
-//! private, and set `admin_token` when it is not on loopback: then every endpoint but the
-//! probes (`/healthz`, `/readyz`) wants `Authorization: Bearer <token>`. The probes are open
-//! so that a plain `httpGet` probe can use them; they say up or not, nothing else (the
-//! store's error only to a caller with the token).
+//! The admin listener: `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /records/{id}`,
+//! `DELETE /records/{id}` and the rest of the admin API. Loopback by default; it can release
+//! records, so keep it private. Who may do what, from where, is [`crate::admin_access`]'s:
+//! the listener answers only under known hosts, takes writes only from the operator's own
+//! tools, and, once `admin_token` or `admin_operators` is set, wants a token whose role
+//! allows the endpoint. The probes (`/healthz`, `/readyz`) are open so that a plain
+//! `httpGet` probe can use them; they say up or not, nothing else (the store's error only to
+//! a known operator).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::header::{HeaderValue, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
+use crate::admin_access as access;
 use crate::body::{self, Body};
-use crate::config::Secret;
+use crate::config::{Live, Role};
 use crate::key::RecordId;
 use crate::metrics::{self, Metrics};
 use crate::operator::{self, Lookup, Resolver};
@@ -40,9 +43,9 @@ pub struct Admin {
     store: Arc<dyn Store>,
     store_timeout: Duration,
     metrics: Arc<Metrics>,
-    // SHA-256 of the token: comparing digests takes the same time whatever the length or
-    // content of what a caller sends.
-    token: Option<[u8; 32]>,
+    // The settings in force: `admin_token`, `admin_operators` and `admin_hosts` change on
+    // reload.
+    settings: Arc<Live>,
     // Record ids from a request's parts, as the proxy computes them.
     resolver: Option<Resolver>,
     // Whether the scope secret agrees with the store's (unready once not), and the secret
@@ -58,13 +61,13 @@ impl Admin {
         store: Arc<dyn Store>,
         store_timeout: Duration,
         metrics: Arc<Metrics>,
-        token: Option<Secret>,
+        settings: Arc<Live>,
     ) -> Admin {
         Admin {
             store,
             store_timeout,
             metrics,
-            token: token.map(|t| Sha256::digest(t.expose().as_bytes()).into()),
+            settings,
             resolver: None,
             secret: None,
             reloader: None,
@@ -90,92 +93,140 @@ impl Admin {
         self
     }
 
-    /// Whether the request carries the admin token (always, when none is configured).
-    fn authorized(&self, req: &Request<Incoming>) -> bool {
-        let Some(want) = &self.token else {
-            return true;
-        };
-        // The scheme is case-insensitive (RFC 9110 11.1).
-        let Some(given) = req
-            .headers()
-            .get(AUTHORIZATION)
-            .map(HeaderValue::as_bytes)
-            .filter(|v| v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer "))
-            .map(|v| &v[7..])
-        else {
-            return false;
-        };
-        let given: [u8; 32] = Sha256::digest(given).into();
-        given.ct_eq(want).into()
+    /// Handles one admin request from `peer`; every answer carries the security headers.
+    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let mut res = self.answer(req, peer).await;
+        access::secure(&mut res);
+        access::retry_hint(&mut res);
+        res
     }
 
-    /// Handles one admin request.
-    pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
-        let authorized = self.authorized(&req);
-        let probe = matches!(req.uri().path(), "/healthz" | "/readyz");
-        if !probe && !authorized {
-            let mut res = text(StatusCode::UNAUTHORIZED, "admin token required\n");
+    async fn answer(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let settings = self.settings.get();
+        let config = &settings.config;
+        // Before anything, probes included: a rebinding page's requests name its host.
+        let authority = match access::authority(&req) {
+            Some(a) if access::host_allowed(&a, &config.admin_hosts) => a,
+            other => return access::host_refused(other.as_deref()),
+        };
+        let operator = access::identify(config, req.headers());
+        let path = req.uri().path().to_string();
+        if req.method() == Method::GET && matches!(path.as_str(), "/healthz" | "/readyz") {
+            return self.probe(&path, operator.is_some()).await;
+        }
+        let Some(op) = operator else {
+            let mut res = Problem::OperatorTokenRequired.response(
+                "send `Authorization: Bearer <token>`: admin_token's, or an admin_operators entry's",
+                None,
+                None,
+            );
             res.headers_mut()
                 .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             return res;
+        };
+        let (action, needs) = endpoint(req.method(), &path);
+        let record = record_of(&path);
+        let forced = has_param(&req, "force=true");
+        let query_reason = param(&req, "reason");
+        let audit = |answered: u16,
+                     reason: Option<&str>,
+                     before: Option<String>,
+                     status_written: Option<u16>| {
+            access::Audit {
+                operator: &op,
+                action: action.unwrap_or("other"),
+                reason,
+                record: record.clone(),
+                before,
+                forced,
+                status_written,
+                answered,
+                peer,
+            }
+            .write(&self.metrics)
+        };
+        let refused = |res: Response<Body>| {
+            if action.is_some() {
+                audit(res.status().as_u16(), query_reason.as_deref(), None, None);
+            }
+            res
+        };
+        if access::unsafe_method(req.method()) {
+            if let Some(why) = access::cross_origin(&req, &authority) {
+                return refused(Problem::CrossOriginRefused.response(why, None, None));
+            }
         }
-        let path = req.uri().path().to_string();
+        if op.role < needs {
+            let what = format!("{} {path}", req.method());
+            return refused(access::role_forbidden(&op, &what, needs));
+        }
         let with_body = has_param(&req, "body=1");
-        let force = has_param(&req, "force=true");
-        match (req.method(), path.as_str()) {
-            (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
-            (&Method::GET, "/records") => self.list(&req).await,
-            (&Method::POST, "/config/reload") => self.reload().await,
-            (&Method::POST, "/records/lookup") => self.lookup(req).await,
+        if with_body && req.method() == Method::GET && !op.read_bodies {
+            return access::role_forbidden(
+                &op,
+                "a record's body (read_bodies = true)",
+                Role::Decide,
+            );
+        }
+
+        let (req, body) = if access::unsafe_method(req.method()) {
+            let (parts, incoming) = req.into_parts();
+            let bytes = match read_body(incoming).await {
+                Ok(b) => b,
+                Err(res) => return res,
+            };
+            let req = Request::from_parts(parts, ());
+            // An empty body is never refused for its type (`curl -X POST -d ''`).
+            if !bytes.is_empty() && !access::is_json(&req) {
+                return refused(access::not_json());
+            }
+            (req, bytes)
+        } else {
+            (Request::from_parts(req.into_parts().0, ()), Bytes::new())
+        };
+        let (res, reason, before, written) = match (req.method(), path.as_str()) {
+            (&Method::GET, "/records") => return self.list(&req).await,
+            (&Method::POST, "/config/reload") => {
+                (self.reload().await, param(&req, "reason"), None, None)
+            }
+            (&Method::POST, "/records/lookup") => return self.lookup(&body).await,
             (&Method::POST, p) if p.starts_with("/records/") && p.ends_with("/complete") => {
                 let hex = &p["/records/".len()..p.len() - "/complete".len()];
                 match RecordId::from_hex(hex) {
-                    Some(id) => self.complete(id, force, req).await,
-                    None => bad_request("a record id is 64 hex characters"),
+                    Some(id) => self.complete(id, forced, &req, &body).await,
+                    None => return bad_request("a record id is 64 hex characters"),
                 }
             }
-            (&Method::GET, "/readyz") if self.secret.as_ref().is_some_and(|(h, _)| !h.agreed()) => {
-                text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "not ready: this instance's scope secret differs from the store's; protected requests are refused until it restarts\n",
-                )
-            }
-            (&Method::GET, "/scope-secret") => match (&self.token, &self.secret) {
+            (&Method::GET, "/scope-secret") => match (op.anonymous(), &self.secret) {
                 // Whoever holds the secret can test record ids offline against guessed
                 // credentials: never shown on an open listener.
-                (None, _) => text(
-                    StatusCode::FORBIDDEN,
-                    "set admin_token to read the scope secret\n",
+                (true, _) => (
+                    text(
+                        StatusCode::FORBIDDEN,
+                        "set admin_token or admin_operators to read the scope secret\n",
+                    ),
+                    None,
+                    None,
+                    None,
                 ),
-                (Some(_), Some((_, secret))) => json(
-                    StatusCode::OK,
-                    &serde_json::json!({"scope_secret": secret.to_hex()}),
+                (false, Some((_, secret))) => (
+                    json(
+                        StatusCode::OK,
+                        &serde_json::json!({"scope_secret": secret.to_hex()}),
+                    ),
+                    param(&req, "reason"),
+                    None,
+                    None,
                 ),
-                (Some(_), None) => text(StatusCode::NOT_FOUND, "no scope secret here\n"),
+                (false, None) => return text(StatusCode::NOT_FOUND, "no scope secret here\n"),
             },
-            (&Method::GET, "/readyz") => {
-                match deadline(self.store_timeout, self.store.ping()).await {
-                    Ok(()) => text(StatusCode::OK, "ready\n"),
-                    Err(e) if authorized => text(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        &format!("not ready: {} store: {e}\n", self.store.kind()),
-                    ),
-                    Err(_) => text(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        &format!(
-                            "not ready: the {} store does not answer\n",
-                            self.store.kind()
-                        ),
-                    ),
-                }
-            }
-            // What observe-mode routes would have done (behind admin_token when set).
+            // What observe-mode routes would have done.
             (&Method::GET, "/observe") => {
                 let records = has_param(&req, "records=1");
                 let mut res = Response::new(body::full(self.metrics.observations_json(records)));
                 res.headers_mut()
                     .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-                res
+                return res;
             }
             (&Method::GET, "/metrics") => {
                 let mut res = Response::new(body::full(self.metrics.encode()));
@@ -183,71 +234,148 @@ impl Admin {
                     CONTENT_TYPE,
                     HeaderValue::from_static(metrics::CONTENT_TYPE),
                 );
-                res
+                return res;
             }
             (m, p) if p.starts_with("/records/") => {
                 let Some(id) = RecordId::from_hex(&p["/records/".len()..]) else {
-                    return json(
-                        StatusCode::BAD_REQUEST,
-                        &serde_json::json!({"error": "a record id is 64 hex characters"}),
-                    );
+                    return bad_request("a record id is 64 hex characters");
                 };
                 match *m {
-                    Method::GET => {
-                        match deadline(self.store_timeout, self.store.inspect(&id, with_body)).await
-                        {
-                            Ok(Some(view)) => json(StatusCode::OK, &view),
-                            Ok(None) => json(
-                                StatusCode::NOT_FOUND,
-                                &serde_json::json!({"error": "no such record", "id": id.to_string()}),
-                            ),
-                            Err(e) => store_error(e),
-                        }
-                    }
+                    Method::GET => return self.show(&id, with_body).await,
                     Method::DELETE => {
-                        let before = deadline(self.store_timeout, self.store.inspect(&id, false))
-                            .await;
-                        // A completed record holds the answer every retry of its key is
-                        // replayed; releasing it lets the next retry execute the request a
-                        // second time. Only with `?completed=true`, and never on a guess: a
-                        // store that cannot say what the record is refuses the release.
-                        let completed_ok = has_param(&req, "completed=true");
-                        let before = match before {
-                            Ok(Some(v)) if v.state == RecordState::Completed && !completed_ok => {
-                                return completed_refused(&id, &v);
-                            }
-                            Err(e) if !completed_ok => return store_error(e),
-                            Ok(v) => v,
-                            Err(_) => None,
+                        let reason = match access::reason(param(&req, "reason").as_deref()) {
+                            Ok(r) => r,
+                            Err(why) => return refused(access::reason_refused(why)),
                         };
-                        match deadline(self.store_timeout, self.store.delete(&id, force)).await {
-                            Ok(Deleted::Deleted) => {
-                                let was = before.as_ref().map(|v| v.state);
-                                tracing::warn!(record = %id, forced = force, was = ?was, "record released by an operator");
-                                json(
-                                    StatusCode::OK,
-                                    &serde_json::json!({"released": before, "id": id.to_string()}),
-                                )
-                            }
-                            Ok(Deleted::NotFound) => json(
-                                StatusCode::NOT_FOUND,
-                                &serde_json::json!({"error": "no such record", "id": id.to_string()}),
-                            ),
-                            Ok(Deleted::OwnerBusy) => owner_busy(&id, before.as_ref()),
-                            Err(e) => store_error(e),
-                        }
+                        let (res, before) = self.release(&id, forced, &req).await;
+                        (res, Some(reason), before, None)
                     }
-                    _ => text(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE\n"),
+                    _ => return text(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE\n"),
                 }
             }
-            _ => text(StatusCode::NOT_FOUND, "not found\n"),
+            _ => return text(StatusCode::NOT_FOUND, "not found\n"),
+        };
+        if action.is_some() {
+            audit(res.status().as_u16(), reason.as_deref(), before, written);
+        }
+        res
+    }
+
+    /// `GET /healthz`, `GET /readyz`: open; the store's error only to a known operator.
+    async fn probe(&self, path: &str, known: bool) -> Response<Body> {
+        if path == "/healthz" {
+            return text(StatusCode::OK, "ok\n");
+        }
+        if self.secret.as_ref().is_some_and(|(h, _)| !h.agreed()) {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not ready: this instance's scope secret differs from the store's; protected requests are refused until it restarts\n",
+            );
+        }
+        match deadline(self.store_timeout, self.store.ping()).await {
+            Ok(()) => text(StatusCode::OK, "ready\n"),
+            Err(e) if known => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!("not ready: {} store: {e}\n", self.store.kind()),
+            ),
+            Err(_) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "not ready: the {} store does not answer\n",
+                    self.store.kind()
+                ),
+            ),
         }
     }
+
+    /// `GET /records/{id}[?body=1]`.
+    async fn show(&self, id: &RecordId, with_body: bool) -> Response<Body> {
+        match deadline(self.store_timeout, self.store.inspect(id, with_body)).await {
+            Ok(Some(view)) => json(StatusCode::OK, &view),
+            Ok(None) => not_found(id),
+            Err(e) => store_error(e),
+        }
+    }
+
+    /// `DELETE /records/{id}[?force=true][&completed=true]`: the answer, and the record's
+    /// state before.
+    async fn release(
+        &self,
+        id: &RecordId,
+        force: bool,
+        req: &Request<()>,
+    ) -> (Response<Body>, Option<String>) {
+        let before = deadline(self.store_timeout, self.store.inspect(id, false)).await;
+        let was = match &before {
+            Ok(Some(v)) => Some(state_name(v.state)),
+            Ok(None) => Some("absent".to_string()),
+            Err(_) => None,
+        };
+        // A completed record holds the answer every retry of its key is replayed;
+        // releasing it lets the next retry execute the request a second time. Only with
+        // `?completed=true`, and never on a guess: a store that cannot say what the record
+        // is refuses the release.
+        let completed_ok = has_param(req, "completed=true");
+        let before = match before {
+            Ok(Some(v)) if v.state == RecordState::Completed && !completed_ok => {
+                return (completed_refused(id, &v), was);
+            }
+            Err(e) if !completed_ok => return (store_error(e), was),
+            Ok(v) => v,
+            Err(_) => None,
+        };
+        let res = match deadline(self.store_timeout, self.store.delete(id, force)).await {
+            Ok(Deleted::Deleted) => json(
+                StatusCode::OK,
+                &serde_json::json!({"released": before, "id": id.to_string()}),
+            ),
+            Ok(Deleted::NotFound) => not_found(id),
+            Ok(Deleted::OwnerBusy) => owner_busy(id, before.as_ref()),
+            Err(e) => store_error(e),
+        };
+        (res, was)
+    }
+}
+
+/// What an endpoint is, for the audit (`None`: not audited), and the role it needs.
+fn endpoint(method: &Method, path: &str) -> (Option<&'static str>, Role) {
+    match (method, path) {
+        (&Method::POST, "/config/reload") => (Some("reload"), Role::Admin),
+        (&Method::GET, "/scope-secret") => (Some("scope_secret"), Role::Admin),
+        (&Method::POST, "/records/lookup") => (None, Role::Read),
+        (&Method::POST, p) if p.starts_with("/records/") && p.ends_with("/complete") => {
+            (Some("complete"), Role::Decide)
+        }
+        (&Method::DELETE, p) if p.starts_with("/records/") => (Some("release"), Role::Decide),
+        (m, _) if access::unsafe_method(m) => (None, Role::Decide),
+        _ => (None, Role::Read),
+    }
+}
+
+/// The record id a path names, as written (for the audit).
+fn record_of(path: &str) -> Option<String> {
+    let rest = path.strip_prefix("/records/")?;
+    let hex = rest.strip_suffix("/complete").unwrap_or(rest);
+    RecordId::from_hex(hex).map(|id| id.to_string())
+}
+
+fn state_name(state: RecordState) -> String {
+    serde_json::to_value(state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{state:?}"))
+}
+
+fn not_found(id: &RecordId) -> Response<Body> {
+    json(
+        StatusCode::NOT_FOUND,
+        &serde_json::json!({"error": "no such record", "id": id.to_string()}),
+    )
 }
 
 impl Admin {
     /// `GET /records?state=unknown&cursor=...&count=...`: one page of a walk.
-    async fn list(&self, req: &Request<Incoming>) -> Response<Body> {
+    async fn list(&self, req: &Request<()>) -> Response<Body> {
         let state = match param(req, "state") {
             None => None,
             Some(s) => match operator::parse_state(&s) {
@@ -274,13 +402,13 @@ impl Admin {
     }
 
     /// `POST /records/lookup`: the id and state of a request's record.
-    async fn lookup(&self, req: Request<Incoming>) -> Response<Body> {
+    async fn lookup(&self, body: &[u8]) -> Response<Body> {
         let Some(resolver) = &self.resolver else {
             return text(StatusCode::NOT_FOUND, "not found\n");
         };
-        let lookup: Lookup = match read_json(req).await {
+        let lookup: Lookup = match parse_json(body) {
             Ok(l) => l,
-            Err(res) => return res,
+            Err(e) => return bad_request(&e),
         };
         let id = match resolver.record_id(&lookup) {
             Ok(id) => id,
@@ -299,67 +427,81 @@ impl Admin {
         }
     }
 
-    /// `POST /records/{id}/complete[?force=true]`: resolves an `unknown` record as executed.
-    async fn complete(&self, id: RecordId, force: bool, req: Request<Incoming>) -> Response<Body> {
-        let outcome: operator::Outcome = match read_json(req).await {
+    /// `POST /records/{id}/complete[?force=true]&reason=...`: resolves an `unknown` record
+    /// as executed. The answer, the reason, the state before and the status written.
+    async fn complete(
+        &self,
+        id: RecordId,
+        force: bool,
+        req: &Request<()>,
+        body: &[u8],
+    ) -> (Response<Body>, Option<String>, Option<String>, Option<u16>) {
+        let outcome: operator::Outcome = match parse_json(body) {
             Ok(o) => o,
-            Err(res) => return res,
+            Err(e) => return (bad_request(&e), param(req, "reason"), None, None),
+        };
+        let given = param(req, "reason").or_else(|| outcome.reason.clone());
+        let reason = match access::reason(given.as_deref()) {
+            Ok(r) => r,
+            Err(why) => return (access::reason_refused(why), given, None, None),
         };
         let response = match outcome.response() {
             Ok(r) => r,
-            Err(e) => return bad_request(&e),
+            Err(e) => return (bad_request(&e), Some(reason), None, None),
         };
         let before = deadline(self.store_timeout, self.store.inspect(&id, false))
             .await
             .ok()
             .flatten();
+        let was = Some(
+            before
+                .as_ref()
+                .map_or_else(|| "absent".into(), |v| state_name(v.state)),
+        );
         let done = deadline(
             self.store_timeout,
             self.store.complete(&id, &response, force),
         )
         .await;
-        match done {
-            Ok(Completed::Completed) => {
-                tracing::info!(record = %id, status = response.status, forced = force, "record completed by an operator");
-                json(
-                    StatusCode::OK,
-                    &serde_json::json!({"completed": id.to_string(), "was": before}),
-                )
-            }
-            Ok(Completed::NotFound) => json(
-                StatusCode::NOT_FOUND,
-                &serde_json::json!({"error": "no such record", "id": id.to_string()}),
+        let res = match done {
+            Ok(Completed::Completed) => json(
+                StatusCode::OK,
+                &serde_json::json!({"completed": id.to_string(), "was": before}),
             ),
+            Ok(Completed::NotFound) => not_found(&id),
             Ok(Completed::OwnerBusy) => owner_busy(&id, before.as_ref()),
             Ok(Completed::AlreadyCompleted) => json(
                 StatusCode::CONFLICT,
                 &serde_json::json!({"error": "the record already holds an answer; it replays that one", "id": id.to_string()}),
             ),
             Err(e) => store_error(e),
-        }
+        };
+        (res, Some(reason), was, Some(response.status))
     }
 }
 
 /// A query parameter's decoded value.
-fn param(req: &Request<Incoming>, name: &str) -> Option<String> {
+fn param<B>(req: &Request<B>, name: &str) -> Option<String> {
     let q = req.uri().query()?;
     form_urlencoded::parse(q.as_bytes())
         .find(|(k, _)| k == name)
         .map(|(_, v)| v.into_owned())
 }
 
-/// Reads a JSON request body (bounded in size and time).
-async fn read_json<T: serde::de::DeserializeOwned>(
-    req: Request<Incoming>,
-) -> Result<T, Response<Body>> {
+/// Reads a request body (bounded in size and time).
+async fn read_body(body: Incoming) -> Result<Bytes, Response<Body>> {
     use http_body_util::{BodyExt, Limited};
-    let read = Limited::new(req.into_body(), MAX_BODY).collect();
-    let bytes = match tokio::time::timeout(BODY_TIMEOUT, read).await {
-        Ok(Ok(b)) => b.to_bytes(),
-        Ok(Err(_)) => return Err(bad_request("the body is unreadable or larger than 16 MiB")),
-        Err(_) => return Err(bad_request("the body did not arrive in time")),
-    };
-    serde_json::from_slice(&bytes).map_err(|e| bad_request(&format!("body: {e}")))
+    let read = Limited::new(body, MAX_BODY).collect();
+    match tokio::time::timeout(BODY_TIMEOUT, read).await {
+        Ok(Ok(b)) => Ok(b.to_bytes()),
+        Ok(Err(_)) => Err(bad_request("the body is unreadable or larger than 16 MiB")),
+        Err(_) => Err(bad_request("the body did not arrive in time")),
+    }
+}
+
+/// A JSON request body, read as `T`.
+fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    serde_json::from_slice(bytes).map_err(|e| format!("body: {e}"))
 }
 
 impl Admin {
@@ -426,7 +568,7 @@ fn bad_request(why: &str) -> Response<Body> {
 }
 
 /// Whether the query string holds `param` (`name=value`) as one of its parts.
-fn has_param(req: &Request<Incoming>, param: &str) -> bool {
+fn has_param<B>(req: &Request<B>, param: &str) -> bool {
     req.uri()
         .query()
         .is_some_and(|q| q.split('&').any(|p| p == param))

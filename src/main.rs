@@ -171,8 +171,9 @@ fn init_tracing(
     use std::io::IsTerminal;
     use tracing_subscriber::prelude::*;
     use tracing_subscriber::EnvFilter;
+    // The audit lines stay on whatever the filter silences, unless it names their target.
     let filter = EnvFilter::builder()
-        .parse(filter)
+        .parse(idemgate::admin_access::with_audit(filter))
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     let json = std::env::var("IDEMGATE_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
@@ -192,7 +193,7 @@ fn init_tracing(
         .init();
     Arc::new(move |filter: &str| {
         let filter = EnvFilter::builder()
-            .parse(filter)
+            .parse(idemgate::admin_access::with_audit(filter))
             .map_err(|e| e.to_string())?;
         handle.reload(filter).map_err(|e| e.to_string())
     })

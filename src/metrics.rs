@@ -19,7 +19,10 @@ use prometheus_client::registry::Registry;
 
 use crate::key::RecordId;
 use crate::outcome::Outcome;
-use crate::store::{renew_deadline, Call, OwnerToken, ServerStats, Store, StoreFuture};
+use crate::store::{renew_deadline, Call, OwnerToken, Store, StoreFuture};
+
+mod watch;
+pub use watch::{count_unknown, watch_store};
 
 /// The content type of [`Metrics::encode`]'s output (OpenMetrics text, which Prometheus
 /// scrapes natively).
@@ -169,6 +172,8 @@ pub struct Metrics {
     observed_routes: arc_swap::ArcSwap<Vec<ObservedRoute>>,
     // Configuration reloads by result (`applied`, `refused`, `invalid`).
     config_reloads: Family<ResultLabel, Counter>,
+    // What operators did and tried on the admin listener, by action and result.
+    operator_decisions: Family<DecisionLabel, Counter>,
     observe_since_ms: u64,
     // Duplicates this instance let through per record on observed routes (at most
     // OBSERVED_RECORDS records): what `GET /observe?records=1` shows, for checks key by key.
@@ -248,6 +253,12 @@ struct RouteRequests {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabel {
+    action: &'static str,
     result: &'static str,
 }
 
@@ -368,6 +379,12 @@ impl Metrics {
         for result in ["applied", "refused", "invalid"] {
             let _ = config_reloads.get_or_create(&ResultLabel { result });
         }
+        let operator_decisions = Family::<DecisionLabel, Counter>::default();
+        registry.register(
+            "idemgate_operator_decisions",
+            "What operators did on the admin listener (each one an audit line under idemgate::audit), by action (complete, release, reload, scope_secret) and result (done; refused: by idemgate, the request or the role; failed: the store or the reload)",
+            operator_decisions.clone(),
+        );
         let tls_reloads = Counter::default();
         let tls_reload_failures = Counter::default();
         let tls_handshakes = Family::<StateLabel, Gauge>::default();
@@ -546,6 +563,7 @@ impl Metrics {
             route_mode,
             observed_routes: arc_swap::ArcSwap::from_pointee(Vec::new()),
             config_reloads,
+            operator_decisions,
             observe_since_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
@@ -649,6 +667,13 @@ impl Metrics {
     pub fn config_reload(&self, result: &'static str) {
         self.config_reloads
             .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+
+    /// Counts an operator's decision or attempt (`idemgate_operator_decisions_total`).
+    pub fn operator_decision(&self, action: &'static str, result: &'static str) {
+        self.operator_decisions
+            .get_or_create(&DecisionLabel { action, result })
             .inc();
     }
 
@@ -976,115 +1001,6 @@ impl crate::store::Layer for Instrumented {
     }
 }
 
-/// What the Redis watcher remembers between two polls.
-#[derive(Debug, Default)]
-struct RedisWatch {
-    last: Option<ServerStats>,
-}
-
-impl RedisWatch {
-    /// Whether Redis restarted since the last poll: a new `run_id`, or an uptime that went
-    /// down (a restart between two polls that kept its run id cannot happen, but a shorter
-    /// uptime is the cheap second witness).
-    fn restarted(&mut self, now: ServerStats) -> bool {
-        let restarted = self
-            .last
-            .as_ref()
-            .is_some_and(|l| l.run_id != now.run_id || now.uptime_secs < l.uptime_secs);
-        self.last = Some(now);
-        restarted
-    }
-}
-
-/// Polls the store's server statistics every `period` (Redis `INFO`) into the metrics, until
-/// the task is aborted. Returns at once for a store without any (the embedded one).
-///
-/// A restart may have lost the scope secret: `restarted` is notified, so that it is checked
-/// (and put back) at once rather than at the next `scope_secret_check_interval`.
-pub async fn watch_store(
-    store: Arc<dyn Store>,
-    metrics: Arc<Metrics>,
-    period: Duration,
-    restarted_now: Arc<tokio::sync::Notify>,
-) {
-    let mut watch = RedisWatch::default();
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let limit = period.min(Duration::from_secs(5));
-        match crate::store::deadline(limit, store.server_stats()).await {
-            Ok(Some(stats)) => {
-                if stats.maxmemory_policy != "noeviction" {
-                    tracing::error!(
-                        maxmemory_policy = %stats.maxmemory_policy,
-                        "Redis maxmemory-policy changed at run time: records may be evicted and retries execute twice; set it back to noeviction"
-                    );
-                }
-                let evicted = stats.evicted_keys;
-                let restarted = watch.restarted(stats);
-                if restarted {
-                    tracing::warn!(
-                        "Redis restarted: records written since its last save may be lost"
-                    );
-                    restarted_now.notify_one();
-                }
-                metrics.redis(evicted, restarted);
-            }
-            Ok(None) => return,
-            Err(e) => tracing::debug!(error = %e, "could not read Redis INFO"),
-        }
-    }
-}
-
-/// Counts the records held `unknown` every `period` into `idemgate_records_held_unknown`,
-/// walking the store a page of `PAGE` records at a time; a walk that fails leaves the last
-/// count. Ends at once where the store cannot be walked or `period` is zero.
-pub async fn count_unknown(
-    store: Arc<dyn Store>,
-    metrics: Arc<Metrics>,
-    period: Duration,
-    timeout: Duration,
-) {
-    const PAGE: usize = 1000;
-    if period.is_zero() || !store.can_list() {
-        return;
-    }
-    // The first walk one period after start: a fleet restarting at once does not walk the
-    // store all together, and start-up's round trips stay start-up's.
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let (mut cursor, mut held) = (String::new(), 0u64);
-        let walked = loop {
-            let page = crate::store::deadline(
-                timeout,
-                store.list(Some(crate::store::RecordState::Unknown), &cursor, PAGE),
-            )
-            .await;
-            match page {
-                Ok(page) => {
-                    held += page.records.len() as u64;
-                    match page.cursor {
-                        Some(next) => cursor = next,
-                        None => break true,
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "could not count the records held unknown");
-                    break false;
-                }
-            }
-        };
-        if walked {
-            metrics
-                .records_held_unknown
-                .set(i64::try_from(held).unwrap_or(i64::MAX));
-        }
-    }
-}
-
 fn mode_name(mode: crate::config::Mode) -> &'static str {
     match mode {
         crate::config::Mode::Enforce => "enforce",
@@ -1151,28 +1067,6 @@ mod tests {
             assert!(text.contains(name), "{name}");
         }
         assert!(text.ends_with("# EOF\n"));
-    }
-
-    fn stats(run_id: &str, uptime_secs: u64) -> ServerStats {
-        ServerStats {
-            run_id: run_id.into(),
-            uptime_secs,
-            evicted_keys: 0,
-            maxmemory_policy: "noeviction".into(),
-        }
-    }
-
-    #[test]
-    fn a_restart_is_a_new_run_id_or_a_shorter_uptime() {
-        let mut w = RedisWatch::default();
-        assert!(
-            !w.restarted(stats("a", 100)),
-            "the first poll is the baseline"
-        );
-        assert!(!w.restarted(stats("a", 115)));
-        assert!(w.restarted(stats("b", 130)));
-        assert!(w.restarted(stats("b", 3)));
-        assert!(!w.restarted(stats("b", 18)));
     }
 
     #[tokio::test]

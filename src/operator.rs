@@ -65,6 +65,9 @@ pub struct Outcome {
     pub body: Option<String>,
     /// ... or as base64 bytes.
     pub body_base64: Option<String>,
+    /// Why (also `?reason=`, which wins): the audit log keeps it.
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 impl Resolver {
@@ -206,6 +209,7 @@ mod tests {
                 .collect(),
             body: Some("{\"ok\":1}".into()),
             body_base64: None,
+            reason: None,
         }
     }
 

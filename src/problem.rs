@@ -87,6 +87,20 @@ pub enum Problem {
     /// idemgate failed while handling the request (a panic, counted in
     /// `idemgate_panics_total`); a claim it held follows the failure rules of its step.
     Internal,
+    /// Admin API: the request names a host the admin listener does not answer to (not an IP
+    /// literal, `localhost` or an `admin_hosts` entry): a DNS-rebinding page's.
+    AdminHostRefused,
+    /// Admin API: a write from another origin (`Origin`, `Sec-Fetch-Site`): a web page's.
+    CrossOriginRefused,
+    /// Admin API: a body that is not `Content-Type: application/json`.
+    UnsupportedMediaType,
+    /// Admin API: no valid operator token where operators are configured.
+    OperatorTokenRequired,
+    /// Admin API: the operator's role does not allow it.
+    RoleForbidden,
+    /// Admin API: a decision without a `reason`, or with one that is not 1 to 500
+    /// characters of text.
+    ReasonRequired,
 }
 
 /// [`Problem::name`] and [`Problem::type_uri`] from one list: the `type` URI of each case
@@ -140,6 +154,12 @@ impl Problem {
         OwnerBusy => "owner-busy",
         RecordUnreadable => "record-unreadable",
         Internal => "internal-error",
+        AdminHostRefused => "admin-host-refused",
+        CrossOriginRefused => "cross-origin-refused",
+        UnsupportedMediaType => "unsupported-media-type",
+        OperatorTokenRequired => "operator-token-required",
+        RoleForbidden => "role-forbidden",
+        ReasonRequired => "reason-required",
     }
 
     /// The HTTP status of this case.
@@ -168,6 +188,11 @@ impl Problem {
             Problem::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
             Problem::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Problem::RecordUnreadable | Problem::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Problem::AdminHostRefused => StatusCode::MISDIRECTED_REQUEST,
+            Problem::CrossOriginRefused | Problem::RoleForbidden => StatusCode::FORBIDDEN,
+            Problem::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Problem::OperatorTokenRequired => StatusCode::UNAUTHORIZED,
+            Problem::ReasonRequired => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -216,6 +241,12 @@ impl Problem {
                 "The recorded answer for this Idempotency-Key cannot be read"
             }
             Problem::Internal => "idemgate failed while handling the request",
+            Problem::AdminHostRefused => "The admin listener does not answer to this host",
+            Problem::CrossOriginRefused => "A write from another origin is refused",
+            Problem::UnsupportedMediaType => "The body must be application/json",
+            Problem::OperatorTokenRequired => "An operator token is required",
+            Problem::RoleForbidden => "The operator's role does not allow this",
+            Problem::ReasonRequired => "A decision needs a reason",
         }
     }
 
@@ -416,7 +447,15 @@ fn stripe_error(problem: Problem) -> (&'static str, &'static str, Option<bool>) 
         | Problem::BodyTimeout
         | Problem::BodyUnreadable
         | Problem::TrailersNotSupported
-        | Problem::OwnerBusy => ("invalid_request_error", problem.code(), Some(false)),
+        | Problem::OwnerBusy
+        | Problem::AdminHostRefused
+        | Problem::CrossOriginRefused
+        | Problem::UnsupportedMediaType
+        | Problem::ReasonRequired => ("invalid_request_error", problem.code(), Some(false)),
+        // The same request with the same token is refused again: not retried.
+        Problem::OperatorTokenRequired | Problem::RoleForbidden => {
+            ("authentication_error", problem.code(), Some(false))
+        }
         // Nothing was forwarded: safe to try again.
         Problem::StoreUnavailable | Problem::UpstreamUnreachable | Problem::Overloaded => {
             ("api_error", problem.code(), Some(true))
@@ -461,6 +500,12 @@ impl Problem {
             Problem::OwnerBusy => "owner_busy",
             Problem::RecordUnreadable => "record_unreadable",
             Problem::Internal => "internal_error",
+            Problem::AdminHostRefused => "admin_host_refused",
+            Problem::CrossOriginRefused => "cross_origin_refused",
+            Problem::UnsupportedMediaType => "unsupported_media_type",
+            Problem::OperatorTokenRequired => "operator_token_required",
+            Problem::RoleForbidden => "role_forbidden",
+            Problem::ReasonRequired => "reason_required",
         }
     }
 }
@@ -526,7 +571,7 @@ mod tests {
 
     #[test]
     fn every_type_uri_is_the_base_and_the_name() {
-        assert_eq!(Problem::ALL.len(), 25);
+        assert_eq!(Problem::ALL.len(), 31);
         for p in Problem::ALL {
             assert_eq!(p.type_uri(), format!("{TYPE_BASE}{}", p.name()));
         }

@@ -7,9 +7,13 @@
 //! Exit codes: 0 done; 1 no such record; 2 refused (the owner may still be working on it,
 //! the record already holds an answer, or a release of a `completed` record without
 //! `--completed`); 64 usage (bad flags, or a request the API calls
-//! malformed); 69 the admin API cannot be reached, or its store is unavailable (which
-//! includes listing on Redis Cluster: the reason is printed); 70 an answer the CLI does not
-//! understand; 77 the admin token is missing or wrong.
+//! malformed, or a reason it refuses: 400 `reason-required`); 69 the admin API cannot be
+//! reached, or its store is unavailable (which includes listing on Redis Cluster: the
+//! reason is printed); 70 an answer the CLI does not understand; 77 the admin token is
+//! missing or wrong (401); 78 the token's role does not allow it (403 `role-forbidden`);
+//! 79 refused as a write from another origin (403 `cross-origin-refused`); 80 the admin
+//! listener does not answer to the host of `--admin-url` (421 `admin-host-refused`: add it
+//! to `admin_hosts`); 81 a body of another type (415 `unsupported-media-type`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -38,6 +42,14 @@ pub const UNAVAILABLE: u8 = 69;
 pub const SOFTWARE: u8 = 70;
 /// The admin token is missing or wrong.
 pub const UNAUTHORIZED: u8 = 77;
+/// The token's role does not allow it (403 `role-forbidden`).
+pub const ROLE_FORBIDDEN: u8 = 78;
+/// Refused as a write from another origin (403 `cross-origin-refused`).
+pub const CROSS_ORIGIN: u8 = 79;
+/// The admin listener does not answer to `--admin-url`'s host (421 `admin-host-refused`).
+pub const HOST_REFUSED: u8 = 80;
+/// The admin API refused the body's type (415 `unsupported-media-type`).
+pub const UNSUPPORTED_MEDIA_TYPE: u8 = 81;
 
 /// Records of the admin API: list, show, look up, release, complete.
 #[derive(Parser, Debug)]
@@ -52,7 +64,8 @@ pub struct RecordsCli {
         global = true
     )]
     admin_url: String,
-    /// The admin token (`admin_token`), sent as a bearer token.
+    /// The operator's token (`admin_token`, or one of `admin_operators`), sent as a bearer
+    /// token.
     #[arg(
         long,
         env = "IDEMGATE_ADMIN_TOKEN",
@@ -121,6 +134,9 @@ enum Action {
         /// without this flag).
         #[arg(long)]
         completed: bool,
+        /// Why (1 to 500 characters): the audit log keeps it with the operator's name.
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
     },
     /// Records the answer an `unknown` record's request got, which its retries then get
     /// replayed.
@@ -139,6 +155,9 @@ enum Action {
         /// Complete it even while it is `in_progress`.
         #[arg(long)]
         force: bool,
+        /// Why (1 to 500 characters): the audit log keeps it with the operator's name.
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
     },
 }
 
@@ -239,6 +258,26 @@ impl Answer {
         }
         String::from_utf8_lossy(&self.body).trim().to_string()
     }
+
+    /// The problem's name (the last segment of its `type`), if the answer is one.
+    fn problem(&self) -> String {
+        serde_json::from_slice::<Value>(&self.body)
+            .ok()
+            .and_then(|v| {
+                v.get("type")
+                    .and_then(Value::as_str)
+                    .and_then(|t| t.rsplit('/').next())
+                    .map(str::to_string)
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// `reason=...`, URL-encoded, for a decision's query.
+fn reason_param(reason: &str) -> String {
+    form_urlencoded::Serializer::new(String::new())
+        .append_pair("reason", reason)
+        .finish()
 }
 
 impl AdminApi {
@@ -326,20 +365,45 @@ fn refusal(answer: &Answer, json: bool) -> Failure {
         }
     }
     let reason = answer.reason();
-    let code = match answer.status {
-        StatusCode::NOT_FOUND => NOT_FOUND,
-        StatusCode::CONFLICT => REFUSED,
-        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+    let problem = answer.problem();
+    let code = match (answer.status, problem.as_str()) {
+        (_, "role-forbidden") => {
+            return fail(
+                ROLE_FORBIDDEN,
+                format!("403 role-forbidden: {reason} (ask an operator whose role allows it)"),
+            )
+        }
+        (_, "cross-origin-refused") => {
+            return fail(CROSS_ORIGIN, format!("403 cross-origin-refused: {reason}"))
+        }
+        (_, "admin-host-refused") => {
+            return fail(
+                HOST_REFUSED,
+                format!("421 admin-host-refused: {reason} (or use the listener's address in --admin-url)"),
+            )
+        }
+        (_, "unsupported-media-type") => {
+            return fail(
+                UNSUPPORTED_MEDIA_TYPE,
+                format!("415 unsupported-media-type: {reason}"),
+            )
+        }
+        (_, "reason-required") => {
+            return fail(USAGE, format!("400 reason-required: {reason}"))
+        }
+        (StatusCode::NOT_FOUND, _) => NOT_FOUND,
+        (StatusCode::CONFLICT, _) => REFUSED,
+        (StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN, _) => {
             return fail(
                 UNAUTHORIZED,
                 format!(
-                    "the admin API refused the token ({}): set --token or IDEMGATE_ADMIN_TOKEN to the proxy's admin_token",
+                    "the admin API refused the token ({}): set --token or IDEMGATE_ADMIN_TOKEN to the proxy's admin_token or your own operator token",
                     answer.status
                 ),
             )
         }
-        StatusCode::BAD_REQUEST => USAGE,
-        StatusCode::SERVICE_UNAVAILABLE => UNAVAILABLE,
+        (StatusCode::BAD_REQUEST, _) => USAGE,
+        (StatusCode::SERVICE_UNAVAILABLE, _) => UNAVAILABLE,
         _ => SOFTWARE,
     };
     fail(code, format!("{}: {reason}", answer.status.as_u16()))
@@ -406,20 +470,19 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
             id,
             force,
             completed,
+            reason,
         } => {
             check_id(&id)?;
             let mut query = Vec::new();
             if force {
-                query.push("force=true");
+                query.push("force=true".to_string());
             }
             if completed {
-                query.push("completed=true");
+                query.push("completed=true".to_string());
             }
-            let path = if query.is_empty() {
-                format!("/records/{id}")
-            } else {
-                format!("/records/{id}?{}", query.join("&"))
-            };
+            // As a query parameter, which an instance that does not read it ignores.
+            query.push(reason_param(&reason));
+            let path = format!("/records/{id}?{}", query.join("&"));
             let answer = api.call(Method::DELETE, &path, None).await?;
             if !answer.status.is_success() {
                 let mut failure = refusal(&answer, json);
@@ -451,6 +514,7 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
             body_file,
             headers,
             force,
+            reason,
         } => {
             check_id(&id)?;
             let bytes = match &body_file {
@@ -476,8 +540,8 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
                     )
                 }
             }
-            let force = if force { "?force=true" } else { "" };
-            let path = format!("/records/{id}/complete{force}");
+            let force = if force { "force=true&" } else { "" };
+            let path = format!("/records/{id}/complete?{force}{}", reason_param(&reason));
             let answer = api.call(Method::POST, &path, Some(outcome)).await?;
             if !answer.status.is_success() {
                 return Err(refusal(&answer, json));

@@ -663,10 +663,9 @@ async fn serve_on(
     // Shutdown ends at one deadline, set when it starts; every drain below shares it.
     let (end_tx, end_rx) = tokio::sync::watch::channel(None::<Instant>);
     let admin_task = admin.map(|l| {
-        let token = settings.config.admin_token.clone();
         let authorities = listener_tls.as_ref().and_then(|t| t.authorities.clone());
         let resolver = Resolver::new(live.clone(), scoper.clone(), authorities);
-        let admin = Admin::new(store.clone(), store_timeout, metrics.clone(), token)
+        let admin = Admin::new(store.clone(), store_timeout, metrics.clone(), live.clone())
             .with_resolver(resolver)
             .with_secret(secret_health.clone(), scoper.secret().clone())
             .with_reloader(config_reloader.clone());
@@ -700,9 +699,9 @@ async fn serve_on(
             None,
             // Plain HTTP, whatever `listen` speaks: see docs/tls.md.
             None,
-            move |req, _peer| {
+            move |req, peer| {
                 let admin = admin.clone();
-                async move { admin.handle(req).await }
+                async move { admin.handle(req, peer).await }
             },
         ))
     });

@@ -22,7 +22,9 @@ pub const MEMORY_STORE_WARNING: &str = "using the embedded in-memory store: reco
 /// Start-up's warning for an admin listener that other hosts reach without a token.
 pub fn open_admin_warning(c: &Config) -> Option<String> {
     let addr = c.admin_listen?;
-    (!addr.ip().is_loopback() && c.admin_token.is_none()).then(|| format!("the admin listener ({addr}) is reachable from other hosts without admin_token: anyone who reaches it can release records"))
+    // An operator's token counts as a token: with one, nobody acts anonymously.
+    let tokens = c.admin_token.is_some() || !c.admin_operators.is_empty();
+    (!addr.ip().is_loopback() && !tokens).then(|| format!("the admin listener ({addr}) is reachable from other hosts without admin_token or admin_operators: anyone who reaches it can release records"))
 }
 
 /// The validated settings and what was built from them.

@@ -20,7 +20,7 @@ async fn probe(admin: SocketAddr, path: &str) -> (String, Duration, Duration) {
     let answer = async {
         let mut s = tokio::net::TcpStream::connect(admin).await.ok()?;
         connected = started.elapsed();
-        let head = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+        let head = format!("GET {path} HTTP/1.1\r\nhost: {admin}\r\nconnection: close\r\n\r\n");
         s.write_all(head.as_bytes()).await.ok()?;
         let mut out = Vec::new();
         s.read_to_end(&mut out).await.ok()?;
@@ -66,7 +66,9 @@ async fn probes_are_answered_whatever_other_admin_connections_do() {
                 };
                 if idle {
                     let _ = s
-                        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+                        .write_all(
+                            format!("GET /healthz HTTP/1.1\r\nhost: {admin}\r\n\r\n").as_bytes(),
+                        )
                         .await;
                 }
                 // Until idemgate closes it (the first read is the answer, if one comes).

@@ -617,7 +617,7 @@ async fn route_status_class_and_held_unknown_series_move() {
         .unwrap();
     let id = page["records"][0]["id"].as_str().unwrap().to_string();
     let del = c
-        .delete(gate.admin_url(&format!("/records/{id}?force=true")))
+        .delete(gate.admin_url(&format!("/records/{id}?force=true&reason=test")))
         .send()
         .await
         .unwrap();

@@ -100,7 +100,7 @@ async fn an_unknown_record_is_listed_found_and_completed_and_then_replays(backen
         "headers": {"content-type": "application/json"},
         "body": "{\"id\":\"pay-77\"}"
     });
-    let url = format!("http://{admin}/records/{id}/complete");
+    let url = format!("http://{admin}/records/{id}/complete?reason=upstream+shows+pay-77");
     let (status, r) = admin_json(
         &c,
         reqwest::Method::POST,
@@ -119,7 +119,7 @@ async fn an_unknown_record_is_listed_found_and_completed_and_then_replays(backen
     let (status, _) = admin_json(&c, reqwest::Method::POST, url, Some(outcome)).await;
     assert_eq!(status, 409);
     let done_id = done_id(&c, admin).await;
-    let url = format!("http://{admin}/records/{done_id}/complete");
+    let url = format!("http://{admin}/records/{done_id}/complete?reason=test");
     let (status, _) =
         admin_json(&c, reqwest::Method::POST, url, Some(json!({"status": 500}))).await;
     assert_eq!(status, 409);
@@ -178,7 +178,7 @@ async fn complete_refuses_framing_headers_by_name_through_the_binary() {
     let lost = post_url(&c, &url, Some("f-1"), PAYMENT, &[(FAULT, "hang")]).await;
     assert_eq!(lost.status, 504);
     let id = lost.json()["record_id"].as_str().unwrap().to_string();
-    let complete = gate.admin_url(&format!("/records/{id}/complete"));
+    let complete = gate.admin_url(&format!("/records/{id}/complete?reason=test"));
     for name in ["content-length", "Transfer-Encoding", "connection"] {
         let outcome = json!({
             "status": 201,

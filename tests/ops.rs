@@ -197,7 +197,7 @@ async fn records_show_no_body_unless_asked_and_delete_says_what_it_released(back
     assert_eq!(with_body["body"].as_str().unwrap().as_bytes(), &r.body[..]);
     // A completed record is released only on purpose: its next retry executes again.
     let refused = c
-        .delete(format!("http://{admin}/records/{id}"))
+        .delete(format!("http://{admin}/records/{id}?reason=test"))
         .send()
         .await
         .unwrap();
@@ -206,7 +206,9 @@ async fn records_show_no_body_unless_asked_and_delete_says_what_it_released(back
     assert_eq!(refused["state"], "completed", "{refused}");
     assert_eq!(get("").await["state"], "completed", "still there");
     let del: serde_json::Value = c
-        .delete(format!("http://{admin}/records/{id}?completed=true"))
+        .delete(format!(
+            "http://{admin}/records/{id}?completed=true&reason=test"
+        ))
         .send()
         .await
         .unwrap()
@@ -218,7 +220,7 @@ async fn records_show_no_body_unless_asked_and_delete_says_what_it_released(back
     assert_eq!(del["released"]["status"], 201);
     assert!(del["released"].get("body").is_none());
     let again = c
-        .delete(format!("http://{admin}/records/{id}"))
+        .delete(format!("http://{admin}/records/{id}?reason=test"))
         .send()
         .await
         .unwrap();

@@ -1,5 +1,5 @@
 //! Peers no one here wrote: real frameworks, SDKs and h2 servers behind or in front of idemgate,
-//! and the previous release beside this one.
+//! a real browser in front of its admin listener, and the previous release beside this one.
 //!
 //! Each module is one file of tests/ (`cargo test --test peers NAME::` runs one).
 
@@ -8,6 +8,7 @@
 #[macro_use]
 mod common;
 
+mod admin_browser;
 mod frameworks;
 mod h2_servers;
 mod h2_upstreams;

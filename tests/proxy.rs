@@ -462,7 +462,7 @@ async fn admin_inspects_and_releases_records(backend: Backend) {
     let ready = status(c.get(format!("http://{admin}/readyz"))).await;
     assert_eq!(ready, 200);
     // After reconciling with the upstream, an operator releases the record.
-    let del = status(c.delete(format!("http://{admin}/records/{id}"))).await;
+    let del = status(c.delete(format!("http://{admin}/records/{id}?reason=reconciled"))).await;
     assert_eq!(del, 200);
     let gone = status(c.get(format!("http://{admin}/records/{id}"))).await;
     assert_eq!(gone, 404);

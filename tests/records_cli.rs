@@ -200,6 +200,8 @@ async fn an_unknown_record_is_listed_shown_found_and_completed_then_replays() {
         body_file.to_str().unwrap(),
         "--header",
         "Content-Type: application/json",
+        "--reason",
+        "the upstream's ledger shows tr_123 booked",
     ]);
     let completed = records_async(complete.clone(), env.clone()).await;
     assert_eq!(completed.code, 0, "{completed}");
@@ -235,7 +237,11 @@ async fn an_unknown_record_is_listed_shown_found_and_completed_then_replays() {
     let missing = records_async(owned(&["show", &nothing]), env.clone()).await;
     assert_eq!(missing.code, 1, "{missing}");
     assert!(missing.stderr.contains("no such record"), "{missing}");
-    let missing = records_async(owned(&["release", &nothing]), env.clone()).await;
+    let missing = records_async(
+        owned(&["release", &nothing, "--reason", "test"]),
+        env.clone(),
+    )
+    .await;
     assert_eq!(missing.code, 1, "{missing}");
 
     // IDEMGATE_ADMIN_URL is known; a variable that names nothing is still warned about.
@@ -299,23 +305,33 @@ async fn releasing_an_in_progress_record_wants_force_and_the_token() {
 
     // Without the token, or with another one: 77, nothing released.
     let no_token = admin_env(&gate);
-    let r = records_async(owned(&["release", &id, "--force"]), no_token.clone()).await;
+    let r = records_async(
+        owned(&["release", &id, "--force", "--reason", "owner gone"]),
+        no_token.clone(),
+    )
+    .await;
     assert_eq!(r.code, 77, "{r}");
     let r = records_async(
-        owned(&["--token", "wrong", "release", &id, "--force"]),
+        owned(&[
+            "--token", "wrong", "release", &id, "--force", "--reason", "x",
+        ]),
         no_token,
     )
     .await;
     assert_eq!(r.code, 77, "{r}");
     assert!(r.stderr.contains("token"), "{r}");
 
-    let refused = records_async(owned(&["release", &id]), env.clone()).await;
+    let refused = records_async(owned(&["release", &id, "--reason", "test"]), env.clone()).await;
     assert_eq!(refused.code, 2, "{refused}");
     assert!(refused.stderr.contains("lease"), "{refused}");
     let still = records_async(owned(&["show", &id, "--json"]), env.clone()).await;
     assert_eq!(still.json()["state"], "in_progress", "{still}");
 
-    let forced = records_async(owned(&["release", &id, "--force"]), env.clone()).await;
+    let forced = records_async(
+        owned(&["release", &id, "--force", "--reason", "owner gone"]),
+        env.clone(),
+    )
+    .await;
     assert_eq!(forced.code, 0, "{forced}");
     assert!(forced.stdout.contains("released"), "{forced}");
     let gone = records_async(owned(&["show", &id]), env.clone()).await;
@@ -356,6 +372,8 @@ fn nothing_listening_is_69_and_bad_usage_is_64() {
         vec!["list", "--state", "lost"],
         vec!["complete", id.as_str()],
         vec!["complete", id.as_str(), "--status", "many"],
+        vec!["complete", id.as_str(), "--status", "201"],
+        vec!["release", id.as_str()],
         vec!["lookup", "--path", "/v1/transfers"],
         vec![
             "lookup", "--path", "/p", "--key", "k", "--header", "no colon",
@@ -374,6 +392,8 @@ fn nothing_listening_is_69_and_bad_usage_is_64() {
             "201",
             "--body-file",
             "/nonexistent/f",
+            "--reason",
+            "test",
         ],
         &[("IDEMGATE_ADMIN_URL", &url)],
     );
@@ -405,4 +425,75 @@ async fn listing_on_a_cluster_says_why_it_cannot() {
     let lookup = owned(&["lookup", "--path", "/v1/transfers", "--key", "nope"]);
     let r = records_async(lookup, env).await;
     assert_eq!(r.code, 1, "{r}");
+}
+
+/// With named operators: a role that does not allow a release is exit 78 naming the role, a
+/// reason the admin API refuses is 64 naming `reason-required`; the refused attempt is in
+/// the audit log under the operator's name, and nothing was released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_refusal_of_the_admin_api_has_its_exit_code() {
+    use sha2::Digest;
+    let (reader, decider) = ("reader-token-0123456789", "decider-token-0123456789");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("idemgate.toml");
+    let mut toml = String::new();
+    for (name, token, role) in [("rita", reader, "read"), ("dan", decider, "decide")] {
+        toml.push_str(&format!(
+            "[[admin_operators]]\nname = \"{name}\"\ntoken_sha256 = \"{}\"\nrole = \"{role}\"\n",
+            hex::encode(sha2::Sha256::digest(token.as_bytes()))
+        ));
+    }
+    std::fs::write(&file, toml).unwrap();
+    let up = Upstream::start().await;
+    let gate = Gate::start(
+        &up.url(),
+        "",
+        &[
+            ("IDEMGATE_CONFIG", file.to_str().unwrap()),
+            ("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", "300ms"),
+        ],
+    );
+    let c = client();
+    let lost = post_url(
+        &c,
+        &gate.url("/v1/transfers"),
+        Some("x-1"),
+        TRANSFER,
+        &[(FAULT, "hang")],
+    )
+    .await;
+    assert_eq!(lost.status, 504);
+    let id = lost.json()["record_id"].as_str().unwrap().to_string();
+    let with = |token: &str| {
+        let mut env = admin_env(&gate);
+        env.push(("IDEMGATE_ADMIN_TOKEN".into(), token.into()));
+        env
+    };
+    let r = records_async(
+        owned(&["release", &id, "--reason", "not run"]),
+        with(reader),
+    )
+    .await;
+    assert_eq!(r.code, 78, "{r}");
+    assert!(
+        r.stderr.contains("role-forbidden") && r.stderr.contains("`read`"),
+        "{r}"
+    );
+    let r = records_async(
+        owned(&["release", &id, "--reason", "bell\u{7}"]),
+        with(decider),
+    )
+    .await;
+    assert_eq!(r.code, 64, "{r}");
+    assert!(r.stderr.contains("reason-required"), "{r}");
+    let shown = records_async(owned(&["show", &id, "--json"]), with(reader)).await;
+    assert_eq!(shown.json()["state"], "unknown", "{shown}");
+    assert!(
+        gate.log().lines().any(|l| l.contains("idemgate::audit")
+            && l.contains("actor=rita")
+            && l.contains("result=\"refused\"")
+            && l.contains("reason=\"not run\"")),
+        "{}",
+        gate.log()
+    );
 }

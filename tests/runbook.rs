@@ -211,7 +211,7 @@ async fn the_runbooks_record_commands_work_as_written_on_redis() {
     assert_eq!(up.hits(), seen + 1);
     // The admin API alike: DELETE without ?completed=true is a 409 naming the state.
     let refused = c
-        .delete(gate.admin_url(&format!("/records/{ran}?force=true")))
+        .delete(gate.admin_url(&format!("/records/{ran}?force=true&reason=test")))
         .bearer_auth(TOKEN)
         .send()
         .await
@@ -243,8 +243,11 @@ async fn the_runbooks_record_commands_work_as_written_on_redis() {
     );
     let log = gate.log();
     assert!(
-        log.lines()
-            .any(|l| l.contains("record released by an operator") && l.contains("Completed")),
+        log.lines().any(|l| l.contains("idemgate::audit")
+            && l.contains("action=\"release\"")
+            && l.contains("before=\"completed\"")
+            && l.contains("actor=admin")
+            && l.contains("reason=\"upstream ledger: no transfer for this key\"")),
         "{log}"
     );
 }

@@ -8,6 +8,7 @@
 #[macro_use]
 mod common;
 
+mod admin_access;
 mod admin_probes;
 mod body_paths;
 mod cli;

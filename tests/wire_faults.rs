@@ -237,7 +237,7 @@ async fn an_operator_cannot_release_a_record_whose_owner_still_waits() {
     );
     let refused = rig
         .c
-        .delete(format!("http://{admin}/records/{id}"))
+        .delete(format!("http://{admin}/records/{id}?reason=test"))
         .send()
         .await
         .unwrap();

@@ -25,6 +25,8 @@ impl Default for Config {
             tls_reload_interval: default_tls_reload_interval(),
             admin_listen: Some(SocketAddr::from(([127, 0, 0, 1], 9901))),
             admin_token: None,
+            admin_operators: Vec::new(),
+            admin_hosts: Vec::new(),
             redis_url: None,
             store_path: None,
             postgres_url: None,

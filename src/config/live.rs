@@ -5,7 +5,8 @@
 //! start, and keeps that snapshot to its end, so a request in flight finishes under the
 //! settings it started with while the next one takes the new ones. What is swapped is only
 //! what the request path reads from the settings (routes, their modes, timeouts and limits
-//! under `[defaults]` and `[[routes]]`) and the log filter (`log_level`); everything wired at start-up (listeners, the store,
+//! under `[defaults]` and `[[routes]]`), the log filter (`log_level`) and who may do what
+//! on the admin listener (`admin_token`, `admin_operators`, `admin_hosts`); everything wired at start-up (listeners, the store,
 //! TLS, threads, the scope secret, connection limits) needs a restart, and a reload that
 //! changes any of it is refused whole ([`Changes::restart`]).
 
@@ -36,8 +37,15 @@ impl Live {
 }
 
 /// Top-level settings that a reload applies: everything the request path reads from the
-/// settings per request, and the log filter. Every other top-level setting needs a restart.
-pub const RELOADABLE: [&str; 3] = ["defaults", "log_level", "routes"];
+/// settings per request, the log filter and the admin listener's operators and hosts. Every other top-level setting needs a restart.
+pub const RELOADABLE: [&str; 6] = [
+    "admin_hosts",
+    "admin_operators",
+    "admin_token",
+    "defaults",
+    "log_level",
+    "routes",
+];
 
 /// What changed between two configurations, by setting name (never a value).
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -80,7 +88,9 @@ pub fn changes(old: &Config, new: &Config) -> Changes {
                     }
                 }
             }
-            "log_level" => out.applied.push(key.clone()),
+            "log_level" | "admin_token" | "admin_operators" | "admin_hosts" => {
+                out.applied.push(key.clone())
+            }
             _ => out.restart.push(key.clone()),
         }
     }
@@ -146,7 +156,7 @@ mod tests {
         let old = config("");
         let new = config("admin_token = \"0123456789abcdef-secret\"");
         let c = changes(&old, &new);
-        assert_eq!(c.restart, ["admin_token"]);
+        assert_eq!(c.applied, ["admin_token"]);
         assert!(!format!("{c:?}").contains("0123456789abcdef"), "{c:?}");
     }
 }

@@ -7,6 +7,7 @@
 //! - `mod.rs`: the schema ([`Config`], [`Defaults`], [`Route`] and their enums) and
 //!   [`ConfigError`].
 //! - `defaults`: the built-in defaults, and `idemgate config defaults`.
+//! - `operators`: `[[admin_operators]]` and `admin_hosts`.
 //! - `load`: the layered sources (figment) and the environment names that are no setting.
 //! - `live`: the settings in force, swapped whole by a reload, and what a reload changes.
 //! - `validate`: [`Settings::new`], the checks of values, and [`Upstream`].
@@ -34,6 +35,7 @@ mod defaults;
 mod framework;
 mod live;
 mod load;
+mod operators;
 mod policy;
 mod redact;
 mod route;
@@ -44,6 +46,7 @@ pub use defaults::defaults_toml;
 pub use framework::Framework;
 pub use live::{changes, Changes, Live, RELOADABLE};
 pub use load::{mistyped_env_vars, unknown_env, unknown_env_vars};
+pub use operators::{parse_host_entry, AdminOperator, Role, ADMIN_TOKEN_NAME};
 pub use policy::Policy;
 pub use redact::redacted_toml;
 pub use route::{Forward, Routed};
@@ -260,8 +263,18 @@ pub struct Config {
     #[serde(default, deserialize_with = "optional_addr")]
     pub admin_listen: Option<SocketAddr>,
     /// When set, every admin endpoint but the probes (`/healthz`, `/readyz`) wants
-    /// `Authorization: Bearer <token>`.
+    /// `Authorization: Bearer <token>`: this token acts as the operator `admin`, role
+    /// `admin`. Changes on reload.
     pub admin_token: Option<Secret>,
+    /// The people of the admin listener, each with their own token (by its SHA-256) and a
+    /// role (`read`, `decide`, `admin`); once any is set (or `admin_token`), a request
+    /// without a valid token gets 401. Changes on reload.
+    #[serde(default)]
+    pub admin_operators: Vec<AdminOperator>,
+    /// Names (case-insensitive, `name` or `name:port`) under which the admin listener
+    /// answers, besides IP literals and `localhost`: any other `Host` gets 421.
+    #[serde(default)]
+    pub admin_hosts: Vec<String>,
     /// Directory of the persistent embedded store (an SQLite database): records survive a
     /// restart. Absent (and no `redis_url`): records live in this process's memory.
     pub store_path: Option<PathBuf>,

@@ -96,6 +96,7 @@ impl Settings {
                 ));
             }
         }
+        super::operators::check(&config)?;
         for (key, n) in [
             ("memory_max_records", config.memory_max_records),
             ("memory_max_bytes", config.memory_max_bytes),

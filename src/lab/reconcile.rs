@@ -180,14 +180,17 @@ pub async fn operator_pass(
                     "headers": {"content-type": "application/json"},
                     "body": answer.to_string(),
                 });
-                let path = format!("/records/{id}/complete");
+                let path = format!(
+                    "/records/{id}/complete?reason=lab+operator%3A+the+bank%27s+ledger+holds+the+transfer+{}",
+                    row.id
+                );
                 settle(admin, Method::POST, &path, outcome.to_string()).await
             }
             None => {
                 settle(
                     admin,
                     Method::DELETE,
-                    &format!("/records/{id}"),
+                    &format!("/records/{id}?reason=lab+operator%3A+the+bank%27s+ledger+holds+no+transfer+of+this+key"),
                     String::new(),
                 )
                 .await
@@ -210,7 +213,7 @@ pub async fn operator_pass(
 async fn settle(admin: SocketAddr, method: Method, path: &str, body: String) -> Result<(), String> {
     for attempt in 0..=OWNER_BUSY_TRIES {
         let path = if attempt == OWNER_BUSY_TRIES {
-            format!("{path}?force=true")
+            format!("{path}&force=true")
         } else {
             path.to_owned()
         };
@@ -235,7 +238,9 @@ async fn settle(admin: SocketAddr, method: Method, path: &str, body: String) -> 
 pub async fn remove(admin: SocketAddr, ids: impl IntoIterator<Item = String>) -> usize {
     let mut failed = 0;
     for id in ids {
-        let path = format!("/records/{id}?force=true&completed=true");
+        let path = format!(
+            "/records/{id}?force=true&completed=true&reason=lab+clean-up%3A+its+records+leave+nothing+behind"
+        );
         match call(admin, Method::DELETE, &path, String::new()).await {
             Ok((status, _)) if status.is_success() || status == StatusCode::NOT_FOUND => {}
             _ => failed += 1,

@@ -1,6 +1,8 @@
 //! Shared test fixtures: a real `redis-server` per test, a fake upstream over TCP with a hit
 //! counter and a settable delay, and idemgate in-process on port 0.
 #![allow(dead_code)]
+// Test helpers: a failed lock or spawn is the test failing.
+#![allow(clippy::unwrap_used)]
 
 pub mod certs;
 pub mod history;
@@ -1044,7 +1046,7 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
     )
     .ok()?;
     let mut out = Vec::new();
@@ -1111,7 +1113,9 @@ pub async fn inspect(
 pub async fn release(client: &reqwest::Client, admin: SocketAddr, id: &str) -> bool {
     // Whatever its state: a completed record too (`?completed=true`).
     let r = client
-        .delete(format!("http://{admin}/records/{id}?completed=true"))
+        .delete(format!(
+            "http://{admin}/records/{id}?completed=true&reason=test+releases+it"
+        ))
         .send()
         .await
         .expect("admin request");
@@ -1125,9 +1129,11 @@ pub async fn admin_delete(
     id: &str,
     force: bool,
 ) -> u16 {
-    let force = if force { "?force=true" } else { "" };
+    let force = if force { "&force=true" } else { "" };
     client
-        .delete(format!("http://{admin}/records/{id}{force}"))
+        .delete(format!(
+            "http://{admin}/records/{id}?reason=test+releases+it{force}"
+        ))
         .send()
         .await
         .expect("admin request")

@@ -34,6 +34,14 @@ pub fn tools() -> &'static Path {
     DIR.get_or_init(|| run(&[]))
 }
 
+/// Debian's chromium and the pinned Playwright for tests/admin_browser.rs, installed once per
+/// machine: the directory holding Playwright's `site` (for `PYTHONPATH`) and the page script.
+pub fn browser() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| run(&["browser"]).join("browser"))
+        .clone()
+}
+
 /// The previous release's binary for tests/mixed_version.rs, built once per machine.
 pub fn previous_release() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();

@@ -7,9 +7,11 @@
 # root); the rest under the cache directory, by default ~/.cache/idemgate-tests
 # (IDEMGATE_TEST_CACHE overrides it), which this script prints on its last line.
 #
-# Usage: install.sh                     everything above
-#        install.sh previous-release    also the older idemgate that tests/mixed_version.rs
-#                                       runs beside this one, built once from git history
+# Usage: install.sh [COMPONENT...]      everything above, and each component named:
+#        previous-release               the older idemgate that tests/mixed_version.rs runs
+#                                       beside this one, built once from git history
+#        browser                        Debian's chromium and Playwright (PyPI, pinned) for
+#                                       tests/admin_browser.rs, about 360 MB (browser.sh)
 #
 # Two test binaries that start it at once install once: the second waits on a lock in the
 # cache directory, then finds everything in place. What cannot be installed is an error that
@@ -84,7 +86,20 @@ if [ "$(cat "$cache/installed" 2>/dev/null)" != "$stamp" ]; then
   echo "$stamp" > "$cache/installed"
 fi
 
-if [ "${1:-}" = previous-release ]; then
+wants() { local c; for c in "${components[@]}"; do [ "$c" = "$1" ] && return 0; done; return 1; }
+components=("$@")
+for c in "${components[@]}"; do
+  case "$c" in
+    previous-release|browser) ;;
+    *) echo "tests/setup/install.sh: no component $c (previous-release, browser)" >&2; exit 64 ;;
+  esac
+done
+
+if wants browser; then
+  bash "$here/browser.sh" "$cache/browser"
+fi
+
+if wants previous-release; then
   # The release tests/mixed_version.rs runs beside this one, built once per machine (no debug
   # information, no incremental cache) and kept for every later run and clone.
   previous="$(tr -d '[:space:]' < "$here/previous-release")"
