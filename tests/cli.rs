@@ -4,7 +4,7 @@
 use crate::common;
 
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn idemgate(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemgate"));
@@ -211,15 +211,12 @@ fn run_until_healthy(args: &[&str], env: &[(&str, &str)], admin: &str) -> (bool,
         .spawn()
         .unwrap();
     let admin = admin.parse().unwrap();
-    let until = Instant::now() + Duration::from_secs(15);
+    // Healthy, or given up: exited, or 15 s without becoming healthy.
     let mut healthy = false;
-    while Instant::now() < until && !healthy {
+    common::held_within(Duration::from_secs(15), || {
         healthy = common::started(admin);
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        healthy || child.try_wait().unwrap().is_some()
+    });
     let _ = child.kill();
     let _ = child.wait();
     (healthy, std::fs::read_to_string(&log).unwrap())

@@ -35,15 +35,15 @@ async fn warmed(
 /// Retries `key` until the answer is no longer 409 `in-progress`; every answer on the way
 /// must be a 409. Returns the first other answer.
 async fn retry_past_in_progress(c: &reqwest::Client, url: &str, key: &str) -> Answer {
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = post_url(c, url, Some(key), TRANSFER, &[]).await;
-        if !(r.status == 409 && r.problem_type().ends_with("/in-progress")) {
-            return r;
-        }
-        assert!(Instant::now() < until, "still in progress after 10 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let in_progress = |r: &Answer| r.status == 409 && r.problem_type().ends_with("/in-progress");
+    let r = common::retry_until(
+        Duration::from_secs(10),
+        async || post_url(c, url, Some(key), TRANSFER, &[]).await,
+        |r| !in_progress(r),
+    )
+    .await;
+    assert!(!in_progress(&r), "still in progress after 10 s");
+    r
 }
 
 fn assert_outcome_unknown(r: &Answer) {

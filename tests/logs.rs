@@ -8,7 +8,7 @@ use crate::common;
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -53,14 +53,12 @@ impl Binary {
             log,
             _dir: dir,
         };
-        let until = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < until {
-            if started(admin) {
-                return b;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("idemgate did not start:\n{}", b.output());
+        assert!(
+            common::held_within(Duration::from_secs(15), || started(admin)),
+            "idemgate did not start:\n{}",
+            b.output()
+        );
+        b
     }
 
     fn output(&self) -> String {

@@ -599,12 +599,12 @@ async fn route_status_class_and_held_unknown_series_move() {
             .find_map(|l| l.strip_prefix("idemgate_records_held_unknown "))
             .and_then(|v| v.trim().parse::<f64>().ok())
     };
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let mut seen = held(&metrics().await);
-    while seen != Some(1.0) && std::time::Instant::now() < until {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        seen = held(&metrics().await);
-    }
+    let seen = common::retry_until(
+        std::time::Duration::from_secs(5),
+        async || held(&metrics().await),
+        |seen| *seen == Some(1.0),
+    )
+    .await;
     assert_eq!(seen, Some(1.0), "one record held unknown");
     // Released by an operator: the count goes back to 0.
     let page: serde_json::Value = c
@@ -622,11 +622,13 @@ async fn route_status_class_and_held_unknown_series_move() {
         .await
         .unwrap();
     assert!(del.status().is_success(), "{}", del.status());
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while held(&metrics().await) != Some(0.0) && std::time::Instant::now() < until {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert_eq!(held(&metrics().await), Some(0.0));
+    let seen = common::retry_until(
+        std::time::Duration::from_secs(5),
+        async || held(&metrics().await),
+        |seen| *seen == Some(0.0),
+    )
+    .await;
+    assert_eq!(seen, Some(0.0), "released: no record held unknown");
 }
 
 /// The alert table in docs/operations.md is alerts.yaml's: one row per alert, in its

@@ -223,18 +223,13 @@ async fn record_state(gate: &Gate, path: &str, key: &str) -> serde_json::Value {
 }
 
 async fn state_becomes(gate: &Gate, path: &str, key: &str, want: &str) {
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let state = record_state(gate, path, key).await;
-        if state == want {
-            return;
-        }
-        assert!(
-            Instant::now() < until,
-            "record {key} is {state}, not {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let state = common::retry_until(
+        Duration::from_secs(10),
+        async || record_state(gate, path, key).await,
+        |state| state == want,
+    )
+    .await;
+    assert_eq!(state, want, "record {key}");
 }
 
 /// One `[[routes]]` entry observed beside an enforcing default: its requests are counted

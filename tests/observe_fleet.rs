@@ -94,14 +94,12 @@ fn true_duplicates(up: &Upstream) -> u64 {
 /// Waits until the instances' counts settle (a duplicate read again after its answer is
 /// counted just after its client has it), then returns their sum.
 async fn settled_sum(gates: &[&Gate], want: u64) -> u64 {
-    let until = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let sum: u64 = gates.iter().map(|g| duplicates(g)).sum();
-        if sum == want || std::time::Instant::now() > until {
-            return sum;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::retry_until(
+        Duration::from_secs(5),
+        async || gates.iter().map(|g| duplicates(g)).sum::<u64>(),
+        |sum| *sum == want,
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,11 +137,13 @@ async fn with_no_budget_to_keep_its_answer_a_retry_does_not_wait_and_says_so() {
         retry.body
     );
     // The warning is written where the wait would begin: it did not.
-    let until = std::time::Instant::now() + Duration::from_secs(5);
-    while observe_json(&b)["duplicates_settling"] != 0 && std::time::Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(observe_json(&b)["duplicates_settling"], 0);
+    let settling = common::retry_until(
+        Duration::from_secs(5),
+        async || observe_json(&b)["duplicates_settling"].clone(),
+        |n| *n == 0,
+    )
+    .await;
+    assert_eq!(settling, 0);
     assert!(
         b.log()
             .contains("the buffer budget had no room to keep this answer"),

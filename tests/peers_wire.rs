@@ -16,7 +16,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common;
 use common::wire::{get, post, Conn, Read1};
@@ -71,11 +71,11 @@ fn start(program: &str, args: &[&str], env: &[(&str, PathBuf)]) -> (Server, Sock
         .unwrap_or_else(|e| panic!("start {program}: {e}"));
     let server = Server(child);
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    while count(addr).is_none() {
-        assert!(Instant::now() < until, "{program} did not become ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_until(
+        Duration::from_secs(60),
+        &format!("{program} did not become ready"),
+        || count(addr).is_some(),
+    );
     (server, addr)
 }
 
@@ -93,11 +93,9 @@ fn puma() -> (Server, SocketAddr) {
         .expect("start puma");
     let server = Server(child);
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    while count(addr).is_none() {
-        assert!(Instant::now() < until, "puma did not become ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_until(Duration::from_secs(60), "puma did not become ready", || {
+        count(addr).is_some()
+    });
     (server, addr)
 }
 

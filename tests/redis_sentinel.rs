@@ -94,20 +94,15 @@ async fn an_idle_instance_follows_a_failover_it_never_saw(acks: u32) {
     let old = s.primary_port().unwrap();
     let frozen = replica_pid(&s.data[s.index_of(old)]);
     signal(frozen, "STOP");
-    let until = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(p) = s.primary_port().filter(|p| *p != old) {
-            if s.data[s.index_of(p)]
+    common::until(Duration::from_secs(60), "a failover", async || {
+        s.primary_port().filter(|p| *p != old).is_some_and(|p| {
+            s.data[s.index_of(p)]
                 .info_field("replication", "role")
                 .as_deref()
                 == Some("master")
-            {
-                break;
-            }
-        }
-        assert!(std::time::Instant::now() < until, "no failover");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        })
+    })
+    .await;
     // Whatever the instance does to notice, it has a check's time while nothing is sent.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     signal(frozen, "CONT");

@@ -284,19 +284,18 @@ fn tls_files(c: &mut Config, pki: &Pki) {
 /// Posts `key` until it answers 201 (503 `store-unavailable` meanwhile), for at most 20 s.
 async fn first_201(app: &idemgate::Running, key: &str) -> Answer {
     let client = client();
-    let until = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let a = post(&client, app, "/pay", Some(key), "{}", &[]).await;
-        if a.status == 201 {
-            return a;
-        }
-        assert_eq!(a.status, 503, "{key}: {:?}", a.body);
-        assert!(
-            std::time::Instant::now() < until,
-            "{key}: no 201 within 20 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let a = common::retry_until(
+        Duration::from_secs(20),
+        async || {
+            let a = post(&client, app, "/pay", Some(key), "{}", &[]).await;
+            assert!(matches!(a.status, 201 | 503), "{key}: {:?}", a.body);
+            a
+        },
+        |a| a.status == 201,
+    )
+    .await;
+    assert_eq!(a.status, 201, "{key}: no 201 within 20 s");
+    a
 }
 
 /// Sentinels and data nodes that speak only TLS and want client certificates, the

@@ -1295,11 +1295,12 @@ async fn a_reloaded_pair_that_is_not_valid_now_is_refused_and_expiry_is_exported
     let new = ca.leaf_with(&["127.0.0.1"], until(2091));
     g.dir.write("tls.key", &new.key);
     g.dir.write("tls.crt", &new.cert);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while g.presented(&ca).await != new.der() {
-        assert!(Instant::now() < deadline, "the good pair was not picked up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::until(
+        Duration::from_secs(5),
+        "the good pair was not picked up",
+        async || g.presented(&ca).await == new.der(),
+    )
+    .await;
     assert_eq!(g.metric("idemgate_tls_reloads_total").await, 1);
     assert_eq!(g.metric(expiry).await, 3_818_448_000);
 }

@@ -63,21 +63,23 @@ fn send(rig: &Rig, key: &'static str) -> tokio::task::JoinHandle<Answer> {
 /// Retries `key` until it is answered with something other than 503 or 409 `in-progress`
 /// (a claim may still be being taken back); an `outcome-unknown` on the way fails.
 async fn retry_until_answered(rig: &Rig, key: &str, limit: Duration) -> Answer {
-    let until = Instant::now() + limit;
-    loop {
-        let r = post(&rig.c, &rig.app, "/v1/transfers", Some(key), TRANSFER, &[]).await;
-        assert!(
-            !r.problem_type().ends_with("/outcome-unknown"),
-            "a claim that was never forwarded reads as unknown: {:?}",
-            r.body
-        );
-        let waiting = r.status == 503 || r.problem_type().ends_with("/in-progress");
-        if !waiting {
-            return r;
-        }
-        assert!(Instant::now() < until, "still {} after {limit:?}", r.status);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let waiting = |r: &Answer| r.status == 503 || r.problem_type().ends_with("/in-progress");
+    let r = common::retry_until(
+        limit,
+        async || {
+            let r = post(&rig.c, &rig.app, "/v1/transfers", Some(key), TRANSFER, &[]).await;
+            assert!(
+                !r.problem_type().ends_with("/outcome-unknown"),
+                "a claim that was never forwarded reads as unknown: {:?}",
+                r.body
+            );
+            r
+        },
+        |r| !waiting(r),
+    )
+    .await;
+    assert!(!waiting(&r), "still {} after {limit:?}", r.status);
+    r
 }
 
 // The claim lands in Redis but its reply is lost; the release that follows is cut off with

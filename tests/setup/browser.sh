@@ -2,7 +2,7 @@
 # The real browser that tests/admin_browser.rs drives against the admin listener: Debian's
 # `chromium` (Playwright cannot download its own browsers here, so it is pointed at this one)
 # and Playwright for Python from PyPI, pinned, under DIR. Usage: browser.sh DIR. Idempotent:
-# what is in place at the pinned version is kept. About 360 MB (see the README).
+# what is in place at the pinned version is kept. About 560 MB (see the README).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 dir="${1:?usage: browser.sh DIR}"
