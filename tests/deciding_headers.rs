@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use idemgate::config::Config;
 
-use crate::common::wire::{post, Conn, Read1};
+use crate::common::wire::{post, send_each, Conn};
 use crate::common::Upstream;
 
 async fn rig(tweak: impl FnOnce(&mut Config)) -> (Upstream, idemgate::Running) {
@@ -26,22 +26,6 @@ fn overriding(cfg: &mut Config) {
     cfg.defaults.methods = vec!["POST".into(), "DELETE".into()];
     cfg.defaults.method_override_headers = vec!["X-HTTP-Method-Override".into()];
     cfg.defaults.require_key = true;
-}
-
-async fn send_each(app: &idemgate::Running, requests: Vec<Vec<u8>>) -> Vec<Read1> {
-    let addr = app.addr();
-    tokio::task::spawn_blocking(move || {
-        requests
-            .into_iter()
-            .map(|r| {
-                let mut c = Conn::open(addr);
-                c.send(&r);
-                c.read(false).expect("an answer")
-            })
-            .collect()
-    })
-    .await
-    .expect("client")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use idemgate::config::{Config, Framework, Route};
 
-use crate::common::wire::{post, Conn, Read1};
+use crate::common::wire::{post, send_each, Read1};
 use crate::common::Upstream;
 
 async fn rig(route: Route) -> (Upstream, idemgate::Running) {
@@ -31,7 +31,6 @@ fn transfers() -> Route {
 
 /// POSTs each path under `key`, one connection each.
 async fn send(app: &idemgate::Running, key: &str, paths: &[&[u8]]) -> Vec<Read1> {
-    let addr = app.addr();
     let requests: Vec<Vec<u8>> = paths
         .iter()
         .map(|p| {
@@ -43,18 +42,7 @@ async fn send(app: &idemgate::Running, key: &str, paths: &[&[u8]]) -> Vec<Read1>
             r
         })
         .collect();
-    tokio::task::spawn_blocking(move || {
-        requests
-            .into_iter()
-            .map(|r| {
-                let mut c = Conn::open(addr);
-                c.send(&r);
-                c.read(false).expect("an answer")
-            })
-            .collect()
-    })
-    .await
-    .expect("client")
+    send_each(app, requests).await
 }
 
 fn refused(a: &Read1, what: &str) {

@@ -111,18 +111,21 @@ impl Settings {
         // segment (`/v1/transfers.`, `/v1/transfers%20/7`) belongs to that route, refused:
         // IIS and ASP.NET drop them, so it may be that route's operation; matched against a
         // shorter route or the defaults it would be another.
+        // How many routes are longer than the one chosen (all of them when none was): the
+        // ones a folded spelling of the path may belong to instead. Counted only when a
+        // spelling may fold.
+        let longer = |chosen: Option<&Arc<Policy>>| match chosen {
+            Some(p) => self
+                .routes
+                .iter()
+                .take_while(|(_, q)| !Arc::ptr_eq(q, p))
+                .count(),
+            None => self.routes.len(),
+        };
         let mut trailing = None;
         if raw.contains('.') || raw.contains('%') {
-            let longer = match chosen {
-                Some((p, _, _)) => self
-                    .routes
-                    .iter()
-                    .take_while(|(_, q)| !Arc::ptr_eq(q, p))
-                    .count(),
-                None => self.routes.len(),
-            };
             // (Templates say what they fold themselves.)
-            for (prefix, policy) in self.routes[..longer]
+            for (prefix, policy) in self.routes[..longer(chosen.map(|(p, _, _)| p))]
                 .iter()
                 .filter(|(_, p)| p.template.is_none())
             {
@@ -149,15 +152,7 @@ impl Settings {
         // default, so it may be that route's operation.
         let mut cased = None;
         if trailing.is_none() && raw.bytes().any(|b| b.is_ascii_uppercase() || b == b'%') {
-            let longer = match chosen {
-                Some((p, _, _)) => self
-                    .routes
-                    .iter()
-                    .take_while(|(_, q)| !Arc::ptr_eq(q, p))
-                    .count(),
-                None => self.routes.len(),
-            };
-            for (prefix, policy) in self.routes[..longer]
+            for (prefix, policy) in self.routes[..longer(chosen.map(|(p, _, _)| p))]
                 .iter()
                 .filter(|(_, p)| !p.spellings.case_known)
             {

@@ -251,3 +251,20 @@ pub fn post(path: &str, key: &str, body: &str, extra: &str) -> Vec<u8> {
 pub fn get(path: &str) -> Vec<u8> {
     format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").into_bytes()
 }
+
+/// Sends each raw request on a connection of its own to `app` and reads its one answer.
+pub async fn send_each(app: &idemgate::Running, requests: Vec<Vec<u8>>) -> Vec<Read1> {
+    let addr = app.addr();
+    tokio::task::spawn_blocking(move || {
+        requests
+            .into_iter()
+            .map(|r| {
+                let mut c = Conn::open(addr);
+                c.send(&r);
+                c.read(false).expect("an answer")
+            })
+            .collect()
+    })
+    .await
+    .expect("client")
+}
