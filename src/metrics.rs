@@ -8,7 +8,7 @@
 //! mutex-guarded histogram update: no label hashing, no family lock, no allocation.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -17,11 +17,13 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::key::RecordId;
 use crate::outcome::Outcome;
-use crate::store::{renew_deadline, Call, OwnerToken, Store, StoreFuture};
 
+mod instrumented;
+mod observed;
 mod watch;
+pub use instrumented::Instrumented;
+use observed::IdMap;
 pub use watch::{count_unknown, watch_store};
 
 /// The content type of [`Metrics::encode`]'s output (OpenMetrics text, which Prometheus
@@ -269,29 +271,6 @@ struct ObservedRoute {
     duplicates: Counter,
 }
 
-/// Identity hashing for record ids: they are HMAC outputs already, so their first eight
-/// bytes are as good a hash as SipHash of all 32, for a tenth of the cost.
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8).take(1) {
-            let mut b = [0u8; 8];
-            b[..chunk.len()].copy_from_slice(chunk);
-            self.0 ^= u64::from_le_bytes(b);
-        }
-    }
-
-    fn write_usize(&mut self, _: usize) {}
-}
-
-type IdMap = std::collections::HashMap<RecordId, u32, std::hash::BuildHasherDefault<IdHasher>>;
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClassLabel {
     class: &'static str,
@@ -335,6 +314,9 @@ impl Default for Metrics {
 impl Metrics {
     /// A fresh registry with every series at zero (so a dashboard sees them before the first
     /// request and `rate()` has a starting point).
+    // A table: one registration per metric, with its name and help text, read top to
+    // bottom; splitting it would only scatter the list.
+    #[allow(clippy::too_many_lines)]
     pub fn new() -> Metrics {
         let mut registry = Registry::default();
         let requests = Family::<RouteOutcomeLabel, Counter>::default();
@@ -677,100 +659,6 @@ impl Metrics {
             .inc();
     }
 
-    /// Runs `f` on the observe-mode series of `route`, if it is declared.
-    fn observed_route(&self, route: &str, f: impl FnOnce(&ObservedRoute)) {
-        if let Some(r) = self
-            .observed_routes
-            .load()
-            .iter()
-            .find(|r| r.route == route)
-        {
-            f(r);
-        }
-    }
-
-    /// Counts what enforcing would have done with a request on an observed route.
-    pub fn observed(&self, route: &str, would: &'static str) {
-        let i = WOULDS
-            .iter()
-            .position(|w| *w == would)
-            .unwrap_or(WOULDS.len() - 1);
-        self.observed_route(route, |r| {
-            r.would[i].inc();
-        });
-    }
-
-    /// Counts a duplicate let through on an observed route for record `id`: a request
-    /// forwarded although its record, whichever instance or process made it, shows an
-    /// execution already (see the proxy's observe mode), and answered with a 2xx.
-    pub fn observed_duplicate(&self, route: &str, id: RecordId) {
-        self.observed_route(route, |r| {
-            r.duplicates.inc();
-        });
-        let mut answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
-        let full = answers.len() >= OBSERVED_RECORDS;
-        match answers.get_mut(&id) {
-            Some(n) => *n += 1,
-            None if full => {
-                self.records_not_followed.inc();
-            }
-            None => {
-                answers.insert(id, 1);
-            }
-        }
-    }
-
-    /// An observed duplicate's record starts (`true`) or ends (`false`) being read after
-    /// its client has its answer.
-    pub fn duplicate_settling(&self, starts: bool) {
-        if starts {
-            self.duplicates_settling.inc();
-        } else {
-            self.duplicates_settling.dec();
-        }
-    }
-
-    /// What `GET /observe` returns: `{"since_ms", "routes": [{"route", "mode", "would",
-    /// "duplicates_let_through"}], "records_not_followed", "duplicates_settling"}`; with
-    /// `records`, also the duplicates this instance let through per record
-    /// (`{"<id>": n}`).
-    pub fn observations_json(&self, records: bool) -> String {
-        let routes: Vec<serde_json::Value> = self
-            .observed_routes
-            .load()
-            .iter()
-            .map(|r| {
-                let would: serde_json::Map<String, serde_json::Value> = WOULDS
-                    .iter()
-                    .zip(&r.would)
-                    .filter(|(_, c)| c.get() > 0)
-                    .map(|(w, c)| ((*w).to_string(), c.get().into()))
-                    .collect();
-                serde_json::json!({
-                    "route": r.route,
-                    "mode": r.mode,
-                    "would": would,
-                    "duplicates_let_through": r.duplicates.get(),
-                })
-            })
-            .collect();
-        let mut v = serde_json::json!({
-            "since_ms": self.observe_since_ms,
-            "routes": routes,
-            "records_not_followed": self.records_not_followed.get(),
-            "duplicates_settling": self.duplicates_settling.get(),
-        });
-        if records {
-            let answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
-            let more: serde_json::Map<String, serde_json::Value> = answers
-                .iter()
-                .map(|(id, n)| (id.to_string(), serde_json::Value::from(*n)))
-                .collect();
-            v["records"] = serde_json::Value::Object(more);
-        }
-        v.to_string()
-    }
-
     /// The gauges of one class of slots (`protected`, `pass_through`).
     pub fn slot_gauges(&self, class: &'static str) -> crate::admission::Gauges {
         let label = ClassLabel { class };
@@ -880,127 +768,6 @@ impl Metrics {
     }
 }
 
-/// A [`Store`] that times every call and counts its failures. Callers put their own deadline
-/// around each call and drop the call when it passes, so a call dropped unfinished after its
-/// deadline counts as failed; one dropped earlier (a lease renewal that lost the race to the
-/// upstream's answer) was merely not needed and counts as nothing.
-pub struct Instrumented {
-    inner: Arc<dyn Store>,
-    metrics: Arc<Metrics>,
-    store_timeout: Duration,
-}
-
-impl Instrumented {
-    /// Wraps `inner`; `store_timeout` is the deadline callers put around its calls.
-    pub fn new(inner: Arc<dyn Store>, metrics: Arc<Metrics>, store_timeout: Duration) -> Self {
-        Instrumented {
-            inner,
-            metrics,
-            store_timeout,
-        }
-    }
-
-    fn timed<'a, T: Send + 'a>(
-        &'a self,
-        op: StoreOp,
-        deadline: Duration,
-        call: StoreFuture<'a, T>,
-    ) -> StoreFuture<'a, T> {
-        let guard = CallGuard {
-            metrics: &self.metrics,
-            op,
-            started: Instant::now(),
-            deadline,
-            done: false,
-        };
-        Box::pin(async move {
-            // Moves the whole guard in (a field-wise capture would leave it, and its Drop,
-            // behind in this function).
-            let mut guard = guard;
-            let r = call.await;
-            guard.done = true;
-            guard
-                .metrics
-                .store_call(op, guard.started.elapsed(), r.is_err());
-            r
-        })
-    }
-}
-
-/// Settles the metrics of a store call that was dropped before it finished.
-struct CallGuard<'a> {
-    metrics: &'a Metrics,
-    op: StoreOp,
-    started: Instant,
-    deadline: Duration,
-    done: bool,
-}
-
-impl Drop for CallGuard<'_> {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        let elapsed = self.started.elapsed();
-        if elapsed >= self.deadline {
-            self.metrics.store_call(self.op, elapsed, true);
-        }
-    }
-}
-
-impl crate::store::Layer for Instrumented {
-    fn inner(&self) -> &dyn Store {
-        &*self.inner
-    }
-
-    fn around<'a, T: Send + 'a>(
-        &'a self,
-        call: Call,
-        future: StoreFuture<'a, T>,
-    ) -> StoreFuture<'a, T> {
-        let op = match call {
-            Call::Claim => StoreOp::Claim,
-            Call::Record | Call::Shorten | Call::RecordNotKept => StoreOp::Record,
-            Call::Release => StoreOp::Release,
-            Call::Inspect => StoreOp::Inspect,
-            Call::Delete => StoreOp::Delete,
-            Call::Ping => StoreOp::Ping,
-            // Operators' and start-up's calls, and the ones stated below.
-            _ => return future,
-        };
-        self.timed(op, self.store_timeout, future)
-    }
-
-    fn renew<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-        lease: Duration,
-    ) -> StoreFuture<'a, bool> {
-        let deadline = renew_deadline(self.store_timeout, lease);
-        self.timed(StoreOp::Renew, deadline, self.inner.renew(id, owner, lease))
-    }
-
-    fn mark_unknown<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: &'a OwnerToken,
-    ) -> StoreFuture<'a, bool> {
-        let call = self.timed(
-            StoreOp::MarkUnknown,
-            self.store_timeout,
-            self.inner.mark_unknown(id, owner),
-        );
-        Box::pin(async move {
-            let r = call.await;
-            if matches!(r, Ok(true)) {
-                self.metrics.records_unknown.inc();
-            }
-            r
-        })
-    }
-}
-
 fn mode_name(mode: crate::config::Mode) -> &'static str {
     match mode {
         crate::config::Mode::Enforce => "enforce",
@@ -1009,83 +776,4 @@ fn mode_name(mode: crate::config::Mode) -> &'static str {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn label_arrays_follow_declaration_order() {
-        for (i, o) in OUTCOMES.iter().enumerate() {
-            assert_eq!(*o as usize, i, "{o:?}");
-        }
-        for (i, o) in STORE_OPS.iter().enumerate() {
-            assert_eq!(*o as usize, i, "{o:?}");
-        }
-        // A new variant fails to compile here until it is added to the arrays above.
-        let _exhaustive = |o: Outcome| match o {
-            Outcome::Forwarded
-            | Outcome::Replayed
-            | Outcome::InProgress
-            | Outcome::Mismatch
-            | Outcome::Unprotected
-            | Outcome::Passthrough
-            | Outcome::Rejected
-            | Outcome::StoreError
-            | Outcome::UpstreamError
-            | Outcome::Ambiguous
-            | Outcome::NotStored
-            | Outcome::Overloaded
-            | Outcome::Released
-            | Outcome::Observed => (),
-        };
-    }
-
-    #[test]
-    fn every_series_is_exported_from_the_start() {
-        let text = Metrics::new().encode();
-        for o in OUTCOMES {
-            let line = format!(
-                "idemgate_requests_total{{route=\"default\",outcome=\"{}\"}} 0\n",
-                o.as_str()
-            );
-            assert!(text.contains(&line), "{line}");
-        }
-        for class in STATUS_CLASSES {
-            let line = format!("idemgate_answers_recorded_total{{status_class=\"{class}\"}} 0\n");
-            assert!(text.contains(&line), "{line}");
-        }
-        for op in STORE_OPS {
-            let line = format!("idemgate_store_errors_total{{op=\"{}\"}} 0\n", op.as_str());
-            assert!(text.contains(&line), "{line}");
-        }
-        for name in [
-            "idemgate_records_held_unknown 0",
-            "idemgate_records_unknown_total 0",
-            "idemgate_redis_evicted_keys 0",
-            "idemgate_redis_restarts_total 0",
-            "# TYPE idemgate_upstream_duration_seconds histogram",
-        ] {
-            assert!(text.contains(name), "{name}");
-        }
-        assert!(text.ends_with("# EOF\n"));
-    }
-
-    #[tokio::test]
-    async fn timed_out_calls_count_as_errors_and_cancelled_ones_do_not() {
-        let metrics = Arc::new(Metrics::new());
-        let store: Arc<dyn Store> = Arc::new(crate::store::MemoryStore::new(10));
-        let slow = Instrumented::new(store, metrics.clone(), Duration::from_millis(20));
-        // Dropped before its deadline: not an error.
-        drop(slow.ping());
-        // Finished: timed, not an error.
-        slow.ping().await.unwrap();
-        let text = metrics.encode();
-        assert!(text.contains("idemgate_store_errors_total{op=\"ping\"} 0\n"));
-        assert!(text.contains("idemgate_store_duration_seconds_count{op=\"ping\"} 1\n"));
-        // Dropped after its deadline (as `store::deadline` does): an error.
-        let call = slow.ping();
-        tokio::time::sleep(Duration::from_millis(25)).await;
-        drop(call);
-        let text = metrics.encode();
-        assert!(text.contains("idemgate_store_errors_total{op=\"ping\"} 1\n"));
-    }
-}
+mod tests;
