@@ -408,10 +408,12 @@ fn main() -> ExitCode {
         None => {}
     }
     let figment = Config::figment(cli.config.as_deref()).merge(Serialized::globals(&cli.overrides));
-    let mut wired = match Wired::load(figment) {
+    let mut wired = match Wired::load_all(figment) {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("idemgate: configuration error: {e}");
+        Err(problems) => {
+            for e in problems {
+                eprintln!("idemgate: configuration error: {e}");
+            }
             return ExitCode::from(64);
         }
     };

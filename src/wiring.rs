@@ -114,14 +114,15 @@ impl Wired {
         }
     }
 
-    /// As [`load`](Self::load), but every problem rather than the first (for `idemgate
-    /// config check`): after each invalid value, that key is put back to its default and
+    /// As [`load`](Self::load), but every problem rather than the first (for start-up and
+    /// `idemgate config check`): after each invalid value, that key is put back to its default and
     /// the checks run again, until they pass, a key comes up a second time (a problem
     /// between two keys, which the default does not lift), or the value cannot be put
-    /// back. A problem of the sources themselves (a type, an unknown key in the file) is
-    /// reported alone, as there is no configuration to check past it.
+    /// back. The problems of the sources themselves (a value of the wrong type, a key that
+    /// is no setting where it is written, each named with its source) are reported
+    /// without the checks of values, which would only repeat them.
     pub fn load_all(figment: Figment) -> Result<Wired, Vec<ConfigError>> {
-        let mut config = Config::extract(figment).map_err(|e| vec![e])?;
+        let mut config = Config::extract_all(&figment)?;
         let defaults = serde_json::to_value(Config::default()).unwrap_or_default();
         let mut problems: Vec<ConfigError> = Vec::new();
         let mut seen: Vec<String> = Vec::new();
@@ -132,7 +133,7 @@ impl Wired {
                 Err(e) => {
                     let key = match &e {
                         ConfigError::Invalid { key, .. } => Some(key.clone()),
-                        ConfigError::Source(_) => None,
+                        ConfigError::Source(_) | ConfigError::Read { .. } => None,
                     };
                     if key.as_ref().is_some_and(|k| seen.contains(k)) {
                         break;

@@ -177,6 +177,39 @@ async fn an_invalid_file_or_a_restart_only_change_is_refused_and_the_old_config_
     assert_eq!(reloads(&gate, "applied"), 0);
 }
 
+/// A reload names every problem of the file at once, each key with the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_names_every_key_of_the_wrong_type() {
+    let up = Upstream::start().await;
+    let file = File::new(ENFORCING);
+    let gate = gate(&up, &file.path, &[]);
+    file.write(&format!(
+        "lease = \"10s\"\n{}",
+        ENFORCING.replace(
+            "mode = \"enforce\"",
+            "mode = \"watch\"\nretention = \"soon\""
+        )
+    ));
+    let (status, _, doc) = post_reload(&gate, None).await;
+    assert_eq!(status, 422, "{doc}");
+    let problems = doc["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 3, "{doc}");
+    let path = file.path.to_str().unwrap();
+    for said in [
+        "`lease` at the top level is a route key",
+        "`routes[0].mode`",
+        "`routes[0].retention`",
+    ] {
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.as_str().unwrap().contains(said) && p.as_str().unwrap().contains(path)),
+            "{said}: {doc}"
+        );
+    }
+    assert_eq!(reloads(&gate, "applied"), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_config_reload_needs_the_admin_token_and_says_what_changed() {
     let up = Upstream::start().await;

@@ -49,11 +49,15 @@ impl Config {
         f
     }
 
-    /// Extracts the configuration from the layered sources.
+    /// Extracts the configuration from the layered sources: its first problem, where
+    /// [`extract_all`](Config::extract_all) says every one.
     pub fn extract(figment: Figment) -> Result<Config, ConfigError> {
-        figment
-            .extract()
-            .map_err(|e| ConfigError::Source(Box::new(e)))
+        Config::extract_all(&figment).map_err(|problems| {
+            problems
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| super::invalid("", "the configuration does not read"))
+        })
     }
 
     /// Extracts and validates (the values alone: the runtime objects are built and their
@@ -201,7 +205,7 @@ fn setting_paths(v: &serde_json::Value, prefix: &str, out: &mut Vec<String>) {
 }
 
 /// Whether `a` becomes `b` by at most one insertion, deletion or substitution.
-fn within_one_edit(a: &str, b: &str) -> bool {
+pub(super) fn within_one_edit(a: &str, b: &str) -> bool {
     let (a, b) = (a.as_bytes(), b.as_bytes());
     let (short, long) = if a.len() <= b.len() { (a, b) } else { (b, a) };
     if long.len() - short.len() > 1 {

@@ -10,6 +10,8 @@
 //! - `defaults`: the built-in defaults, and `idemgate config defaults`.
 //! - `operators`: `[[admin_operators]]` and `admin_hosts`.
 //! - `load`: the layered sources (figment) and the environment names that are no setting.
+//! - `extract`: the sources read into [`Config`], every problem of their keys at once, each
+//!   named with its key and its source.
 //! - `live`: the settings in force, swapped whole by a reload, and what a reload changes.
 //! - `validate`: [`Settings::new`], the checks of values, and [`Upstream`].
 //! - `at_rest`: the sealing keys and compression of recorded answers, as values.
@@ -31,6 +33,7 @@ use load::describe;
 
 mod at_rest;
 mod defaults;
+mod extract;
 mod framework;
 mod live;
 mod load;
@@ -542,9 +545,19 @@ impl Config {
 /// A configuration error: the key at fault and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The sources could not be read or did not match the schema (figment names the key).
+    /// A source could not be read or parsed (a file that is no TOML).
     #[error("{}", describe(.0))]
     Source(Box<figment::Error>),
+    /// A source gave a key a value of the wrong type, or has a key that is no setting where
+    /// it is written: `message` names the key and the source (the file, the environment
+    /// variable).
+    #[error("{message}")]
+    Read {
+        /// Dotted path of the key, e.g. `routes[0].lease`.
+        key: String,
+        /// What is wrong, where.
+        message: String,
+    },
     /// A value has the right type but cannot be used.
     #[error("invalid configuration value for `{key}`: {reason}")]
     Invalid {
