@@ -107,6 +107,28 @@ impl Policy {
     }
 }
 
+/// A route's settings over the defaults, and the names that its errors give keys.
+struct Layers<'a> {
+    /// Where the route is written (`routes[0]`).
+    at: &'a str,
+    r: &'a Route,
+    d: &'a Defaults,
+}
+
+impl Layers<'_> {
+    /// The key a problem with `name` is reported under: the route's own, when it sets
+    /// it, else the defaults'.
+    fn key(&self, name: &str) -> String {
+        if matches_override(self.r, name) {
+            format!("{}.{name}", self.at)
+        } else {
+            format!("defaults.{name}")
+        }
+    }
+}
+
+/// The policy of one route (or of the defaults alone, with an empty `r`), each value
+/// checked; the first problem found.
 pub(super) fn resolve(
     at: &str,
     route: Option<String>,
@@ -117,174 +139,21 @@ pub(super) fn resolve(
 ) -> Result<Policy, ConfigError> {
     // The framework's preset fills what the route leaves unset.
     let r = &super::framework::apply(r, d);
-    let methods = r.methods.as_ref().unwrap_or(&d.methods);
-    let key_of = |name: &str| {
-        if matches_override(r, name) {
-            format!("{at}.{name}")
-        } else {
-            format!("defaults.{name}")
-        }
-    };
-    let methods = methods
-        .iter()
-        .map(|m| {
-            Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                .map_err(|_| invalid(key_of("methods"), format!("`{m}` is not an HTTP method")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let tenant_header_names = r
-        .tenant_headers
-        .as_ref()
-        .unwrap_or(&d.tenant_headers)
-        .iter()
-        .map(|h| {
-            HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
-                invalid(
-                    key_of("tenant_headers"),
-                    format!("`{h}` is not a header name"),
-                )
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    // A certificate is a route's one principal source: a route that names it with a claim
-    // or headers is refused, as are defaults naming both a claim and a certificate field
-    // (the defaults' headers always have a value, so they give way to either). A claim
-    // beside headers keeps its older meaning: the claim wins.
-    let named = [
-        ("tenant_jwt_claim", r.tenant_jwt_claim.is_some()),
-        ("tenant_client_cert", r.tenant_client_cert.is_some()),
-        ("tenant_headers", r.tenant_headers.is_some()),
-    ];
-    let set: Vec<&str> = named.iter().filter(|(_, s)| *s).map(|(n, _)| *n).collect();
-    if r.tenant_client_cert.is_some() {
-        if let Some(other) = set.iter().find(|n| **n != "tenant_client_cert") {
-            return Err(invalid(
-                format!("{at}.tenant_client_cert"),
-                format!("a route reads its tenant from one source: {other} is set too"),
-            ));
-        }
-    }
-    if d.tenant_jwt_claim.is_some() && d.tenant_client_cert.is_some() {
-        return Err(invalid(
-            "defaults.tenant_client_cert",
-            "a route reads its tenant from one source: tenant_jwt_claim is set too",
-        ));
-    }
-    // A route's own choice wins: its `tenant_jwt_claim`, `tenant_client_cert` or
-    // `tenant_headers`, else the defaults' claim or certificate field, else the defaults'
-    // headers.
-    let own = !set.is_empty();
-    let cert = match (r.tenant_client_cert, own) {
-        (Some(f), _) => Some(f),
-        (None, true) => None,
-        (None, false) => d.tenant_client_cert,
-    };
-    if cert.is_some() && !client_ca {
-        return Err(invalid(
-            key_of("tenant_client_cert"),
-            "needs verified client certificates: a TLS listener (tls_cert_file, tls_key_file) with tls_client_ca_file",
-        ));
-    }
-    let claim = match (&r.tenant_jwt_claim, own) {
-        (Some(c), _) => Some(c),
-        (None, true) => None,
-        (None, false) => d.tenant_jwt_claim.as_ref(),
-    };
-    let tenant = match claim {
-        Some(c) if c.is_empty() => {
-            return Err(invalid(key_of("tenant_jwt_claim"), "must name a claim"))
-        }
-        Some(_) if !jwt_keys => {
-            return Err(invalid(
-                key_of("tenant_jwt_claim"),
-                "needs keys to verify tokens with: set jwt_hs256_secret (or IDEMGATE_JWT_HS256_SECRET) and/or jwks_file",
-            ))
-        }
-        Some(c) => TenantSource::JwtClaim(c.clone()),
-        None => match cert {
-            Some(field) => TenantSource::ClientCert(field),
-            None => TenantSource::Headers(tenant_header_names),
-        },
-    };
-    let case = r.case_insensitive_paths.or(d.case_insensitive_paths);
-    let plus = r.plus_is_space.or(d.plus_is_space);
-    let path_rules = PathRules {
-        strict: r.path_match.unwrap_or(d.path_match) == PathMatch::Strict,
-        case_insensitive: case.unwrap_or(false),
-        plus_is_space: plus.unwrap_or(false),
-    };
-    let spellings = Spellings {
-        case_known: case.is_some(),
-        plus_known: plus.is_some(),
-        raw_utf8: r.raw_utf8_paths.or(d.raw_utf8_paths).unwrap_or(false),
-    };
-    let mut format_suffixes = Vec::new();
-    for f in r.format_suffixes.as_ref().unwrap_or(&d.format_suffixes) {
-        let ext = path::FormatExt::of(f).ok_or_else(|| {
-            invalid(
-                key_of("format_suffixes"),
-                format!("`{f}` is not a format suffix: a '.' and 1 to 5 letters or digits, such as \".json\""),
-            )
-        })?;
-        let ext = if path_rules.case_insensitive {
-            ext.as_str().to_ascii_lowercase()
-        } else {
-            ext.as_str().to_string()
-        };
-        if !format_suffixes.contains(&ext) {
-            format_suffixes.push(ext);
-        }
-    }
-    let mut fingerprint_ignore = r
-        .fingerprint_ignore
-        .as_ref()
-        .unwrap_or(&d.fingerprint_ignore)
-        .iter()
-        .map(|p| {
-            JsonPointer::parse(p)
-                .map_err(|e| invalid(key_of("fingerprint_ignore"), format!("`{p}`: {e}")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut key_headers: Vec<HeaderName> = Vec::new();
-    for h in r.key_headers.as_ref().unwrap_or(&d.key_headers) {
-        let name = HeaderName::from_bytes(h.as_bytes())
-            .map_err(|_| invalid(key_of("key_headers"), format!("`{h}` is not a header name")))?;
-        if key_headers.contains(&name) {
-            return Err(invalid(
-                key_of("key_headers"),
-                format!("`{h}` is listed twice"),
-            ));
-        }
-        key_headers.push(name);
-    }
-    if key_headers.is_empty() {
-        return Err(invalid(
-            key_of("key_headers"),
-            "must name at least one header",
-        ));
-    }
-    let release_on_status = r
-        .release_on_status
-        .clone()
-        .unwrap_or_else(|| d.release_on_status.clone());
-    if let Some(bad) = release_on_status.iter().find(|s| !(400..=599).contains(*s)) {
-        return Err(invalid(
-            key_of("release_on_status"),
-            format!("{bad}: only 4xx and 5xx answers can say that nothing was done"),
-        ));
-    }
-    let key_json_pointer = r.key_json_pointer.as_ref().or(d.key_json_pointer.as_ref());
-    if let Some(p) = key_json_pointer {
-        JsonPointer::parse(p)
-            .map_err(|e| invalid(key_of("key_json_pointer"), format!("`{p}`: {e}")))?;
-        if !r.require_key.unwrap_or(d.require_key) {
-            return Err(invalid(
-                key_of("key_json_pointer"),
-                "needs require_key = true: a request whose body holds no key cannot be forwarded unprotected once its body was read as a protected one",
-            ));
-        }
-    }
-    let key_json_pointer = key_json_pointer.cloned();
+    let l = Layers { at, r, d };
+    let key_of = |name: &str| l.key(name);
+    let methods = methods(&l)?;
+    let tenant = tenant(&l, jwt_keys, client_ca)?;
+    let (path_rules, spellings) = path_rules(&l);
+    let format_suffixes = format_suffixes(&l, path_rules.case_insensitive)?;
+    let mut fingerprint_ignore = fingerprint_ignore(&l)?;
+    let key_headers = key_headers(&l)?;
+    let release_on_status = statuses(
+        &l,
+        "release_on_status",
+        (r.release_on_status.as_ref(), &d.release_on_status),
+        400..=599,
+    )?;
+    let key_json_pointer = key_json_pointer(&l)?;
     // The key is not the request: its member is left out of the fingerprint, so that the
     // same request under two keys is a mismatch of nothing but its key.
     if let Some(p) = &key_json_pointer {
@@ -292,58 +161,17 @@ pub(super) fn resolve(
             fingerprint_ignore.push(pointer);
         }
     }
-    let record_control_header = match r
-        .record_control_header
-        .as_ref()
-        .or(d.record_control_header.as_ref())
-    {
-        None => None,
-        Some(h) => Some(HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
-            invalid(
-                key_of("record_control_header"),
-                format!("`{h}` is not a header name"),
-            )
-        })?),
-    };
-    let short_retention_statuses = r
-        .short_retention_statuses
-        .clone()
-        .unwrap_or_else(|| d.short_retention_statuses.clone());
-    if let Some(bad) = short_retention_statuses
-        .iter()
-        .find(|s| !(400..=499).contains(*s))
-    {
-        return Err(invalid(
-            key_of("short_retention_statuses"),
-            format!("{bad}: only 4xx answers can show that nothing ran"),
-        ));
-    }
-    let mut method_override_headers: Vec<HeaderName> = Vec::new();
-    for h in r
-        .method_override_headers
-        .as_ref()
-        .unwrap_or(&d.method_override_headers)
-    {
-        let name = HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
-            invalid(
-                key_of("method_override_headers"),
-                format!("`{h}` is not a header name"),
-            )
-        })?;
-        if method_override_headers.contains(&name) {
-            return Err(invalid(
-                key_of("method_override_headers"),
-                format!("`{h}` is listed twice"),
-            ));
-        }
-        if key_headers.contains(&name) || name == hyper::header::AUTHORIZATION {
-            return Err(invalid(
-                key_of("method_override_headers"),
-                format!("`{h}` already carries the key or the credential"),
-            ));
-        }
-        method_override_headers.push(name);
-    }
+    let record_control_header = record_control_header(&l)?;
+    let short_retention_statuses = statuses(
+        &l,
+        "short_retention_statuses",
+        (
+            r.short_retention_statuses.as_ref(),
+            &d.short_retention_statuses,
+        ),
+        400..=499,
+    )?;
+    let method_override_headers = method_override_headers(&l, &key_headers)?;
     let p = Policy {
         route,
         methods,
@@ -389,40 +217,309 @@ pub(super) fn resolve(
         upstream_time: Arc::default(),
         index: 0,
     };
+    check_times_and_sizes(&p, &l)?;
+    Ok(p)
+}
+
+/// `methods`, as HTTP methods (upper-cased).
+fn methods(l: &Layers) -> Result<Vec<Method>, ConfigError> {
+    l.r.methods
+        .as_ref()
+        .unwrap_or(&l.d.methods)
+        .iter()
+        .map(|m| {
+            Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                .map_err(|_| invalid(l.key("methods"), format!("`{m}` is not an HTTP method")))
+        })
+        .collect()
+}
+
+/// Where the tenant comes from: a JWT claim, a client certificate's field or headers.
+fn tenant(l: &Layers, jwt_keys: bool, client_ca: bool) -> Result<TenantSource, ConfigError> {
+    let (r, d) = (l.r, l.d);
+    let tenant_header_names = r
+        .tenant_headers
+        .as_ref()
+        .unwrap_or(&d.tenant_headers)
+        .iter()
+        .map(|h| {
+            HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                invalid(
+                    l.key("tenant_headers"),
+                    format!("`{h}` is not a header name"),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // A certificate is a route's one principal source: a route that names it with a claim
+    // or headers is refused, as are defaults naming both a claim and a certificate field
+    // (the defaults' headers always have a value, so they give way to either). A claim
+    // beside headers keeps its older meaning: the claim wins.
+    let named = [
+        ("tenant_jwt_claim", r.tenant_jwt_claim.is_some()),
+        ("tenant_client_cert", r.tenant_client_cert.is_some()),
+        ("tenant_headers", r.tenant_headers.is_some()),
+    ];
+    let set: Vec<&str> = named.iter().filter(|(_, s)| *s).map(|(n, _)| *n).collect();
+    if r.tenant_client_cert.is_some() {
+        if let Some(other) = set.iter().find(|n| **n != "tenant_client_cert") {
+            return Err(invalid(
+                format!("{}.tenant_client_cert", l.at),
+                format!("a route reads its tenant from one source: {other} is set too"),
+            ));
+        }
+    }
+    if d.tenant_jwt_claim.is_some() && d.tenant_client_cert.is_some() {
+        return Err(invalid(
+            "defaults.tenant_client_cert",
+            "a route reads its tenant from one source: tenant_jwt_claim is set too",
+        ));
+    }
+    // A route's own choice wins: its `tenant_jwt_claim`, `tenant_client_cert` or
+    // `tenant_headers`, else the defaults' claim or certificate field, else the defaults'
+    // headers.
+    let own = !set.is_empty();
+    let cert = match (r.tenant_client_cert, own) {
+        (Some(f), _) => Some(f),
+        (None, true) => None,
+        (None, false) => d.tenant_client_cert,
+    };
+    if cert.is_some() && !client_ca {
+        return Err(invalid(
+            l.key("tenant_client_cert"),
+            "needs verified client certificates: a TLS listener (tls_cert_file, tls_key_file) with tls_client_ca_file",
+        ));
+    }
+    let claim = match (&r.tenant_jwt_claim, own) {
+        (Some(c), _) => Some(c),
+        (None, true) => None,
+        (None, false) => d.tenant_jwt_claim.as_ref(),
+    };
+    Ok(match claim {
+        Some(c) if c.is_empty() => {
+            return Err(invalid(l.key("tenant_jwt_claim"), "must name a claim"))
+        }
+        Some(_) if !jwt_keys => {
+            return Err(invalid(
+                l.key("tenant_jwt_claim"),
+                "needs keys to verify tokens with: set jwt_hs256_secret (or IDEMGATE_JWT_HS256_SECRET) and/or jwks_file",
+            ))
+        }
+        Some(c) => TenantSource::JwtClaim(c.clone()),
+        None => match cert {
+            Some(field) => TenantSource::ClientCert(field),
+            None => TenantSource::Headers(tenant_header_names),
+        },
+    })
+}
+
+/// How paths compare (`path_match`, `case_insensitive_paths`, `plus_is_space`), and which
+/// spellings the route says how its upstream reads.
+fn path_rules(l: &Layers) -> (PathRules, Spellings) {
+    let (r, d) = (l.r, l.d);
+    let case = r.case_insensitive_paths.or(d.case_insensitive_paths);
+    let plus = r.plus_is_space.or(d.plus_is_space);
+    let path_rules = PathRules {
+        strict: r.path_match.unwrap_or(d.path_match) == PathMatch::Strict,
+        case_insensitive: case.unwrap_or(false),
+        plus_is_space: plus.unwrap_or(false),
+    };
+    let spellings = Spellings {
+        case_known: case.is_some(),
+        plus_known: plus.is_some(),
+        raw_utf8: r.raw_utf8_paths.or(d.raw_utf8_paths).unwrap_or(false),
+    };
+    (path_rules, spellings)
+}
+
+/// `format_suffixes` without their dots, each once (lower case on a case-insensitive
+/// route).
+fn format_suffixes(l: &Layers, case_insensitive: bool) -> Result<Vec<String>, ConfigError> {
+    let mut format_suffixes = Vec::new();
+    for f in l.r.format_suffixes.as_ref().unwrap_or(&l.d.format_suffixes) {
+        let ext = path::FormatExt::of(f).ok_or_else(|| {
+            invalid(
+                l.key("format_suffixes"),
+                format!("`{f}` is not a format suffix: a '.' and 1 to 5 letters or digits, such as \".json\""),
+            )
+        })?;
+        let ext = if case_insensitive {
+            ext.as_str().to_ascii_lowercase()
+        } else {
+            ext.as_str().to_string()
+        };
+        if !format_suffixes.contains(&ext) {
+            format_suffixes.push(ext);
+        }
+    }
+    Ok(format_suffixes)
+}
+
+/// `fingerprint_ignore`, as JSON pointers.
+fn fingerprint_ignore(l: &Layers) -> Result<Vec<JsonPointer>, ConfigError> {
+    l.r.fingerprint_ignore
+        .as_ref()
+        .unwrap_or(&l.d.fingerprint_ignore)
+        .iter()
+        .map(|p| {
+            JsonPointer::parse(p)
+                .map_err(|e| invalid(l.key("fingerprint_ignore"), format!("`{p}`: {e}")))
+        })
+        .collect()
+}
+
+/// `key_headers`: at least one, each once.
+fn key_headers(l: &Layers) -> Result<Vec<HeaderName>, ConfigError> {
+    let mut key_headers: Vec<HeaderName> = Vec::new();
+    for h in l.r.key_headers.as_ref().unwrap_or(&l.d.key_headers) {
+        let name = HeaderName::from_bytes(h.as_bytes())
+            .map_err(|_| invalid(l.key("key_headers"), format!("`{h}` is not a header name")))?;
+        if key_headers.contains(&name) {
+            return Err(invalid(
+                l.key("key_headers"),
+                format!("`{h}` is listed twice"),
+            ));
+        }
+        key_headers.push(name);
+    }
+    if key_headers.is_empty() {
+        return Err(invalid(
+            l.key("key_headers"),
+            "must name at least one header",
+        ));
+    }
+    Ok(key_headers)
+}
+
+/// `release_on_status` (4xx and 5xx) or `short_retention_statuses` (4xx), named `name`:
+/// the route's own list, else the defaults'; `allowed` says which statuses it may hold.
+fn statuses(
+    l: &Layers,
+    name: &str,
+    (own, default): (Option<&Vec<u16>>, &Vec<u16>),
+    allowed: std::ops::RangeInclusive<u16>,
+) -> Result<Vec<u16>, ConfigError> {
+    let statuses = own.unwrap_or(default).clone();
+    if let Some(bad) = statuses.iter().find(|s| !allowed.contains(*s)) {
+        let why = if *allowed.end() < 500 {
+            "only 4xx answers can show that nothing ran"
+        } else {
+            "only 4xx and 5xx answers can say that nothing was done"
+        };
+        return Err(invalid(l.key(name), format!("{bad}: {why}")));
+    }
+    Ok(statuses)
+}
+
+/// `key_json_pointer`, checked: a JSON pointer, on a route that requires a key.
+fn key_json_pointer(l: &Layers) -> Result<Option<String>, ConfigError> {
+    let key_json_pointer =
+        l.r.key_json_pointer
+            .as_ref()
+            .or(l.d.key_json_pointer.as_ref());
+    if let Some(p) = key_json_pointer {
+        JsonPointer::parse(p)
+            .map_err(|e| invalid(l.key("key_json_pointer"), format!("`{p}`: {e}")))?;
+        if !l.r.require_key.unwrap_or(l.d.require_key) {
+            return Err(invalid(
+                l.key("key_json_pointer"),
+                "needs require_key = true: a request whose body holds no key cannot be forwarded unprotected once its body was read as a protected one",
+            ));
+        }
+    }
+    Ok(key_json_pointer.cloned())
+}
+
+/// `record_control_header`, as a header name.
+fn record_control_header(l: &Layers) -> Result<Option<HeaderName>, ConfigError> {
+    match l
+        .r
+        .record_control_header
+        .as_ref()
+        .or(l.d.record_control_header.as_ref())
+    {
+        None => Ok(None),
+        Some(h) => Ok(Some(HeaderName::from_bytes(h.as_bytes()).map_err(
+            |_| {
+                invalid(
+                    l.key("record_control_header"),
+                    format!("`{h}` is not a header name"),
+                )
+            },
+        )?)),
+    }
+}
+
+/// `method_override_headers`: each once, none that carries the key or the credential.
+fn method_override_headers(
+    l: &Layers,
+    key_headers: &[HeaderName],
+) -> Result<Vec<HeaderName>, ConfigError> {
+    let mut method_override_headers: Vec<HeaderName> = Vec::new();
+    for h in
+        l.r.method_override_headers
+            .as_ref()
+            .unwrap_or(&l.d.method_override_headers)
+    {
+        let name = HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+            invalid(
+                l.key("method_override_headers"),
+                format!("`{h}` is not a header name"),
+            )
+        })?;
+        if method_override_headers.contains(&name) {
+            return Err(invalid(
+                l.key("method_override_headers"),
+                format!("`{h}` is listed twice"),
+            ));
+        }
+        if key_headers.contains(&name) || name == hyper::header::AUTHORIZATION {
+            return Err(invalid(
+                l.key("method_override_headers"),
+                format!("`{h}` already carries the key or the credential"),
+            ));
+        }
+        method_override_headers.push(name);
+    }
+    Ok(method_override_headers)
+}
+
+/// The durations and sizes of a resolved policy, against each other and their bounds.
+fn check_times_and_sizes(p: &Policy, l: &Layers) -> Result<(), ConfigError> {
     if p.short_retention.is_zero() {
         return Err(invalid(
-            key_of("short_retention"),
+            l.key("short_retention"),
             "must be greater than zero (remove the status from short_retention_statuses to keep its answers for retention)",
         ));
     }
     if p.lease < Duration::from_millis(100) {
-        return Err(invalid(key_of("lease"), "must be at least 100ms"));
+        return Err(invalid(l.key("lease"), "must be at least 100ms"));
     }
     if p.upstream_timeout.is_zero() {
         return Err(invalid(
-            key_of("upstream_timeout"),
+            l.key("upstream_timeout"),
             "must be greater than zero",
         ));
     }
     if p.retention <= p.upstream_timeout || p.retention <= p.lease {
         return Err(invalid(
-            key_of("retention"),
+            l.key("retention"),
             "must be longer than both lease and upstream_timeout, or records would expire while their request runs",
         ));
     }
     if !(1..=4096).contains(&p.max_key_length) {
         return Err(invalid(
-            key_of("max_key_length"),
+            l.key("max_key_length"),
             "must be between 1 and 4096",
         ));
     }
     if p.max_body_bytes == 0 {
-        return Err(invalid(key_of("max_body_bytes"), "must be at least 1"));
+        return Err(invalid(l.key("max_body_bytes"), "must be at least 1"));
     }
     if p.max_response_bytes == 0 {
-        return Err(invalid(key_of("max_response_bytes"), "must be at least 1"));
+        return Err(invalid(l.key("max_response_bytes"), "must be at least 1"));
     }
-    Ok(p)
+    Ok(())
 }
 
 /// The route's error format, its template parsed and checked.

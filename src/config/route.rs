@@ -9,6 +9,7 @@ use hyper::Method;
 
 use super::{Anonymous, PathParams, Policy, Settings};
 use crate::scope::client_cert::ClientCert;
+use crate::scope::template::Matched;
 use crate::scope::{path, PathError, PathRules, TenantSource};
 
 /// Where a request's path led: its policy, and the path's normal form when it differs from
@@ -46,34 +47,49 @@ impl Settings {
     /// boundary, else the defaults. Each route is matched against the path in the normal
     /// form of that route's own rules. An error: the path cannot be normalized safely.
     pub fn route<'a>(&'a self, raw: &str) -> Result<Routed<'a>, PathError> {
-        // Normal forms already computed, per rules: a path is normalized at most once per
-        // distinct rule set (there are eight), and a path in normal form costs no copy.
-        // No allocation for the bookkeeping: there are eight rule sets at most.
-        let mut forms: [Option<(PathRules, Cow<'_, str>)>; 8] = Default::default();
-        fn form_for<'p>(
-            forms: &mut [Option<(PathRules, Cow<'p, str>)>; 8],
-            raw: &'p str,
-            rules: PathRules,
-        ) -> Result<usize, PathError> {
-            for (i, slot) in forms.iter_mut().enumerate() {
-                match slot {
-                    Some((r, _)) if *r == rules => return Ok(i),
-                    Some(_) => {}
-                    None => {
-                        *slot = Some((rules, path::normalize(raw, rules)?));
-                        return Ok(i);
-                    }
-                }
-            }
-            // Three booleans make eight rule sets, so a slot was free or matched above.
-            Err(PathError::NotAbsolute)
+        let mut forms = Forms::new(raw);
+        let (mut chosen, mut templated) = self.longest_match(&mut forms)?;
+        let trailing = self.trailing_spelling(&mut forms, chosen.map(|(p, _, _)| p))?;
+        if let Some((policy, i)) = trailing {
+            chosen = Some((policy, i, None));
+            templated = None;
         }
+        let cased = match trailing {
+            None => self.letter_case(&mut forms, chosen.map(|(p, _, _)| p))?,
+            Some(_) => None,
+        };
+        if let Some((policy, i)) = cased {
+            chosen = Some((policy, i, None));
+            templated = None;
+        }
+        let (policy, i, suffix) = match chosen {
+            Some(c) => c,
+            None => (
+                &self.default_policy,
+                forms.form_for(self.default_policy.path_rules)?,
+                None,
+            ),
+        };
+        let refused = trailing
+            .map(|_| PathError::TrailingSpelling)
+            .or(cased.map(|_| PathError::LetterCase));
+        let normalized = match forms.slots[i].take() {
+            Some((_, Cow::Owned(s))) => Some(s),
+            _ => None,
+        };
+        finish(raw, policy, normalized, refused, templated, suffix)
+    }
+
+    /// The longest route whose path matches the path's normal form under that route's
+    /// rules (a route also takes its own path plus a format suffix), with its form's slot,
+    /// the suffix, and what a template made of the path.
+    fn longest_match<'a>(
+        &'a self,
+        forms: &mut Forms<'_>,
+    ) -> Result<(Option<Chosen<'a>>, Option<Matched>), PathError> {
         // Longest prefix first; a route also takes its own path plus a format suffix
         // (`/v1/transfers.json`), which frameworks such as Rails route to the same
         // handler: it must not fall through to a shorter route or the defaults.
-        let mut chosen = None;
-        // What a template route made of the path, when one matched.
-        let mut templated = None;
         for (prefix, policy) in &self.routes {
             // A template compares the form that keeps letter case: its parameters keep
             // theirs, its literal segments fold as the route's rules say.
@@ -83,172 +99,120 @@ impl Settings {
                     case_insensitive: false,
                     ..rules
                 };
-                let i = form_for(&mut forms, raw, kept)?;
-                let Some((_, form)) = forms[i].as_ref() else {
+                let i = forms.form_for(kept)?;
+                let Some(form) = forms.get(i) else {
                     continue;
                 };
                 if let Some(m) = t.matches(form, rules.case_insensitive, &policy.format_suffixes) {
-                    templated = Some(m);
-                    chosen = Some((policy, i, None));
-                    break;
+                    return Ok((Some((policy, i, None)), Some(m)));
                 }
                 continue;
             }
-            let i = form_for(&mut forms, raw, policy.path_rules)?;
-            let Some((_, form)) = forms[i].as_ref() else {
+            let i = forms.form_for(policy.path_rules)?;
+            let Some(form) = forms.get(i) else {
                 continue;
             };
             if prefix_matches(prefix, form) {
-                chosen = Some((policy, i, None));
-                break;
+                return Ok((Some((policy, i, None)), None));
             }
             if let Some(ext) = format_suffix(prefix, form) {
-                chosen = Some((policy, i, Some(ext)));
-                break;
+                return Ok((Some((policy, i, Some(ext))), None));
             }
         }
-        // A path that would be a longer route's but for trailing dots or spaces on a
-        // segment (`/v1/transfers.`, `/v1/transfers%20/7`) belongs to that route, refused:
-        // IIS and ASP.NET drop them, so it may be that route's operation; matched against a
-        // shorter route or the defaults it would be another.
-        // How many routes are longer than the one chosen (all of them when none was): the
-        // ones a folded spelling of the path may belong to instead. Counted only when a
-        // spelling may fold.
-        let longer = |chosen: Option<&Arc<Policy>>| match chosen {
+        Ok((None, None))
+    }
+
+    /// How many routes are longer than the one chosen (all of them when none was): the
+    /// ones a folded spelling of the path may belong to instead.
+    fn longer(&self, chosen: Option<&Arc<Policy>>) -> usize {
+        match chosen {
             Some(p) => self
                 .routes
                 .iter()
                 .take_while(|(_, q)| !Arc::ptr_eq(q, p))
                 .count(),
             None => self.routes.len(),
-        };
-        let mut trailing = None;
-        if raw.contains('.') || raw.contains('%') {
-            // (Templates say what they fold themselves.)
-            for (prefix, policy) in self.routes[..longer(chosen.map(|(p, _, _)| p))]
-                .iter()
-                .filter(|(_, p)| p.template.is_none())
-            {
-                let i = form_for(&mut forms, raw, policy.path_rules)?;
-                let Some((_, form)) = forms[i].as_ref() else {
-                    continue;
-                };
-                let Some(trimmed) = path::without_trailing_dots(form) else {
-                    continue;
-                };
-                if prefix_matches(prefix, &trimmed) || format_suffix(prefix, &trimmed).is_some() {
-                    trailing = Some((policy, i));
-                    break;
-                }
-            }
         }
-        if let Some((policy, i)) = trailing {
-            chosen = Some((policy, i, None));
-            templated = None;
+    }
+
+    /// A path that would be a longer route's but for trailing dots or spaces on a
+    /// segment (`/v1/transfers.`, `/v1/transfers%20/7`) belongs to that route, refused:
+    /// IIS and ASP.NET drop them, so it may be that route's operation; matched against a
+    /// shorter route or the defaults it would be another. Looked for only when a spelling
+    /// may fold.
+    fn trailing_spelling<'a>(
+        &'a self,
+        forms: &mut Forms<'_>,
+        chosen: Option<&Arc<Policy>>,
+    ) -> Result<Option<(&'a Arc<Policy>, usize)>, PathError> {
+        let raw = forms.raw;
+        if !(raw.contains('.') || raw.contains('%')) {
+            return Ok(None);
         }
-        // A path that would be a longer route's if letter case were ignored
-        // (`/V1/Transfers`, `/v1/transfer%53`) belongs to that route, refused, unless the
-        // route says how its upstream compares letters: Express and Koa fold case by
-        // default, so it may be that route's operation.
-        let mut cased = None;
-        if trailing.is_none() && raw.bytes().any(|b| b.is_ascii_uppercase() || b == b'%') {
-            for (prefix, policy) in self.routes[..longer(chosen.map(|(p, _, _)| p))]
-                .iter()
-                .filter(|(_, p)| !p.spellings.case_known)
-            {
-                let hit = match &policy.template {
-                    // A template compares the form that keeps case, folding its literals.
-                    Some(t) => {
-                        let i = form_for(&mut forms, raw, policy.path_rules)?;
-                        forms[i].as_ref().is_some_and(|(_, form)| {
-                            t.matches(form, true, &policy.format_suffixes).is_some()
-                        })
-                    }
-                    None => {
-                        let folded = PathRules {
-                            case_insensitive: true,
-                            ..policy.path_rules
-                        };
-                        let i = form_for(&mut forms, raw, folded)?;
-                        let lower = prefix.to_ascii_lowercase();
-                        forms[i].as_ref().is_some_and(|(_, form)| {
-                            prefix_matches(&lower, form) || format_suffix(&lower, form).is_some()
-                        })
-                    }
-                };
-                if hit {
-                    cased = Some((policy, form_for(&mut forms, raw, policy.path_rules)?));
-                    break;
-                }
-            }
-        }
-        if let Some((policy, i)) = cased {
-            chosen = Some((policy, i, None));
-            templated = None;
-        }
-        let (policy, i, suffix) = match chosen {
-            Some(c) => c,
-            None => (
-                &self.default_policy,
-                form_for(&mut forms, raw, self.default_policy.path_rules)?,
-                None,
-            ),
-        };
-        let rules = policy.path_rules;
-        let mut refused = trailing
-            .map(|_| PathError::TrailingSpelling)
-            .or(cased.map(|_| PathError::LetterCase));
-        // Spellings the route does not say how its upstream reads.
-        if raw.contains('+') && !policy.spellings.plus_known {
-            refused = refused.or(Some(PathError::RawPlus));
-        }
-        if !raw.is_ascii() && !policy.spellings.raw_utf8 {
-            refused = refused.or(Some(PathError::RawNonAscii));
-        }
-        // `;` is never in a normal form: a raw one is a parameter, left out above.
-        let params = raw.contains(';');
-        if params && policy.path_params == PathParams::Refuse {
-            refused = Some(PathError::PathParams);
-        }
-        let mut normalized = match forms[i].take() {
-            Some((_, Cow::Owned(s))) => Some(s),
-            _ => None,
-        };
-        let mut fold_suffix = false;
-        if let Some(m) = templated {
-            refused = refused.or(m.refused);
-            fold_suffix = m.folded_suffix;
-            normalized = (m.scope != raw).then_some(m.scope);
-        }
-        if let Some(ext) = suffix {
-            if policy.format_suffixes.iter().any(|f| f == ext.as_str()) {
-                fold_suffix = true;
-                let form = normalized.as_deref().unwrap_or(raw);
-                normalized = Some(form[..form.len() - ext.as_str().len() - 1].to_string());
-            } else {
-                refused = refused.or(Some(PathError::FormatSuffix(ext)));
-            }
-        }
-        // The scope's form decodes every escape, so it is not a path to send: a path that
-        // was not already normal goes in its RFC 3986 form (path::forward_form).
-        let forward = if rules.case_insensitive
-            || (params && refused.is_none())
-            || fold_suffix
-            || normalized.is_some()
+        // (Templates say what they fold themselves.)
+        for (prefix, policy) in self.routes[..self.longer(chosen)]
+            .iter()
+            .filter(|(_, p)| p.template.is_none())
         {
-            match path::forward_form(raw, rules)? {
-                Cow::Borrowed(_) => Forward::AsSent,
-                Cow::Owned(p) => Forward::Path(p),
+            let i = forms.form_for(policy.path_rules)?;
+            let Some(form) = forms.get(i) else {
+                continue;
+            };
+            let Some(trimmed) = path::without_trailing_dots(form) else {
+                continue;
+            };
+            if prefix_matches(prefix, &trimmed) || format_suffix(prefix, &trimmed).is_some() {
+                return Ok(Some((policy, i)));
             }
-        } else {
-            Forward::Normalized
-        };
-        Ok(Routed {
-            policy,
-            normalized,
-            forward,
-            refused,
-        })
+        }
+        Ok(None)
+    }
+
+    /// A path that would be a longer route's if letter case were ignored
+    /// (`/V1/Transfers`, `/v1/transfer%53`) belongs to that route, refused, unless the
+    /// route says how its upstream compares letters: Express and Koa fold case by
+    /// default, so it may be that route's operation.
+    fn letter_case<'a>(
+        &'a self,
+        forms: &mut Forms<'_>,
+        chosen: Option<&Arc<Policy>>,
+    ) -> Result<Option<(&'a Arc<Policy>, usize)>, PathError> {
+        if !forms
+            .raw
+            .bytes()
+            .any(|b| b.is_ascii_uppercase() || b == b'%')
+        {
+            return Ok(None);
+        }
+        for (prefix, policy) in self.routes[..self.longer(chosen)]
+            .iter()
+            .filter(|(_, p)| !p.spellings.case_known)
+        {
+            let hit = match &policy.template {
+                // A template compares the form that keeps case, folding its literals.
+                Some(t) => {
+                    let i = forms.form_for(policy.path_rules)?;
+                    forms.get(i).is_some_and(|form| {
+                        t.matches(form, true, &policy.format_suffixes).is_some()
+                    })
+                }
+                None => {
+                    let folded = PathRules {
+                        case_insensitive: true,
+                        ..policy.path_rules
+                    };
+                    let i = forms.form_for(folded)?;
+                    let lower = prefix.to_ascii_lowercase();
+                    forms.get(i).is_some_and(|form| {
+                        prefix_matches(&lower, form) || format_suffix(&lower, form).is_some()
+                    })
+                }
+            };
+            if hit {
+                return Ok(Some((policy, forms.form_for(policy.path_rules)?)));
+            }
+        }
+        Ok(None)
     }
 
     /// The policy for a path, for callers that need no normal form (a path that cannot be
@@ -293,6 +257,108 @@ impl Settings {
     pub fn enforces_anywhere(&self, method: &Method) -> bool {
         self.enforced_methods.contains(method)
     }
+}
+
+/// The route chosen for a path: its policy, the slot of the path's form under its
+/// rules, and a format suffix the path has beyond the route's path.
+type Chosen<'a> = (&'a Arc<Policy>, usize, Option<path::FormatExt>);
+
+/// Normal forms of one path already computed, per rules: a path is normalized at most
+/// once per distinct rule set, and a path in normal form costs no copy. No allocation for
+/// the bookkeeping: three booleans make eight rule sets at most.
+struct Forms<'p> {
+    raw: &'p str,
+    slots: [Option<(PathRules, Cow<'p, str>)>; 8],
+}
+
+impl<'p> Forms<'p> {
+    fn new(raw: &'p str) -> Forms<'p> {
+        Forms {
+            raw,
+            slots: Default::default(),
+        }
+    }
+
+    /// The slot of the path's form under `rules`, normalized now if it is the first time.
+    fn form_for(&mut self, rules: PathRules) -> Result<usize, PathError> {
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            match slot {
+                Some((r, _)) if *r == rules => return Ok(i),
+                Some(_) => {}
+                None => {
+                    *slot = Some((rules, path::normalize(self.raw, rules)?));
+                    return Ok(i);
+                }
+            }
+        }
+        // Three booleans make eight rule sets, so a slot was free or matched above.
+        Err(PathError::NotAbsolute)
+    }
+
+    /// The form in slot `i`.
+    fn get(&self, i: usize) -> Option<&str> {
+        self.slots[i].as_ref().map(|(_, form)| &**form)
+    }
+}
+
+/// What the route's policy refuses of the path's spelling, its normal form, and the path
+/// it is forwarded with.
+fn finish<'a>(
+    raw: &str,
+    policy: &'a Arc<Policy>,
+    mut normalized: Option<String>,
+    mut refused: Option<PathError>,
+    templated: Option<Matched>,
+    suffix: Option<path::FormatExt>,
+) -> Result<Routed<'a>, PathError> {
+    let rules = policy.path_rules;
+    // Spellings the route does not say how its upstream reads.
+    if raw.contains('+') && !policy.spellings.plus_known {
+        refused = refused.or(Some(PathError::RawPlus));
+    }
+    if !raw.is_ascii() && !policy.spellings.raw_utf8 {
+        refused = refused.or(Some(PathError::RawNonAscii));
+    }
+    // `;` is never in a normal form: a raw one is a parameter, left out above.
+    let params = raw.contains(';');
+    if params && policy.path_params == PathParams::Refuse {
+        refused = Some(PathError::PathParams);
+    }
+    let mut fold_suffix = false;
+    if let Some(m) = templated {
+        refused = refused.or(m.refused);
+        fold_suffix = m.folded_suffix;
+        normalized = (m.scope != raw).then_some(m.scope);
+    }
+    if let Some(ext) = suffix {
+        if policy.format_suffixes.iter().any(|f| f == ext.as_str()) {
+            fold_suffix = true;
+            let form = normalized.as_deref().unwrap_or(raw);
+            normalized = Some(form[..form.len() - ext.as_str().len() - 1].to_string());
+        } else {
+            refused = refused.or(Some(PathError::FormatSuffix(ext)));
+        }
+    }
+    // The scope's form decodes every escape, so it is not a path to send: a path that
+    // was not already normal goes in its RFC 3986 form (path::forward_form).
+    let forward = if rules.case_insensitive
+        || (params && refused.is_none())
+        || fold_suffix
+        || normalized.is_some()
+    {
+        match path::forward_form(raw, rules)? {
+            Cow::Borrowed(_) => Forward::AsSent,
+            Cow::Owned(p) => Forward::Path(p),
+        }
+    } else {
+        Forward::Normalized
+    };
+    Ok(Routed {
+        policy,
+        normalized,
+        forward,
+        refused,
+    })
 }
 
 /// The format suffix of `path` when it is `prefix` (a route's path, ending in a segment)
