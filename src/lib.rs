@@ -4,7 +4,8 @@
 //! # Layout
 //!
 //! - [`config`]: configuration as data: the schema and defaults, the layered sources
-//!   (defaults < TOML < env < flags), validation into plain [`config::Settings`] and
+//!   (defaults < TOML < env < flags) read with every problem of their keys named at once,
+//!   validation into plain [`config::Settings`] and
 //!   per-route [`config::Policy`], and `config check`'s redacted output. It imports no
 //!   runtime module; the runtime modules import it.
 //! - [`limits`], [`outcome`]: what both the configuration and the request path need (the
@@ -48,8 +49,8 @@
 //! - [`admin`]: health, readiness, `/metrics` and record inspection/release.
 //! - [`operator`]: the admin listener's record resolution: listing by state, finding a
 //!   request's record, completing an `unknown` one with the outcome an operator found.
-//! - [`metrics`]: the Prometheus registry, the timing store wrapper and the Redis `INFO`
-//!   watcher.
+//! - [`metrics`]: the Prometheus registry, observe mode's counts, the timing store wrapper
+//!   and the Redis `INFO` watcher.
 //! - [`probe`]: `idemgate probe URL`, the container health check.
 //! - [`connection`]: what one client connection may hold: head and idle deadlines from
 //!   accept on, and the cap on open connections.
