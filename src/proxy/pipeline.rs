@@ -145,9 +145,10 @@ impl Proxy {
         let allowance = if guard == Guard::Shares {
             let allowance = self.allowance(&parts.extensions, &operation.tenant);
             if let Some(why) = allowance.refusal() {
+                drop(slot);
                 let request = Request::from_parts(parts, body::full(body));
                 let why = Refusal::Overloaded(why);
-                return stop_refused(why, request, method, id, Some(slot), None);
+                return stop_refused(why, request, method, id, None, None);
             }
             let most = usize::try_from(policy.max_response_bytes).unwrap_or(usize::MAX);
             let inline = crate::limits::REPLAY_INLINE.min(most);
