@@ -353,7 +353,8 @@ impl Proxy {
         id: Option<RecordId>,
         duplicate: bool,
     ) {
-        if !matches!(would, "execute" | "unprotected") && self.shared.observe_log.allow() {
+        let forwarded_anyway = would == rescue::EXECUTE || would == rescue::UNPROTECTED;
+        if !forwarded_anyway && self.shared.observe_log.allow() {
             tracing::info!(
                 route,
                 would,

@@ -96,18 +96,6 @@ pub(super) enum Stop {
     },
 }
 
-impl Stop {
-    /// The `would` label observe mode counts it under, and whether forwarding the request
-    /// anyway may run an existing record a second time.
-    pub(super) fn would(&self) -> (&'static str, bool) {
-        match self {
-            Stop::Refused(refusal) => (refusal.would(), false),
-            Stop::StoreSkipped { .. } => ("store_unavailable", false),
-            Stop::Found { found, .. } => found.would(),
-        }
-    }
-}
-
 impl Proxy {
     /// Runs a protected request's body stage (see the module's doc) under `guard`: the
     /// head is `req`'s, `method` and the operation what its decision protects it as.

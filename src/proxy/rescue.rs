@@ -21,9 +21,13 @@ use crate::upstream;
 use super::claim::Found;
 use super::decision::{Pass, Refusal};
 use super::exchange::ExchangeError;
+use super::pipeline::Stop;
 
 /// The `would` label of a won claim on an observed route: enforcing would forward it.
 pub(super) const EXECUTE: &str = "execute";
+
+/// The `would` label of a request enforcing would forward unprotected.
+pub(super) const UNPROTECTED: &str = "unprotected";
 
 /// Why idemgate answers a request itself (or on behalf of an upstream that did not answer
 /// one): each is one problem, with the detail, record id and `Retry-After` it carries.
@@ -410,6 +414,18 @@ fn in_progress_wait(policy: &Policy, lease_left: Duration) -> u64 {
     crate::retry_after::in_progress(policy.lease, lease_left, typical)
 }
 
+impl Stop {
+    /// The `would` label observe mode counts it under, and whether forwarding the request
+    /// anyway may run an existing record a second time.
+    pub(super) fn would(&self) -> (&'static str, bool) {
+        match self {
+            Stop::Refused(refusal) => (refusal.would(), false),
+            Stop::StoreSkipped { .. } => ("store_unavailable", false),
+            Stop::Found { found, .. } => found.would(),
+        }
+    }
+}
+
 impl Pass {
     /// The outcome enforcing counts.
     pub fn outcome(self) -> Outcome {
@@ -423,7 +439,7 @@ impl Pass {
     pub fn would(self) -> Option<&'static str> {
         match self {
             Pass::Plain => None,
-            Pass::KeyIgnored | Pass::NoKey => Some("unprotected"),
+            Pass::KeyIgnored | Pass::NoKey => Some(UNPROTECTED),
         }
     }
 }
