@@ -31,8 +31,11 @@
 //! - [`admission`]: the slots of `max_in_flight` and of pass-through, the queue in front of
 //!   them, and the budget of bodies held for slow clients.
 //! - [`proxy`]: the hyper service. A request is first decided as a value, without I/O
-//!   (pass through, refuse, or protect as which operation), then enforced (claim → forward →
-//!   record → replay) or observed (forwarded as sent, counted as what enforcing would do).
+//!   (pass through, refuse, or protect as which operation); a protected one goes through
+//!   one body stage (body, identity, claim) that ends in a verdict, which is enforced
+//!   (forward → record, replay, or answer why not) or observed (forwarded as sent, counted
+//!   as what enforcing would do). Every answer idemgate makes itself is made in one place
+//!   (`proxy/rescue.rs`).
 //! - [`answer`]: reading an upstream's answer up to `max_response_bytes`, streaming the
 //!   rest.
 //! - [`reload`]: hot reload of the configuration (`SIGHUP`, `POST /config/reload`):

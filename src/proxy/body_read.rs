@@ -7,38 +7,9 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use crate::admission::{Buffered, Refusal as Refused};
+use crate::admission::{Buffered, Refusal as NotAdmitted};
 
-use super::decision::{self, Refusal};
-use super::Proxy;
-
-impl Proxy {
-    /// Buffers a protected body up to `max` bytes within the body read timeout, its bytes
-    /// taken from the budget of bodies being buffered (503 `overloaded` when it is spent).
-    pub(super) async fn read_body(
-        &self,
-        headers: &hyper::HeaderMap,
-        incoming: Incoming,
-        max: u64,
-    ) -> Result<(Bytes, Buffered), Refusal> {
-        if let Some(refusal) = decision::declared_too_large(headers, max) {
-            return Err(refusal);
-        }
-        let mut held = self.shared.buffers.hold();
-        // Bytes are taken from the budget as they arrive, never a declared length up front:
-        // a client that declares 1 MiB and sends a byte a second holds one byte a second,
-        // not 1 MiB for `body_read_timeout` (64 such clients spent the default budget, and
-        // every other protected request got 503 until their timeouts).
-        let limit = usize::try_from(max).unwrap_or(usize::MAX);
-        let mut incoming = incoming;
-        let timeout = self.shared.settings.config.body_read_timeout;
-        let (read, ended) = read_up_to(&mut incoming, limit, &mut held, 0, timeout).await;
-        match ended {
-            Ok(()) => Ok((read.into_bytes(), held)),
-            Err(end) => Err(end.refusal(max)),
-        }
-    }
-}
+use super::decision::Refusal;
 
 /// Why a protected body was not read whole.
 #[derive(Clone, Copy, Debug)]
@@ -62,7 +33,7 @@ impl BodyEnd {
     /// What enforcing answers a body that ended so (`max`: `max_body_bytes`).
     pub(super) fn refusal(self, max: u64) -> Refusal {
         match self {
-            BodyEnd::BuffersFull => Refusal::Overloaded(Refused::BuffersFull),
+            BodyEnd::BuffersFull => Refusal::Overloaded(NotAdmitted::BuffersFull),
             BodyEnd::Trailers => Refusal::TrailersNotSupported,
             BodyEnd::TooLarge => Refusal::BodyTooLarge {
                 max,

@@ -81,7 +81,7 @@ impl Proxy {
             fingerprint,
             encoding,
             decoded,
-            room: None,
+            replay_room: None,
         })
     }
 
@@ -103,7 +103,7 @@ impl Proxy {
     ) -> (ClaimRequest, Found) {
         let store_timeout = self.shared.settings.config.store_timeout;
         let mut claim = new_claim(identified.id, identified.fingerprint, policy, store_timeout);
-        claim.room = identified.room.clone();
+        claim.room = identified.replay_room.clone();
         let pending = PendingClaim {
             shared: &self.shared,
             id: claim.id,
@@ -183,7 +183,7 @@ pub(super) struct Identified {
     pub(super) encoding: Option<String>,
     pub(super) decoded: Option<Vec<u8>>,
     // Enforcing: where a replay's body must find room before it is read.
-    pub(super) room: Option<crate::store::ReplayRoom>,
+    pub(super) replay_room: Option<crate::store::ReplayRoom>,
 }
 
 impl Identified {
@@ -196,8 +196,9 @@ impl Identified {
     }
 }
 
-/// What a claim found, read once for both modes: enforcing answers it (`Proxy::settle`),
-/// observing counts it as what enforcing would have done ([`Found::would`]).
+/// What a claim found, read once for both modes: enforcing answers it
+/// ([`Found::reply`]), observing counts it as what enforcing would have done
+/// ([`Found::would`]); both are `rescue.rs`'s.
 pub(super) enum Found {
     /// The store's answer (`Claim::Unknown` only for an outcome that is really unknown).
     Store(Claim),
@@ -206,30 +207,6 @@ pub(super) enum Found {
     ReleasePending,
     /// The claim failed (taken back in the background where it may have landed).
     Failed(StoreError),
-}
-
-impl Found {
-    /// The `would` label of observe mode, and whether forwarding the request anyway may
-    /// run an existing record a second time.
-    pub(super) fn would(&self) -> (&'static str, bool) {
-        match self {
-            Found::Store(Claim::Claimed) => ("execute", false),
-            Found::Store(Claim::Replay(_) | Claim::NoRoom { .. }) => ("replay", true),
-            Found::Store(Claim::InFlight { .. } | Claim::OtherVersion(_)) => ("in_progress", true),
-            // The same record (same key, tenant, method and path) with another request: if
-            // it runs, it is that record's second execution too.
-            Found::Store(Claim::Mismatch) => ("mismatch", true),
-            Found::Store(Claim::Unknown) => ("unknown", true),
-            Found::Store(Claim::NotKept { .. }) => ("response_not_stored", true),
-            // Nothing was created (a claim of this very owner was taken back): as a store
-            // failure would be, nothing is known of the key.
-            Found::Store(Claim::Withdrawn) => ("store_unavailable", false),
-            // Enforcing answers 503 `store-unavailable` (retry), not `outcome-unknown`.
-            Found::ReleasePending => ("store_unavailable", true),
-            Found::Failed(StoreError::Unreadable(_)) => ("record_unreadable", true),
-            Found::Failed(_) => ("store_unavailable", false),
-        }
-    }
 }
 
 /// The key at `pointer` in a JSON body: `None` when the body is not JSON or has no such
@@ -268,7 +245,7 @@ fn new_claim(
         lease: policy.lease,
         retention: policy.retention,
         busy_for: busy_for(policy, store_timeout),
-        answer_room: answer_room(policy),
+        answer_room: store_answer_bytes(policy),
         room: None,
     }
 }
@@ -338,7 +315,7 @@ impl Drop for PendingClaim<'_> {
 }
 
 /// What a claim reserves in a store with a byte cap: the largest answer the route records.
-pub(super) fn answer_room(policy: &Policy) -> usize {
+pub(super) fn store_answer_bytes(policy: &Policy) -> usize {
     usize::try_from(policy.max_response_bytes)
         .unwrap_or(usize::MAX)
         .saturating_add(ANSWER_HEAD_ROOM)

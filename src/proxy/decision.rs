@@ -1,26 +1,23 @@
-//! What a request *is*, decided before anything acts on it: pass it through, refuse it with
-//! which problem, or protect it as which operation (tenant, method, normalized path, key).
+//! What a request *is*, decided before anything acts on it: pass it through, refuse it for
+//! which reason, or protect it as which operation (tenant, method, normalized path, key).
 //!
 //! Every rule about routes, methods, method overrides, paths, tenants and keys lives here,
 //! once, in code that does no I/O: [`decide`] reads a request head, and the body step
 //! ([`declared_too_large`], [`Refusal`] for a body that could not be read, [`fingerprint`])
 //! reads what the body adds. Enforcing acts on the value (`enforce.rs`); observing forwards
 //! the request as sent and counts what the same value says enforcing would have done
-//! (`observe.rs`). The route's mode is read here and nowhere else: it is
+//! (`observe.rs`); what each refusal answers and counts as is `rescue.rs`'s. The route's mode is read here and nowhere else: it is
 //! [`Decision::mode`].
 
 use std::sync::Arc;
 
-use hyper::header::{HeaderMap, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
-use hyper::{Method, Response, Uri};
+use hyper::header::{HeaderMap, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Method, Uri};
 
 use crate::admission;
-use crate::body::Body;
 use crate::config::{Forward, MethodCase, Mode, Policy, Settings};
 use crate::fingerprint::{self, Fingerprint, RequestParts};
 use crate::key::{self, IdempotencyKey};
-use crate::outcome::Outcome;
-use crate::problem::Problem;
 use crate::scope::client_cert::ClientCert;
 use crate::scope::method::{self, Overrides};
 use crate::scope::path::PathError;
@@ -66,24 +63,6 @@ pub(crate) enum Pass {
     NoKey,
 }
 
-impl Pass {
-    /// The outcome enforcing counts.
-    pub fn outcome(self) -> Outcome {
-        match self {
-            Pass::Plain => Outcome::Passthrough,
-            Pass::KeyIgnored | Pass::NoKey => Outcome::Unprotected,
-        }
-    }
-
-    /// What observing counts (`idemgate_observed_total{would}`); `None`: not counted.
-    pub fn would(self) -> Option<&'static str> {
-        match self {
-            Pass::Plain => None,
-            Pass::KeyIgnored | Pass::NoKey => Some("unprotected"),
-        }
-    }
-}
-
 /// A protected request, as the store will know it.
 #[derive(PartialEq, Eq)]
 pub(crate) struct Operation {
@@ -112,7 +91,7 @@ impl std::fmt::Debug for Operation {
 }
 
 /// Why enforcing would answer a request itself, before any claim: each is one problem
-/// type, and one `would` label of observe mode.
+/// type, and one `would` label of observe mode (both in `rescue.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Refusal {
     /// The path cannot be normalized safely, or is a spelling its route refuses.
@@ -150,96 +129,6 @@ pub(crate) enum Refusal {
     Overloaded(admission::Refusal),
     /// This instance's scope secret disagrees with the store's.
     SecretDisagrees,
-}
-
-impl Refusal {
-    /// The `would` label observe mode counts it under.
-    pub fn would(&self) -> &'static str {
-        match self {
-            Refusal::InvalidPath(_) => "invalid_path",
-            Refusal::InvalidMethodOverride(_) => "invalid_method_override",
-            Refusal::InvalidHeader(_) => "invalid_header",
-            Refusal::InvalidMethod(_) => "invalid_method",
-            Refusal::MissingKey => "missing_key",
-            Refusal::InvalidKey(_) => "invalid_key",
-            Refusal::MissingTenant(_) => "missing_tenant",
-            Refusal::InvalidToken(_) => "invalid_token",
-            Refusal::BodyTooLarge { .. } => "body_too_large",
-            Refusal::TrailersNotSupported => "trailers_not_supported",
-            Refusal::BodyUnreadable => "body_unreadable",
-            Refusal::BodyTimeout => "body_timeout",
-            Refusal::Overloaded(admission::Refusal::BuffersFull) => "buffers_full",
-            Refusal::Overloaded(_) => "overloaded",
-            Refusal::SecretDisagrees => "store_unavailable",
-        }
-    }
-
-    /// The outcome enforcing counts.
-    pub fn outcome(&self) -> Outcome {
-        match self {
-            Refusal::Overloaded(_) => Outcome::Overloaded,
-            Refusal::SecretDisagrees => Outcome::StoreError,
-            _ => Outcome::Rejected,
-        }
-    }
-
-    /// The problem enforcing answers with; `overloaded` makes the one of
-    /// [`Refusal::Overloaded`], whose `Retry-After` the proxy's slots know.
-    pub fn response(
-        &self,
-        overloaded: impl FnOnce(admission::Refusal) -> Response<Body>,
-    ) -> Response<Body> {
-        let res = match self {
-            Refusal::InvalidPath(detail) => Problem::InvalidPath.response(detail, None, None),
-            Refusal::InvalidMethodOverride(detail) => {
-                Problem::InvalidMethodOverride.response(detail, None, None)
-            }
-            Refusal::InvalidMethod(detail) => Problem::InvalidMethod.response(detail, None, None),
-            Refusal::InvalidHeader(detail) => Problem::InvalidHeader.response(detail, None, None),
-            Refusal::MissingKey => Problem::MissingKey.response(
-                "send an Idempotency-Key header with a unique value per operation",
-                None,
-                None,
-            ),
-            Refusal::InvalidKey(detail) => Problem::InvalidKey.response(detail, None, None),
-            Refusal::MissingTenant(detail) => Problem::MissingTenant.response(detail, None, None),
-            Refusal::InvalidToken(detail) => {
-                let mut res = Problem::InvalidToken.response(detail, None, None);
-                res.headers_mut().insert(
-                    WWW_AUTHENTICATE,
-                    HeaderValue::from_static("Bearer error=\"invalid_token\""),
-                );
-                res
-            }
-            Refusal::BodyTooLarge { max, decoded } => {
-                let decoded = if *decoded { ", decoded (Content-Encoding)" } else { "" };
-                let detail = format!("protected request bodies are limited to {max} bytes{decoded}");
-                Problem::BodyTooLarge.response(detail, None, None)
-            }
-            Refusal::TrailersNotSupported => Problem::TrailersNotSupported.response(
-                "protected requests cannot carry trailer fields; send them as headers",
-                None,
-                None,
-            ),
-            Refusal::BodyUnreadable => Problem::BodyUnreadable.response(
-                "the request body ended early or was malformed",
-                None,
-                None,
-            ),
-            Refusal::BodyTimeout => Problem::BodyTimeout.response(
-                "the request body did not arrive within body_read_timeout",
-                None,
-                None,
-            ),
-            Refusal::Overloaded(why) => overloaded(*why),
-            Refusal::SecretDisagrees => Problem::StoreUnavailable.response(
-                "this instance's scope secret differs from the store's, so its record ids are not the fleet's; nothing was done, retry (another instance will answer)",
-                None,
-                Some(1),
-            ),
-        };
-        res
-    }
 }
 
 /// Decides what a request is from its head: the route its path leads to, the method the
@@ -298,30 +187,15 @@ pub(crate) fn decide<'s>(
             unseen: Vec::new(),
         },
     };
-    let mut effective = overrides.effective(method).clone();
+    let effective = overrides.effective(method).clone();
     if let Some(detail) = unseen_override(policy, &overrides, &effective) {
         let refusal = Refusal::InvalidMethodOverride(detail);
         return decision(effective, false, Action::Refuse(refusal));
     }
-    // `post` where `POST` is protected: Django upper-cases it and runs the POST view, most
-    // others route it nowhere. Folded where the route says its upstream folds, else
-    // refused: passed through, it would run a protected operation unprotected.
-    if !policy.protects(&effective) {
-        if let Some(upper) = policy
-            .methods
-            .iter()
-            .find(|m| m.as_str().eq_ignore_ascii_case(effective.as_str()))
-        {
-            if policy.method_case == MethodCase::Fold {
-                effective = upper.clone();
-            } else {
-                let refusal = Refusal::InvalidMethod(format!(
-                    "the method `{effective}` is `{upper}` in another letter case, which some frameworks (Django) run as `{upper}` and others do not; send `{upper}`, or set method_case = \"fold\" on a route whose upstream upper-cases methods"
-                ));
-                return decision(effective, false, Action::Refuse(refusal));
-            }
-        }
-    }
+    let effective = match fold_case(policy, effective) {
+        Ok(effective) => effective,
+        Err((effective, refusal)) => return decision(effective, false, Action::Refuse(refusal)),
+    };
     // A form POST on a route that protects another method may be that method to an
     // upstream that reads `_method` in the body, which only the body step can see: it is
     // taken as protected, and the body step weighs its `_method`.
@@ -375,6 +249,30 @@ pub(crate) fn decide<'s>(
         forward_path,
     };
     decision(effective, true, Action::Protect(operation))
+}
+
+/// `post` where `POST` is protected: Django upper-cases it and runs the POST view, most
+/// others route it nowhere. Folded where the route says its upstream folds, else refused
+/// (with the method as sent): passed through, it would run a protected operation
+/// unprotected.
+fn fold_case(policy: &Policy, effective: Method) -> Result<Method, (Method, Refusal)> {
+    if policy.protects(&effective) {
+        return Ok(effective);
+    }
+    let Some(upper) = policy
+        .methods
+        .iter()
+        .find(|m| m.as_str().eq_ignore_ascii_case(effective.as_str()))
+    else {
+        return Ok(effective);
+    };
+    if policy.method_case == MethodCase::Fold {
+        return Ok(upper.clone());
+    }
+    let refusal = Refusal::InvalidMethod(format!(
+        "the method `{effective}` is `{upper}` in another letter case, which some frameworks (Django) run as `{upper}` and others do not; send `{upper}`, or set method_case = \"fold\" on a route whose upstream upper-cases methods"
+    ));
+    Err((effective, refusal))
 }
 
 /// A path that routes nowhere (it cannot be normalized safely): refused where a route that
@@ -624,6 +522,10 @@ pub(crate) fn fingerprint(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hyper::header::HeaderValue;
+    use hyper::Response;
+
+    use crate::outcome::Outcome;
     use figment::providers::{Format, Serialized, Toml};
     use figment::Figment;
 

@@ -1,4 +1,5 @@
-//! The hyper service and the request flow of DESIGN.md:
+//! The hyper service and the request flow (`docs/requests.md`; what a client gets when
+//! something fails: `docs/guarantees.md`):
 //!
 //! ```text
 //! parse key -> buffer body (limit) -> fingerprint -> claim (1 store round trip)
@@ -17,23 +18,34 @@
 //!
 //! # Layout
 //!
-//! A request is decided first, then acted on, enforcing or observing:
+//! A request is decided first; a protected one then goes through one body stage that ends
+//! in a verdict, which the route's mode acts on, enforcing or observing:
 //!
 //! - `mod.rs`: the service ([`Proxy`]), what it shares across connections, `respond` (decide,
 //!   then hand the decision to the route's mode), pass-through forwarding and the log line.
-//! - `decision.rs`: what a request *is*, without I/O: pass through, refuse (which problem,
-//!   which `would` label), or protect (tenant, method, normalized path, key); the body
-//!   step's rules (declared length, fingerprint inputs). Every rule about routes, methods,
-//!   overrides, paths, tenants and keys is there, and the mode is read there only.
-//! - `enforce.rs`: acting on a decision; what a claim's answer becomes (forward, replay,
-//!   409, 422, 503).
-//! - `observe.rs`: forwarding as sent and counting what enforcing would have done; the
-//!   store breaker and the log rate limit of observe mode.
+//! - `decision.rs`: what a request *is*, without I/O: pass through, refuse (for which
+//!   reason), or protect (tenant, method, normalized path, key); the body step's rules
+//!   (declared length, fingerprint inputs). Every rule about routes, methods, overrides,
+//!   paths, tenants and keys is there, and the mode is read there only.
+//! - `pipeline.rs`: the body stage, once for both modes: admission, body read, slot,
+//!   identity, scope secret, claim; it ends in a verdict (forward the won claim, or stop
+//!   for a reason). The modes differ only in the guard it runs under (the shares of the
+//!   buffer budget, or observe mode's store breaker).
+//! - `rescue.rs`: every answer idemgate makes itself, from its reason: problem type,
+//!   detail, record id, `Retry-After`, outcome label and observe mode's `would` label; what
+//!   enforcing does with each claim result.
+//! - `enforce.rs`: acting on a decision and a verdict: forward, replay, or answer why not.
+//! - `observe.rs`: forwarding as sent and counting what the verdict says enforcing would
+//!   have done; duplicates let through, the store breaker and the log rate limit of
+//!   observe mode.
 //! - `body_read.rs`: reading a protected body within its size, time and memory budget.
 //! - `claim.rs`: fingerprint and record id from the body, the claim and its take-back
 //!   guard, background releases of claims never forwarded.
 //! - `exchange.rs`: a claimed request's upstream exchange in its own task, the lease
-//!   renewal, and the record (completed, released or unknown).
+//!   renewal, and the record (completed, released or unknown), written when it is told
+//!   (before the answer, after it, with or without the breaker).
+//! - `allowance.rs`: what one protected request holds of the buffer budget and of its
+//!   connection's and tenant's shares while its answer waits for its client.
 //! - `replay.rs`: a recorded answer sent again.
 
 use std::net::SocketAddr;
@@ -46,23 +58,24 @@ use hyper::{Request, Response};
 use tokio_util::task::TaskTracker;
 use tracing::Span;
 
+mod allowance;
 mod body_read;
 mod claim;
 mod decision;
 mod enforce;
 mod exchange;
 mod observe;
+mod pipeline;
 mod replay;
-mod room;
+mod rescue;
 
-use crate::admission::{Buffers, Refusal as Refused, Slots};
+use crate::admission::{Buffers, Refusal as NotAdmitted, Slots};
 use crate::body::{self, Body};
 use crate::config::UpstreamHttp2;
 use crate::config::{Live, Mode, Policy, Settings};
 use crate::key::RecordId;
 use crate::metrics::Metrics;
 pub use crate::outcome::Outcome;
-use crate::problem::Problem;
 use crate::releases::Releases;
 use crate::request_id::{self, X_REQUEST_ID};
 use crate::scope::client_cert::ClientCert;
@@ -74,6 +87,7 @@ use crate::tls::UpstreamTls;
 use crate::upstream::{self, Failure, Link};
 use decision::{Action, Pass, Refusal};
 use observe::{Breaker, RateLimit};
+use rescue::{Reason, Unanswered};
 
 /// Header added to every replayed response.
 pub const REPLAYED: &str = "idempotent-replayed";
@@ -188,7 +202,7 @@ impl Proxy {
         ));
         let buffers = Arc::new(Buffers::new(
             c.max_buffered_bytes,
-            metrics.refused("protected", Refused::BuffersFull),
+            metrics.refused("protected", NotAdmitted::BuffersFull),
             metrics.buffered_bytes(),
         ));
         let (client, fresh) = links(&settings, upstream_tls.as_ref());
@@ -263,11 +277,7 @@ impl Proxy {
             Ok(res) => res,
             Err(panic) => {
                 self.panicked(&request_id, &*panic);
-                Problem::Internal.response(
-                    "idemgate failed while handling this request; if it was forwarded, its outcome is unknown",
-                    None,
-                    None,
-                )
+                Reason::Panicked.answer()
             }
         };
         res.headers_mut().insert(X_REQUEST_ID, request_id);
@@ -306,15 +316,7 @@ impl Proxy {
                 request_id = request_id.to_str().unwrap_or("-"),
                 "CONNECT refused: idemgate forwards no tunnels"
             );
-            let mut res = Problem::MethodNotAllowed.response(
-                "idemgate does not forward CONNECT; it is a reverse proxy, not a tunnel",
-                None,
-                None,
-            );
-            res.headers_mut().insert(
-                hyper::header::ALLOW,
-                HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
-            );
+            let res = Reason::Tunnel.answer();
             return crate::problem::in_dialect(res, &settings.default_policy.error_format);
         }
         let (method, uri, headers) = (req.method(), req.uri(), req.headers());
@@ -354,18 +356,11 @@ impl Proxy {
 
     /// The 503 of a request not admitted: nothing was buffered beyond what the refusal
     /// needed, nothing claimed.
-    fn overloaded(&self, why: Refused, slots: &Slots) -> Response<Body> {
-        let detail = match why {
-            Refused::QueueFull => "too many requests are in progress and waiting; nothing was done, retry later",
-            Refused::QueueTimeout => "too many requests are in progress; this one waited queue_timeout for its turn; nothing was done, retry later",
-            Refused::BuffersFull => "too many request and answer bodies are held in memory (max_buffered_bytes); nothing was done, retry later",
-            Refused::ShareFull => "this client connection or tenant holds its share of idemgate's memory for answers not yet read, or of the pass-through connections (max_buffered_bytes_per_connection, max_buffered_bytes_per_tenant, max_pass_through_per_connection, max_pass_through_per_tenant); nothing was done, retry later",
-            Refused::ClientGone => {
-                tracing::info!("a queued request's client closed its connection; it left the queue, nothing was done");
-                "the client closed its connection while this request waited for its turn; nothing was done"
-            }
-        };
-        if why != Refused::BuffersFull {
+    fn overloaded(&self, why: NotAdmitted, slots: &Slots) -> Response<Body> {
+        if why == NotAdmitted::ClientGone {
+            tracing::info!("a queued request's client closed its connection; it left the queue, nothing was done");
+        }
+        if why != NotAdmitted::BuffersFull {
             let class = if std::ptr::eq(slots, &*self.shared.passing) {
                 "pass_through"
             } else {
@@ -374,10 +369,10 @@ impl Proxy {
             self.shared.metrics.refused(class, why).inc();
         }
         let wait = match why {
-            Refused::BuffersFull | Refused::ShareFull => self.shared.buffers.retry_after(),
+            NotAdmitted::BuffersFull | NotAdmitted::ShareFull => self.shared.buffers.retry_after(),
             _ => slots.retry_after(),
         };
-        Problem::Overloaded.response(detail, None, Some(wait))
+        Reason::Overloaded { why, wait }.answer()
     }
 
     /// Forwards a request as is, streaming both bodies, under `policy`'s upstream timeout.
@@ -403,7 +398,7 @@ impl Proxy {
                 .await
             {
                 Some(held) => Some(held),
-                None => return self.overloaded(Refused::ShareFull, &self.shared.passing),
+                None => return self.overloaded(NotAdmitted::ShareFull, &self.shared.passing),
             },
             None => None,
         };
@@ -416,7 +411,7 @@ impl Proxy {
                 let left = until.saturating_duration_since(tokio::time::Instant::now());
                 match crate::connection::take_slot(slots, left).await {
                     Some(held) => Some(held),
-                    None => return self.overloaded(Refused::ShareFull, &self.shared.passing),
+                    None => return self.overloaded(NotAdmitted::ShareFull, &self.shared.passing),
                 }
             }
             None => None,
@@ -438,11 +433,7 @@ impl Proxy {
                 // No upgrade is ever forwarded: an interim status as the final answer would
                 // leave the client's connection between two protocols.
                 if upstream::framing::not_an_answer(parts.status) {
-                    return Problem::UpstreamBrokenAnswer.response(
-                        "the upstream's final answer was an interim status",
-                        None,
-                        None,
-                    );
+                    return Reason::Upstream(Unanswered::Interim).answer();
                 }
                 // The body streams on under hyper's framing: a length that the body does
                 // not reach ends in a body error, which closes the client's connection
@@ -457,33 +448,20 @@ impl Proxy {
                 let held = (slot, on_connection, of_tenant);
                 Response::from_parts(parts, body::holding(body::boxed(body), held))
             }
-            Ok(Err(e)) => match upstream::classify(&e) {
-                Failure::NotSent => {
-                    tracing::warn!(error = %upstream::describe(&e), "upstream unreachable");
-                    Problem::UpstreamUnreachable.response(
-                        "could not connect to the upstream",
-                        None,
-                        None,
-                    )
-                }
-                Failure::Ambiguous if upstream::framing::broken_head(&e) => {
-                    Problem::UpstreamBrokenAnswer.response(
-                        "the upstream's answer could not be read",
-                        None,
-                        None,
-                    )
-                }
-                Failure::Ambiguous => Problem::UpstreamTimeout.response(
-                    "the upstream closed the connection without a complete answer",
-                    None,
-                    None,
-                ),
-            },
-            Err(_) => Problem::UpstreamTimeout.response(
-                "the upstream did not answer within upstream_timeout",
-                None,
-                None,
-            ),
+            Ok(Err(e)) => {
+                let how = match upstream::classify(&e) {
+                    Failure::NotSent => {
+                        tracing::warn!(error = %upstream::describe(&e), "upstream unreachable");
+                        Unanswered::NotSent
+                    }
+                    Failure::Ambiguous if upstream::framing::broken_head(&e) => {
+                        Unanswered::BrokenHead
+                    }
+                    Failure::Ambiguous => Unanswered::Closed,
+                };
+                Reason::Upstream(how).answer()
+            }
+            Err(_) => Reason::Upstream(Unanswered::Timeout).answer(),
         }
     }
 }
@@ -493,7 +471,7 @@ impl Proxy {
 async fn admit(
     slots: &Arc<Slots>,
     ext: &hyper::http::Extensions,
-) -> Result<crate::admission::Slot, Refused> {
+) -> Result<crate::admission::Slot, NotAdmitted> {
     let hangup = ext
         .get::<crate::connection::OfConnection>()
         .and_then(|c| c.hangup.clone());

@@ -8,28 +8,27 @@ use std::time::Duration;
 use hyper::{Request, Response};
 use tracing::Span;
 
-use crate::admission::Refusal as Refused;
 use crate::answer::{self, Answer};
 use crate::body::{self, Body};
 use crate::key::RecordId;
 use crate::outcome::Outcome;
-use crate::problem::Problem;
-use crate::store::{deadline, Claim, RecordState, StoreError, StoredResponse};
+use crate::store::{deadline, Claim, RecordState, StoredResponse};
 
-use super::body_read::read_up_to;
 use super::claim::Found;
-use super::decision::{self, Action, Decision, Refusal};
-use super::exchange::Protected;
+use super::decision::{Action, Decision};
+use super::exchange::{Protected, RecordAt, Voice};
+use super::pipeline::{Guard, Stop, Stopped, Verdict};
+use super::rescue::{self, Reason};
 use super::{log_request, Arrived, Line, Proxy};
 
 impl Proxy {
     /// Acts on a decision on a route in `mode = "observe"`: forwards the request whatever
     /// the decision says, and counts what enforcing would have done
     /// (`idemgate_observed_total{route, would}`), logging a refusal or a replay. A protected
-    /// request is read, fingerprinted and claimed as when enforcing; a won claim is
-    /// forwarded and recorded as when enforcing, so that switching the route to `enforce`
-    /// replays what was seen here; everything else goes out as pass-through, with the path
-    /// as the client sent it.
+    /// request goes through the body stage as when enforcing; a won claim is forwarded and
+    /// recorded as when enforcing, so that switching the route to `enforce` replays what
+    /// was seen here; everything else goes out as pass-through, with the path as the
+    /// client sent it.
     pub(super) async fn observe(&self, arrived: Arrived, decision: Decision<'_>) -> Response<Body> {
         let (policy, method, action) = (decision.policy, decision.method, decision.action);
         let (req, peer) = (arrived.req, arrived.peer);
@@ -46,7 +45,7 @@ impl Proxy {
             Action::PassThrough(pass) => match pass.would() {
                 Some(would) => {
                     return self
-                        .forward_as_is(req.map(body::boxed), peer, &line, would, None, false)
+                        .forward_as_is(req.map(body::boxed), peer, &line, would, None)
                         .await
                 }
                 None => {
@@ -58,121 +57,67 @@ impl Proxy {
             Action::Refuse(refusal) => {
                 let would = refusal.would();
                 return self
-                    .forward_as_is(req.map(body::boxed), peer, &line, would, None, false)
+                    .forward_as_is(req.map(body::boxed), peer, &line, would, None)
                     .await;
             }
             Action::Protect(operation) => operation,
         };
-        macro_rules! forward_as_is {
-            ($req:expr, $would:expr, $id:expr, $duplicate:expr) => {
-                return self
-                    .forward_as_is($req, peer, &line, $would, $id, $duplicate)
-                    .await
-            };
-        }
-        let route: &str = policy.route.as_deref().unwrap_or("default");
-        if self.shared.protected.would_refuse() {
-            let would = Refusal::Overloaded(Refused::QueueFull).would();
-            forward_as_is!(req.map(body::boxed), would, None, false)
-        }
-        if let Some(refusal) = decision::declared_too_large(req.headers(), policy.max_body_bytes) {
-            forward_as_is!(req.map(body::boxed), refusal.would(), None, false)
-        }
-        // The body is read up to `max_body_bytes` within `body_read_timeout`; one that
-        // grows beyond, breaks or stalls goes on, what was read first, as it came.
-        let (parts, mut incoming) = req.into_parts();
-        let mut held = self.shared.buffers.hold();
-        let limit = usize::try_from(policy.max_body_bytes).unwrap_or(usize::MAX);
-        let timeout_read = self.shared.settings.config.body_read_timeout;
-        let (read, ended) = read_up_to(&mut incoming, limit, &mut held, 0, timeout_read).await;
-        if let Err(end) = ended {
-            let req = Request::from_parts(parts, body::prefixed(read.chunks, incoming));
-            let would = end.refusal(policy.max_body_bytes).would();
-            forward_as_is!(req, would, None, false)
-        }
-        drop(incoming);
-        let body_bytes = read.into_bytes();
-        let slot = match super::admit(&self.shared.protected, &parts.extensions).await {
-            Ok(slot) => slot,
-            Err(why) => {
-                let req = Request::from_parts(parts, body::full(body_bytes));
-                forward_as_is!(req, Refusal::Overloaded(why).would(), None, false)
-            }
-        };
-        drop(held);
-        let identified = match self
-            .identify(policy, &method, &operation, &parts, &body_bytes)
+        let stopped = match self
+            .protect(req, (&method, &operation), policy, &none, Guard::Breaker)
             .await
         {
-            Ok(identified) => identified,
-            Err(refusal) => {
-                drop(slot);
-                let req = Request::from_parts(parts, body::full(body_bytes));
-                forward_as_is!(req, refusal.would(), None, false)
+            Verdict::Forward(won) => {
+                let route: &str = policy.route.as_deref().unwrap_or("default");
+                self.observed(route, rescue::EXECUTE, Some(won.claim.id), false);
+                let protected = Protected {
+                    claim: won.claim,
+                    request: won.request,
+                    policy: policy.clone(),
+                    peer,
+                    method: won.method,
+                    request_id: request_id.clone(),
+                    span: Span::none(),
+                    started,
+                    slot: won.slot,
+                    record_at: RecordAt::AfterAnswerWithBreaker,
+                    voice: Voice::Upstream,
+                    allowance: None,
+                };
+                return self.forward_claimed(protected).await;
             }
+            Verdict::Stop(stopped) => stopped,
         };
-        let id = identified.id;
-        let method = identified.method.clone();
-        let request = Request::from_parts(parts, body::full(body_bytes.clone()));
-        if !self.shared.secret.agreed() {
-            drop(slot);
-            forward_as_is!(request, Refusal::SecretDisagrees.would(), Some(id), false)
-        }
-        // A store that just failed is not asked again for a second, then by one request at
-        // a time until it answers: during an outage about one observed request a second
-        // waits on it (at most `store_timeout`), not each.
-        let store_timeout = self.shared.settings.config.store_timeout;
-        if self.shared.store_failing.skip(store_timeout) {
-            drop(slot);
-            forward_as_is!(request, "store_unavailable", Some(id), false)
-        }
-        let (claim, found) = self
-            .claim_guarded(
-                identified,
-                &request,
-                &body_bytes,
-                &method,
-                &operation,
-                policy,
-                &none,
-            )
-            .await;
-        match &found {
-            Found::Failed(e) if !matches!(e, StoreError::Full(_) | StoreError::Unreadable(_)) => {
-                self.shared.store_failing.failed()
-            }
-            _ => self.shared.store_failing.answered(),
-        }
-        if let Found::Store(Claim::Claimed) = found {
-            self.observed(route, "execute", Some(id), false);
-            let protected = Protected {
-                claim,
-                request,
-                policy: policy.clone(),
-                peer,
-                method: method.clone(),
-                request_id: request_id.clone(),
-                span: Span::none(),
-                started,
-                slot,
-                observed: true,
-                room: None,
-            };
-            return self.forward_claimed(protected).await;
-        }
-        let (would, duplicate) = found.would();
+        let Stopped {
+            why,
+            request,
+            id,
+            slot,
+            held,
+            ..
+        } = stopped;
+        let (would, duplicate) = why.would();
         drop(slot);
-        if duplicate {
-            let known = Known {
-                id,
-                fingerprint: claim.fingerprint,
+        match why {
+            Stop::Found {
                 found,
-            };
-            return self
-                .forward_duplicate(request, peer, &line, would, known)
-                .await;
+                id,
+                fingerprint,
+            } if duplicate => {
+                let known = Known {
+                    id,
+                    fingerprint,
+                    found,
+                };
+                self.forward_duplicate(request, peer, &line, would, known)
+                    .await
+            }
+            _ => {
+                let res = self.forward_as_is(request, peer, &line, would, id).await;
+                // What was read of a body not admitted is held until it went out.
+                drop(held);
+                res
+            }
         }
-        forward_as_is!(request, would, Some(id), false)
     }
 
     /// Observe mode's forwarding of what enforcing would not have forwarded as it is:
@@ -184,11 +129,10 @@ impl Proxy {
         line: &Line<'_>,
         would: &'static str,
         id: Option<RecordId>,
-        duplicate: bool,
     ) -> Response<Body> {
         let route = line.policy.route.as_deref().unwrap_or("default");
         let res = self.pass_through(req, peer, line.policy).await;
-        self.observed(route, would, id, duplicate);
+        self.observed(route, would, id, false);
         log_request(&self.shared.metrics, &res, Outcome::Observed, None, line);
         res
     }
@@ -247,11 +191,7 @@ impl Proxy {
                     ),
                     Err(e) => {
                         tracing::warn!(record = %known.id, error = %e, "observe mode: the upstream's answer broke off");
-                        let res = Problem::UpstreamTimeout.response(
-                            "the upstream's answer broke off",
-                            Some(&known.id),
-                            None,
-                        );
+                        let res = Reason::DuplicateBrokeOff { id: known.id }.answer();
                         (res, None)
                     }
                 }
@@ -285,11 +225,7 @@ impl Proxy {
         });
         let res = match rx.await {
             Ok(res) => res,
-            Err(_) => Problem::UpstreamTimeout.response(
-                "internal error; the outcome is unknown",
-                Some(&id),
-                None,
-            ),
+            Err(_) => Reason::DuplicateLost { id }.answer(),
         };
         log_request(&self.shared.metrics, &res, Outcome::Observed, None, line);
         res
@@ -417,7 +353,8 @@ impl Proxy {
         id: Option<RecordId>,
         duplicate: bool,
     ) {
-        if !matches!(would, "execute" | "unprotected") && self.shared.observe_log.allow() {
+        let forwarded_anyway = would == rescue::EXECUTE || would == rescue::UNPROTECTED;
+        if !forwarded_anyway && self.shared.observe_log.allow() {
             tracing::info!(
                 route,
                 would,
@@ -443,7 +380,7 @@ pub(super) struct Breaker {
 impl Breaker {
     /// Whether this request should go on without asking the store. While the store is
     /// healthy, one atomic load.
-    fn skip(&self, store_timeout: Duration) -> bool {
+    pub(super) fn skip(&self, store_timeout: Duration) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         let at = self.failed_at.load(Relaxed);
         if at == 0 {
@@ -474,7 +411,7 @@ impl Breaker {
         }
     }
 
-    fn failed(&self) {
+    pub(super) fn failed(&self) {
         use std::sync::atomic::Ordering::Relaxed;
         self.failed_at
             .store(crate::admission::process_ms().max(1), Relaxed);
@@ -482,7 +419,7 @@ impl Breaker {
     }
 
     /// The store answered: asked by every request again.
-    fn answered(&self) {
+    pub(super) fn answered(&self) {
         use std::sync::atomic::Ordering::Relaxed;
         if self.failed_at.load(Relaxed) != 0 {
             self.failed_at.store(0, Relaxed);

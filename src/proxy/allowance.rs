@@ -6,16 +6,16 @@
 //! A replay's body is admitted by its size before the store reads it: room for a small
 //! one ([`REPLAY_INLINE`](crate::limits::REPLAY_INLINE)) is taken before the claim, and
 //! what the record does not use is given back; a larger one the store asks for by its
-//! length ([`Room::reserve`], see [`crate::store::BodyRoom`]) before reading it, so that
-//! clients that never read their replays hold at most the budget whatever the record's
-//! size and whatever the store.
+//! length ([`Allowance::reserve`], see [`crate::store::BodyRoom`]) before reading it, so
+//! that clients that never read their replays hold at most the budget whatever the
+//! record's size and whatever the store.
 //!
 //! An answer of a request that ran is always recorded and sent. Room for it is taken from
 //! its connection's and tenant's shares before it is read from the upstream
-//! ([`Room::for_answer`]; the exchange waits for them, at most `send_timeout`, and then
-//! takes it beyond them with [`Room::answer`]), and while it waits for its client, further
-//! protected requests of its connection and its tenant, and new work once the budget is
-//! all taken, are refused ([`Room::refusal`]) instead of memory growing.
+//! ([`Allowance::for_answer`]; the exchange waits for them, at most `send_timeout`, and
+//! then takes it beyond them with [`Allowance::answer`]), and while it waits for its
+//! client, further protected requests of its connection and its tenant, and new work once
+//! the budget is all taken, are refused ([`Allowance::refusal`]) instead of memory growing.
 
 use std::sync::{Arc, Mutex};
 
@@ -23,9 +23,9 @@ use crate::admission::{Buffered, Buffers, Refusal};
 use crate::connection::{Held, Holdings};
 use crate::store::{BodyRoom, ReplayRoom};
 
-/// One protected request's room; what it took is given back when the last of it (the
-/// claim's copy, the answer's body) is dropped.
-pub(super) struct Room {
+/// One protected request's allowance of the buffer budget; what it took is given back
+/// when the last of it (the claim's copy, the answer's body) is dropped.
+pub(super) struct Allowance {
     buffers: Arc<Buffers>,
     // The connection's and the tenant's holdings, with the share each may hold.
     connection: Option<(Holdings, usize)>,
@@ -42,12 +42,12 @@ struct Taken {
     tenant: Held,
 }
 
-impl Room {
+impl Allowance {
     pub(super) fn new(
         buffers: &Arc<Buffers>,
         connection: Option<(Holdings, usize)>,
         tenant: (Holdings, usize),
-    ) -> Arc<Room> {
+    ) -> Arc<Allowance> {
         let taken = Taken {
             bytes: 0,
             refused: None,
@@ -55,7 +55,7 @@ impl Room {
             connection: connection.as_ref().map(|(h, _)| h.hold()),
             tenant: tenant.0.hold(),
         };
-        Arc::new(Room {
+        Arc::new(Allowance {
             buffers: buffers.clone(),
             connection,
             tenant,
@@ -81,7 +81,8 @@ impl Room {
     }
 
     /// Holds `n` bytes in all for the answer of a request that ran, beyond every bound for
-    /// what was not taken already ([`Room::for_answer`]), giving back what it held beyond.
+    /// what was not taken already ([`Allowance::for_answer`]), giving back what it held
+    /// beyond.
     pub(super) fn answer(&self, n: usize) {
         let mut t = self.lock();
         let t = &mut *t;
@@ -146,12 +147,12 @@ impl Room {
     }
 }
 
-impl BodyRoom for Room {
+impl BodyRoom for Allowance {
     fn reserve(&self, len: usize) -> bool {
         let mut t = self.lock();
         let t = &mut *t;
         if len <= t.bytes {
-            // What the body does not use of the room taken before (see `Room::inline`).
+            // What the body does not use of the room taken before (see `Allowance::for_claim`).
             let spare = t.bytes - len;
             t.budget.shrink(spare);
             if let Some(c) = &mut t.connection {
