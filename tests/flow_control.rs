@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::time::{Duration, Instant};
 

@@ -13,6 +13,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpStream};

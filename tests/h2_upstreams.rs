@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::collections::HashMap;
 use std::convert::Infallible;

@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use common::{client, http_get, post_url, Gate, Upstream, FAULT};
 

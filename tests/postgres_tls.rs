@@ -14,6 +14,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::io::Write;
 use std::time::Duration;

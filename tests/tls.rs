@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -13,6 +13,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -4,6 +4,7 @@
 // Test helpers: a failed lock or spawn is the test failing.
 #![allow(clippy::unwrap_used)]
 
+pub mod builder;
 pub mod certs;
 pub mod history;
 pub mod idp;
@@ -55,6 +56,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use idemgate::{Config, Running};
 
 pub mod faultproxy;
+
+// Not every test binary starts one.
+#[allow(unused_imports)]
+pub use builder::{Idemgate, Probes};
 
 /// A free loopback port (bound then released; good enough on one test machine).
 pub fn free_port() -> u16 {
@@ -811,7 +816,12 @@ impl Gate {
         redis_url: &str,
         env: &[(&str, &str)],
     ) -> (Option<i32>, String) {
-        let (mut cmd, _, _, dir) = Self::command(upstream, redis_url, env);
+        let (cmd, _, _, dir) = Self::command(upstream, redis_url, env);
+        Self::run_command_to_exit(cmd, &dir)
+    }
+
+    /// Runs `cmd` to its exit (within 20 s): its exit code and the log in `dir`.
+    fn run_command_to_exit(mut cmd: Command, dir: &tempfile::TempDir) -> (Option<i32>, String) {
         let mut child = cmd.spawn().expect("test set-up");
         let Some(status) = exit_within(&mut child, Duration::from_secs(20)) else {
             let _ = child.kill();
@@ -995,31 +1005,6 @@ impl Gate {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("idemgate.log")).unwrap_or_default()
-    }
-
-    /// The admin listener's `/metrics` text (empty if it did not answer).
-    pub fn metrics(&self) -> String {
-        http_get(self.admin, "/metrics").unwrap_or_default()
-    }
-
-    /// One series of `/metrics` (its name and labels exactly as exposed); fails the test
-    /// if it is not exposed.
-    pub fn metric(&self, series: &str) -> f64 {
-        metric_in(&self.metrics(), series)
-    }
-
-    /// One series of `/metrics`, 0 while it is not exposed yet (a labelled counter before
-    /// its first increment).
-    pub fn metric_or_zero(&self, series: &str) -> f64 {
-        series_value(&self.metrics(), series).unwrap_or(0.0)
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr, path)
-    }
-
-    pub fn admin_url(&self, path: &str) -> String {
-        format!("http://{}{}", self.admin, path)
     }
 }
 
