@@ -372,20 +372,7 @@ async fn readyz_is_503_with_the_reason_while_redis_is_down() {
         "{text}"
     );
     redis.restart();
-    let mut ready = false;
-    for _ in 0..100 {
-        let r = c
-            .get(format!("http://{admin}/readyz"))
-            .send()
-            .await
-            .unwrap();
-        if r.status() == 200 {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(ready, "ready again once Redis is back");
+    eventually(HANG_GUARD, "ready again once Redis is back", || app.ready()).await;
     app.shutdown().await;
 }
 
@@ -417,15 +404,12 @@ async fn redis_restarts_and_evictions_are_read_from_info() {
         0.0
     );
     redis.restart();
-    let mut restarts = 0.0;
-    for _ in 0..100 {
-        restarts = value(&metrics().await, "idemgate_redis_restarts_total");
-        if restarts > 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(restarts, 1.0);
+    let restarts = "idemgate_redis_restarts_total";
+    eventually(HANG_GUARD, "the restart counted", || {
+        app.metric(restarts) > 0.0
+    })
+    .await;
+    assert_eq!(app.metric(restarts), 1.0);
 
     // Someone switches eviction on behind idemgate's back and memory runs out.
     assert_eq!(value(&metrics().await, "idemgate_redis_evicted_keys"), 0.0);
@@ -447,10 +431,9 @@ async fn redis_restarts_and_evictions_are_read_from_info() {
         }
     }
     if evicted == 0.0 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        evicted = value(&metrics().await, "idemgate_redis_evicted_keys");
+        let series = "idemgate_redis_evicted_keys";
+        eventually(HANG_GUARD, "evictions read", || app.metric(series) > 0.0).await;
     }
-    assert!(evicted > 0.0);
     app.shutdown().await;
 }
 

@@ -185,7 +185,7 @@ pub trait Probes {
 
     /// The admin listener's `/metrics` text (empty if it did not answer).
     fn metrics(&self) -> String {
-        http_get(self.admin(), "/metrics").unwrap_or_default()
+        probe(self.admin(), "/metrics").unwrap_or_default()
     }
 
     /// One series of `/metrics` (its name and labels exactly as exposed); fails the test if
@@ -202,7 +202,7 @@ pub trait Probes {
 
     /// Whether `/readyz` answers 200.
     fn ready(&self) -> bool {
-        http_get(self.admin(), "/readyz").is_some_and(|r| r.starts_with("HTTP/1.1 200"))
+        probe(self.admin(), "/readyz").is_some_and(|r| r.starts_with("HTTP/1.1 200"))
     }
 
     /// `GET /records/{id}`: the record as JSON, or `None` (404).
@@ -212,6 +212,18 @@ pub trait Probes {
         id: &str,
     ) -> impl std::future::Future<Output = Option<serde_json::Value>> {
         super::inspect(client, self.admin(), id)
+    }
+}
+
+/// [`http_get`] from anywhere: on a worker of a multi-thread runtime, the worker's other
+/// tasks (an in-process idemgate's among them) move to another worker while this one waits.
+/// A current-thread runtime would wait on itself: it fails the test instead.
+fn probe(addr: SocketAddr, path: &str) -> Option<String> {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Err(_) => http_get(addr, path),
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(|| http_get(addr, path)),
+        Ok(_) => panic!("probes block: run the test on a multi-thread runtime"),
     }
 }
 

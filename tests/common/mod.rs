@@ -237,7 +237,8 @@ pub enum Mode {
 pub const HANG_GUARD: Duration = Duration::from_secs(20);
 
 /// Per-request header that makes the fake upstream misbehave for that request only:
-/// `hang` or `reset` (as the [`Mode`]s).
+/// `hang` or `reset` (as the [`Mode`]s), or `hold`: answer once the test calls
+/// [`Upstream::release`] (a slow first call whose order the test decides, not a clock).
 pub const FAULT: &str = "x-test-fault";
 /// Per-request header: the fake upstream waits this many milliseconds before answering.
 pub const DELAY_MS: &str = "x-test-delay-ms";
@@ -279,6 +280,8 @@ pub struct Upstream {
     most_in_flight: Arc<AtomicUsize>,
     // Connections open now.
     open: Arc<AtomicUsize>,
+    // Set by `release`: requests held with `FAULT: hold` answer from then on.
+    released: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Upstream {
@@ -320,6 +323,7 @@ impl Upstream {
             in_flight: Arc::default(),
             most_in_flight: Arc::default(),
             open: Arc::default(),
+            released: Arc::new(tokio::sync::watch::channel(false).0),
         };
         let state = up.clone();
         tokio::spawn(async move {
@@ -373,6 +377,7 @@ impl Upstream {
             .unwrap_or_else(|| self.delay_ms.load(Ordering::SeqCst));
         let status = one(STATUS).and_then(|v| v.parse().ok()).unwrap_or(201u16);
         let answer_bytes = one(ANSWER_BYTES).and_then(|v| v.parse::<u64>().ok());
+        let hold = one(FAULT).as_deref() == Some("hold");
         let mode = match one(FAULT).as_deref() {
             Some("hang") => Mode::Hang,
             Some("reset") => Mode::Reset,
@@ -390,6 +395,9 @@ impl Upstream {
             self.most_in_flight.fetch_max(now, Ordering::SeqCst);
             tokio::time::sleep(Duration::from_millis(delay)).await;
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+        if hold {
+            let _ = self.released.subscribe().wait_for(|r| *r).await;
         }
         if mode == Mode::Hang {
             std::future::pending::<()>().await;
@@ -429,6 +437,11 @@ impl Upstream {
 
     pub fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
+    }
+
+    /// Lets every request held with `FAULT: hold` answer, now and from now on.
+    pub fn release(&self) {
+        self.released.send_replace(true);
     }
 
     /// Connections to it open now.
@@ -636,18 +649,26 @@ pub async fn post(
     .await
 }
 
-/// A POST with `key` that the upstream takes 300 ms to answer, and its retry sent 100 ms
-/// into it, while the first is in progress: both answers, the first's first.
+/// A POST with `key` that the upstream holds, and its retry sent once the first has reached
+/// the upstream, while it is in progress; the first is answered after the retry was: both
+/// answers, the first's first.
 pub async fn post_and_retry_while_running(
     client: &reqwest::Client,
     app: &Running,
+    up: &Upstream,
     path: &str,
     key: &str,
 ) -> (Answer, Answer) {
-    let slow = post(client, app, path, Some(key), "{}", &[(DELAY_MS, "300")]);
+    let before = up.hits();
+    let slow = post(client, app, path, Some(key), "{}", &[(FAULT, "hold")]);
     let busy = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        post(client, app, path, Some(key), "{}", &[]).await
+        eventually(HANG_GUARD, "the first at the upstream", || {
+            up.hits() > before
+        })
+        .await;
+        let busy = post(client, app, path, Some(key), "{}", &[]).await;
+        up.release();
+        busy
     };
     tokio::join!(slow, busy)
 }
