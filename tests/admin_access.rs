@@ -10,6 +10,7 @@
 use crate::common;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
@@ -118,11 +119,9 @@ fn assert_secure(h: &reqwest::header::HeaderMap, what: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_web_page_cannot_decide_a_payment_and_the_retry_never_sees_a_forged_answer() {
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", "300ms")],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| c.defaults.upstream_timeout = Duration::from_millis(300))
+        .binary();
     let c = client();
     let id = lost_payment(&c, &gate, "p-1").await;
     let admin_addr = gate.admin;

@@ -570,14 +570,13 @@ async fn sigterm_drains_in_flight_requests_and_records_them() {
     up.set_delay(Duration::from_millis(700));
     // Two worker threads: the binary's other tests run the default single-threaded
     // runtime, this one the multi-threaded scheduler.
-    let mut gate = Gate::start(
-        &up.url(),
-        &redis.url(),
-        &[
-            ("IDEMGATE_SHUTDOWN_GRACE", "10s"),
-            ("IDEMGATE_WORKER_THREADS", "2"),
-        ],
-    );
+    let mut gate = Idemgate::new(&up.url())
+        .redis(&redis)
+        .set(|c| {
+            c.shutdown_grace = Duration::from_secs(10);
+            c.worker_threads = 2;
+        })
+        .binary();
     let c = client();
     let mut set = tokio::task::JoinSet::new();
     for i in 0..N {

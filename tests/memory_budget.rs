@@ -19,7 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use common::faultproxy::FaultProxy;
 use common::postgres::PgServer;
-use common::{client, post_url, Gate, RedisServer, Upstream, ANSWER_BYTES};
+use common::{client, post_url, Gate, Idemgate, RedisServer, Upstream, ANSWER_BYTES};
 
 const FOUR_MIB: &str = "4194304";
 
@@ -204,14 +204,13 @@ async fn slow_readers_of_a_large_redis_record_hold_at_most_the_budget() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
     // One tenant's readers: its share is the whole budget here, so the budget is what binds.
-    let gate = Gate::start(
-        &up.url(),
-        &redis.url(),
-        &[
-            ("IDEMGATE_MAX_BUFFERED_BYTES_PER_TENANT", "67108864"),
-            ("IDEMGATE_STORE_TIMEOUT", "5s"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .redis(&redis)
+        .set(|c| {
+            c.max_buffered_bytes_per_tenant = Some(67108864);
+            c.store_timeout = Duration::from_secs(5);
+        })
+        .binary();
     three_hundred_slow_readers(&gate, "Redis", FOUR_MIB, None)
         .await
         .hold_the_budget();
@@ -224,15 +223,14 @@ async fn slow_readers_of_an_inline_redis_record_read_only_what_is_served() {
     let proxy = FaultProxy::for_redis(&redis).await;
     let up = Upstream::start().await;
     // 200 KiB: kept inline in the record, where every claim used to bring it whole.
-    let gate = Gate::start(
-        &up.url(),
-        &proxy.redis_url(),
-        &[
-            ("IDEMGATE_MAX_BUFFERED_BYTES", "4194304"),
-            ("IDEMGATE_MAX_BUFFERED_BYTES_PER_TENANT", "4194304"),
-            ("IDEMGATE_STORE_TIMEOUT", "5s"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .redis_url(&proxy.redis_url())
+        .set(|c| {
+            c.max_buffered_bytes = 4194304;
+            c.max_buffered_bytes_per_tenant = Some(4194304);
+            c.store_timeout = Duration::from_secs(5);
+        })
+        .binary();
     three_hundred_slow_readers(&gate, "Redis, inline", "204800", Some(&proxy))
         .await
         .read_only_what_is_served(204_800);
@@ -292,14 +290,13 @@ async fn slow_readers_of_a_large_on_disk_record_hold_at_most_the_budget() {
     let up = Upstream::start().await;
     // The persistent embedded store: the claim reads the body's length, and the body only
     // once room for it is taken.
-    let gate = Gate::start_on_disk(
-        &up.url(),
-        dir.path(),
-        &[
-            ("IDEMGATE_MAX_BUFFERED_BYTES_PER_TENANT", "67108864"),
-            ("IDEMGATE_STORE_TIMEOUT", "5s"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .on_disk(dir.path())
+        .set(|c| {
+            c.max_buffered_bytes_per_tenant = Some(67108864);
+            c.store_timeout = Duration::from_secs(5);
+        })
+        .binary();
     three_hundred_slow_readers(&gate, "on disk", FOUR_MIB, None)
         .await
         .hold_the_budget();
@@ -310,7 +307,7 @@ async fn one_tenant_at_its_share_leaves_the_others_served() {
     let _alone = alone().await;
     let up = Upstream::start().await;
     // The defaults: 64 MiB, a quarter per connection and per tenant.
-    let gate = Gate::start(&up.url(), "", &[]);
+    let gate = Idemgate::new(&up.url()).binary();
     let c = client();
     let url = gate.url("/v1/reports");
     let a = [
@@ -352,7 +349,7 @@ async fn new_keys_answered_to_a_zero_window_hold_their_share() {
     let _alone = alone().await;
     let redis = RedisServer::start();
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), &redis.url(), &[]);
+    let gate = Idemgate::new(&up.url()).redis(&redis).binary();
     let (mut h2, task) = zero_window(&gate).await;
     // One after another, each head awaited before the next is sent: each answer is held
     // (never read) when the next request arrives. A burst sent at once is admitted before
@@ -404,7 +401,10 @@ async fn a_burst_of_new_keys_to_a_zero_window_holds_its_share_and_every_answer_i
     let redis = RedisServer::start();
     let up = Upstream::start().await;
     // A short send_timeout, so that the connection is closed within the test.
-    let gate = Gate::start(&up.url(), &redis.url(), &[("IDEMGATE_SEND_TIMEOUT", "4s")]);
+    let gate = Idemgate::new(&up.url())
+        .redis(&redis)
+        .set(|c| c.send_timeout = Duration::from_secs(4))
+        .binary();
     let before = status_mib(gate.pid(), "VmHWM");
     // The upstream takes a while, so that the whole burst is in before any answer lands.
     up.set_delay(Duration::from_millis(800));

@@ -39,7 +39,7 @@ async fn send(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undeclared_override_is_refused_and_never_replays_another_method() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[]);
+    let gate = Idemgate::new(&up.url()).binary();
     let c = client();
     let url = gate.url("/v1/accounts/7");
     let first = send(&c, "POST", &url, "k1", &[]).await;

@@ -671,22 +671,18 @@ async fn a_request_running_while_observed_gets_409_from_an_enforcing_instance() 
     // `record_mode = "after_response"`): a retry sent the moment the answer arrived can
     // still find it running (seen: 409 two milliseconds after the answer), and retries as a
     // client would until the record is there.
-    let until = std::time::Instant::now() + Duration::from_secs(5);
-    let after = loop {
-        let after = post_url(
-            &c,
-            &enforcing.url("/v1/transfers"),
-            Some("live-1"),
-            "{\"amount\":5}",
-            &[],
-        )
-        .await;
-        if after.status != 409 || std::time::Instant::now() > until {
-            break after;
-        }
-        assert_eq!(after.header("idemgate-error"), Some("in-progress"));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let url = enforcing.url("/v1/transfers");
+    let after = retry_until(
+        Duration::from_secs(5),
+        async || post_url(&c, &url, Some("live-1"), "{\"amount\":5}", &[]).await,
+        |after| {
+            if after.status == 409 {
+                assert_eq!(after.header("idemgate-error"), Some("in-progress"));
+            }
+            after.status != 409
+        },
+    )
+    .await;
     assert!(after.replayed(), "{}", after.status);
     assert_eq!(after.body, first.body);
     assert_eq!(up.hits(), 1, "executed once");

@@ -229,10 +229,16 @@ async fn duplicates_let_through_add_up_over_the_fleet_to_the_upstream_s() {
     // Concurrent: a retry arrives at the other instance while the first still runs.
     for i in 0..5 {
         let key = format!("conc-{i}");
-        let slow = send(&a, &key, &[(DELAY_MS, "300")]);
+        let before = up.hits();
+        let slow = send(&a, &key, &[(FAULT, "hold")]);
         let retry = async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            send(&b, &key, &[]).await
+            eventually(HANG_GUARD, "the first at the upstream", || {
+                up.hits() > before
+            })
+            .await;
+            let retry = send(&b, &key, &[]).await;
+            up.release();
+            retry
         };
         let (x, y) = tokio::join!(slow, retry);
         assert_eq!((x.status, y.status), (201, 201));

@@ -10,7 +10,9 @@
 use crate::common;
 use common::Probes;
 
-use common::{client, http_get, post_url, Gate, Upstream, FAULT};
+use std::time::Duration;
+
+use common::{client, http_get, post_url, Gate, Idemgate, Upstream, FAULT};
 
 fn panics(gate: &Gate) -> f64 {
     let text = http_get(gate.admin, "/metrics").unwrap_or_default();
@@ -115,14 +117,12 @@ async fn a_panic_in_the_exchange_is_a_counted_500_and_the_key_is_never_executed_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_observed_new_key_whose_upstream_times_out_is_not_told_about_retries() {
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_DEFAULTS__MODE", "observe"),
-            ("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", "300ms"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.defaults.mode = idemgate::config::Mode::Observe;
+            c.defaults.upstream_timeout = Duration::from_millis(300);
+        })
+        .binary();
     let c = client();
     let a = post_url(
         &c,
@@ -155,11 +155,9 @@ async fn an_observed_new_key_whose_upstream_times_out_is_not_told_about_retries(
 async fn an_observed_new_key_whose_upstream_is_down_gets_what_pass_through_gets() {
     // A port nothing listens on.
     let port = common::free_port();
-    let gate = Gate::start(
-        &format!("http://127.0.0.1:{port}"),
-        "",
-        &[("IDEMGATE_DEFAULTS__MODE", "observe")],
-    );
+    let gate = Idemgate::new(&format!("http://127.0.0.1:{port}"))
+        .set(|c| c.defaults.mode = idemgate::config::Mode::Observe)
+        .binary();
     let c = client();
     let keyed = post_url(&c, &gate.url("/pay"), Some("down"), r#"{"amount":5}"#, &[]).await;
     let plain = post_url(&c, &gate.url("/pay"), None, r#"{"amount":5}"#, &[]).await;

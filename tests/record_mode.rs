@@ -323,11 +323,10 @@ async fn killed_after_the_answer_before_the_record_reads_unknown_never_twice() {
     // out, then unknown.
     let (upstream, direct) = (up.url(), redis.url());
     let gate = tokio::task::spawn_blocking(move || {
-        Gate::start(
-            &upstream,
-            &direct,
-            &[("IDEMGATE_DEFAULTS__RECORD_MODE", "after_response")],
-        )
+        Idemgate::new(&upstream)
+            .redis_url(&direct)
+            .set(|c| c.defaults.record_mode = idemgate::config::RecordMode::AfterResponse)
+            .binary()
     })
     .await
     .unwrap();

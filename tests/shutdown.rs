@@ -72,7 +72,7 @@ async fn pending_releases_land_within_the_grace() {
     thaw.await.unwrap();
     assert!(status.success(), "{status:?}\n{}", gate.log());
     assert!(took < GRACE * 2, "shutdown took {took:?} for a 2 s grace");
-    let next = Gate::start(&up.url(), &redis.url(), &[]);
+    let next = Idemgate::new(&up.url()).redis(&redis).binary();
     let c = client();
     for i in 0..3 {
         let r = post_url(

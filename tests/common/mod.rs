@@ -280,8 +280,9 @@ pub struct Upstream {
     most_in_flight: Arc<AtomicUsize>,
     // Connections open now.
     open: Arc<AtomicUsize>,
-    // Set by `release`: requests held with `FAULT: hold` answer from then on.
-    released: Arc<tokio::sync::watch::Sender<bool>>,
+    // Moved on by `release`: a request held with `FAULT: hold` answers once it has moved
+    // past where it was when the request arrived.
+    released: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Upstream {
@@ -323,7 +324,7 @@ impl Upstream {
             in_flight: Arc::default(),
             most_in_flight: Arc::default(),
             open: Arc::default(),
-            released: Arc::new(tokio::sync::watch::channel(false).0),
+            released: Arc::new(tokio::sync::watch::channel(0).0),
         };
         let state = up.clone();
         tokio::spawn(async move {
@@ -357,6 +358,9 @@ impl Upstream {
     }
 
     async fn answer(&self, req: Request<hyper::body::Incoming>) -> Response<UpBody> {
+        // Read before the hit is counted: a test that saw the hit and then released it
+        // has released this request.
+        let generation = *self.released.borrow();
         let (parts, body) = req.into_parts();
         let body = body
             .collect()
@@ -397,7 +401,11 @@ impl Upstream {
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
         }
         if hold {
-            let _ = self.released.subscribe().wait_for(|r| *r).await;
+            let _ = self
+                .released
+                .subscribe()
+                .wait_for(|g| *g > generation)
+                .await;
         }
         if mode == Mode::Hang {
             std::future::pending::<()>().await;
@@ -439,9 +447,10 @@ impl Upstream {
         self.hits.load(Ordering::SeqCst)
     }
 
-    /// Lets every request held with `FAULT: hold` answer, now and from now on.
+    /// Lets every request held with `FAULT: hold` so far answer (one that arrives later is
+    /// held until the next release).
     pub fn release(&self) {
-        self.released.send_replace(true);
+        self.released.send_modify(|g| *g += 1);
     }
 
     /// Connections to it open now.
