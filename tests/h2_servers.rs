@@ -21,7 +21,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use common::certs::{Ca, Dir, Leaf};
@@ -288,10 +288,9 @@ impl Drop for Real {
         // its children): stop the whole group, so that no worker outlives the test.
         let group = format!("-{}", self.child.id());
         let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        common::held_within(Duration::from_secs(3), || {
+            !matches!(self.child.try_wait(), Ok(None))
+        });
         let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -458,14 +457,13 @@ ScriptAliasMatch ^/ {d}/cgi/app.sh
             child,
             _files: files,
         };
-        let until = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        let listening = common::held_within(Duration::from_secs(20), || {
             if let Ok(Some(status)) = real.child.try_wait() {
                 panic!("{kind:?} exited at start with {status}");
             }
-            assert!(Instant::now() < until, "{kind:?} did not listen");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        assert!(listening, "{kind:?} did not listen");
         real
     }
 
@@ -540,14 +538,11 @@ async fn through_idemgate_to(kind: Kind) {
         assert!(again.replayed(), "{what}: {:?}", again.headers);
         assert_eq!(again.body, first.body, "{what}");
         // The log is written as each request ends; both have.
-        let until = Instant::now() + Duration::from_secs(5);
-        let logged = loop {
-            let l = server.logged();
-            if l.len() >= before + 2 || Instant::now() > until {
-                break l;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let logged = common::retry_until_blocking(
+            Duration::from_secs(5),
+            || server.logged(),
+            |l| l.len() >= before + 2,
+        );
         let want = [("GET", "/status"), ("POST", "/pay")].map(|(m, p)| Logged {
             method: m.into(),
             path: p.into(),

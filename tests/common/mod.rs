@@ -741,14 +741,7 @@ const POLL: Duration = Duration::from_millis(20);
 
 /// Waits until `cond` holds, polling; panics after `limit`.
 pub async fn eventually(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting for: {what}");
+    until(limit, what, async || cond()).await;
 }
 
 /// [`eventually`] for a condition that awaits (a request, a store read).
@@ -799,16 +792,12 @@ pub async fn retry_until<T>(
 /// Waits for `child` to exit on its own, at most `limit`: its status, or `None` if it still
 /// runs (left running: the caller kills it or fails).
 pub fn exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            return Some(status);
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(POLL);
-    }
+    let mut status = None;
+    held_within(limit, || {
+        status = child.try_wait().expect("wait");
+        status.is_some()
+    });
+    status
 }
 
 /// [`retry_until`] on a test thread outside the runtime.
@@ -916,26 +905,27 @@ impl Gate {
             child: Some(child),
             dir,
         };
-        let until = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < until {
-            // Healthy, and past start-up (which answers /healthz while the store opens,
-            // and `/readyz` with "idemgate is starting").
+        // Healthy, and past start-up (which answers /healthz while the store opens, and
+        // `/readyz` with "idemgate is starting"), or exited.
+        let mut exited = None;
+        let child = gate.child.as_mut().expect("running");
+        let up = held_within(Duration::from_secs(15), || {
             if started(admin) {
-                return Ok(gate);
+                return true;
             }
-            if let Some(status) = gate
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                let log = gate.log();
-                let port_taken = log.contains("Address already in use");
-                return Err((
-                    port_taken,
-                    format!("idemgate exited at start-up with {status}:\n{log}"),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
+            exited = child.try_wait().ok().flatten();
+            exited.is_some()
+        });
+        if let Some(status) = exited {
+            let log = gate.log();
+            let port_taken = log.contains("Address already in use");
+            return Err((
+                port_taken,
+                format!("idemgate exited at start-up with {status}:\n{log}"),
+            ));
+        }
+        if up {
+            return Ok(gate);
         }
         Err((
             false,
