@@ -369,11 +369,9 @@ async fn h2c_status(admin: SocketAddr, authority: &str, path: &str) -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_ip_literals_localhost_and_admin_hosts_are_answered() {
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[("IDEMGATE_ADMIN_HOSTS", r#"["Gate.Internal", "prom:9090"]"#)],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| c.admin_hosts = vec!["Gate.Internal".into(), "prom:9090".into()])
+        .binary();
     let a = gate.admin;
     let get = |path: &str, host: &str| {
         format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")

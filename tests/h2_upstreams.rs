@@ -22,6 +22,7 @@ use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
+use idemgate::config::UpstreamHttp2;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rustls::pki_types::pem::PemObject;
@@ -333,7 +334,7 @@ async fn new_keys_on_an_h2_upstream_share_its_connections() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http1_upstream_still_gets_one_connection_per_new_key() {
     let up = Server::start(Proto::Http1, None, 0).await;
-    let g = Gate::start(&up.url(), "", &[]);
+    let g = common::Idemgate::new(&up.url()).binary();
     new_keys(&g, 200, 4, "h1").await;
     let accepted = up.counts.accepted();
     println!("HTTP/1.1: {accepted} upstream connections for 200 new keys");
@@ -345,11 +346,9 @@ async fn an_http1_upstream_still_gets_one_connection_per_new_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http1_upstream_named_h2_by_prior_knowledge_executes_nothing() {
     let up = Server::start(Proto::Http1, None, 0).await;
-    let g = Gate::start(
-        &up.url(),
-        "",
-        &[("IDEMGATE_UPSTREAM_HTTP2", "prior_knowledge")],
-    );
+    let g = common::Idemgate::new(&up.url())
+        .set(|c| c.upstream_http2 = UpstreamHttp2::PriorKnowledge)
+        .binary();
     let a = post(&pooled_client(), &g, "not-h2").await;
     assert_eq!(a.status, 502, "{:?}", a.body);
     assert!(
@@ -406,11 +405,9 @@ async fn an_https_upstream_that_does_not_pick_h2_executes_nothing() {
 async fn an_h2_upstream_going_away_and_refusing_streams_strands_nothing() {
     const PACED: usize = 3000;
     let up = Server::start(Proto::H2, None, 50).await;
-    let g = Gate::start(
-        &up.url(),
-        "",
-        &[("IDEMGATE_UPSTREAM_HTTP2", "prior_knowledge")],
-    );
+    let g = common::Idemgate::new(&up.url())
+        .set(|c| c.upstream_http2 = UpstreamHttp2::PriorKnowledge)
+        .binary();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let restarts = {
         let (up, stop) = (up.clone(), stop.clone());

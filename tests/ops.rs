@@ -126,7 +126,6 @@ async fn a_known_sequence_is_counted_exactly(backend: Backend) {
 async fn an_ambiguous_outcome_counts_one_unknown_record(backend: Backend) {
     let timeout = Duration::from_millis(200);
     let (_up, app) = hanging_upstream(&backend, timeout, |_| {}).await;
-    let admin = app.admin_addr().unwrap();
     let c = client();
     let r = post(&c, &app, "/v1/transfers", Some("k-amb"), TRANSFER, &[]).await;
     assert_eq!(r.status, 504);
@@ -135,14 +134,7 @@ async fn an_ambiguous_outcome_counts_one_unknown_record(backend: Backend) {
         retry.problem_type(),
         "https://idemgate.dev/problems/outcome-unknown"
     );
-    let text = c
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics();
     assert_eq!(
         requests(&text, "ambiguous"),
         2.0,
@@ -359,14 +351,7 @@ async fn readyz_is_503_with_the_reason_while_redis_is_down() {
         200,
         "the process is up; only the store is not"
     );
-    let text = c
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics();
     assert!(
         value(&text, "idemgate_store_errors_total{op=\"ping\"}") >= 1.0,
         "{text}"
@@ -383,26 +368,9 @@ async fn redis_restarts_and_evictions_are_read_from_info() {
     let mut cfg = redis_config(&up, &redis);
     cfg.redis_info_interval = Duration::from_millis(50);
     let app = spawn_app(cfg).await;
-    let admin = app.admin_addr().unwrap();
-    let c = client();
-    let metrics = || {
-        let c = c.clone();
-        async move {
-            c.get(format!("http://{admin}/metrics"))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap()
-        }
-    };
     // Let the watcher take its baseline, then restart Redis under it.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        value(&metrics().await, "idemgate_redis_restarts_total"),
-        0.0
-    );
+    assert_eq!(value(&app.metrics(), "idemgate_redis_restarts_total"), 0.0);
     redis.restart();
     let restarts = "idemgate_redis_restarts_total";
     eventually(HANG_GUARD, "the restart counted", || {
@@ -412,7 +380,7 @@ async fn redis_restarts_and_evictions_are_read_from_info() {
     assert_eq!(app.metric(restarts), 1.0);
 
     // Someone switches eviction on behind idemgate's back and memory runs out.
-    assert_eq!(value(&metrics().await, "idemgate_redis_evicted_keys"), 0.0);
+    assert_eq!(value(&app.metrics(), "idemgate_redis_evicted_keys"), 0.0);
     for cmd in [
         &["CONFIG", "SET", "maxmemory-policy", "allkeys-random"][..],
         &["CONFIG", "SET", "maxmemory", "2mb"][..],
@@ -425,7 +393,7 @@ async fn redis_restarts_and_evictions_are_read_from_info() {
     for round in 0..100 {
         let prefix = format!("fill-{round}-");
         redis.command(&["EVAL", fill, "0", &prefix]).unwrap();
-        evicted = value(&metrics().await, "idemgate_redis_evicted_keys");
+        evicted = value(&app.metrics(), "idemgate_redis_evicted_keys");
         if evicted > 0.0 {
             break;
         }

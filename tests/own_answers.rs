@@ -24,7 +24,9 @@ fn panics(gate: &Gate) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_before_the_claim_is_a_counted_500_and_the_retry_executes() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[("TEST_IDEMGATE_PANIC", "respond")]);
+    let gate = Idemgate::new(&up.url())
+        .env("TEST_IDEMGATE_PANIC", "respond")
+        .binary();
     let c = client();
     assert_eq!(panics(&gate), 0.0);
     let a = post_url(
@@ -69,7 +71,9 @@ async fn a_panic_before_the_claim_is_a_counted_500_and_the_retry_executes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_in_the_exchange_is_a_counted_500_and_the_key_is_never_executed_twice() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[("TEST_IDEMGATE_PANIC", "exchange")]);
+    let gate = Idemgate::new(&up.url())
+        .env("TEST_IDEMGATE_PANIC", "exchange")
+        .binary();
     let c = client();
     let a = post_url(
         &c,

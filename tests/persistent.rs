@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -56,15 +56,14 @@ async fn records_survive_sigkill_and_restart() {
     assert_eq!(replay.body, done.body);
     // The request in flight at the kill is never executed again: in progress until the dead
     // process's lease runs out, then unknown.
-    let until = Instant::now() + Duration::from_secs(10);
-    let r = loop {
-        let r = post_url(&c, &url, Some("k-killed"), TRANSFER, &[]).await;
-        if !(r.status == 409 && r.problem_type().ends_with("/in-progress")) {
-            break r;
-        }
-        assert!(Instant::now() < until, "still in progress after 10 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let busy = |r: &Answer| r.status == 409 && r.problem_type().ends_with("/in-progress");
+    let r = retry_until(
+        Duration::from_secs(10),
+        async || post_url(&c, &url, Some("k-killed"), TRANSFER, &[]).await,
+        |r| !busy(r),
+    )
+    .await;
+    assert!(!busy(&r), "still in progress after 10 s");
     assert_eq!(r.status, 409, "{:?}", r.body);
     assert!(
         r.problem_type().ends_with("/outcome-unknown"),
@@ -87,12 +86,12 @@ async fn a_new_store_directory_starts_empty() {
     let up = Upstream::start().await;
     let c = client();
     let a = tempfile::tempdir().unwrap();
-    let mut gate = Gate::start_on_disk(&up.url(), a.path(), &[]);
+    let mut gate = Idemgate::new(&up.url()).on_disk(a.path()).binary();
     let first = post_url(&c, &gate.url("/v1/t"), Some("k"), TRANSFER, &[]).await;
     assert_eq!(first.status, 201);
     gate.kill();
     let b = tempfile::tempdir().unwrap();
-    let gate = Gate::start_on_disk(&up.url(), b.path(), &[]);
+    let gate = Idemgate::new(&up.url()).on_disk(b.path()).binary();
     let again = post_url(&c, &gate.url("/v1/t"), Some("k"), TRANSFER, &[]).await;
     assert_eq!(again.status, 201);
     assert!(!again.replayed());

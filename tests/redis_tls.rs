@@ -320,14 +320,12 @@ async fn sentinels_over_tls_and_a_failover() {
     one_key_executes_once(&app, &up).await;
     // The record is on the replica too before its primary dies.
     let replica = 1 - s.index_of(s.primary_port().unwrap());
-    let until = std::time::Instant::now() + Duration::from_secs(10);
-    while s.data[replica]
-        .cli(&["--scan", "--pattern", "idemgate:{*"])
-        .is_none_or(|k| k.trim().is_empty())
-    {
-        assert!(std::time::Instant::now() < until, "never replicated");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(Duration::from_secs(10), "the record on the replica", || {
+        s.data[replica]
+            .cli(&["--scan", "--pattern", "idemgate:{*"])
+            .is_some_and(|k| !k.trim().is_empty())
+    })
+    .await;
     let old = s.primary_port().unwrap();
     s.fail_over();
     assert_ne!(s.primary_port(), Some(old));

@@ -83,6 +83,13 @@ impl Idemgate {
         self
     }
 
+    /// The binary gets the environment variable `name`, for what is not a setting (a test
+    /// hook of the binary's own).
+    pub fn env(mut self, name: &str, value: &str) -> Idemgate {
+        self.env.push((name.into(), value.into()));
+        self
+    }
+
     /// The binary runs under `ulimit -n nofile`.
     pub fn nofile(mut self, nofile: u32) -> Idemgate {
         self.nofile = Some(nofile);
