@@ -146,12 +146,7 @@ async fn store_down_at_claim_is_503_within_the_deadline_and_resumes_by_itself() 
     .await;
     assert_eq!(r.status, 201);
     assert!(!r.replayed());
-    let ready = c
-        .get(format!("http://{admin}/readyz"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(ready.status(), 200);
+    assert!(app.ready(), "ready once Redis is back");
     assert_eq!(up.hits(), 1);
     app.shutdown().await;
 }
@@ -166,16 +161,9 @@ async fn store_down_at_record_answers_the_client_and_never_executes_again() {
     cfg.defaults.lease = Duration::from_millis(600);
     let app = spawn_app(cfg).await;
     let c = client();
-    let first = {
-        let (c, url) = (c.clone(), format!("http://{}/v1/transfers", app.addr()));
-        tokio::spawn(async move {
-            post_url(&c, &url, Some("k-rec"), TRANSFER, &[(DELAY_MS, "700")]).await
-        })
-    };
-    eventually(Duration::from_secs(5), "upstream reached", || {
-        up.hits() == 1
-    })
-    .await;
+    let url = format!("http://{}/v1/transfers", app.addr());
+    let first = post_in_background(&c, url, "k-rec", TRANSFER, &[(DELAY_MS, "700")]);
+    upstream_reached(&up, 1).await;
     redis.stop();
     let first = first.await.unwrap();
     assert_eq!(
@@ -514,16 +502,9 @@ async fn a_stale_owner_never_overwrites_the_new_owners_record() {
     let a = spawn_app(cfg.clone()).await;
     let b = spawn_app(cfg).await;
     let c = client();
-    let first = {
-        let (c, url) = (c.clone(), format!("http://{}/v1/transfers", a.addr()));
-        tokio::spawn(async move {
-            post_url(&c, &url, Some("k-stale"), TRANSFER, &[(DELAY_MS, "1500")]).await
-        })
-    };
-    eventually(Duration::from_secs(5), "upstream reached", || {
-        up.hits() == 1
-    })
-    .await;
+    let url = format!("http://{}/v1/transfers", a.addr());
+    let first = post_in_background(&c, url, "k-stale", TRANSFER, &[(DELAY_MS, "1500")]);
+    upstream_reached(&up, 1).await;
     let dup = post(&c, &b, "/v1/transfers", Some("k-stale"), TRANSFER, &[]).await;
     assert!(
         dup.problem_type().ends_with("/in-progress"),

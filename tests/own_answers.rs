@@ -21,6 +21,27 @@ fn panics(gate: &Gate) -> f64 {
         .unwrap_or_else(|| panic!("no idemgate_panics_total in\n{text}"))
 }
 
+/// A POST of `body` with `key` that makes the instance panic (`x-idemgate-test-panic`):
+/// answered 500 `internal-error`, with the request id it was sent with.
+async fn panicking_post(
+    c: &reqwest::Client,
+    gate: &Gate,
+    key: &str,
+    body: &str,
+    request_id: &str,
+) -> common::Answer {
+    let panic = [("x-idemgate-test-panic", "1"), ("x-request-id", request_id)];
+    let a = post_url(c, &gate.url("/pay"), Some(key), body, &panic).await;
+    assert_eq!(a.status, 500, "{}", gate.log());
+    assert!(
+        a.problem_type().ends_with("/internal-error"),
+        "{:?}",
+        a.json()
+    );
+    assert_eq!(a.header("x-request-id"), Some(request_id));
+    a
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_before_the_claim_is_a_counted_500_and_the_retry_executes() {
     let up = Upstream::start().await;
@@ -29,24 +50,14 @@ async fn a_panic_before_the_claim_is_a_counted_500_and_the_retry_executes() {
         .binary();
     let c = client();
     assert_eq!(panics(&gate), 0.0);
-    let a = post_url(
+    panicking_post(
         &c,
-        &gate.url("/pay"),
-        Some("panics-early"),
+        &gate,
+        "panics-early",
         r#"{"amount":1}"#,
-        &[
-            ("x-idemgate-test-panic", "1"),
-            ("x-request-id", "req-panic-early"),
-        ],
+        "req-panic-early",
     )
     .await;
-    assert_eq!(a.status, 500, "{}", gate.log());
-    assert!(
-        a.problem_type().ends_with("/internal-error"),
-        "{:?}",
-        a.json()
-    );
-    assert_eq!(a.header("x-request-id"), Some("req-panic-early"));
     assert_eq!(panics(&gate), 1.0);
     let log = gate.log();
     assert!(
@@ -75,24 +86,14 @@ async fn a_panic_in_the_exchange_is_a_counted_500_and_the_key_is_never_executed_
         .env("TEST_IDEMGATE_PANIC", "exchange")
         .binary();
     let c = client();
-    let a = post_url(
+    let a = panicking_post(
         &c,
-        &gate.url("/pay"),
-        Some("panics-late"),
+        &gate,
+        "panics-late",
         r#"{"amount":2}"#,
-        &[
-            ("x-idemgate-test-panic", "1"),
-            ("x-request-id", "req-panic-late"),
-        ],
+        "req-panic-late",
     )
     .await;
-    assert_eq!(a.status, 500, "{}", gate.log());
-    assert!(
-        a.problem_type().ends_with("/internal-error"),
-        "{:?}",
-        a.json()
-    );
-    assert_eq!(a.header("x-request-id"), Some("req-panic-late"));
     assert!(a.json()["record_id"].is_string(), "{:?}", a.json());
     assert_eq!(panics(&gate), 1.0);
     assert!(

@@ -1,5 +1,8 @@
 //! Shared test fixtures: a real `redis-server` per test, a fake upstream over TCP with a hit
-//! counter and a settable delay, and idemgate in-process on port 0.
+//! counter, a settable delay and requests held until the test releases them, and idemgate
+//! itself, started from typed settings in process or as the binary ([`Idemgate`], with the
+//! probes of [`Probes`]), and the waits that poll a condition (`eventually`, `until`,
+//! `retry_until`, `wait_until`).
 #![allow(dead_code)]
 // Test helpers: a failed lock or spawn is the test failing.
 #![allow(clippy::unwrap_used)]
