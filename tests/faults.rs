@@ -60,8 +60,13 @@ fn assert_outcome_unknown(r: &Answer) {
 async fn killed_mid_flight_is_never_executed_again_until_an_operator_releases_it() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
-    let env = [("IDEMGATE_DEFAULTS__LEASE", "600ms")];
-    let mut first_gate = Gate::start(&up.url(), &redis.url(), &env);
+    let gate = || {
+        Idemgate::new(&up.url())
+            .redis(&redis)
+            .set(|c| c.defaults.lease = Duration::from_millis(600))
+            .binary()
+    };
+    let mut first_gate = gate();
     let c = client();
     let first = {
         let (c, url) = (c.clone(), first_gate.url("/v1/transfers"));
@@ -82,7 +87,7 @@ async fn killed_mid_flight_is_never_executed_again_until_an_operator_releases_it
     first_gate.kill();
     assert!(first.await.unwrap().is_err(), "the client lost its answer");
 
-    let gate = Gate::start(&up.url(), &redis.url(), &env);
+    let gate = gate();
     let url = gate.url("/v1/transfers");
     // In progress until the dead process's lease runs out, then unknown: never executed.
     let r = retry_past_in_progress(&c, &url, "k-killed").await;

@@ -407,14 +407,13 @@ async fn redis_restarts_and_evictions_are_read_from_info() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_names_a_refused_connection_as_refused() {
     let mut redis = RedisServer::start();
-    let gate = Gate::start(
-        "http://127.0.0.1:9",
-        &redis.url(),
-        &[
-            ("IDEMGATE_ADMIN_TOKEN", TOKEN),
-            ("IDEMGATE_STORE_TIMEOUT", "300ms"),
-        ],
-    );
+    let gate = Idemgate::new("http://127.0.0.1:9")
+        .redis(&redis)
+        .set(|c| {
+            c.admin_token = Some(TOKEN.into());
+            c.store_timeout = Duration::from_millis(300);
+        })
+        .binary();
     let c = client();
     let readyz = || async {
         let r = c

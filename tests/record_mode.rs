@@ -269,17 +269,17 @@ async fn killed_after_the_answer_before_the_record_reads_unknown_never_twice() {
     let proxy = FaultProxy::for_redis(&redis).await;
     let up = Upstream::start().await;
     let store_timeout = Duration::from_secs(5);
-    let env = [
-        ("IDEMGATE_DEFAULTS__RECORD_MODE", "after_response"),
-        ("IDEMGATE_DEFAULTS__LEASE", "1500ms"),
-        ("IDEMGATE_STORE_TIMEOUT", "5s"),
-        ("IDEMGATE_REDIS_INFO_INTERVAL", "1h"),
-    ];
-    let (upstream, through_proxy) = (up.url(), proxy.redis_url());
-    let mut gate =
-        tokio::task::spawn_blocking(move || Gate::start(&upstream, &through_proxy, &env))
-            .await
-            .unwrap();
+    let instance = Idemgate::new(&up.url())
+        .redis_url(&proxy.redis_url())
+        .set(|c| {
+            c.defaults.record_mode = RecordMode::AfterResponse;
+            c.defaults.lease = Duration::from_millis(1500);
+            c.store_timeout = Duration::from_secs(5);
+            c.redis_info_interval = Duration::from_secs(3600);
+        });
+    let mut gate = tokio::task::spawn_blocking(move || instance.binary())
+        .await
+        .unwrap();
     let c = client();
     let warm = post_url(
         &c,

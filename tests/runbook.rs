@@ -127,15 +127,14 @@ async fn unknown_record(c: &reqwest::Client, gate: &Gate, key: &str) -> String {
 async fn the_runbooks_record_commands_work_as_written_on_redis() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        &redis.url(),
-        &[
-            ("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", "1s"),
-            ("IDEMGATE_DEFAULTS__LEASE", "1s"),
-            ("IDEMGATE_ADMIN_TOKEN", TOKEN),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .redis(&redis)
+        .set(|c| {
+            c.defaults.upstream_timeout = Duration::from_secs(1);
+            c.defaults.lease = Duration::from_secs(1);
+            c.admin_token = Some(TOKEN.into());
+        })
+        .binary();
     let admin = format!("http://{}", gate.admin);
     let dir = tempfile::tempdir().unwrap();
     let c = client();
