@@ -274,11 +274,13 @@ fn hundreds_of_silent_connections_under_a_low_fd_limit_leave_normal_traffic_alon
     let rt = tokio::runtime::Runtime::new().unwrap();
     let up = rt.block_on(Upstream::start());
     let redis = RedisServer::start();
-    let env = [
-        ("IDEMGATE_HEADER_READ_TIMEOUT", "1s"),
-        ("IDEMGATE_MAX_CONNECTIONS", "150"),
-    ];
-    let gate = Gate::start(&up.url(), &redis.url(), &env);
+    let gate = Idemgate::new(&up.url())
+        .redis(&redis)
+        .set(|c| {
+            c.header_read_timeout = Duration::from_secs(1);
+            c.max_connections = 150;
+        })
+        .binary();
     let status = std::process::Command::new("prlimit")
         .arg(format!("--pid={}", gate.pid()))
         .arg("--nofile=256:256")
@@ -475,14 +477,7 @@ async fn a_burst_beyond_max_in_flight_and_the_queue_is_refused_at_once_and_claim
     assert_eq!(retry.status, 201);
     assert!(!retry.replayed());
     assert_eq!(up.hits(), 4);
-    let metrics = client
-        .get(format!("http://{}/metrics", app.admin_addr().unwrap()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics();
     assert!(
         metrics.contains("idemgate_requests_total{route=\"default\",outcome=\"overloaded\"} 1"),
         "{metrics}"

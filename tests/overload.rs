@@ -484,15 +484,14 @@ async fn beyond_memory_max_bytes_new_keys_are_refused_and_admitted_answers_are_k
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_descriptors_stay_under_the_limit_with_h2_clients() {
     let up = Upstream::start().await;
-    let gate = Gate::start_with_nofile(
-        &up.url(),
-        256,
-        &[
-            ("IDEMGATE_MAX_CONNECTIONS", "150"),
-            ("IDEMGATE_MAX_IN_FLIGHT", "32"),
-            ("IDEMGATE_MAX_UPSTREAM_CONNECTIONS", "64"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .nofile(256)
+        .set(|c| {
+            c.max_connections = 150;
+            c.max_in_flight = 32;
+            c.max_upstream_connections = 64;
+        })
+        .binary();
     let mut work = Vec::new();
     for _ in 0..2 {
         let h2 = reqwest::Client::builder()
@@ -630,13 +629,19 @@ async fn short_retention_on(gate: &Gate, up: &Upstream) {
 async fn short_retention_on_redis_and_sqlite() {
     let up = Upstream::start().await;
     let redis = RedisServer::start();
-    let env = [("IDEMGATE_DEFAULTS__SHORT_RETENTION", "1s")];
-    let gate = Gate::start(&up.url(), &redis.url(), &env);
+    let one_second = |c: &mut idemgate::Config| c.defaults.short_retention = Duration::from_secs(1);
+    let gate = Idemgate::new(&up.url())
+        .redis(&redis)
+        .set(one_second)
+        .binary();
     short_retention_on(&gate, &up).await;
     drop(gate);
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let gate = Gate::start_on_disk(&up.url(), dir.path(), &env);
+    let gate = Idemgate::new(&up.url())
+        .on_disk(dir.path())
+        .set(one_second)
+        .binary();
     short_retention_on(&gate, &up).await;
 }
 
