@@ -30,6 +30,7 @@ use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper::{Request, Response, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use idemgate::config::UpstreamHttp2;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -187,11 +188,9 @@ async fn over_h2_the_authority_goes_once_and_no_connection_specific_field_goes()
     let up = Recorder::start(&ca.leaf(&["127.0.0.1"])).await;
     let dir = Dir::new();
     let ca_file = dir.write("ca.pem", &ca.pem());
-    let g = Gate::start(
-        &up.url(),
-        "",
-        &[("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file)],
-    );
+    let g = common::Idemgate::new(&up.url())
+        .set(|c| c.upstream_tls_ca_file = Some(ca_file.into()))
+        .binary();
     send_both(&g, "h2-fields").await;
     let seen = up.seen();
     assert_eq!(seen.len(), 2, "{seen:?}");
@@ -224,14 +223,12 @@ async fn over_http1_exactly_one_host_goes_and_it_is_the_upstreams() {
     let up = Recorder::start(&ca.leaf(&["127.0.0.1"])).await;
     let dir = Dir::new();
     let ca_file = dir.write("ca.pem", &ca.pem());
-    let g = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file),
-            ("IDEMGATE_UPSTREAM_HTTP2", "false"),
-        ],
-    );
+    let g = common::Idemgate::new(&up.url())
+        .set(|c| {
+            c.upstream_tls_ca_file = Some(ca_file.into());
+            c.upstream_http2 = UpstreamHttp2::Off;
+        })
+        .binary();
     send_both(&g, "h1-fields").await;
     let seen = up.seen();
     assert_eq!(seen.len(), 2, "{seen:?}");
@@ -512,15 +509,16 @@ async fn through_idemgate_to(kind: Kind) {
     let ca_file = dir.write("ca.pem", &ca.pem());
     let client = common::client();
     let mut before = 0;
-    for (http2, protocol) in [("true", "HTTP/2.0"), ("false", "HTTP/1.1")] {
-        let g = Gate::start(
-            &server.url(),
-            "",
-            &[
-                ("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file),
-                ("IDEMGATE_UPSTREAM_HTTP2", http2),
-            ],
-        );
+    for (setting, http2, protocol) in [
+        (UpstreamHttp2::Offer, "true", "HTTP/2.0"),
+        (UpstreamHttp2::Off, "false", "HTTP/1.1"),
+    ] {
+        let g = common::Idemgate::new(&server.url())
+            .set(|c| {
+                c.upstream_tls_ca_file = Some(ca_file.as_str().into());
+                c.upstream_http2 = setting;
+            })
+            .binary();
         let what = format!("{kind:?} with upstream_http2 = {http2}");
         let get = client.get(g.url("/status")).send().await.unwrap();
         assert_eq!(get.status(), 201, "{what}: {:?}", get.text().await);

@@ -303,11 +303,12 @@ async fn new_keys_on_an_h2_upstream_share_its_connections() {
     for tls in [false, true] {
         let acceptor = tls.then(|| acceptor(&ca.leaf(&["127.0.0.1"])));
         let up = Server::start(Proto::H2, acceptor, 0).await;
-        let mut env = vec![("IDEMGATE_UPSTREAM_HTTP2", "prior_knowledge")];
-        if tls {
-            env.push(("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file));
-        }
-        let g = Gate::start(&up.url(), "", &env);
+        let g = common::Idemgate::new(&up.url())
+            .set(|c| {
+                c.upstream_http2 = UpstreamHttp2::PriorKnowledge;
+                c.upstream_tls_ca_file = tls.then(|| ca_file.as_str().into());
+            })
+            .binary();
         new_keys(&g, KEYS, 8, "share").await;
         let accepted = up.counts.accepted();
         let what = if tls {
@@ -376,11 +377,13 @@ async fn an_https_upstream_that_does_not_pick_h2_executes_nothing() {
             0,
         )
         .await;
-        let env = [
-            ("IDEMGATE_UPSTREAM_HTTP2", "prior_knowledge"),
-            ("IDEMGATE_UPSTREAM_TLS_CA_FILE", ca_file.as_str()),
-        ];
-        let g = Gate::start(&up.url(), "", &env);
+        let trusting = || {
+            common::Idemgate::new(&up.url())
+                .set(|c| c.upstream_tls_ca_file = Some(ca_file.as_str().into()))
+        };
+        let g = trusting()
+            .set(|c| c.upstream_http2 = UpstreamHttp2::PriorKnowledge)
+            .binary();
         let a = post(&pooled_client(), &g, "tls-not-h2").await;
         assert_eq!(a.status, 502, "ALPN {alpn:?}: {:?}", a.body);
         assert!(
@@ -390,7 +393,7 @@ async fn an_https_upstream_that_does_not_pick_h2_executes_nothing() {
         );
         assert!(up.counts.executions.lock().unwrap().is_empty());
         drop(g);
-        let g = Gate::start(&up.url(), "", &env[1..]);
+        let g = trusting().binary();
         let a = post(&pooled_client(), &g, "tls-not-h2").await;
         assert_eq!(a.status, 201, "ALPN {alpn:?}: {:?}", a.body);
         assert_eq!(up.counts.executions("tls-not-h2"), 1);

@@ -15,10 +15,15 @@ const TRANSFER: &str = r#"{"from":"acc-1","to":"acc-2","amount":1250,"currency":
 async fn records_survive_sigkill_and_restart() {
     let store = tempfile::tempdir().unwrap();
     let up = Upstream::start().await;
-    let env = [("IDEMGATE_DEFAULTS__LEASE", "600ms")];
+    let gate = || {
+        Idemgate::new(&up.url())
+            .on_disk(store.path())
+            .set(|c| c.defaults.lease = Duration::from_millis(600))
+            .binary()
+    };
     let c = client();
 
-    let mut first_gate = Gate::start_on_disk(&up.url(), store.path(), &env);
+    let mut first_gate = gate();
     let url = first_gate.url("/v1/transfers");
     // A completed request...
     let done = post_url(&c, &url, Some("k-done"), TRANSFER, &[]).await;
@@ -47,7 +52,7 @@ async fn records_survive_sigkill_and_restart() {
         "the client lost its answer"
     );
 
-    let gate = Gate::start_on_disk(&up.url(), store.path(), &env);
+    let gate = gate();
     let url = gate.url("/v1/transfers");
     // The completed answer replays byte for byte from disk.
     let replay = post_url(&c, &url, Some("k-done"), TRANSFER, &[]).await;
@@ -115,16 +120,13 @@ async fn a_wall_clock_jump_expires_nothing() {
     std::fs::write(&offset, "+0\n").unwrap();
     let offset_path = offset.to_str().unwrap().to_string();
     let up = Upstream::start().await;
-    let gate = Gate::start_on_disk(
-        &up.url(),
-        &store.path().join("records"),
-        &[
-            ("LD_PRELOAD", lib),
-            ("FAKETIME_TIMESTAMP_FILE", &offset_path),
-            ("FAKETIME_NO_CACHE", "1"),
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .on_disk(&store.path().join("records"))
+        .env("LD_PRELOAD", lib)
+        .env("FAKETIME_TIMESTAMP_FILE", &offset_path)
+        .env("FAKETIME_NO_CACHE", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .binary();
     let c = client();
     let url = gate.url("/v1/transfers");
     for i in 0..10 {
