@@ -30,7 +30,7 @@ fn accept_queue(port: u16) -> Option<u32> {
 #[tokio::test]
 async fn both_listeners_ask_for_an_accept_queue_of_4096() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[]);
+    let gate = Idemgate::new(&up.url()).binary();
     let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
         .unwrap()
         .trim()

@@ -10,6 +10,7 @@
 use crate::common;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
@@ -118,11 +119,9 @@ fn assert_secure(h: &reqwest::header::HeaderMap, what: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_web_page_cannot_decide_a_payment_and_the_retry_never_sees_a_forged_answer() {
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", "300ms")],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| c.defaults.upstream_timeout = Duration::from_millis(300))
+        .binary();
     let c = client();
     let id = lost_payment(&c, &gate, "p-1").await;
     let admin_addr = gate.admin;
@@ -370,11 +369,9 @@ async fn h2c_status(admin: SocketAddr, authority: &str, path: &str) -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_ip_literals_localhost_and_admin_hosts_are_answered() {
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[("IDEMGATE_ADMIN_HOSTS", r#"["Gate.Internal", "prom:9090"]"#)],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| c.admin_hosts = vec!["Gate.Internal".into(), "prom:9090".into()])
+        .binary();
     let a = gate.admin;
     let get = |path: &str, host: &str| {
         format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")

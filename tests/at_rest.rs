@@ -367,11 +367,10 @@ fn declare_inflated_length(redis: &RedisServer, len: u32, frame: Option<&[u8]>) 
 async fn a_compressed_record_declaring_a_huge_inflated_size_is_unreadable_not_inflated() {
     let up = Upstream::start().await;
     let redis = RedisServer::start();
-    let gate = Gate::start(
-        &up.url(),
-        &redis.url(),
-        &[("IDEMGATE_COMPRESS_MIN_BYTES", "1024")],
-    );
+    let gate = Idemgate::new(&up.url())
+        .redis(&redis)
+        .set(|c| c.compress_min_bytes = Some(1024))
+        .binary();
     let c = client();
     let url = gate.url("/v1/reports");
     let first = post_url(&c, &url, Some("t-1"), "{}", &[(ANSWER_BYTES, "33000")]).await;

@@ -13,19 +13,17 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{Gate, Upstream};
+use common::{Idemgate, Upstream};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_body_in_observe_mode_reaches_the_upstream_whole() {
     let up = Upstream::start().await;
-    let g = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_DEFAULTS__MODE", "observe"),
-            ("IDEMGATE_BODY_READ_TIMEOUT", "300ms"),
-        ],
-    );
+    let g = Idemgate::new(&up.url())
+        .set(|c| {
+            c.defaults.mode = idemgate::config::Mode::Observe;
+            c.body_read_timeout = Duration::from_millis(300);
+        })
+        .binary();
     let addr = g.addr;
     let answer = tokio::task::spawn_blocking(move || {
         let mut s = TcpStream::connect(addr).unwrap();

@@ -8,8 +8,19 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
-use common::{Gate, Upstream};
+use common::{Idemgate, Upstream};
+use idemgate::config::Route;
+
+/// A route at `path` that requires a key.
+fn keyed(path: &str) -> Route {
+    Route {
+        path: path.into(),
+        require_key: Some(true),
+        ..Route::default()
+    }
+}
 
 /// Raw `@` (Python's requests, curl) and `%40` (JavaScript's `encodeURIComponent`), and
 /// the other characters a framework decodes in a parameter before its handler sees it.
@@ -17,11 +28,9 @@ use common::{Gate, Upstream};
 async fn an_escaped_and_a_raw_parameter_are_one_operation() {
     let up = Upstream::start().await;
     // The upstream reads a raw `+` as a plus, as the route says (unset, it is refused).
-    let g = Gate::start(
-        &up.url(),
-        "",
-        &[("IDEMGATE_DEFAULTS__PLUS_IS_SPACE", "false")],
-    );
+    let g = Idemgate::new(&up.url())
+        .set(|c| c.defaults.plus_is_space = Some(false))
+        .binary();
     let client = common::client();
     let mut hits = 0;
     for (i, c) in "@:+,=$&!*'()[]|".chars().enumerate() {
@@ -81,14 +90,9 @@ async fn an_escaped_and_a_raw_parameter_are_one_operation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_characters_and_invalid_utf8_are_refused() {
     let up = Upstream::start().await;
-    let g = Gate::start(
-        &up.url(),
-        "",
-        &[(
-            "IDEMGATE_ROUTES",
-            r#"[{path="/v1/transfers", require_key=true}]"#,
-        )],
-    );
+    let g = Idemgate::new(&up.url())
+        .set(|c| c.routes = vec![keyed("/v1/transfers")])
+        .binary();
     let client = common::client();
     for path in [
         "/v1/transfers%0A",
@@ -132,14 +136,14 @@ async fn control_characters_and_invalid_utf8_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spelling_some_framework_ignores_never_falls_through_to_another_route() {
     let up = Upstream::start().await;
-    let g = Gate::start(
-        &up.url(),
-        "",
-        &[(
-            "IDEMGATE_ROUTES",
-            r#"[{path="/v1/transfers", require_key=true}, {path="/v1", methods=[]}]"#,
-        )],
-    );
+    let unprotected = Route {
+        path: "/v1".into(),
+        methods: Some(Vec::new()),
+        ..Route::default()
+    };
+    let g = Idemgate::new(&up.url())
+        .set(|c| c.routes = vec![keyed("/v1/transfers"), unprotected])
+        .binary();
     let client = common::client();
     let first = common::post_url(
         &client,

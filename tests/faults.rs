@@ -60,8 +60,13 @@ fn assert_outcome_unknown(r: &Answer) {
 async fn killed_mid_flight_is_never_executed_again_until_an_operator_releases_it() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
-    let env = [("IDEMGATE_DEFAULTS__LEASE", "600ms")];
-    let mut first_gate = Gate::start(&up.url(), &redis.url(), &env);
+    let gate = || {
+        Idemgate::new(&up.url())
+            .redis(&redis)
+            .set(|c| c.defaults.lease = Duration::from_millis(600))
+            .binary()
+    };
+    let mut first_gate = gate();
     let c = client();
     let first = {
         let (c, url) = (c.clone(), first_gate.url("/v1/transfers"));
@@ -82,7 +87,7 @@ async fn killed_mid_flight_is_never_executed_again_until_an_operator_releases_it
     first_gate.kill();
     assert!(first.await.unwrap().is_err(), "the client lost its answer");
 
-    let gate = Gate::start(&up.url(), &redis.url(), &env);
+    let gate = gate();
     let url = gate.url("/v1/transfers");
     // In progress until the dead process's lease runs out, then unknown: never executed.
     let r = retry_past_in_progress(&c, &url, "k-killed").await;
@@ -146,12 +151,7 @@ async fn store_down_at_claim_is_503_within_the_deadline_and_resumes_by_itself() 
     .await;
     assert_eq!(r.status, 201);
     assert!(!r.replayed());
-    let ready = c
-        .get(format!("http://{admin}/readyz"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(ready.status(), 200);
+    assert!(app.ready(), "ready once Redis is back");
     assert_eq!(up.hits(), 1);
     app.shutdown().await;
 }
@@ -166,16 +166,9 @@ async fn store_down_at_record_answers_the_client_and_never_executes_again() {
     cfg.defaults.lease = Duration::from_millis(600);
     let app = spawn_app(cfg).await;
     let c = client();
-    let first = {
-        let (c, url) = (c.clone(), format!("http://{}/v1/transfers", app.addr()));
-        tokio::spawn(async move {
-            post_url(&c, &url, Some("k-rec"), TRANSFER, &[(DELAY_MS, "700")]).await
-        })
-    };
-    eventually(Duration::from_secs(5), "upstream reached", || {
-        up.hits() == 1
-    })
-    .await;
+    let url = format!("http://{}/v1/transfers", app.addr());
+    let first = post_in_background(&c, url, "k-rec", TRANSFER, &[(DELAY_MS, "700")]);
+    upstream_reached(&up, 1).await;
     redis.stop();
     let first = first.await.unwrap();
     assert_eq!(
@@ -514,16 +507,9 @@ async fn a_stale_owner_never_overwrites_the_new_owners_record() {
     let a = spawn_app(cfg.clone()).await;
     let b = spawn_app(cfg).await;
     let c = client();
-    let first = {
-        let (c, url) = (c.clone(), format!("http://{}/v1/transfers", a.addr()));
-        tokio::spawn(async move {
-            post_url(&c, &url, Some("k-stale"), TRANSFER, &[(DELAY_MS, "1500")]).await
-        })
-    };
-    eventually(Duration::from_secs(5), "upstream reached", || {
-        up.hits() == 1
-    })
-    .await;
+    let url = format!("http://{}/v1/transfers", a.addr());
+    let first = post_in_background(&c, url, "k-stale", TRANSFER, &[(DELAY_MS, "1500")]);
+    upstream_reached(&up, 1).await;
     let dup = post(&c, &b, "/v1/transfers", Some("k-stale"), TRANSFER, &[]).await;
     assert!(
         dup.problem_type().ends_with("/in-progress"),
@@ -570,14 +556,13 @@ async fn sigterm_drains_in_flight_requests_and_records_them() {
     up.set_delay(Duration::from_millis(700));
     // Two worker threads: the binary's other tests run the default single-threaded
     // runtime, this one the multi-threaded scheduler.
-    let mut gate = Gate::start(
-        &up.url(),
-        &redis.url(),
-        &[
-            ("IDEMGATE_SHUTDOWN_GRACE", "10s"),
-            ("IDEMGATE_WORKER_THREADS", "2"),
-        ],
-    );
+    let mut gate = Idemgate::new(&up.url())
+        .redis(&redis)
+        .set(|c| {
+            c.shutdown_grace = Duration::from_secs(10);
+            c.worker_threads = 2;
+        })
+        .binary();
     let c = client();
     let mut set = tokio::task::JoinSet::new();
     for i in 0..N {

@@ -8,12 +8,13 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use common::{client, post_url, Gate, Upstream, ANSWER_BYTES};
+use common::{client, post_url, Gate, Idemgate, Upstream, ANSWER_BYTES};
 
 fn rss_mib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -87,15 +88,13 @@ async fn zero_window_posts(
 async fn replays_to_a_zero_window_are_a_stall_and_give_the_budget_back() {
     let up = Upstream::start().await;
     // The whole budget for one connection and its tenant: the stall alone gives it back.
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_SEND_TIMEOUT", "2s"),
-            ("IDEMGATE_MAX_BUFFERED_BYTES_PER_CONNECTION", "67108864"),
-            ("IDEMGATE_MAX_BUFFERED_BYTES_PER_TENANT", "67108864"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.send_timeout = Duration::from_secs(2);
+            c.max_buffered_bytes_per_connection = Some(67108864);
+            c.max_buffered_bytes_per_tenant = Some(67108864);
+        })
+        .binary();
     let c = client();
     let url = gate.url("/v1/reports");
     let first = post_url(&c, &url, Some("big"), "{}", &[(ANSWER_BYTES, "4194304")]).await;
@@ -138,7 +137,9 @@ async fn replays_to_a_zero_window_are_a_stall_and_give_the_budget_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_keys_answered_to_a_zero_window_are_given_back_after_send_timeout() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[("IDEMGATE_SEND_TIMEOUT", "2s")]);
+    let gate = Idemgate::new(&up.url())
+        .set(|c| c.send_timeout = Duration::from_secs(2))
+        .binary();
     let before = rss_mib(gate.pid());
     let pid = gate.pid();
     let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -202,11 +203,9 @@ async fn one_connection_holds_at_most_its_share_of_the_budget() {
     // The defaults: 64 MiB, a quarter per connection; a send_timeout that does not end the
     // hold during the test. The tenant's share is the whole budget: the connection's is
     // what binds (`tests/memory_budget.rs` has the tenant's).
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[("IDEMGATE_MAX_BUFFERED_BYTES_PER_TENANT", "67108864")],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| c.max_buffered_bytes_per_tenant = Some(67108864))
+        .binary();
     let c = client();
     let url = gate.url("/v1/reports");
     let first = post_url(&c, &url, Some("big"), "{}", &[(ANSWER_BYTES, "4194304")]).await;

@@ -13,6 +13,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpStream};
@@ -20,7 +21,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use common::certs::{Ca, Dir, Leaf};
@@ -29,6 +30,7 @@ use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper::{Request, Response, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use idemgate::config::UpstreamHttp2;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -186,11 +188,9 @@ async fn over_h2_the_authority_goes_once_and_no_connection_specific_field_goes()
     let up = Recorder::start(&ca.leaf(&["127.0.0.1"])).await;
     let dir = Dir::new();
     let ca_file = dir.write("ca.pem", &ca.pem());
-    let g = Gate::start(
-        &up.url(),
-        "",
-        &[("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file)],
-    );
+    let g = common::Idemgate::new(&up.url())
+        .set(|c| c.upstream_tls_ca_file = Some(ca_file.into()))
+        .binary();
     send_both(&g, "h2-fields").await;
     let seen = up.seen();
     assert_eq!(seen.len(), 2, "{seen:?}");
@@ -223,14 +223,12 @@ async fn over_http1_exactly_one_host_goes_and_it_is_the_upstreams() {
     let up = Recorder::start(&ca.leaf(&["127.0.0.1"])).await;
     let dir = Dir::new();
     let ca_file = dir.write("ca.pem", &ca.pem());
-    let g = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file),
-            ("IDEMGATE_UPSTREAM_HTTP2", "false"),
-        ],
-    );
+    let g = common::Idemgate::new(&up.url())
+        .set(|c| {
+            c.upstream_tls_ca_file = Some(ca_file.into());
+            c.upstream_http2 = UpstreamHttp2::Off;
+        })
+        .binary();
     send_both(&g, "h1-fields").await;
     let seen = up.seen();
     assert_eq!(seen.len(), 2, "{seen:?}");
@@ -287,10 +285,9 @@ impl Drop for Real {
         // its children): stop the whole group, so that no worker outlives the test.
         let group = format!("-{}", self.child.id());
         let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        common::held_within(Duration::from_secs(3), || {
+            !matches!(self.child.try_wait(), Ok(None))
+        });
         let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -457,14 +454,13 @@ ScriptAliasMatch ^/ {d}/cgi/app.sh
             child,
             _files: files,
         };
-        let until = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        let listening = common::held_within(Duration::from_secs(20), || {
             if let Ok(Some(status)) = real.child.try_wait() {
                 panic!("{kind:?} exited at start with {status}");
             }
-            assert!(Instant::now() < until, "{kind:?} did not listen");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        assert!(listening, "{kind:?} did not listen");
         real
     }
 
@@ -513,15 +509,16 @@ async fn through_idemgate_to(kind: Kind) {
     let ca_file = dir.write("ca.pem", &ca.pem());
     let client = common::client();
     let mut before = 0;
-    for (http2, protocol) in [("true", "HTTP/2.0"), ("false", "HTTP/1.1")] {
-        let g = Gate::start(
-            &server.url(),
-            "",
-            &[
-                ("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file),
-                ("IDEMGATE_UPSTREAM_HTTP2", http2),
-            ],
-        );
+    for (setting, http2, protocol) in [
+        (UpstreamHttp2::Offer, "true", "HTTP/2.0"),
+        (UpstreamHttp2::Off, "false", "HTTP/1.1"),
+    ] {
+        let g = common::Idemgate::new(&server.url())
+            .set(|c| {
+                c.upstream_tls_ca_file = Some(ca_file.as_str().into());
+                c.upstream_http2 = setting;
+            })
+            .binary();
         let what = format!("{kind:?} with upstream_http2 = {http2}");
         let get = client.get(g.url("/status")).send().await.unwrap();
         assert_eq!(get.status(), 201, "{what}: {:?}", get.text().await);
@@ -539,14 +536,11 @@ async fn through_idemgate_to(kind: Kind) {
         assert!(again.replayed(), "{what}: {:?}", again.headers);
         assert_eq!(again.body, first.body, "{what}");
         // The log is written as each request ends; both have.
-        let until = Instant::now() + Duration::from_secs(5);
-        let logged = loop {
-            let l = server.logged();
-            if l.len() >= before + 2 || Instant::now() > until {
-                break l;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let logged = common::retry_until_blocking(
+            Duration::from_secs(5),
+            || server.logged(),
+            |l| l.len() >= before + 2,
+        );
         let want = [("GET", "/status"), ("POST", "/pay")].map(|(m, p)| Logged {
             method: m.into(),
             path: p.into(),

@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -21,6 +22,7 @@ use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
+use idemgate::config::UpstreamHttp2;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rustls::pki_types::pem::PemObject;
@@ -301,11 +303,12 @@ async fn new_keys_on_an_h2_upstream_share_its_connections() {
     for tls in [false, true] {
         let acceptor = tls.then(|| acceptor(&ca.leaf(&["127.0.0.1"])));
         let up = Server::start(Proto::H2, acceptor, 0).await;
-        let mut env = vec![("IDEMGATE_UPSTREAM_HTTP2", "prior_knowledge")];
-        if tls {
-            env.push(("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file));
-        }
-        let g = Gate::start(&up.url(), "", &env);
+        let g = common::Idemgate::new(&up.url())
+            .set(|c| {
+                c.upstream_http2 = UpstreamHttp2::PriorKnowledge;
+                c.upstream_tls_ca_file = tls.then(|| ca_file.as_str().into());
+            })
+            .binary();
         new_keys(&g, KEYS, 8, "share").await;
         let accepted = up.counts.accepted();
         let what = if tls {
@@ -332,7 +335,7 @@ async fn new_keys_on_an_h2_upstream_share_its_connections() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http1_upstream_still_gets_one_connection_per_new_key() {
     let up = Server::start(Proto::Http1, None, 0).await;
-    let g = Gate::start(&up.url(), "", &[]);
+    let g = common::Idemgate::new(&up.url()).binary();
     new_keys(&g, 200, 4, "h1").await;
     let accepted = up.counts.accepted();
     println!("HTTP/1.1: {accepted} upstream connections for 200 new keys");
@@ -344,11 +347,9 @@ async fn an_http1_upstream_still_gets_one_connection_per_new_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http1_upstream_named_h2_by_prior_knowledge_executes_nothing() {
     let up = Server::start(Proto::Http1, None, 0).await;
-    let g = Gate::start(
-        &up.url(),
-        "",
-        &[("IDEMGATE_UPSTREAM_HTTP2", "prior_knowledge")],
-    );
+    let g = common::Idemgate::new(&up.url())
+        .set(|c| c.upstream_http2 = UpstreamHttp2::PriorKnowledge)
+        .binary();
     let a = post(&pooled_client(), &g, "not-h2").await;
     assert_eq!(a.status, 502, "{:?}", a.body);
     assert!(
@@ -376,11 +377,13 @@ async fn an_https_upstream_that_does_not_pick_h2_executes_nothing() {
             0,
         )
         .await;
-        let env = [
-            ("IDEMGATE_UPSTREAM_HTTP2", "prior_knowledge"),
-            ("IDEMGATE_UPSTREAM_TLS_CA_FILE", ca_file.as_str()),
-        ];
-        let g = Gate::start(&up.url(), "", &env);
+        let trusting = || {
+            common::Idemgate::new(&up.url())
+                .set(|c| c.upstream_tls_ca_file = Some(ca_file.as_str().into()))
+        };
+        let g = trusting()
+            .set(|c| c.upstream_http2 = UpstreamHttp2::PriorKnowledge)
+            .binary();
         let a = post(&pooled_client(), &g, "tls-not-h2").await;
         assert_eq!(a.status, 502, "ALPN {alpn:?}: {:?}", a.body);
         assert!(
@@ -390,7 +393,7 @@ async fn an_https_upstream_that_does_not_pick_h2_executes_nothing() {
         );
         assert!(up.counts.executions.lock().unwrap().is_empty());
         drop(g);
-        let g = Gate::start(&up.url(), "", &env[1..]);
+        let g = trusting().binary();
         let a = post(&pooled_client(), &g, "tls-not-h2").await;
         assert_eq!(a.status, 201, "ALPN {alpn:?}: {:?}", a.body);
         assert_eq!(up.counts.executions("tls-not-h2"), 1);
@@ -405,11 +408,9 @@ async fn an_https_upstream_that_does_not_pick_h2_executes_nothing() {
 async fn an_h2_upstream_going_away_and_refusing_streams_strands_nothing() {
     const PACED: usize = 3000;
     let up = Server::start(Proto::H2, None, 50).await;
-    let g = Gate::start(
-        &up.url(),
-        "",
-        &[("IDEMGATE_UPSTREAM_HTTP2", "prior_knowledge")],
-    );
+    let g = common::Idemgate::new(&up.url())
+        .set(|c| c.upstream_http2 = UpstreamHttp2::PriorKnowledge)
+        .binary();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let restarts = {
         let (up, stop) = (up.clone(), stop.clone());

@@ -5,13 +5,14 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use common::{client, eventually, post_url, Gate, Upstream, DELAY_MS};
+use common::{client, eventually, post_url, Gate, Idemgate, Upstream, DELAY_MS};
 
 const QUEUED: &str = "idemgate_queued{class=\"protected\"}";
 
@@ -31,15 +32,13 @@ async fn send_and_wait(gate: &Gate, key: &str) -> TcpStream {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_requests_whose_clients_hang_up_leave_the_queue_and_never_execute() {
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_MAX_IN_FLIGHT", "1"),
-            ("IDEMGATE_MAX_QUEUED", "4"),
-            ("IDEMGATE_QUEUE_TIMEOUT", "10s"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.max_in_flight = 1;
+            c.max_queued = 4;
+            c.queue_timeout = Duration::from_secs(10);
+        })
+        .binary();
     let c = client();
     let url = gate.url("/v1/transfers");
     let running = {
@@ -99,7 +98,7 @@ async fn queued_requests_whose_clients_hang_up_leave_the_queue_and_never_execute
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_sent_whole_by_a_client_that_left_still_runs_when_a_slot_is_free() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[]);
+    let gate = Idemgate::new(&up.url()).binary();
     let mut s = send_and_wait(&gate, "left-early").await;
     s.shutdown().await.unwrap();
     drop(s);

@@ -59,7 +59,7 @@ fn zlib(data: &[u8]) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reordered_or_empty_query_is_a_replay() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[]);
+    let gate = Idemgate::new(&up.url()).binary();
     let body = || b"{\"amount\":5}".to_vec();
     assert_eq!(
         send(&gate, "/v1/t?a=1&b=2", "q1", &[JSON], body()).await,
@@ -152,7 +152,7 @@ fn multipart(boundary: &str, amount: &str) -> (String, Vec<u8>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multipart_with_a_new_boundary_is_a_replay() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[]);
+    let gate = Idemgate::new(&up.url()).binary();
     let (ct1, b1) = multipart("----WebKitFormBoundary7MA4YWxk", "100");
     let (ct2, b2) = multipart("--------------------------9051914041544843", "100");
     let (ct3, b3) = multipart("----WebKitFormBoundaryQ", "101");
@@ -189,7 +189,7 @@ async fn multipart_with_a_new_boundary_is_a_replay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn encoded_bodies_compare_by_content() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[]);
+    let gate = Idemgate::new(&up.url()).binary();
     let json = br#"{"amount":100,"to":"acct_1"}"#;
     let gz = [JSON, ("content-encoding", "gzip")];
     let first = gzip(json, 1_700_000_000);
@@ -244,7 +244,7 @@ async fn encoded_bodies_compare_by_content() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compression_bomb_is_413() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[]);
+    let gate = Idemgate::new(&up.url()).binary();
     // 10 MB of zeros, about 10 KB compressed, against the default 1 MiB max_body_bytes.
     let bomb = gzip(&vec![0u8; 10_000_000], 0);
     assert!(bomb.len() < 20_000, "{}", bomb.len());

@@ -20,9 +20,15 @@ fn square(key: Option<&str>, amount: u64) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_key_in_a_square_shaped_body_protects_the_payment() {
     let up = Upstream::start().await;
-    let routes =
-        r#"[{path="/v2/payments", require_key=true, key_json_pointer="/idempotency_key"}]"#;
-    let g = Gate::start(&up.url(), "", &[("IDEMGATE_ROUTES", routes)]);
+    let route = idemgate::config::Route {
+        path: "/v2/payments".into(),
+        require_key: Some(true),
+        key_json_pointer: Some("/idempotency_key".into()),
+        ..Default::default()
+    };
+    let g = Idemgate::new(&up.url())
+        .set(|c| c.routes = vec![route])
+        .binary();
     let c = client();
     let url = g.url("/v2/payments");
     let pay = |body: String, header: Option<&'static str>| {

@@ -122,14 +122,12 @@ async fn an_idle_keep_alive_connection_is_closed_after_idle_timeout_and_not_befo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_timeout_applies_after_the_first_answer_through_the_binary() {
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_IDLE_TIMEOUT", "1s"),
-            ("IDEMGATE_HEADER_READ_TIMEOUT", "30s"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.idle_timeout = Duration::from_secs(1);
+            c.header_read_timeout = Duration::from_secs(30);
+        })
+        .binary();
     let addr = gate.addr;
     tokio::task::spawn_blocking(move || {
         for request in [
@@ -276,11 +274,13 @@ fn hundreds_of_silent_connections_under_a_low_fd_limit_leave_normal_traffic_alon
     let rt = tokio::runtime::Runtime::new().unwrap();
     let up = rt.block_on(Upstream::start());
     let redis = RedisServer::start();
-    let env = [
-        ("IDEMGATE_HEADER_READ_TIMEOUT", "1s"),
-        ("IDEMGATE_MAX_CONNECTIONS", "150"),
-    ];
-    let gate = Gate::start(&up.url(), &redis.url(), &env);
+    let gate = Idemgate::new(&up.url())
+        .redis(&redis)
+        .set(|c| {
+            c.header_read_timeout = Duration::from_secs(1);
+            c.max_connections = 150;
+        })
+        .binary();
     let status = std::process::Command::new("prlimit")
         .arg(format!("--pid={}", gate.pid()))
         .arg("--nofile=256:256")
@@ -477,14 +477,7 @@ async fn a_burst_beyond_max_in_flight_and_the_queue_is_refused_at_once_and_claim
     assert_eq!(retry.status, 201);
     assert!(!retry.replayed());
     assert_eq!(up.hits(), 4);
-    let metrics = client
-        .get(format!("http://{}/metrics", app.admin_addr().unwrap()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics();
     assert!(
         metrics.contains("idemgate_requests_total{route=\"default\",outcome=\"overloaded\"} 1"),
         "{metrics}"
@@ -502,14 +495,12 @@ async fn a_burst_beyond_max_in_flight_and_the_queue_is_refused_at_once_and_claim
 async fn the_embedded_store_is_bounded_in_bytes() {
     let up = Upstream::start().await;
     // A reservation is 30,000 + 65,536 bytes and the record's upkeep: three fit, four not.
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_MEMORY_MAX_BYTES", "307200"),
-            ("IDEMGATE_DEFAULTS__MAX_RESPONSE_BYTES", "30000"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.memory_max_bytes = 307200;
+            c.defaults.max_response_bytes = 30000;
+        })
+        .binary();
     let c = client();
     let url = gate.url("/v1/reports");
     let slow: Vec<_> = (0..3)
@@ -679,11 +670,9 @@ fn concurrent_huge_answers_cost_bounded_memory() {
     let _heavy = heavy();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let up = rt.block_on(Upstream::start());
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[("IDEMGATE_DEFAULTS__MAX_RESPONSE_BYTES", "4194304")],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| c.defaults.max_response_bytes = 4194304)
+        .binary();
     let before = peak_rss(gate.pid());
     let size: u64 = 100_000_000;
     let url = gate.url("/v1/exports");
@@ -849,13 +838,11 @@ fn memory_max_bytes_below_one_reservation_stops_start_up() {
     }
     // One reservation fits: it starts (and is stopped here).
     let up = "http://127.0.0.1:9";
-    let gate = Gate::start(
-        up,
-        "",
-        &[
-            ("IDEMGATE_MEMORY_MAX_BYTES", "102400"),
-            ("IDEMGATE_DEFAULTS__MAX_RESPONSE_BYTES", "30000"),
-        ],
-    );
+    let gate = Idemgate::new(up)
+        .set(|c| {
+            c.memory_max_bytes = 102400;
+            c.defaults.max_response_bytes = 30000;
+        })
+        .binary();
     drop(gate);
 }

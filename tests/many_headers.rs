@@ -7,13 +7,14 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use common::{client, post_url, Gate};
+use common::{client, post_url, Idemgate};
 
 /// An upstream that answers every request 201 with `count` headers of `size` bytes each
 /// (`x-h-0` ... in order) and a body of `body` bytes, then closes.
@@ -71,17 +72,12 @@ async fn an_answer_with_headers_beyond_the_head_room_is_replayed_without_the_exc
     // upkeep) and little more: the record must fit in what its claim reserved.
     let max_response = 100_000u64;
     let memory = max_response + 65_536 + 2_048;
-    let gate = Gate::start(
-        &up,
-        "",
-        &[
-            (
-                "IDEMGATE_DEFAULTS__MAX_RESPONSE_BYTES",
-                &max_response.to_string(),
-            ),
-            ("IDEMGATE_MEMORY_MAX_BYTES", &memory.to_string()),
-        ],
-    );
+    let gate = Idemgate::new(&up)
+        .set(|c| {
+            c.defaults.max_response_bytes = max_response;
+            c.memory_max_bytes = memory as usize;
+        })
+        .binary();
     let c = client();
     let url = gate.url("/v1/payments");
     let first = post_url(&c, &url, Some("many-headers"), r#"{"a":1}"#, &[]).await;

@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use common::faultproxy::FaultProxy;
 use common::postgres::PgServer;
-use common::{client, post_url, Gate, RedisServer, Upstream, ANSWER_BYTES};
+use common::{client, post_url, Gate, Idemgate, RedisServer, Upstream, ANSWER_BYTES};
 
 const FOUR_MIB: &str = "4194304";
 
@@ -203,14 +204,13 @@ async fn slow_readers_of_a_large_redis_record_hold_at_most_the_budget() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
     // One tenant's readers: its share is the whole budget here, so the budget is what binds.
-    let gate = Gate::start(
-        &up.url(),
-        &redis.url(),
-        &[
-            ("IDEMGATE_MAX_BUFFERED_BYTES_PER_TENANT", "67108864"),
-            ("IDEMGATE_STORE_TIMEOUT", "5s"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .redis(&redis)
+        .set(|c| {
+            c.max_buffered_bytes_per_tenant = Some(67108864);
+            c.store_timeout = Duration::from_secs(5);
+        })
+        .binary();
     three_hundred_slow_readers(&gate, "Redis", FOUR_MIB, None)
         .await
         .hold_the_budget();
@@ -223,15 +223,14 @@ async fn slow_readers_of_an_inline_redis_record_read_only_what_is_served() {
     let proxy = FaultProxy::for_redis(&redis).await;
     let up = Upstream::start().await;
     // 200 KiB: kept inline in the record, where every claim used to bring it whole.
-    let gate = Gate::start(
-        &up.url(),
-        &proxy.redis_url(),
-        &[
-            ("IDEMGATE_MAX_BUFFERED_BYTES", "4194304"),
-            ("IDEMGATE_MAX_BUFFERED_BYTES_PER_TENANT", "4194304"),
-            ("IDEMGATE_STORE_TIMEOUT", "5s"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .redis_url(&proxy.redis_url())
+        .set(|c| {
+            c.max_buffered_bytes = 4194304;
+            c.max_buffered_bytes_per_tenant = Some(4194304);
+            c.store_timeout = Duration::from_secs(5);
+        })
+        .binary();
     three_hundred_slow_readers(&gate, "Redis, inline", "204800", Some(&proxy))
         .await
         .read_only_what_is_served(204_800);
@@ -246,15 +245,13 @@ async fn slow_readers_of_a_large_postgres_record_read_only_what_is_served() {
     let db = url.rsplit('/').next().unwrap();
     let through = format!("postgres://postgres@{}/{db}", proxy.addr);
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_POSTGRES_URL", &through),
-            ("IDEMGATE_MAX_BUFFERED_BYTES_PER_TENANT", "67108864"),
-            ("IDEMGATE_STORE_TIMEOUT", "5s"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.postgres_url = Some(through.as_str().into());
+            c.max_buffered_bytes_per_tenant = Some(64 * 1024 * 1024);
+            c.store_timeout = Duration::from_secs(5);
+        })
+        .binary();
     let readers = three_hundred_slow_readers(&gate, "PostgreSQL", FOUR_MIB, Some(&proxy)).await;
     readers.read_only_what_is_served(4 * 1024 * 1024);
     // The budget's bound. It does not tell the pieces from one value in a debug build
@@ -267,18 +264,13 @@ async fn slow_readers_of_a_sealed_embedded_record_hold_at_most_the_budget() {
     let _alone = alone().await;
     let up = Upstream::start().await;
     // Sealed, each replay is opened into memory of its own: room for it is taken first.
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_MAX_BUFFERED_BYTES_PER_TENANT", "67108864"),
-            ("IDEMGATE_STORE_TIMEOUT", "5s"),
-            (
-                "IDEMGATE_ENCRYPTION_KEYS",
-                "k1:MDEyMzQ1Njc4OTAxMjM0NTY3ODkwMTIzNDU2Nzg5MDE=",
-            ),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.max_buffered_bytes_per_tenant = Some(64 * 1024 * 1024);
+            c.store_timeout = Duration::from_secs(5);
+            c.encryption_keys = vec!["k1:MDEyMzQ1Njc4OTAxMjM0NTY3ODkwMTIzNDU2Nzg5MDE=".into()];
+        })
+        .binary();
     three_hundred_slow_readers(&gate, "embedded, sealed", FOUR_MIB, None)
         .await
         .hold_the_budget();
@@ -291,14 +283,13 @@ async fn slow_readers_of_a_large_on_disk_record_hold_at_most_the_budget() {
     let up = Upstream::start().await;
     // The persistent embedded store: the claim reads the body's length, and the body only
     // once room for it is taken.
-    let gate = Gate::start_on_disk(
-        &up.url(),
-        dir.path(),
-        &[
-            ("IDEMGATE_MAX_BUFFERED_BYTES_PER_TENANT", "67108864"),
-            ("IDEMGATE_STORE_TIMEOUT", "5s"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .on_disk(dir.path())
+        .set(|c| {
+            c.max_buffered_bytes_per_tenant = Some(67108864);
+            c.store_timeout = Duration::from_secs(5);
+        })
+        .binary();
     three_hundred_slow_readers(&gate, "on disk", FOUR_MIB, None)
         .await
         .hold_the_budget();
@@ -309,7 +300,7 @@ async fn one_tenant_at_its_share_leaves_the_others_served() {
     let _alone = alone().await;
     let up = Upstream::start().await;
     // The defaults: 64 MiB, a quarter per connection and per tenant.
-    let gate = Gate::start(&up.url(), "", &[]);
+    let gate = Idemgate::new(&up.url()).binary();
     let c = client();
     let url = gate.url("/v1/reports");
     let a = [
@@ -351,7 +342,7 @@ async fn new_keys_answered_to_a_zero_window_hold_their_share() {
     let _alone = alone().await;
     let redis = RedisServer::start();
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), &redis.url(), &[]);
+    let gate = Idemgate::new(&up.url()).redis(&redis).binary();
     let (mut h2, task) = zero_window(&gate).await;
     // One after another, each head awaited before the next is sent: each answer is held
     // (never read) when the next request arrives. A burst sent at once is admitted before
@@ -403,7 +394,10 @@ async fn a_burst_of_new_keys_to_a_zero_window_holds_its_share_and_every_answer_i
     let redis = RedisServer::start();
     let up = Upstream::start().await;
     // A short send_timeout, so that the connection is closed within the test.
-    let gate = Gate::start(&up.url(), &redis.url(), &[("IDEMGATE_SEND_TIMEOUT", "4s")]);
+    let gate = Idemgate::new(&up.url())
+        .redis(&redis)
+        .set(|c| c.send_timeout = Duration::from_secs(4))
+        .binary();
     let before = status_mib(gate.pid(), "VmHWM");
     // The upstream takes a while, so that the whole burst is in before any answer lands.
     up.set_delay(Duration::from_millis(800));
@@ -536,13 +530,14 @@ async fn unread_reads(
 
 /// idemgate with a pass-through share of 8 slots (what `max_in_flight` leaves of the
 /// upstream connections) and `extra` settings.
-fn eight_pass_through_slots(up: &Upstream, extra: &[(&str, &str)]) -> Gate {
-    let mut env = vec![
-        ("IDEMGATE_MAX_IN_FLIGHT", "64"),
-        ("IDEMGATE_MAX_UPSTREAM_CONNECTIONS", "72"),
-    ];
-    env.extend_from_slice(extra);
-    Gate::start(&up.url(), "", &env)
+fn eight_pass_through_slots(up: &Upstream, per_tenant: Option<usize>) -> Gate {
+    Idemgate::new(&up.url())
+        .set(|c| {
+            c.max_in_flight = 64;
+            c.max_upstream_connections = 72;
+            c.max_pass_through_per_tenant = per_tenant;
+        })
+        .binary()
 }
 
 /// `n` reads by a client with `authorization` (none if empty), each answered 201 while the
@@ -589,7 +584,7 @@ async fn one_connection_holds_at_most_its_share_of_the_pass_through_slots() {
     let up = Upstream::start().await;
     // A pass-through share of 8 slots (what max_in_flight leaves of the connections); a
     // connection may hold a quarter of it.
-    let gate = eight_pass_through_slots(&up, &[]);
+    let gate = eight_pass_through_slots(&up, None);
     // Eight reads of a large answer whose bodies are never pulled.
     let (mut statuses, (_h2, task)) = unread_reads(&gate, 8, None).await;
     statuses.sort_unstable();
@@ -606,7 +601,7 @@ async fn one_tenant_holds_at_most_its_share_of_the_pass_through_slots() {
     let up = Upstream::start().await;
     // A pass-through share of 8 slots; a connection may hold a quarter of it, and so may a
     // tenant over all its connections.
-    let gate = eight_pass_through_slots(&up, &[]);
+    let gate = eight_pass_through_slots(&up, None);
     let (statuses, held) = one_tenant_on_four_connections(&gate).await;
     eprintln!("one tenant's 8 unread pass-through answers on 4 connections: {statuses:?}");
     assert_eq!(statuses, [201, 201, 503, 503, 503, 503, 503, 503]);
@@ -630,7 +625,7 @@ async fn max_pass_through_per_tenant_sets_the_tenant_share() {
     let up = Upstream::start().await;
     // The same four connections of one tenant, with the tenant's share set to 3 (the
     // per-connection share stays a quarter, 2) as an operator would set it.
-    let gate = eight_pass_through_slots(&up, &[("IDEMGATE_MAX_PASS_THROUGH_PER_TENANT", "3")]);
+    let gate = eight_pass_through_slots(&up, Some(3));
     let (statuses, held) = one_tenant_on_four_connections(&gate).await;
     assert_eq!(statuses, [201, 201, 201, 503, 503, 503, 503, 503]);
     served_at_once(&gate, "Bearer alice", 3).await;

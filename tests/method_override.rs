@@ -39,7 +39,7 @@ async fn send(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undeclared_override_is_refused_and_never_replays_another_method() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[]);
+    let gate = Idemgate::new(&up.url()).binary();
     let c = client();
     let url = gate.url("/v1/accounts/7");
     let first = send(&c, "POST", &url, "k1", &[]).await;
@@ -79,17 +79,12 @@ async fn an_undeclared_override_is_refused_and_never_replays_another_method() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_declared_override_header_is_the_method_of_scope_and_fingerprint() {
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_DEFAULTS__METHODS", r#"["POST","DELETE"]"#),
-            (
-                "IDEMGATE_DEFAULTS__METHOD_OVERRIDE_HEADERS",
-                r#"["X-HTTP-Method-Override"]"#,
-            ),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.defaults.methods = vec!["POST".into(), "DELETE".into()];
+            c.defaults.method_override_headers = vec!["X-HTTP-Method-Override".into()];
+        })
+        .binary();
     let c = client();
     let url = gate.url("/v1/accounts/7");
     let post = send(&c, "POST", &url, "k1", &[]).await;

@@ -402,7 +402,9 @@ fn the_expression_scanner_finds_metrics_and_matchers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alerts_and_dashboard_use_only_exported_metrics() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[("IDEMGATE_ADMIN_TOKEN", TOKEN)]);
+    let gate = Idemgate::new(&up.url())
+        .set(|c| c.admin_token = Some(TOKEN.into()))
+        .binary();
     let c = client();
     // A forwarded, a replayed and a pass-through request, so that the labelled series have
     // moved (they exist at 0 from the start anyway).
@@ -435,16 +437,14 @@ async fn alerts_and_dashboard_use_only_exported_metrics() {
         files.write("tls.crt", &leaf.cert),
         files.write("tls.key", &leaf.key),
     );
-    let tls_gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_TLS_CERT_FILE", &cert),
-            ("IDEMGATE_TLS_KEY_FILE", &key),
+    let tls_gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.tls_cert_file = Some(cert.into());
+            c.tls_key_file = Some(key.into());
             // And the series of a route in observe mode.
-            ("IDEMGATE_DEFAULTS__MODE", "observe"),
-        ],
-    );
+            c.defaults.mode = idemgate::config::Mode::Observe;
+        })
+        .binary();
     let tls_text = c
         .get(tls_gate.admin_url("/metrics"))
         .send()
@@ -550,15 +550,16 @@ async fn alerts_and_dashboard_use_only_exported_metrics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_status_class_and_held_unknown_series_move() {
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_ROUTES", r#"[{path="/v1/transfers"}]"#),
-            ("IDEMGATE_UNKNOWN_COUNT_INTERVAL", "100ms"),
-            ("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", "300ms"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.routes = vec![idemgate::config::Route {
+                path: "/v1/transfers".into(),
+                ..Default::default()
+            }];
+            c.unknown_count_interval = std::time::Duration::from_millis(100);
+            c.defaults.upstream_timeout = std::time::Duration::from_millis(300);
+        })
+        .binary();
     let c = client();
     let metrics = || async {
         c.get(gate.admin_url("/metrics"))

@@ -9,6 +9,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use idemgate::config::{Anonymous, Mode, Route, Secret};
 
 fn observe_json(gate: &Gate) -> serde_json::Value {
     let raw = http_get(gate.admin, "/observe").unwrap();
@@ -18,14 +19,18 @@ fn observe_json(gate: &Gate) -> serde_json::Value {
 
 const OVERRIDE: &str = "x-http-method-override";
 
-const OBSERVE: [(&str, &str); 2] = [
-    ("IDEMGATE_DEFAULTS__MODE", "observe"),
-    ("IDEMGATE_DEFAULTS__REQUIRE_KEY", "true"),
-];
+/// An instance in front of `up` that observes every route, where enforcing would require a
+/// key.
+fn observing(up: &Upstream) -> Idemgate {
+    Idemgate::new(&up.url()).set(|c| {
+        c.defaults.mode = Mode::Observe;
+        c.defaults.require_key = true;
+    })
+}
 
 async fn everything_is_forwarded_and_counted(redis_url: &str) {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), redis_url, &OBSERVE);
+    let gate = observing(&up).redis_url(redis_url).binary();
     let c = client();
     let url = gate.url("/v1/transfers");
     // No key on a require_key route: forwarded, not 400.
@@ -91,7 +96,7 @@ async fn everything_is_forwarded_and_counted(redis_url: &str) {
     );
     // Records are real: the same store, enforced, replays what was observed.
     if !redis_url.is_empty() {
-        let enforce = Gate::start(&up.url(), redis_url, &[]);
+        let enforce = Idemgate::new(&up.url()).redis_url(redis_url).binary();
         let replay = post_url(
             &c,
             &enforce.url("/v1/transfers"),
@@ -124,9 +129,10 @@ async fn observe_on_redis_makes_records_that_enforcing_replays() {
 async fn observe_forwards_when_the_store_is_down_without_waiting_on_it_each_time() {
     let mut redis = RedisServer::start();
     let up = Upstream::start().await;
-    let mut env = OBSERVE.to_vec();
-    env.push(("IDEMGATE_STORE_TIMEOUT", "500ms"));
-    let gate = Gate::start(&up.url(), &redis.url(), &env);
+    let gate = observing(&up)
+        .redis(&redis)
+        .set(|c| c.store_timeout = Duration::from_millis(500))
+        .binary();
     let c = client();
     let url = gate.url("/v1/transfers");
     redis.stop();
@@ -146,7 +152,7 @@ async fn observe_forwards_when_the_store_is_down_without_waiting_on_it_each_time
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observe_forwards_an_unseen_method_override() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &OBSERVE);
+    let gate = observing(&up).binary();
     let url = gate.url("/v1/transfers");
     let a = post_url(&client(), &url, Some("ov-1"), "{}", &[(OVERRIDE, "DELETE")]).await;
     assert_eq!(a.status, 201);
@@ -161,7 +167,7 @@ async fn observe_forwards_an_unseen_method_override() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observe_forwards_paths_that_enforcing_refuses() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &OBSERVE);
+    let gate = observing(&up).binary();
     for path in [
         "/v1/a%2Fb",
         "/v1/transfers;jsessionid=A",
@@ -178,7 +184,7 @@ async fn observe_forwards_paths_that_enforcing_refuses() {
     assert_eq!(o["routes"][0]["would"]["invalid_path"], 3, "{o}");
     // Enforcing, the same paths are refused and nothing reaches the upstream.
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[]);
+    let gate = Idemgate::new(&up.url()).binary();
     for path in ["/v1/a%2Fb", "/v1/transfers;jsessionid=A"] {
         let auth = [("authorization", "Bearer a")];
         let a = post_url(&client(), &gate.url(path), Some("p-1"), "{}", &auth).await;
@@ -237,15 +243,16 @@ async fn state_becomes(gate: &Gate, path: &str, key: &str, want: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_observed_route_beside_an_enforcing_default_is_counted_under_its_path() {
     let up = Upstream::start().await;
-    let routes = r#"[{path="/v1/observed", mode="observe"}]"#;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_ROUTES", routes),
-            ("IDEMGATE_DEFAULTS__REQUIRE_KEY", "true"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.routes = vec![Route {
+                path: "/v1/observed".into(),
+                mode: Some(Mode::Observe),
+                ..Route::default()
+            }];
+            c.defaults.require_key = true;
+        })
+        .binary();
     let c = client();
     let (observed, enforced) = (gate.url("/v1/observed"), gate.url("/v1/transfers"));
     let first = post_url(&c, &observed, Some("r-1"), "{}", &[]).await;
@@ -321,22 +328,34 @@ const JWT_SECRET: &str = "observe-test-hs256-secret-0123456789";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observed_routes_forward_what_enforcing_refuses_before_the_claim() {
     let up = Upstream::start().await;
-    let routes = r#"[
-        {path="/v1/tenanted", tenant_headers=["x-tenant"], anonymous="refuse"},
-        {path="/v1/jwt", tenant_jwt_claim="sub", anonymous="refuse"},
-        {path="/v1/small", max_body_bytes=1024}
-    ]"#;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_DEFAULTS__MODE", "observe"),
-            ("IDEMGATE_ROUTES", routes),
-            ("IDEMGATE_JWT_HS256_SECRET", JWT_SECRET),
-            ("IDEMGATE_MAX_IN_FLIGHT", "1"),
-            ("IDEMGATE_MAX_QUEUED", "0"),
-        ],
-    );
+    let refusing = |path: &str| Route {
+        path: path.into(),
+        anonymous: Some(Anonymous::Refuse),
+        ..Route::default()
+    };
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.defaults.mode = Mode::Observe;
+            c.routes = vec![
+                Route {
+                    tenant_headers: Some(vec!["x-tenant".into()]),
+                    ..refusing("/v1/tenanted")
+                },
+                Route {
+                    tenant_jwt_claim: Some("sub".into()),
+                    ..refusing("/v1/jwt")
+                },
+                Route {
+                    path: "/v1/small".into(),
+                    max_body_bytes: Some(1024),
+                    ..Route::default()
+                },
+            ];
+            c.jwt_hs256_secret = Some(Secret::from(JWT_SECRET));
+            c.max_in_flight = 1;
+            c.max_queued = 0;
+        })
+        .binary();
     let c = client();
     let would = |route_name: &str| {
         let o = observe_json(&gate);
@@ -468,9 +487,9 @@ async fn observed_routes_forward_what_enforcing_refuses_before_the_claim() {
 async fn the_observe_endpoint_needs_the_admin_token() {
     let up = Upstream::start().await;
     let token = "observe-admin-token-kq7";
-    let mut env = OBSERVE.to_vec();
-    env.push(("IDEMGATE_ADMIN_TOKEN", token));
-    let gate = Gate::start(&up.url(), "", &env);
+    let gate = observing(&up)
+        .set(|c| c.admin_token = Some(Secret::from(token)))
+        .binary();
     let (status, body) = observe_with(&gate, None).await;
     assert_eq!(status, 401, "{body}");
     assert!(!body.contains("routes"), "{body}");
@@ -491,9 +510,10 @@ const AUTH_MARKER: &str = "sk_live_observe_c4f1";
 async fn observe_log_lines_are_rate_limited_during_a_store_outage_and_hold_no_secrets() {
     let mut redis = RedisServer::start();
     let up = Upstream::start().await;
-    let mut env = OBSERVE.to_vec();
-    env.push(("IDEMGATE_STORE_TIMEOUT", "200ms"));
-    let gate = Gate::start(&up.url(), &redis.url(), &env);
+    let gate = observing(&up)
+        .redis(&redis)
+        .set(|c| c.store_timeout = Duration::from_millis(200))
+        .binary();
     redis.stop();
     let auth = format!("Bearer {AUTH_MARKER}");
     let started = Instant::now();
@@ -547,9 +567,10 @@ async fn observe_log_lines_are_rate_limited_during_a_store_outage_and_hold_no_se
 async fn a_frozen_store_delays_about_one_observed_request_a_second() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
-    let mut env = OBSERVE.to_vec();
-    env.push(("IDEMGATE_STORE_TIMEOUT", "400ms"));
-    let gate = Gate::start(&up.url(), &redis.url(), &env);
+    let gate = observing(&up)
+        .redis(&redis)
+        .set(|c| c.store_timeout = Duration::from_millis(400))
+        .binary();
     let c = client();
     let url = gate.url("/v1/transfers");
     assert_eq!(
@@ -623,8 +644,8 @@ async fn a_frozen_store_delays_about_one_observed_request_a_second() {
 async fn a_request_running_while_observed_gets_409_from_an_enforcing_instance() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
-    let observing = Gate::start(&up.url(), &redis.url(), &OBSERVE);
-    let enforcing = Gate::start(&up.url(), &redis.url(), &[]);
+    let observing = observing(&up).redis(&redis).binary();
+    let enforcing = Idemgate::new(&up.url()).redis(&redis).binary();
     let c = client();
     let url = observing.url("/v1/transfers");
     let slow = post_in_background(&c, url, "live-1", "{\"amount\":5}", &[(DELAY_MS, "1500")]);
@@ -650,22 +671,18 @@ async fn a_request_running_while_observed_gets_409_from_an_enforcing_instance() 
     // `record_mode = "after_response"`): a retry sent the moment the answer arrived can
     // still find it running (seen: 409 two milliseconds after the answer), and retries as a
     // client would until the record is there.
-    let until = std::time::Instant::now() + Duration::from_secs(5);
-    let after = loop {
-        let after = post_url(
-            &c,
-            &enforcing.url("/v1/transfers"),
-            Some("live-1"),
-            "{\"amount\":5}",
-            &[],
-        )
-        .await;
-        if after.status != 409 || std::time::Instant::now() > until {
-            break after;
-        }
-        assert_eq!(after.header("idemgate-error"), Some("in-progress"));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let url = enforcing.url("/v1/transfers");
+    let after = retry_until(
+        Duration::from_secs(5),
+        async || post_url(&c, &url, Some("live-1"), "{\"amount\":5}", &[]).await,
+        |after| {
+            if after.status == 409 {
+                assert_eq!(after.header("idemgate-error"), Some("in-progress"));
+            }
+            after.status != 409
+        },
+    )
+    .await;
     assert!(after.replayed(), "{}", after.status);
     assert_eq!(after.body, first.body);
     assert_eq!(up.hits(), 1, "executed once");
@@ -679,14 +696,14 @@ async fn observed_records_on_disk_replay_after_a_restart_into_enforce() {
     let up = Upstream::start().await;
     let store = tempfile::tempdir().unwrap();
     let c = client();
-    let mut observing = Gate::start_on_disk(&up.url(), store.path(), &OBSERVE);
+    let mut observing = observing(&up).on_disk(store.path()).binary();
     let url = observing.url("/v1/transfers");
     let first = post_url(&c, &url, Some("disk-1"), "{\"amount\":7}", &[]).await;
     let again = post_url(&c, &url, Some("disk-1"), "{\"amount\":7}", &[]).await;
     assert_eq!((first.status, again.status), (201, 201));
     assert_ne!(first.body, again.body, "two executions");
     assert!(observing.terminate(Duration::from_secs(10)).success());
-    let enforcing = Gate::start_on_disk(&up.url(), store.path(), &[]);
+    let enforcing = Idemgate::new(&up.url()).on_disk(store.path()).binary();
     let url = enforcing.url("/v1/transfers");
     let replay = post_url(&c, &url, Some("disk-1"), "{\"amount\":7}", &[]).await;
     assert!(replay.replayed(), "{}", replay.status);
@@ -703,7 +720,7 @@ async fn observed_records_on_disk_replay_after_a_restart_into_enforce() {
 async fn back_in_observe_mode_a_record_held_in_progress_refuses_nothing() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
-    let mut enforcing = enforcing_with(&up, &redis, "60s", "60s");
+    let mut enforcing = enforcing_with(&up, &redis, 60, 60);
     let hung = {
         let (c, url) = (client(), enforcing.url("/v1/transfers"));
         tokio::spawn(async move {
@@ -720,7 +737,7 @@ async fn back_in_observe_mode_a_record_held_in_progress_refuses_nothing() {
     state_becomes(&enforcing, "/v1/transfers", "held-ip", "in_progress").await;
     enforcing.kill();
     assert!(hung.await.unwrap().is_err());
-    let observing = Gate::start(&up.url(), &redis.url(), &OBSERVE);
+    let observing = observing(&up).redis(&redis).binary();
     assert_eq!(
         record_state(&observing, "/v1/transfers", "held-ip").await,
         "in_progress"
@@ -729,12 +746,14 @@ async fn back_in_observe_mode_a_record_held_in_progress_refuses_nothing() {
 }
 
 /// An enforcing instance on `redis` with this lease and upstream timeout.
-fn enforcing_with(up: &Upstream, redis: &RedisServer, lease: &str, upstream_timeout: &str) -> Gate {
-    let env = [
-        ("IDEMGATE_DEFAULTS__LEASE", lease),
-        ("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", upstream_timeout),
-    ];
-    Gate::start(&up.url(), &redis.url(), &env)
+fn enforcing_with(up: &Upstream, redis: &RedisServer, lease: u64, upstream_timeout: u64) -> Gate {
+    Idemgate::new(&up.url())
+        .redis(redis)
+        .set(|c| {
+            c.defaults.lease = Duration::from_secs(lease);
+            c.defaults.upstream_timeout = Duration::from_secs(upstream_timeout);
+        })
+        .binary()
 }
 
 /// A retry of `key` through an observing instance: forwarded (the upstream's second
@@ -759,7 +778,7 @@ async fn forwarded_and_counted(observing: &Gate, up: &Upstream, key: &str, would
 async fn back_in_observe_mode_a_record_held_unknown_refuses_nothing() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
-    let mut enforcing = enforcing_with(&up, &redis, "1s", "1s");
+    let mut enforcing = enforcing_with(&up, &redis, 1, 1);
     let c = client();
     let url = enforcing.url("/v1/transfers");
     let hung = post_url(&c, &url, Some("held-unknown"), "{}", &[(FAULT, "hang")]).await;
@@ -769,6 +788,6 @@ async fn back_in_observe_mode_a_record_held_unknown_refuses_nothing() {
     assert_eq!(refused.status, 409);
     assert_eq!(refused.header("idemgate-error"), Some("outcome-unknown"));
     enforcing.kill();
-    let observing = Gate::start(&up.url(), &redis.url(), &OBSERVE);
+    let observing = observing(&up).redis(&redis).binary();
     forwarded_and_counted(&observing, &up, "held-unknown", "unknown").await;
 }

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use common::faultproxy::FaultProxy;
 use common::*;
+use idemgate::config::{Config, Mode, Secret};
 
 fn observe_json(gate: &Gate) -> serde_json::Value {
     let raw = http_get(gate.admin, "/observe").unwrap();
@@ -47,24 +48,28 @@ fn would(gate: &Gate, what: &str) -> u64 {
 
 const SECRET: &str = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
 
-fn instance(up: &Upstream, redis: &RedisServer, mode: &str) -> Gate {
-    instance_on(up, &redis.url(), mode, &[])
+fn instance(up: &Upstream, redis: &RedisServer, mode: Mode) -> Gate {
+    instance_on(up, &redis.url(), mode, |_| ())
 }
 
-fn instance_on(up: &Upstream, redis_url: &str, mode: &str, extra: &[(&str, &str)]) -> Gate {
-    let mut env = vec![
-        ("IDEMGATE_DEFAULTS__MODE", mode),
-        ("IDEMGATE_SCOPE_SECRET", SECRET),
-    ];
-    env.extend_from_slice(extra);
-    Gate::start(&up.url(), redis_url, &env)
+/// An instance in `mode` on the Redis at `redis_url`, sharing the fleet's scope secret;
+/// `set` changes the rest of its settings.
+fn instance_on(up: &Upstream, redis_url: &str, mode: Mode, set: impl FnOnce(&mut Config)) -> Gate {
+    Idemgate::new(&up.url())
+        .redis_url(redis_url)
+        .set(|c| {
+            c.defaults.mode = mode;
+            c.scope_secret = Some(Secret::from(SECRET));
+        })
+        .set(set)
+        .binary()
 }
 
 /// An observer whose link to Redis holds every command back 300 ms (through the proxy
 /// returned with it): it records each answer well after its client has it.
 async fn slow_observer(up: &Upstream, redis: &RedisServer) -> (FaultProxy, Gate) {
     let slow = FaultProxy::for_redis(redis).await;
-    let gate = instance_on(up, &slow.redis_url(), "observe", &[]);
+    let gate = instance_on(up, &slow.redis_url(), Mode::Observe, |_| ());
     slow.delay_requests(Duration::from_millis(300));
     (slow, gate)
 }
@@ -107,8 +112,8 @@ async fn a_failure_recorded_while_observing_is_superseded_by_the_later_success()
     let up = Upstream::start().await;
     let redis = RedisServer::start();
     let (a, b) = (
-        instance(&up, &redis, "observe"),
-        instance(&up, &redis, "observe"),
+        instance(&up, &redis, Mode::Observe),
+        instance(&up, &redis, Mode::Observe),
     );
     fail_retry_and_switch(&up, &redis, [a, b], "stale", 20).await;
 }
@@ -121,12 +126,9 @@ async fn with_no_budget_to_keep_its_answer_a_retry_does_not_wait_and_says_so() {
     let up = Upstream::start().await;
     let redis = RedisServer::start();
     let (_slow, a) = slow_observer(&up, &redis).await;
-    let b = instance_on(
-        &up,
-        &redis.url(),
-        "observe",
-        &[("IDEMGATE_MAX_BUFFERED_BYTES", "16")],
-    );
+    let b = instance_on(&up, &redis.url(), Mode::Observe, |c| {
+        c.max_buffered_bytes = 16;
+    });
     let first = send(&a, "tight", &[(STATUS, "500")]).await;
     assert_eq!(first.status, 500);
     let retry = send(&b, "tight", &[]).await;
@@ -177,7 +179,7 @@ async fn fail_retry_and_switch(
     for mut g in observers {
         assert!(g.terminate(Duration::from_secs(40)).success());
     }
-    let enforcing = instance(up, redis, "enforce");
+    let enforcing = instance(up, redis, Mode::Enforce);
     let hits = up.hits();
     let mut stale = 0;
     for i in 0..keys {
@@ -205,7 +207,7 @@ async fn a_failure_recorded_after_the_later_success_is_superseded_too() {
     let up = Upstream::start().await;
     let redis = RedisServer::start();
     let (_slow, a) = slow_observer(&up, &redis).await;
-    let b = instance(&up, &redis, "observe");
+    let b = instance(&up, &redis, Mode::Observe);
     fail_retry_and_switch(&up, &redis, [a, b], "late", 3).await;
 }
 
@@ -214,8 +216,8 @@ async fn duplicates_let_through_add_up_over_the_fleet_to_the_upstream_s() {
     let up = Upstream::start().await;
     let redis = RedisServer::start();
     let (a, b) = (
-        instance(&up, &redis, "observe"),
-        instance(&up, &redis, "observe"),
+        instance(&up, &redis, Mode::Observe),
+        instance(&up, &redis, Mode::Observe),
     );
     // Sequential retries, each on the other instance.
     for i in 0..10 {
@@ -229,10 +231,16 @@ async fn duplicates_let_through_add_up_over_the_fleet_to_the_upstream_s() {
     // Concurrent: a retry arrives at the other instance while the first still runs.
     for i in 0..5 {
         let key = format!("conc-{i}");
-        let slow = send(&a, &key, &[(DELAY_MS, "300")]);
+        let before = up.hits();
+        let slow = send(&a, &key, &[(FAULT, "hold")]);
         let retry = async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            send(&b, &key, &[]).await
+            eventually(HANG_GUARD, "the first at the upstream", || {
+                up.hits() > before
+            })
+            .await;
+            let retry = send(&b, &key, &[]).await;
+            up.release();
+            retry
         };
         let (x, y) = tokio::join!(slow, retry);
         assert_eq!((x.status, y.status), (201, 201));
@@ -245,7 +253,7 @@ async fn duplicates_let_through_add_up_over_the_fleet_to_the_upstream_s() {
 
     // A mixed fleet: b enforces now. Its replays execute nothing; a's forwards of keys b
     // completed are duplicates.
-    let b = instance(&up, &redis, "enforce");
+    let b = instance(&up, &redis, Mode::Enforce);
     for i in 0..5 {
         let key = format!("mixed-{i}");
         assert_eq!(send(&b, &key, &[]).await.status, 201);
@@ -258,7 +266,7 @@ async fn duplicates_let_through_add_up_over_the_fleet_to_the_upstream_s() {
     // Switching back: keys the enforcing instance completed are duplicates when observed.
     gone += duplicates(&b);
     drop(b);
-    let c = instance(&up, &redis, "observe");
+    let c = instance(&up, &redis, Mode::Observe);
     for i in 0..5 {
         assert_eq!(send(&c, &format!("mixed-{i}"), &[]).await.status, 201);
     }
@@ -271,8 +279,8 @@ async fn after_redis_forgets_a_retry_is_an_execute_and_never_also_a_duplicate() 
     let up = Upstream::start().await;
     let mut redis = RedisServer::start();
     let (a, b) = (
-        instance(&up, &redis, "observe"),
-        instance(&up, &redis, "observe"),
+        instance(&up, &redis, Mode::Observe),
+        instance(&up, &redis, Mode::Observe),
     );
     for i in 0..5 {
         assert_eq!(send(&a, &format!("lost-{i}"), &[]).await.status, 201);
@@ -311,15 +319,9 @@ async fn an_observed_new_key_waits_for_one_store_round_trip() {
     let up = Upstream::start().await;
     let redis = RedisServer::start();
     let proxy = faultproxy::FaultProxy::for_redis(&redis).await;
-    let g = Gate::start(
-        &up.url(),
-        &proxy.redis_url(),
-        &[
-            ("IDEMGATE_DEFAULTS__MODE", "observe"),
-            ("IDEMGATE_SCOPE_SECRET", SECRET),
-            ("IDEMGATE_STORE_TIMEOUT", "10s"),
-        ],
-    );
+    let g = instance_on(&up, &proxy.redis_url(), Mode::Observe, |c| {
+        c.store_timeout = Duration::from_secs(10);
+    });
     // Warm: the connection and the scripts are loaded before the replies slow down.
     assert_eq!(send(&g, "warm", &[]).await.status, 201);
     proxy.delay_replies(DELAYED);
@@ -339,7 +341,7 @@ async fn an_observed_new_key_waits_for_one_store_round_trip() {
     proxy.delay_replies(Duration::ZERO);
     tokio::time::sleep(Duration::from_millis(800)).await;
     drop(g);
-    let enforcing = instance(&up, &redis, "enforce");
+    let enforcing = instance(&up, &redis, Mode::Enforce);
     let hits = up.hits();
     assert!(send(&enforcing, "slow-store-0", &[]).await.replayed());
     assert_eq!(up.hits(), hits);

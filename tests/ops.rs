@@ -126,7 +126,6 @@ async fn a_known_sequence_is_counted_exactly(backend: Backend) {
 async fn an_ambiguous_outcome_counts_one_unknown_record(backend: Backend) {
     let timeout = Duration::from_millis(200);
     let (_up, app) = hanging_upstream(&backend, timeout, |_| {}).await;
-    let admin = app.admin_addr().unwrap();
     let c = client();
     let r = post(&c, &app, "/v1/transfers", Some("k-amb"), TRANSFER, &[]).await;
     assert_eq!(r.status, 504);
@@ -135,14 +134,7 @@ async fn an_ambiguous_outcome_counts_one_unknown_record(backend: Backend) {
         retry.problem_type(),
         "https://idemgate.dev/problems/outcome-unknown"
     );
-    let text = c
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics();
     assert_eq!(
         requests(&text, "ambiguous"),
         2.0,
@@ -334,12 +326,7 @@ async fn readyz_is_503_with_the_reason_while_redis_is_down() {
     let app = spawn_app(cfg).await;
     let admin = app.admin_addr().unwrap();
     let c = client();
-    let ready = c
-        .get(format!("http://{admin}/readyz"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(ready.status(), 200);
+    assert!(app.ready(), "ready while Redis is up");
     redis.stop();
     let ready = c
         .get(format!("http://{admin}/readyz"))
@@ -359,33 +346,13 @@ async fn readyz_is_503_with_the_reason_while_redis_is_down() {
         200,
         "the process is up; only the store is not"
     );
-    let text = c
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics();
     assert!(
         value(&text, "idemgate_store_errors_total{op=\"ping\"}") >= 1.0,
         "{text}"
     );
     redis.restart();
-    let mut ready = false;
-    for _ in 0..100 {
-        let r = c
-            .get(format!("http://{admin}/readyz"))
-            .send()
-            .await
-            .unwrap();
-        if r.status() == 200 {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(ready, "ready again once Redis is back");
+    eventually(HANG_GUARD, "ready again once Redis is back", || app.ready()).await;
     app.shutdown().await;
 }
 
@@ -396,39 +363,19 @@ async fn redis_restarts_and_evictions_are_read_from_info() {
     let mut cfg = redis_config(&up, &redis);
     cfg.redis_info_interval = Duration::from_millis(50);
     let app = spawn_app(cfg).await;
-    let admin = app.admin_addr().unwrap();
-    let c = client();
-    let metrics = || {
-        let c = c.clone();
-        async move {
-            c.get(format!("http://{admin}/metrics"))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap()
-        }
-    };
     // Let the watcher take its baseline, then restart Redis under it.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        value(&metrics().await, "idemgate_redis_restarts_total"),
-        0.0
-    );
+    assert_eq!(value(&app.metrics(), "idemgate_redis_restarts_total"), 0.0);
     redis.restart();
-    let mut restarts = 0.0;
-    for _ in 0..100 {
-        restarts = value(&metrics().await, "idemgate_redis_restarts_total");
-        if restarts > 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(restarts, 1.0);
+    let restarts = "idemgate_redis_restarts_total";
+    eventually(HANG_GUARD, "the restart counted", || {
+        app.metric(restarts) > 0.0
+    })
+    .await;
+    assert_eq!(app.metric(restarts), 1.0);
 
     // Someone switches eviction on behind idemgate's back and memory runs out.
-    assert_eq!(value(&metrics().await, "idemgate_redis_evicted_keys"), 0.0);
+    assert_eq!(value(&app.metrics(), "idemgate_redis_evicted_keys"), 0.0);
     for cmd in [
         &["CONFIG", "SET", "maxmemory-policy", "allkeys-random"][..],
         &["CONFIG", "SET", "maxmemory", "2mb"][..],
@@ -441,16 +388,15 @@ async fn redis_restarts_and_evictions_are_read_from_info() {
     for round in 0..100 {
         let prefix = format!("fill-{round}-");
         redis.command(&["EVAL", fill, "0", &prefix]).unwrap();
-        evicted = value(&metrics().await, "idemgate_redis_evicted_keys");
+        evicted = value(&app.metrics(), "idemgate_redis_evicted_keys");
         if evicted > 0.0 {
             break;
         }
     }
     if evicted == 0.0 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        evicted = value(&metrics().await, "idemgate_redis_evicted_keys");
+        let series = "idemgate_redis_evicted_keys";
+        eventually(HANG_GUARD, "evictions read", || app.metric(series) > 0.0).await;
     }
-    assert!(evicted > 0.0);
     app.shutdown().await;
 }
 
@@ -461,14 +407,13 @@ async fn redis_restarts_and_evictions_are_read_from_info() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_names_a_refused_connection_as_refused() {
     let mut redis = RedisServer::start();
-    let gate = Gate::start(
-        "http://127.0.0.1:9",
-        &redis.url(),
-        &[
-            ("IDEMGATE_ADMIN_TOKEN", TOKEN),
-            ("IDEMGATE_STORE_TIMEOUT", "300ms"),
-        ],
-    );
+    let gate = Idemgate::new("http://127.0.0.1:9")
+        .redis(&redis)
+        .set(|c| {
+            c.admin_token = Some(TOKEN.into());
+            c.store_timeout = Duration::from_millis(300);
+        })
+        .binary();
     let c = client();
     let readyz = || async {
         let r = c

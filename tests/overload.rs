@@ -20,15 +20,13 @@ use common::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_beyond_max_in_flight_wait_their_turn_and_beyond_the_queue_are_refused_at_once() {
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_MAX_IN_FLIGHT", "2"),
-            ("IDEMGATE_MAX_QUEUED", "2"),
-            ("IDEMGATE_QUEUE_TIMEOUT", "10s"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.max_in_flight = 2;
+            c.max_queued = 2;
+            c.queue_timeout = Duration::from_secs(10);
+        })
+        .binary();
     let c = client();
     let url = gate.url("/v1/transfers");
     let send = |key: String, delay: &'static str| {
@@ -94,14 +92,12 @@ async fn requests_beyond_max_in_flight_wait_their_turn_and_beyond_the_queue_are_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_request_waits_at_most_queue_timeout_and_claims_nothing() {
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_MAX_IN_FLIGHT", "1"),
-            ("IDEMGATE_QUEUE_TIMEOUT", "300ms"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.max_in_flight = 1;
+            c.queue_timeout = Duration::from_millis(300);
+        })
+        .binary();
     let c = client();
     let url = gate.url("/v1/transfers");
     let slow = {
@@ -191,7 +187,9 @@ async fn victim_is_answered(c: &reqwest::Client, url: &str, tag: &str) {
 async fn slow_bodies_hold_no_slot() {
     let up = Upstream::start().await;
     // The Kubernetes ConfigMap's value.
-    let gate = Gate::start(&up.url(), "", &[("IDEMGATE_MAX_IN_FLIGHT", "32")]);
+    let gate = Idemgate::new(&up.url())
+        .set(|c| c.max_in_flight = 32)
+        .binary();
     let addr = gate.addr;
     let slow = tokio::task::spawn_blocking(move || slow_bodies(addr, 40))
         .await
@@ -209,7 +207,7 @@ async fn slow_bodies_hold_no_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_bodies_declaring_large_lengths_hold_only_what_arrived() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[]);
+    let gate = Idemgate::new(&up.url()).binary();
     let addr = gate.addr;
     let slow = tokio::task::spawn_blocking(move || slow_bodies_of(addr, 80, 1024 * 1024))
         .await
@@ -263,7 +261,9 @@ use std::future::Future;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_h2_streams_hold_no_slot() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[("IDEMGATE_MAX_IN_FLIGHT", "32")]);
+    let gate = Idemgate::new(&up.url())
+        .set(|c| c.max_in_flight = 32)
+        .binary();
     let mut conns = Vec::new();
     let mut senders = Vec::new();
     for c in 0..6 {
@@ -317,14 +317,12 @@ async fn stalled_readers_of_a_large_replay_are_bounded_and_closed_after_send_tim
     let up = Upstream::start().await;
     // The answer is larger than a socket's send buffer can grow to (tcp_wmem's maximum is
     // 4 MiB on Debian), so each write stalls once the kernel's buffers are full.
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_SEND_TIMEOUT", "3s"),
-            ("IDEMGATE_DEFAULTS__MAX_RESPONSE_BYTES", "16777216"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.send_timeout = Duration::from_secs(3);
+            c.defaults.max_response_bytes = 16777216;
+        })
+        .binary();
     let c = client();
     let size = 12_000_000u64;
     let first = post_url(
@@ -436,14 +434,12 @@ async fn stalled_readers_of_a_large_replay_are_bounded_and_closed_after_send_tim
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beyond_memory_max_bytes_new_keys_are_refused_and_admitted_answers_are_kept() {
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_MEMORY_MAX_BYTES", "4194304"),
-            ("IDEMGATE_DEFAULTS__MAX_RESPONSE_BYTES", "262144"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.memory_max_bytes = 4194304;
+            c.defaults.max_response_bytes = 262144;
+        })
+        .binary();
     let c = client();
     let url = gate.url("/v1/reports");
     let mut executed = Vec::new();
@@ -488,15 +484,14 @@ async fn beyond_memory_max_bytes_new_keys_are_refused_and_admitted_answers_are_k
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_descriptors_stay_under_the_limit_with_h2_clients() {
     let up = Upstream::start().await;
-    let gate = Gate::start_with_nofile(
-        &up.url(),
-        256,
-        &[
-            ("IDEMGATE_MAX_CONNECTIONS", "150"),
-            ("IDEMGATE_MAX_IN_FLIGHT", "32"),
-            ("IDEMGATE_MAX_UPSTREAM_CONNECTIONS", "64"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .nofile(256)
+        .set(|c| {
+            c.max_connections = 150;
+            c.max_in_flight = 32;
+            c.max_upstream_connections = 64;
+        })
+        .binary();
     let mut work = Vec::new();
     for _ in 0..2 {
         let h2 = reqwest::Client::builder()
@@ -538,7 +533,9 @@ async fn file_descriptors_stay_under_the_limit_with_h2_clients() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn made_up_credentials_answered_401_cannot_fill_the_store_for_real_tenants() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[("IDEMGATE_MEMORY_MAX_RECORDS", "200")]);
+    let gate = Idemgate::new(&up.url())
+        .set(|c| c.memory_max_records = 200)
+        .binary();
     let c = client();
     let url = gate.url("/v1/transfers");
     for i in 0..400 {
@@ -632,13 +629,19 @@ async fn short_retention_on(gate: &Gate, up: &Upstream) {
 async fn short_retention_on_redis_and_sqlite() {
     let up = Upstream::start().await;
     let redis = RedisServer::start();
-    let env = [("IDEMGATE_DEFAULTS__SHORT_RETENTION", "1s")];
-    let gate = Gate::start(&up.url(), &redis.url(), &env);
+    let one_second = |c: &mut idemgate::Config| c.defaults.short_retention = Duration::from_secs(1);
+    let gate = Idemgate::new(&up.url())
+        .redis(&redis)
+        .set(one_second)
+        .binary();
     short_retention_on(&gate, &up).await;
     drop(gate);
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let gate = Gate::start_on_disk(&up.url(), dir.path(), &env);
+    let gate = Idemgate::new(&up.url())
+        .on_disk(dir.path())
+        .set(one_second)
+        .binary();
     short_retention_on(&gate, &up).await;
 }
 
@@ -648,14 +651,12 @@ async fn short_retention_on_redis_and_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2_pings_do_not_keep_an_idle_connection_open() {
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_IDLE_TIMEOUT", "1s"),
-            ("IDEMGATE_HEADER_READ_TIMEOUT", "30s"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.idle_timeout = Duration::from_secs(1);
+            c.header_read_timeout = Duration::from_secs(30);
+        })
+        .binary();
     let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
     let (mut send, conn) =
         hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())

@@ -8,8 +8,11 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
-use common::{client, http_get, post_url, Gate, Upstream, FAULT};
+use std::time::Duration;
+
+use common::{client, http_get, post_url, Gate, Idemgate, Upstream, FAULT};
 
 fn panics(gate: &Gate) -> f64 {
     let text = http_get(gate.admin, "/metrics").unwrap_or_default();
@@ -18,30 +21,43 @@ fn panics(gate: &Gate) -> f64 {
         .unwrap_or_else(|| panic!("no idemgate_panics_total in\n{text}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panic_before_the_claim_is_a_counted_500_and_the_retry_executes() {
-    let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[("TEST_IDEMGATE_PANIC", "respond")]);
-    let c = client();
-    assert_eq!(panics(&gate), 0.0);
-    let a = post_url(
-        &c,
-        &gate.url("/pay"),
-        Some("panics-early"),
-        r#"{"amount":1}"#,
-        &[
-            ("x-idemgate-test-panic", "1"),
-            ("x-request-id", "req-panic-early"),
-        ],
-    )
-    .await;
+/// A POST of `body` with `key` that makes the instance panic (`x-idemgate-test-panic`):
+/// answered 500 `internal-error`, with the request id it was sent with.
+async fn panicking_post(
+    c: &reqwest::Client,
+    gate: &Gate,
+    key: &str,
+    body: &str,
+    request_id: &str,
+) -> common::Answer {
+    let panic = [("x-idemgate-test-panic", "1"), ("x-request-id", request_id)];
+    let a = post_url(c, &gate.url("/pay"), Some(key), body, &panic).await;
     assert_eq!(a.status, 500, "{}", gate.log());
     assert!(
         a.problem_type().ends_with("/internal-error"),
         "{:?}",
         a.json()
     );
-    assert_eq!(a.header("x-request-id"), Some("req-panic-early"));
+    assert_eq!(a.header("x-request-id"), Some(request_id));
+    a
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_before_the_claim_is_a_counted_500_and_the_retry_executes() {
+    let up = Upstream::start().await;
+    let gate = Idemgate::new(&up.url())
+        .env("TEST_IDEMGATE_PANIC", "respond")
+        .binary();
+    let c = client();
+    assert_eq!(panics(&gate), 0.0);
+    panicking_post(
+        &c,
+        &gate,
+        "panics-early",
+        r#"{"amount":1}"#,
+        "req-panic-early",
+    )
+    .await;
     assert_eq!(panics(&gate), 1.0);
     let log = gate.log();
     assert!(
@@ -66,26 +82,18 @@ async fn a_panic_before_the_claim_is_a_counted_500_and_the_retry_executes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_in_the_exchange_is_a_counted_500_and_the_key_is_never_executed_twice() {
     let up = Upstream::start().await;
-    let gate = Gate::start(&up.url(), "", &[("TEST_IDEMGATE_PANIC", "exchange")]);
+    let gate = Idemgate::new(&up.url())
+        .env("TEST_IDEMGATE_PANIC", "exchange")
+        .binary();
     let c = client();
-    let a = post_url(
+    let a = panicking_post(
         &c,
-        &gate.url("/pay"),
-        Some("panics-late"),
+        &gate,
+        "panics-late",
         r#"{"amount":2}"#,
-        &[
-            ("x-idemgate-test-panic", "1"),
-            ("x-request-id", "req-panic-late"),
-        ],
+        "req-panic-late",
     )
     .await;
-    assert_eq!(a.status, 500, "{}", gate.log());
-    assert!(
-        a.problem_type().ends_with("/internal-error"),
-        "{:?}",
-        a.json()
-    );
-    assert_eq!(a.header("x-request-id"), Some("req-panic-late"));
     assert!(a.json()["record_id"].is_string(), "{:?}", a.json());
     assert_eq!(panics(&gate), 1.0);
     assert!(
@@ -114,14 +122,12 @@ async fn a_panic_in_the_exchange_is_a_counted_500_and_the_key_is_never_executed_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_observed_new_key_whose_upstream_times_out_is_not_told_about_retries() {
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_DEFAULTS__MODE", "observe"),
-            ("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", "300ms"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.defaults.mode = idemgate::config::Mode::Observe;
+            c.defaults.upstream_timeout = Duration::from_millis(300);
+        })
+        .binary();
     let c = client();
     let a = post_url(
         &c,
@@ -154,11 +160,9 @@ async fn an_observed_new_key_whose_upstream_times_out_is_not_told_about_retries(
 async fn an_observed_new_key_whose_upstream_is_down_gets_what_pass_through_gets() {
     // A port nothing listens on.
     let port = common::free_port();
-    let gate = Gate::start(
-        &format!("http://127.0.0.1:{port}"),
-        "",
-        &[("IDEMGATE_DEFAULTS__MODE", "observe")],
-    );
+    let gate = Idemgate::new(&format!("http://127.0.0.1:{port}"))
+        .set(|c| c.defaults.mode = idemgate::config::Mode::Observe)
+        .binary();
     let c = client();
     let keyed = post_url(&c, &gate.url("/pay"), Some("down"), r#"{"amount":5}"#, &[]).await;
     let plain = post_url(&c, &gate.url("/pay"), None, r#"{"amount":5}"#, &[]).await;

@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -15,10 +15,15 @@ const TRANSFER: &str = r#"{"from":"acc-1","to":"acc-2","amount":1250,"currency":
 async fn records_survive_sigkill_and_restart() {
     let store = tempfile::tempdir().unwrap();
     let up = Upstream::start().await;
-    let env = [("IDEMGATE_DEFAULTS__LEASE", "600ms")];
+    let gate = || {
+        Idemgate::new(&up.url())
+            .on_disk(store.path())
+            .set(|c| c.defaults.lease = Duration::from_millis(600))
+            .binary()
+    };
     let c = client();
 
-    let mut first_gate = Gate::start_on_disk(&up.url(), store.path(), &env);
+    let mut first_gate = gate();
     let url = first_gate.url("/v1/transfers");
     // A completed request...
     let done = post_url(&c, &url, Some("k-done"), TRANSFER, &[]).await;
@@ -47,7 +52,7 @@ async fn records_survive_sigkill_and_restart() {
         "the client lost its answer"
     );
 
-    let gate = Gate::start_on_disk(&up.url(), store.path(), &env);
+    let gate = gate();
     let url = gate.url("/v1/transfers");
     // The completed answer replays byte for byte from disk.
     let replay = post_url(&c, &url, Some("k-done"), TRANSFER, &[]).await;
@@ -56,15 +61,14 @@ async fn records_survive_sigkill_and_restart() {
     assert_eq!(replay.body, done.body);
     // The request in flight at the kill is never executed again: in progress until the dead
     // process's lease runs out, then unknown.
-    let until = Instant::now() + Duration::from_secs(10);
-    let r = loop {
-        let r = post_url(&c, &url, Some("k-killed"), TRANSFER, &[]).await;
-        if !(r.status == 409 && r.problem_type().ends_with("/in-progress")) {
-            break r;
-        }
-        assert!(Instant::now() < until, "still in progress after 10 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let busy = |r: &Answer| r.status == 409 && r.problem_type().ends_with("/in-progress");
+    let r = retry_until(
+        Duration::from_secs(10),
+        async || post_url(&c, &url, Some("k-killed"), TRANSFER, &[]).await,
+        |r| !busy(r),
+    )
+    .await;
+    assert!(!busy(&r), "still in progress after 10 s");
     assert_eq!(r.status, 409, "{:?}", r.body);
     assert!(
         r.problem_type().ends_with("/outcome-unknown"),
@@ -87,12 +91,12 @@ async fn a_new_store_directory_starts_empty() {
     let up = Upstream::start().await;
     let c = client();
     let a = tempfile::tempdir().unwrap();
-    let mut gate = Gate::start_on_disk(&up.url(), a.path(), &[]);
+    let mut gate = Idemgate::new(&up.url()).on_disk(a.path()).binary();
     let first = post_url(&c, &gate.url("/v1/t"), Some("k"), TRANSFER, &[]).await;
     assert_eq!(first.status, 201);
     gate.kill();
     let b = tempfile::tempdir().unwrap();
-    let gate = Gate::start_on_disk(&up.url(), b.path(), &[]);
+    let gate = Idemgate::new(&up.url()).on_disk(b.path()).binary();
     let again = post_url(&c, &gate.url("/v1/t"), Some("k"), TRANSFER, &[]).await;
     assert_eq!(again.status, 201);
     assert!(!again.replayed());
@@ -116,16 +120,13 @@ async fn a_wall_clock_jump_expires_nothing() {
     std::fs::write(&offset, "+0\n").unwrap();
     let offset_path = offset.to_str().unwrap().to_string();
     let up = Upstream::start().await;
-    let gate = Gate::start_on_disk(
-        &up.url(),
-        &store.path().join("records"),
-        &[
-            ("LD_PRELOAD", lib),
-            ("FAKETIME_TIMESTAMP_FILE", &offset_path),
-            ("FAKETIME_NO_CACHE", "1"),
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .on_disk(&store.path().join("records"))
+        .env("LD_PRELOAD", lib)
+        .env("FAKETIME_TIMESTAMP_FILE", &offset_path)
+        .env("FAKETIME_NO_CACHE", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .binary();
     let c = client();
     let url = gate.url("/v1/transfers");
     for i in 0..10 {

@@ -155,18 +155,17 @@ async fn connections_cut_mid_traffic_no_key_executes_twice_and_service_resumes()
 
     // Reachable again: the same key executes, once, without a restart of idemgate.
     proxy.refuse(false);
-    let until = Instant::now() + Duration::from_secs(15);
-    let r = loop {
-        let r = try_post(&c, &app, "while-down", &[(OP, "while-down")]).await;
-        if !matches!(r, Some((503, ..)) | None) {
-            break r.unwrap();
-        }
-        assert!(
-            Instant::now() < until,
-            "still 503 after reconnections were allowed"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let r = retry_until(
+        Duration::from_secs(15),
+        async || try_post(&c, &app, "while-down", &[(OP, "while-down")]).await,
+        |r| !matches!(r, Some((503, ..)) | None),
+    )
+    .await;
+    assert!(
+        !matches!(r, Some((503, ..)) | None),
+        "still 503 after reconnections were allowed"
+    );
+    let r = r.unwrap();
     assert_eq!(r.0, 201);
     assert!(
         !r.1,
@@ -274,20 +273,17 @@ async fn statement_timeout_answers_503_and_never_executes_twice() {
     drop(locker);
     let _ = task.await;
 
-    let until = Instant::now() + Duration::from_secs(15);
-    let again = loop {
-        let r = try_post(&c, &app, "k-done", &[(OP, "k-done")])
-            .await
-            .unwrap();
-        if r.0 != 503 {
-            break r;
-        }
-        assert!(
-            Instant::now() < until,
-            "still 503 after the lock was released"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let again = retry_until(
+        Duration::from_secs(15),
+        async || {
+            try_post(&c, &app, "k-done", &[(OP, "k-done")])
+                .await
+                .unwrap()
+        },
+        |r| r.0 != 503,
+    )
+    .await;
+    assert_ne!(again.0, 503, "still 503 after the lock was released");
     assert_eq!(again.0, 201);
     assert!(again.1, "the recorded answer replays");
     assert_eq!(again.2, first.2);

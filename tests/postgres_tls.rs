@@ -14,13 +14,14 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::certs::{Ca, Dir};
 use common::postgres::{PgServer, Ssl};
-use common::{start_up_failure, Gate, Upstream};
+use common::{retry_until, start_up_failure, Gate, Upstream};
 
 /// The role whose connections must present a certificate (CN = the role).
 const CERT_ROLE: &str = "certuser";
@@ -293,20 +294,20 @@ async fn a_certificate_that_fails_after_start_up_is_logged_as_tls() {
     })
     .await
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let a = post(&g, &format!("after-{}", up.hits())).await;
-        assert_eq!(a.status, 503, "{:?}\n{}", a.body, g.log());
-        if g.log().contains("TLS failed") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no TLS failure logged:\n{}",
-            g.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    retry_until(
+        Duration::from_secs(15),
+        async || post(&g, &format!("after-{}", up.hits())).await,
+        |a| {
+            assert_eq!(a.status, 503, "{:?}\n{}", a.body, g.log());
+            g.log().contains("TLS failed")
+        },
+    )
+    .await;
+    assert!(
+        g.log().contains("TLS failed"),
+        "no TLS failure logged:\n{}",
+        g.log()
+    );
     let log = g.log();
     assert!(log.contains("certificate expired"), "{log}");
     assert_eq!(up.hits(), 1);

@@ -334,14 +334,14 @@ async fn client_that_disconnects_still_gets_its_answer_on_retry(backend: Backend
         s.write_all(req.as_bytes()).unwrap();
         // Closed right after sending: the client never sees an answer.
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let retry = post(
-        &client(),
-        &app,
-        "/v1/transfers",
-        Some("k-lost"),
-        TRANSFER,
-        &[],
+    // Once the lost request has reached the upstream, a retry is answered 409 until its
+    // exchange is recorded, then replays.
+    upstream_reached(&up, 1).await;
+    let c = client();
+    let retry = retry_until(
+        HANG_GUARD,
+        async || post(&c, &app, "/v1/transfers", Some("k-lost"), TRANSFER, &[]).await,
+        |r| !(r.status == 409 && r.problem_type().ends_with("/in-progress")),
     )
     .await;
     assert_eq!(retry.status, 201);

@@ -7,13 +7,13 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use common::Gate;
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
@@ -58,14 +58,9 @@ async fn upstream() -> (String, Arc<AtomicUsize>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_upstream_declines_a_record_and_only_the_upstream() {
     let (url, hits) = upstream().await;
-    let g = Gate::start(
-        &url,
-        "",
-        &[(
-            "IDEMGATE_DEFAULTS__RECORD_CONTROL_HEADER",
-            "Idemgate-Record",
-        )],
-    );
+    let g = common::Idemgate::new(&url)
+        .set(|c| c.defaults.record_control_header = Some("Idemgate-Record".into()))
+        .binary();
     let c = common::client();
     let pay = |key: &'static str, extra: Vec<(&'static str, &'static str)>| {
         let c = c.clone();

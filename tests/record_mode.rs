@@ -58,14 +58,12 @@ async fn rig(mode: RecordMode) -> Rig {
     assert_eq!(warm.status, 201);
     // Until its record lands, the warm-up holds the one permit (503 `overloaded`); a replay
     // shows it landed and the permit is free again.
-    let until = Instant::now() + Duration::from_secs(5);
-    while !post(&c, &app, "/v1/transfers", Some("k-warm"), TRANSFER, &[])
-        .await
-        .replayed()
-    {
-        assert!(Instant::now() < until, "the warm-up never replayed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until(HANG_GUARD, "the warm-up to replay", async || {
+        post(&c, &app, "/v1/transfers", Some("k-warm"), TRANSFER, &[])
+            .await
+            .replayed()
+    })
+    .await;
     Rig {
         redis,
         proxy,
@@ -110,17 +108,19 @@ async fn held_back(proxy: &FaultProxy) {
 /// Retries `key` on `app` until the answer is no longer 409 `in-progress` (every answer on
 /// the way must be one); the first other answer, and how many 409s came before it.
 async fn retry_past_in_progress(rig: &Rig, app: &idemgate::Running, key: &str) -> (Answer, usize) {
-    let until = Instant::now() + Duration::from_secs(15);
+    let busy = |r: &Answer| r.status == 409 && r.problem_type().ends_with("/in-progress");
     let mut in_progress = 0;
-    loop {
-        let r = post(&rig.c, app, "/v1/transfers", Some(key), TRANSFER, &[]).await;
-        if !(r.status == 409 && r.problem_type().ends_with("/in-progress")) {
-            return (r, in_progress);
-        }
-        in_progress += 1;
-        assert!(Instant::now() < until, "still in progress after 15 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let r = retry_until(
+        Duration::from_secs(15),
+        async || post(&rig.c, app, "/v1/transfers", Some(key), TRANSFER, &[]).await,
+        |r| {
+            in_progress += usize::from(busy(r));
+            !busy(r)
+        },
+    )
+    .await;
+    assert!(!busy(&r), "still in progress after 15 s");
+    (r, in_progress)
 }
 
 // The point of the mode: the client's answer does not wait for the record; a retry before
@@ -269,17 +269,17 @@ async fn killed_after_the_answer_before_the_record_reads_unknown_never_twice() {
     let proxy = FaultProxy::for_redis(&redis).await;
     let up = Upstream::start().await;
     let store_timeout = Duration::from_secs(5);
-    let env = [
-        ("IDEMGATE_DEFAULTS__RECORD_MODE", "after_response"),
-        ("IDEMGATE_DEFAULTS__LEASE", "1500ms"),
-        ("IDEMGATE_STORE_TIMEOUT", "5s"),
-        ("IDEMGATE_REDIS_INFO_INTERVAL", "1h"),
-    ];
-    let (upstream, through_proxy) = (up.url(), proxy.redis_url());
-    let mut gate =
-        tokio::task::spawn_blocking(move || Gate::start(&upstream, &through_proxy, &env))
-            .await
-            .unwrap();
+    let instance = Idemgate::new(&up.url())
+        .redis_url(&proxy.redis_url())
+        .set(|c| {
+            c.defaults.record_mode = RecordMode::AfterResponse;
+            c.defaults.lease = Duration::from_millis(1500);
+            c.store_timeout = Duration::from_secs(5);
+            c.redis_info_interval = Duration::from_secs(3600);
+        });
+    let mut gate = tokio::task::spawn_blocking(move || instance.binary())
+        .await
+        .unwrap();
     let c = client();
     let warm = post_url(
         &c,
@@ -323,26 +323,25 @@ async fn killed_after_the_answer_before_the_record_reads_unknown_never_twice() {
     // out, then unknown.
     let (upstream, direct) = (up.url(), redis.url());
     let gate = tokio::task::spawn_blocking(move || {
-        Gate::start(
-            &upstream,
-            &direct,
-            &[("IDEMGATE_DEFAULTS__RECORD_MODE", "after_response")],
-        )
+        Idemgate::new(&upstream)
+            .redis_url(&direct)
+            .set(|c| c.defaults.record_mode = idemgate::config::RecordMode::AfterResponse)
+            .binary()
     })
     .await
     .unwrap();
     let url = gate.url("/v1/transfers");
-    let until = Instant::now() + Duration::from_secs(15);
-    let unknown = loop {
-        let r = post_url(&c, &url, Some("k-crash"), TRANSFER, &[]).await;
-        assert_eq!(r.status, 409, "{:?}", r.body);
-        if r.problem_type().ends_with("/outcome-unknown") {
-            break r;
-        }
-        assert!(r.problem_type().ends_with("/in-progress"), "{:?}", r.body);
-        assert!(Instant::now() < until, "still in progress after 15 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let unknown = retry_until(
+        Duration::from_secs(15),
+        async || post_url(&c, &url, Some("k-crash"), TRANSFER, &[]).await,
+        |r| !(r.status == 409 && r.problem_type().ends_with("/in-progress")),
+    )
+    .await;
+    assert_eq!(unknown.status, 409, "{:?}", unknown.body);
+    assert!(
+        !unknown.problem_type().ends_with("/in-progress"),
+        "still in progress after 15 s"
+    );
     assert_eq!(
         unknown.problem_type(),
         "https://idemgate.dev/problems/outcome-unknown"

@@ -288,20 +288,22 @@ async fn releasing_an_in_progress_record_wants_force_and_the_token() {
         }
     });
     // Held in progress by its owner, which waits for the upstream.
-    let until = Instant::now() + Duration::from_secs(10);
-    let id = loop {
-        let r = records_async(
-            owned(&["list", "--state", "in_progress", "--json"]),
-            env.clone(),
-        )
-        .await;
-        assert_eq!(r.code, 0, "{r}");
-        if let Some(id) = r.json()["records"][0]["id"].as_str() {
-            break id.to_string();
-        }
-        assert!(Instant::now() < until, "never in progress");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let listed = retry_until(
+        Duration::from_secs(10),
+        async || {
+            let list = owned(&["list", "--state", "in_progress", "--json"]);
+            records_async(list, env.clone()).await
+        },
+        |r| {
+            assert_eq!(r.code, 0, "{r}");
+            r.json()["records"][0]["id"].is_string()
+        },
+    )
+    .await;
+    let id = listed.json()["records"][0]["id"]
+        .as_str()
+        .expect("never in progress")
+        .to_string();
 
     // Without the token, or with another one: 77, nothing released.
     let no_token = admin_env(&gate);

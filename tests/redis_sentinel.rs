@@ -53,17 +53,17 @@ async fn follows_a_promoted_replica_without_restart() {
     s.data[killed].restart();
     s.wait_replicas_online(2);
 
-    let mut after = None;
-    for _ in 0..100 {
-        let a = post(&client, &app, "/pay", Some("after"), "{}", &[]).await;
-        if a.status == 201 {
-            after = Some(a);
-            break;
-        }
-        assert_eq!(a.status, 503, "{:?}", a.body);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(after.is_some(), "no 201 from the new primary");
+    let after = retry_until(
+        HANG_GUARD,
+        async || post(&client, &app, "/pay", Some("after"), "{}", &[]).await,
+        |a| a.status != 503,
+    )
+    .await;
+    assert_eq!(
+        after.status, 201,
+        "no 201 from the new primary: {:?}",
+        after.body
+    );
     let again = post(&client, &app, "/pay", Some("before"), "{}", &[]).await;
     assert!(again.replayed(), "{} {:?}", again.status, again.body);
     assert_eq!(again.body, first.body);
@@ -251,19 +251,20 @@ async fn claims_waiting_for_a_missing_replica_hold_up_nothing_else() {
     );
     assert_eq!(up.hits(), 1, "forwarded without acknowledgement");
     // Once the replica answers again, new keys execute.
-    let mut executed = false;
-    for _ in 0..50 {
-        if post(&client, &app, "/pay", Some("after"), "{}", &[])
-            .await
-            .status
-            == 201
-        {
-            executed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(executed, "no new key executed after the replica came back");
+    let status = retry_until(
+        HANG_GUARD,
+        async || {
+            post(&client, &app, "/pay", Some("after"), "{}", &[])
+                .await
+                .status
+        },
+        |s| *s == 201,
+    )
+    .await;
+    assert_eq!(
+        status, 201,
+        "no new key executed after the replica came back"
+    );
     match std::sync::Arc::try_unwrap(app) {
         Ok(app) => app.shutdown().await,
         Err(_) => panic!("the app is still shared"),

@@ -154,7 +154,7 @@ async fn the_documented_acl_user_is_enough_and_no_more() {
     c.admin_listen = Some("127.0.0.1:0".parse().unwrap());
     let app = spawn_app(c.clone()).await;
     one_key_executes_once(&app, &up).await;
-    every_path_of_a_record(&app).await;
+    every_path_of_a_record(&app, &up).await;
     app.shutdown().await;
 
     // Records kept as values: the same line is enough.
@@ -166,7 +166,7 @@ async fn the_documented_acl_user_is_enough_and_no_more() {
     values.upstream = up_v.url();
     let app = spawn_app(values).await;
     one_key_executes_once(&app, &up_v).await;
-    every_path_of_a_record(&app).await;
+    every_path_of_a_record(&app, &up_v).await;
     app.shutdown().await;
 
     // The user reaches nothing but idemgate's keys.
@@ -197,10 +197,10 @@ async fn the_documented_acl_user_is_enough_and_no_more() {
 
 /// Every other path of a record: in flight, inspected, listed (SCAN), released by an
 /// operator; and the instance ready throughout.
-async fn every_path_of_a_record(app: &idemgate::Running) {
+async fn every_path_of_a_record(app: &idemgate::Running, up: &Upstream) {
     let client = client();
     let admin = app.admin_addr().unwrap();
-    let (done, busy) = post_and_retry_while_running(&client, app, "/pay", "acl-2").await;
+    let (done, busy) = post_and_retry_while_running(&client, app, up, "/pay", "acl-2").await;
     assert_eq!(done.status, 201);
     assert_eq!(busy.status, 409, "{:?}", busy.body);
     let id = busy.json()["record_id"].as_str().unwrap().to_string();
@@ -320,14 +320,12 @@ async fn sentinels_over_tls_and_a_failover() {
     one_key_executes_once(&app, &up).await;
     // The record is on the replica too before its primary dies.
     let replica = 1 - s.index_of(s.primary_port().unwrap());
-    let until = std::time::Instant::now() + Duration::from_secs(10);
-    while s.data[replica]
-        .cli(&["--scan", "--pattern", "idemgate:{*"])
-        .is_none_or(|k| k.trim().is_empty())
-    {
-        assert!(std::time::Instant::now() < until, "never replicated");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(Duration::from_secs(10), "the record on the replica", || {
+        s.data[replica]
+            .cli(&["--scan", "--pattern", "idemgate:{*"])
+            .is_some_and(|k| !k.trim().is_empty())
+    })
+    .await;
     let old = s.primary_port().unwrap();
     s.fail_over();
     assert_ne!(s.primary_port(), Some(old));

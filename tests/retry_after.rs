@@ -6,11 +6,12 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::io::Write;
 use std::time::Duration;
 
-use common::{client, post_url, Gate, RedisServer, Upstream, ANSWER_BYTES};
+use common::{client, post_url, Idemgate, RedisServer, Upstream, ANSWER_BYTES};
 
 fn retry_after(a: &common::Answer) -> u64 {
     a.header("retry-after").unwrap().parse().unwrap()
@@ -19,14 +20,12 @@ fn retry_after(a: &common::Answer) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_held_by_a_stalled_reader_says_how_long_it_has_been_held() {
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_MAX_BUFFERED_BYTES", "20971520"),
-            ("IDEMGATE_DEFAULTS__MAX_RESPONSE_BYTES", "16777216"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.max_buffered_bytes = 20971520;
+            c.defaults.max_response_bytes = 16777216;
+        })
+        .binary();
     let c = client();
     let url = gate.url("/v1/reports");
     let first = post_url(&c, &url, Some("big"), "{}", &[(ANSWER_BYTES, "12000000")]).await;
@@ -60,11 +59,10 @@ async fn a_budget_held_by_a_stalled_reader_says_how_long_it_has_been_held() {
 async fn a_store_that_stopped_answering_says_how_long_it_has_been_down() {
     let up = Upstream::start().await;
     let redis = RedisServer::start();
-    let gate = Gate::start(
-        &up.url(),
-        &redis.url(),
-        &[("IDEMGATE_STORE_TIMEOUT", "300ms")],
-    );
+    let gate = Idemgate::new(&up.url())
+        .redis(&redis)
+        .set(|c| c.store_timeout = Duration::from_millis(300))
+        .binary();
     let c = client();
     let url = gate.url("/v1/transfers");
     assert_eq!(

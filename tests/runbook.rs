@@ -11,7 +11,7 @@ use crate::common;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -103,39 +103,38 @@ async fn unknown_record(c: &reqwest::Client, gate: &Gate, key: &str) -> String {
     .await;
     assert_eq!(lost.status, 504);
     let id = lost.json()["record_id"].as_str().unwrap().to_string();
-    let until = Instant::now() + Duration::from_secs(15);
-    loop {
-        let v: serde_json::Value = c
-            .get(gate.admin_url(&format!("/records/{id}")))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(v["state"], "unknown", "{v}");
-        if v.get("owner_busy_ms").is_none() {
-            return id;
-        }
-        assert!(Instant::now() < until, "its owner stays busy: {v}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let record = gate.admin_url(&format!("/records/{id}"));
+    let v: serde_json::Value = retry_until(
+        Duration::from_secs(15),
+        async || {
+            let r = c.get(&record).bearer_auth(TOKEN).send().await.unwrap();
+            r.json().await.unwrap()
+        },
+        |v: &serde_json::Value| {
+            assert_eq!(v["state"], "unknown", "{v}");
+            v.get("owner_busy_ms").is_none()
+        },
+    )
+    .await;
+    assert!(
+        v.get("owner_busy_ms").is_none(),
+        "its owner stays busy: {v}"
+    );
+    id
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runbooks_record_commands_work_as_written_on_redis() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        &redis.url(),
-        &[
-            ("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", "1s"),
-            ("IDEMGATE_DEFAULTS__LEASE", "1s"),
-            ("IDEMGATE_ADMIN_TOKEN", TOKEN),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .redis(&redis)
+        .set(|c| {
+            c.defaults.upstream_timeout = Duration::from_secs(1);
+            c.defaults.lease = Duration::from_secs(1);
+            c.admin_token = Some(TOKEN.into());
+        })
+        .binary();
     let admin = format!("http://{}", gate.admin);
     let dir = tempfile::tempdir().unwrap();
     let c = client();

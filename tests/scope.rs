@@ -578,8 +578,14 @@ async fn record_ids_are_keyed_by_a_secret_each_store_keeps() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listed_format_suffix_is_the_routes_operation_through_the_binary() {
     let up = Upstream::start().await;
-    let routes = r#"[{path="/v1/payees", format_suffixes=[".json"]}]"#;
-    let gate = Gate::start(&up.url(), "", &[("IDEMGATE_ROUTES", routes)]);
+    let route = Route {
+        path: "/v1/payees".into(),
+        format_suffixes: Some(vec![".json".into()]),
+        ..Route::default()
+    };
+    let gate = Idemgate::new(&up.url())
+        .set(|c| c.routes = vec![route])
+        .binary();
     let c = client();
     let first = post_url(&c, &gate.url("/v1/payees"), Some("fs-1"), "{}", &[]).await;
     assert_eq!(first.status, 201);

@@ -223,14 +223,13 @@ async fn a_pinned_secret_is_checked_per_namespace_and_shown_only_behind_the_toke
     let up = Upstream::start().await;
     let pinned = "0123456789abcdef".repeat(4);
     let token = "an-admin-token-of-some-length";
-    let gate = Gate::start(
-        &up.url(),
-        &redis.url(),
-        &[
-            ("IDEMGATE_SCOPE_SECRET", pinned.as_str()),
-            ("IDEMGATE_ADMIN_TOKEN", token),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .redis(&redis)
+        .set(|c| {
+            c.scope_secret = Some(pinned.as_str().into());
+            c.admin_token = Some(token.into());
+        })
+        .binary();
     let c = client();
     let r = post_url(&c, &gate.url("/pay"), Some("p1"), BODY, &[]).await;
     assert_eq!(r.status, 201, "{:?}", r.body);

@@ -18,17 +18,19 @@ const GRACE: Duration = Duration::from_secs(2);
 async fn three_claims_stuck_in_a_frozen_redis(
     redis: &RedisServer,
     up: &Upstream,
-    more: &[(&str, &str)],
+    more: impl FnOnce(&mut idemgate::Config),
 ) -> (Gate, Vec<String>) {
-    let mut env = vec![
-        ("IDEMGATE_STORE_TIMEOUT", "300ms"),
-        ("IDEMGATE_SHUTDOWN_GRACE", "2s"),
-        // No INFO polls: nothing but the claims and their releases goes to Redis.
-        ("IDEMGATE_REDIS_INFO_INTERVAL", "1h"),
-        ("IDEMGATE_SCOPE_SECRET_CHECK_INTERVAL", "1h"),
-    ];
-    env.extend_from_slice(more);
-    let gate = Gate::start(&up.url(), &redis.url(), &env);
+    let gate = Idemgate::new(&up.url())
+        .redis(redis)
+        .set(|c| {
+            c.store_timeout = Duration::from_millis(300);
+            c.shutdown_grace = Duration::from_secs(2);
+            // No INFO polls: nothing but the claims and their releases goes to Redis.
+            c.redis_info_interval = Duration::from_secs(3600);
+            c.scope_secret_check_interval = Duration::from_secs(3600);
+        })
+        .set(more)
+        .binary();
     let c = client();
     let warm = post_url(&c, &gate.url("/pay"), Some("warm"), "{}", &[]).await;
     assert_eq!(warm.status, 201);
@@ -57,7 +59,7 @@ async fn three_claims_stuck_in_a_frozen_redis(
 async fn pending_releases_land_within_the_grace() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
-    let (mut gate, _ids) = three_claims_stuck_in_a_frozen_redis(&redis, &up, &[]).await;
+    let (mut gate, _ids) = three_claims_stuck_in_a_frozen_redis(&redis, &up, |_| ()).await;
     let thaw = {
         let pid = redis.pid();
         tokio::spawn(async move {
@@ -72,7 +74,7 @@ async fn pending_releases_land_within_the_grace() {
     thaw.await.unwrap();
     assert!(status.success(), "{status:?}\n{}", gate.log());
     assert!(took < GRACE * 2, "shutdown took {took:?} for a 2 s grace");
-    let next = Gate::start(&up.url(), &redis.url(), &[]);
+    let next = Idemgate::new(&up.url()).redis(&redis).binary();
     let c = client();
     for i in 0..3 {
         let r = post_url(
@@ -100,7 +102,7 @@ async fn pending_releases_land_within_the_grace() {
 async fn releases_that_cannot_land_are_named_and_shutdown_ends_within_the_grace() {
     let redis = RedisServer::start();
     let up = Upstream::start().await;
-    let (mut gate, ids) = three_claims_stuck_in_a_frozen_redis(&redis, &up, &[]).await;
+    let (mut gate, ids) = three_claims_stuck_in_a_frozen_redis(&redis, &up, |_| ()).await;
     let started = Instant::now();
     let status = tokio::task::block_in_place(|| gate.terminate(GRACE * 3));
     let took = started.elapsed();
@@ -135,11 +137,9 @@ async fn a_silent_otlp_collector_does_not_stretch_the_grace() {
     });
     let redis = RedisServer::start();
     let up = Upstream::start().await;
-    let (mut gate, _ids) = three_claims_stuck_in_a_frozen_redis(
-        &redis,
-        &up,
-        &[("IDEMGATE_OTLP_ENDPOINT", endpoint.as_str())],
-    )
+    let (mut gate, _ids) = three_claims_stuck_in_a_frozen_redis(&redis, &up, |c| {
+        c.otlp_endpoint = Some(endpoint.clone());
+    })
     .await;
     let started = Instant::now();
     let status = tokio::task::block_in_place(|| gate.terminate(GRACE * 4));

@@ -27,14 +27,12 @@ impl Drop for Proc {
 /// Spawns the binary and returns once its admin listener accepts connections.
 fn spawn_until_bound(cmd: &mut Command, admin: SocketAddr) -> (Proc, Instant) {
     let child = Proc(cmd.spawn().unwrap());
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        if TcpStream::connect_timeout(&admin, Duration::from_millis(50)).is_ok() {
-            return (child, Instant::now());
-        }
-        assert!(Instant::now() < until, "the admin listener was never bound");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until(
+        Duration::from_secs(10),
+        "the admin listener to be bound",
+        || TcpStream::connect_timeout(&admin, Duration::from_millis(50)).is_ok(),
+    );
+    (child, Instant::now())
 }
 
 /// `GET path` on the admin listener, and how long the answer took.
@@ -62,18 +60,22 @@ async fn while_waiting_to_make_the_scope_secret_probes_answer_and_requests_get_5
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
     assert!(took < common::HANG_GUARD, "/healthz took {took:?}");
     // "Opening the store" until it has read that there is no secret, then the wait.
-    let until = Instant::now() + Duration::from_secs(2);
-    loop {
-        let (ready, took) = timed_get(admin, "/readyz");
-        assert!(ready.starts_with("HTTP/1.1 503"), "{ready}");
-        assert!(took < common::HANG_GUARD, "/readyz took {took:?}");
-        if ready.contains("scope_secret_create_delay") && ready.contains("no scope secret") {
-            break;
-        }
-        assert!(ready.contains("opening the store"), "{ready}");
-        assert!(Instant::now() < until, "never said it waits: {ready}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let waits = |ready: &str| {
+        ready.contains("scope_secret_create_delay") && ready.contains("no scope secret")
+    };
+    let (ready, _) = retry_until_blocking(
+        Duration::from_secs(2),
+        || timed_get(admin, "/readyz"),
+        |(ready, took)| {
+            assert!(ready.starts_with("HTTP/1.1 503"), "{ready}");
+            assert!(*took < common::HANG_GUARD, "/readyz took {took:?}");
+            waits(ready) || {
+                assert!(ready.contains("opening the store"), "{ready}");
+                false
+            }
+        },
+    );
+    assert!(waits(&ready), "never said it waits: {ready}");
 
     // A protected request: answered at once, 503 store-unavailable, Retry-After the time
     // left of the 3 s wait.

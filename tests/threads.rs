@@ -111,7 +111,10 @@ async fn spread_and_once(redis_url: &str) {
     let up = Upstream::start().await;
     let (upstream, store) = (up.url(), redis_url.to_string());
     let gate = tokio::task::spawn_blocking(move || {
-        Gate::start(&upstream, &store, &[("IDEMGATE_WORKER_THREADS", "2")])
+        Idemgate::new(&upstream)
+            .redis_url(&store)
+            .set(|c| c.worker_threads = 2)
+            .binary()
     })
     .await
     .unwrap();
@@ -173,14 +176,13 @@ async fn sigterm_drains_the_requests_of_every_thread() {
     let up = Upstream::start().await;
     let (upstream, store) = (up.url(), redis.url());
     let mut gate = tokio::task::spawn_blocking(move || {
-        Gate::start(
-            &upstream,
-            &store,
-            &[
-                ("IDEMGATE_WORKER_THREADS", "2"),
-                ("IDEMGATE_SHUTDOWN_GRACE", "5s"),
-            ],
-        )
+        Idemgate::new(&upstream)
+            .redis_url(&store)
+            .set(|c| {
+                c.worker_threads = 2;
+                c.shutdown_grace = Duration::from_secs(5);
+            })
+            .binary()
     })
     .await
     .unwrap();
@@ -222,9 +224,10 @@ async fn sigterm_drains_the_requests_of_every_thread() {
     }
     // Every answer was recorded before the exit: a fresh instance replays each of them.
     let (upstream, store) = (up.url(), redis.url());
-    let gate = tokio::task::spawn_blocking(move || Gate::start(&upstream, &store, &[]))
-        .await
-        .unwrap();
+    let gate =
+        tokio::task::spawn_blocking(move || Idemgate::new(&upstream).redis_url(&store).binary())
+            .await
+            .unwrap();
     let c = client();
     for i in 0..12 {
         let a = post_url(
@@ -250,17 +253,15 @@ async fn sigterm_drains_the_requests_of_every_thread() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_idle_upstream_connections_of_all_threads_stay_within_the_share() {
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_WORKER_THREADS", "4"),
-            ("IDEMGATE_MAX_IN_FLIGHT", "1"),
-            ("IDEMGATE_MAX_UPSTREAM_CONNECTIONS", "9"),
-            ("IDEMGATE_MAX_QUEUED", "64"),
-            ("IDEMGATE_QUEUE_TIMEOUT", "10s"),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.worker_threads = 4;
+            c.max_in_flight = 1;
+            c.max_upstream_connections = 9;
+            c.max_queued = 64;
+            c.queue_timeout = Duration::from_secs(10);
+        })
+        .binary();
     let mut held = Vec::new();
     for round in 0..4 {
         let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();

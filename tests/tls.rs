@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -20,11 +21,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::certs::{Ca, Dir, Leaf};
-use common::{Gate, Upstream};
+use common::{Gate, Idemgate, Upstream};
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper::{Request, Response, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use idemgate::config::{Anonymous, ClientAuth, Config, Route, UpstreamHttp2};
+use idemgate::scope::client_cert::CertField;
 use rcgen::DnType;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -158,8 +161,12 @@ async fn post(client: &reqwest::Client, url: &str, key: &str) -> common::Answer 
 }
 
 /// Starts the binary in front of an HTTPS upstream that trusts `ca`'s certificates.
-fn gate(upstream: &str, env: &[(&str, &str)]) -> Gate {
-    Gate::start(upstream, "", env)
+/// `ca_file` names that CA's certificate; `set` changes the rest of its settings.
+fn gate(upstream: &str, ca_file: &str, set: impl FnOnce(&mut Config)) -> Gate {
+    Idemgate::new(upstream)
+        .set(|c| c.upstream_tls_ca_file = Some(ca_file.into()))
+        .set(set)
+        .binary()
 }
 
 /// What an h2-only HTTPS upstream does on one connection (the connections idemgate opens,
@@ -288,7 +295,7 @@ async fn an_h2_upstream_refusing_a_stream_or_going_away_before_it_releases_the_c
     .await;
     let dir = Dir::new();
     let ca_file = dir.write("ca.pem", &ca.pem());
-    let g = gate(&up.url(), &[("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file)]);
+    let g = gate(&up.url(), &ca_file, |_| ());
     let client = common::client();
     for plan in ["REFUSED_STREAM", "GOAWAY with last stream id 0"] {
         let a = post(&client, &g.url("/pay"), "h2-refused").await;
@@ -334,7 +341,7 @@ async fn an_https_upstream_with_a_private_ca_executes_once_and_replays() {
     let up = HttpsUpstream::start(&ca.leaf(&["127.0.0.1"]), None).await;
     let dir = Dir::new();
     let ca_file = dir.write("ca.pem", &ca.pem());
-    let g = gate(&up.url(), &[("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file)]);
+    let g = gate(&up.url(), &ca_file, |_| ());
     let client = common::client();
     let first = post(&client, &g.url("/pay"), "https-1").await;
     assert_eq!(first.status, 201, "{:?}", first.body);
@@ -364,13 +371,9 @@ async fn upstream_http2_false_speaks_http1_over_tls() {
     let up = HttpsUpstream::start(&ca.leaf(&["127.0.0.1"]), None).await;
     let dir = Dir::new();
     let ca_file = dir.write("ca.pem", &ca.pem());
-    let g = gate(
-        &up.url(),
-        &[
-            ("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file),
-            ("IDEMGATE_UPSTREAM_HTTP2", "false"),
-        ],
-    );
+    let g = gate(&up.url(), &ca_file, |c| {
+        c.upstream_http2 = UpstreamHttp2::Off
+    });
     let client = common::client();
     assert_eq!(post(&client, &g.url("/pay"), "h1-1").await.status, 201);
     let get = client.get(g.url("/status")).send().await.unwrap();
@@ -408,14 +411,10 @@ async fn an_upstream_requiring_a_client_certificate() {
     let me = clients.leaf(&["idemgate"]);
     let cert = dir.write("client.pem", &me.cert);
     let key = dir.write("client.key", &me.key);
-    let g = gate(
-        &up.url(),
-        &[
-            ("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file),
-            ("IDEMGATE_UPSTREAM_TLS_CERT_FILE", &cert),
-            ("IDEMGATE_UPSTREAM_TLS_KEY_FILE", &key),
-        ],
-    );
+    let g = gate(&up.url(), &ca_file, |c| {
+        c.upstream_tls_cert_file = Some(cert.into());
+        c.upstream_tls_key_file = Some(key.into());
+    });
     let client = common::client();
     let a = post(&client, &g.url("/pay"), "mtls-1").await;
     assert_eq!(a.status, 201, "{:?}", a.body);
@@ -425,14 +424,11 @@ async fn an_upstream_requiring_a_client_certificate() {
     // Without one: in TLS 1.3 the upstream refuses after idemgate's side of the handshake
     // is done and the request written; its alert still proves nothing was executed.
     // Over h2 and over HTTP/1.1.
-    for (http2, key) in [("true", "mtls-2"), ("false", "mtls-3")] {
-        let g = gate(
-            &up.url(),
-            &[
-                ("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file),
-                ("IDEMGATE_UPSTREAM_HTTP2", http2),
-            ],
-        );
+    for (http2, key) in [
+        (UpstreamHttp2::Offer, "mtls-2"),
+        (UpstreamHttp2::Off, "mtls-3"),
+    ] {
+        let g = gate(&up.url(), &ca_file, |c| c.upstream_http2 = http2);
         unreachable_and_released(&g, key).await;
         assert!(g.log().contains("CertificateRequired"), "{}", g.log());
     }
@@ -446,7 +442,7 @@ async fn a_wrong_ca_is_unreachable_and_releases_the_claim() {
     let up = HttpsUpstream::start(&ca.leaf(&["127.0.0.1"]), None).await;
     let dir = Dir::new();
     let wrong = dir.write("other.pem", &other.pem());
-    let g = gate(&up.url(), &[("IDEMGATE_UPSTREAM_TLS_CA_FILE", &wrong)]);
+    let g = gate(&up.url(), &wrong, |_| ());
     unreachable_and_released(&g, "wrong-ca").await;
     assert_eq!(up.hits(), 0);
     // The reason is in the log: the certificate check that failed.
@@ -461,7 +457,7 @@ async fn a_wrong_name_fails_unless_upstream_tls_server_name_names_the_certificat
     let up = HttpsUpstream::start(&ca.leaf(&["payments.internal"]), None).await;
     let dir = Dir::new();
     let ca_file = dir.write("ca.pem", &ca.pem());
-    let g = gate(&up.url(), &[("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file)]);
+    let g = gate(&up.url(), &ca_file, |_| ());
     unreachable_and_released(&g, "name-1").await;
     assert!(
         g.log().contains("certificate not valid for name"),
@@ -469,13 +465,9 @@ async fn a_wrong_name_fails_unless_upstream_tls_server_name_names_the_certificat
         g.log()
     );
     drop(g);
-    let g = gate(
-        &up.url(),
-        &[
-            ("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file),
-            ("IDEMGATE_UPSTREAM_TLS_SERVER_NAME", "payments.internal"),
-        ],
-    );
+    let g = gate(&up.url(), &ca_file, |c| {
+        c.upstream_tls_server_name = Some("payments.internal".into());
+    });
     let client = common::client();
     assert_eq!(post(&client, &g.url("/pay"), "name-2").await.status, 201);
     assert_eq!(up.hits(), 1);
@@ -491,7 +483,7 @@ async fn an_expired_upstream_certificate_is_unreachable() {
     let up = HttpsUpstream::start(&expired, None).await;
     let dir = Dir::new();
     let ca_file = dir.write("ca.pem", &ca.pem());
-    let g = gate(&up.url(), &[("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file)]);
+    let g = gate(&up.url(), &ca_file, |_| ());
     unreachable_and_released(&g, "expired").await;
     assert_eq!(up.hits(), 0);
     assert!(g.log().contains("certificate expired"), "{}", g.log());
@@ -568,6 +560,16 @@ fn tls_client(ca: &Ca, h2: bool, identity: Option<&Leaf>) -> reqwest::Client {
     b.build().unwrap()
 }
 
+/// A route whose tenant is the client certificate's `field`, refusing a client without one.
+fn by_certificate(path: &str, field: CertField) -> Route {
+    Route {
+        path: path.into(),
+        tenant_client_cert: Some(field),
+        anonymous: Some(Anonymous::Refuse),
+        ..Route::default()
+    }
+}
+
 /// The binary with a TLS listener serving `leaf`, in front of a plain upstream.
 struct TlsGate {
     gate: Gate,
@@ -576,17 +578,19 @@ struct TlsGate {
 }
 
 impl TlsGate {
-    async fn start(leaf: &Leaf, env: &[(&str, &str)]) -> TlsGate {
+    /// `set` changes the rest of its settings.
+    async fn start(leaf: &Leaf, set: impl FnOnce(&mut Config)) -> TlsGate {
         let up = Upstream::start().await;
         let dir = Dir::new();
         let cert = dir.write("tls.crt", &leaf.cert);
         let key = dir.write("tls.key", &leaf.key);
-        let mut all = vec![
-            ("IDEMGATE_TLS_CERT_FILE", cert.as_str()),
-            ("IDEMGATE_TLS_KEY_FILE", key.as_str()),
-        ];
-        all.extend_from_slice(env);
-        let gate = Gate::start(&up.url(), "", &all);
+        let gate = Idemgate::new(&up.url())
+            .set(|c| {
+                c.tls_cert_file = Some(cert.into());
+                c.tls_key_file = Some(key.into());
+            })
+            .set(set)
+            .binary();
         TlsGate { gate, dir, up }
     }
 
@@ -616,25 +620,14 @@ impl TlsGate {
     }
 
     async fn metric(&self, name: &str) -> u64 {
-        let text = common::client()
-            .get(self.gate.admin_url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{name} not in /metrics:\n{text}"))
+        self.gate.metric(name) as u64
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tls_listener_serves_http1_and_h2_and_replays_a_retry() {
     let ca = Ca::new("listener ca");
-    let g = TlsGate::start(&ca.leaf(&["127.0.0.1"]), &[]).await;
+    let g = TlsGate::start(&ca.leaf(&["127.0.0.1"]), |_| ()).await;
     for (h2, key) in [(false, "tls-h1"), (true, "tls-h2")] {
         let client = tls_client(&ca, h2, None);
         let first = post(&client, &g.url("/pay"), key).await;
@@ -675,10 +668,9 @@ async fn a_required_client_certificate_refuses_clients_without_one() {
     let clients = Ca::new("client ca");
     let dir = Dir::new();
     let client_ca = dir.write("clients.pem", &clients.pem());
-    let g = TlsGate::start(
-        &ca.leaf(&["127.0.0.1"]),
-        &[("IDEMGATE_TLS_CLIENT_CA_FILE", &client_ca)],
-    )
+    let g = TlsGate::start(&ca.leaf(&["127.0.0.1"]), |c| {
+        c.tls_client_ca_file = Some(client_ca.into());
+    })
     .await;
     let me = clients.leaf(&["client"]);
     let with = tls_client(&ca, false, Some(&me));
@@ -698,13 +690,10 @@ async fn an_optional_client_certificate_serves_clients_without_one() {
     let clients = Ca::new("client ca");
     let dir = Dir::new();
     let client_ca = dir.write("clients.pem", &clients.pem());
-    let g = TlsGate::start(
-        &ca.leaf(&["127.0.0.1"]),
-        &[
-            ("IDEMGATE_TLS_CLIENT_CA_FILE", &client_ca),
-            ("IDEMGATE_TLS_CLIENT_AUTH", "optional"),
-        ],
-    )
+    let g = TlsGate::start(&ca.leaf(&["127.0.0.1"]), |c| {
+        c.tls_client_ca_file = Some(client_ca.into());
+        c.tls_client_auth = Some(ClientAuth::Optional);
+    })
     .await;
     let without = tls_client(&ca, false, None);
     assert_eq!(post(&without, &g.url("/pay"), "opt-1").await.status, 201);
@@ -716,10 +705,9 @@ async fn an_optional_client_certificate_serves_clients_without_one() {
 async fn a_client_that_never_finishes_its_handshake_is_cut_at_the_head_deadline() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let ca = Ca::new("listener ca");
-    let g = TlsGate::start(
-        &ca.leaf(&["127.0.0.1"]),
-        &[("IDEMGATE_HEADER_READ_TIMEOUT", "300ms")],
-    )
+    let g = TlsGate::start(&ca.leaf(&["127.0.0.1"]), |c| {
+        c.header_read_timeout = Duration::from_millis(300);
+    })
     .await;
     // The first bytes of a ClientHello record, and then nothing.
     let mut tcp = tokio::net::TcpStream::connect(g.gate.addr).await.unwrap();
@@ -740,7 +728,10 @@ async fn a_client_that_never_finishes_its_handshake_is_cut_at_the_head_deadline(
 async fn certificates_rotate_under_traffic_and_a_bad_pair_keeps_the_old_one() {
     let ca = Ca::new("listener ca");
     let old = ca.leaf(&["127.0.0.1"]);
-    let g = TlsGate::start(&old, &[("IDEMGATE_TLS_RELOAD_INTERVAL", "200ms")]).await;
+    let g = TlsGate::start(&old, |c| {
+        c.tls_reload_interval = Duration::from_millis(200);
+    })
+    .await;
     assert_eq!(g.presented(&ca).await, old.der());
     assert_eq!(g.metric("idemgate_tls_reloads_total").await, 0);
 
@@ -852,15 +843,14 @@ async fn client_certificates_name_tenants_together_with_their_ca() {
     let (one, two) = (Ca::new("clients one"), Ca::new("clients two"));
     let dir = Dir::new();
     let bundle = dir.write("clients.pem", &format!("{}{}", one.pem(), two.pem()));
-    let routes = r#"[{path="/pay", tenant_client_cert="san_uri", anonymous="refuse"}, {path="/by-subject", tenant_client_cert="subject", anonymous="refuse"}]"#;
-    let g = TlsGate::start(
-        &ca.leaf(&["127.0.0.1"]),
-        &[
-            ("IDEMGATE_TLS_CLIENT_CA_FILE", &bundle),
-            ("IDEMGATE_TLS_CLIENT_AUTH", "optional"),
-            ("IDEMGATE_ROUTES", routes),
-        ],
-    )
+    let g = TlsGate::start(&ca.leaf(&["127.0.0.1"]), |c| {
+        c.tls_client_ca_file = Some(bundle.into());
+        c.tls_client_auth = Some(ClientAuth::Optional);
+        c.routes = vec![
+            by_certificate("/pay", CertField::SanUri),
+            by_certificate("/by-subject", CertField::Subject),
+        ];
+    })
     .await;
     let as_ = |leaf: &Leaf| tls_client(&ca, true, Some(leaf));
     let m1 = spiffe(&one, "spiffe://pay/merchant-1", "m1");
@@ -979,15 +969,11 @@ async fn a_subject_is_its_text_and_its_ca_the_closest_whatever_the_chain_and_the
     {
         let dir = Dir::new();
         let file = dir.write("clients.pem", bundle);
-        let routes = r#"[{path="/pay", tenant_client_cert="subject", anonymous="refuse"}]"#;
-        let g = TlsGate::start(
-            &ca.leaf(&["127.0.0.1"]),
-            &[
-                ("IDEMGATE_TLS_CLIENT_CA_FILE", &file),
-                ("IDEMGATE_TLS_CLIENT_AUTH", "optional"),
-                ("IDEMGATE_ROUTES", routes),
-            ],
-        )
+        let g = TlsGate::start(&ca.leaf(&["127.0.0.1"]), |c| {
+            c.tls_client_ca_file = Some(file.into());
+            c.tls_client_auth = Some(ClientAuth::Optional);
+            c.routes = vec![by_certificate("/pay", CertField::Subject)];
+        })
         .await;
         let as_ = |l: &Leaf| tls_client(&ca, false, Some(l));
         let key = format!("order-{n}");
@@ -1091,29 +1077,26 @@ fn tenant_client_cert_needs_a_client_ca_and_is_a_route_s_only_source() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_keys_over_tls_leave_no_time_wait() {
     let ca = Ca::new("upstream ca");
-    for http2 in ["true", "false"] {
+    for (http2, name) in [
+        (UpstreamHttp2::Offer, "true"),
+        (UpstreamHttp2::Off, "false"),
+    ] {
         let up = HttpsUpstream::start(&ca.leaf(&["127.0.0.1"]), None).await;
         let time_wait = common::TimeWait::from_now(up.addr.port());
         let dir = Dir::new();
         let ca_file = dir.write("ca.pem", &ca.pem());
-        let g = gate(
-            &up.url(),
-            &[
-                ("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file),
-                ("IDEMGATE_UPSTREAM_HTTP2", http2),
-            ],
-        );
+        let g = gate(&up.url(), &ca_file, |c| c.upstream_http2 = http2);
         let client = common::client();
         const KEYS: usize = 200;
         for i in 0..KEYS {
-            let a = post(&client, &g.url("/pay"), &format!("tw-{http2}-{i}")).await;
+            let a = post(&client, &g.url("/pay"), &format!("tw-{name}-{i}")).await;
             assert_eq!(a.status, 201, "{:?}", a.body);
         }
         assert_eq!(up.hits(), KEYS);
         let waiting = time_wait.new_since();
         assert!(
             waiting.len() < KEYS / 100,
-            "upstream_http2 = {http2}: {} sockets in TIME_WAIT after {KEYS} new keys: {waiting:?}",
+            "upstream_http2 = {name}: {} sockets in TIME_WAIT after {KEYS} new keys: {waiting:?}",
             waiting.len()
         );
     }
@@ -1260,7 +1243,10 @@ async fn a_reloaded_pair_that_is_not_valid_now_is_refused_and_expiry_is_exported
         }
     };
     let old = ca.leaf_with(&["127.0.0.1"], until(2090));
-    let g = TlsGate::start(&old, &[("IDEMGATE_TLS_RELOAD_INTERVAL", "100ms")]).await;
+    let g = TlsGate::start(&old, |c| {
+        c.tls_reload_interval = Duration::from_millis(100);
+    })
+    .await;
     let expiry = "idemgate_tls_certificate_expiry_seconds{certificate=\"listener\"}";
     // 2090-01-01T00:00:00Z.
     assert_eq!(g.metric(expiry).await, 3_786_912_000);
@@ -1274,14 +1260,13 @@ async fn a_reloaded_pair_that_is_not_valid_now_is_refused_and_expiry_is_exported
         let failed = g.metric("idemgate_tls_reload_failures_total").await;
         g.dir.write("tls.key", &bad.key);
         g.dir.write("tls.crt", &bad.cert);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while g.metric("idemgate_tls_reload_failures_total").await == failed {
-            assert!(
-                Instant::now() < deadline,
-                "pair {n} was not counted as a failure"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let failures = "idemgate_tls_reload_failures_total";
+        common::until(
+            Duration::from_secs(5),
+            &format!("pair {n} to be counted as a failure"),
+            async || g.metric(failures).await != failed,
+        )
+        .await;
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(g.presented(&ca).await, old.der(), "pair {n} was swapped in");
         assert_eq!(g.metric("idemgate_tls_reloads_total").await, 0);

@@ -13,12 +13,13 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::certs::{Ca, Dir};
-use common::{post_url, Gate};
+use common::{post_url, Gate, Idemgate};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -209,11 +210,9 @@ impl AlertingUpstream {
     /// Starts the binary in front of this upstream, trusting its CA.
     fn gate(&self, dir: &Dir) -> Gate {
         let ca_file = dir.write("ca.pem", &self.ca);
-        Gate::start(
-            &format!("https://127.0.0.1:{}", self.port),
-            "",
-            &[("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file)],
-        )
+        Idemgate::new(&format!("https://127.0.0.1:{}", self.port))
+            .set(|c| c.upstream_tls_ca_file = Some(ca_file.into()))
+            .binary()
     }
 }
 

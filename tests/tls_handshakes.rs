@@ -7,11 +7,12 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use common::Probes;
 
 use std::time::{Duration, Instant};
 
 use common::certs::{Ca, Dir};
-use common::{post_url, Gate, Upstream};
+use common::{post_url, Idemgate, Upstream};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_tls_sockets_do_not_delay_a_real_client() {
@@ -23,14 +24,12 @@ async fn silent_tls_sockets_do_not_delay_a_real_client() {
         dir.write("tls.key", &leaf.key),
     );
     let up = Upstream::start().await;
-    let gate = Gate::start(
-        &up.url(),
-        "",
-        &[
-            ("IDEMGATE_TLS_CERT_FILE", &cert),
-            ("IDEMGATE_TLS_KEY_FILE", &key),
-        ],
-    );
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.tls_cert_file = Some(cert.into());
+            c.tls_key_file = Some(key.into());
+        })
+        .binary();
     // More silent sockets than there are handshake permits (256), each reopened when closed.
     let addr = gate.addr;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -111,14 +110,12 @@ async fn an_upstream_that_never_answers_the_client_hello_is_unreachable_and_rele
     let ca = Ca::new("upstream ca");
     let dir = Dir::new();
     let ca_file = dir.write("ca.pem", &ca.pem());
-    let gate = Gate::start(
-        &format!("https://127.0.0.1:{port}"),
-        "",
-        &[
-            ("IDEMGATE_UPSTREAM_TLS_CA_FILE", &ca_file),
-            ("IDEMGATE_DEFAULTS__UPSTREAM_TIMEOUT", "10s"),
-        ],
-    );
+    let gate = Idemgate::new(&format!("https://127.0.0.1:{port}"))
+        .set(|c| {
+            c.upstream_tls_ca_file = Some(ca_file.into());
+            c.defaults.upstream_timeout = Duration::from_secs(10);
+        })
+        .binary();
     let c = common::client();
     for _ in 0..2 {
         let started = Instant::now();

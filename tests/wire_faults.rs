@@ -213,24 +213,30 @@ async fn an_operator_cannot_release_a_record_whose_owner_still_waits() {
     .await;
     // The stall: nothing from the owner reaches Redis for a while; its renewals time out.
     rig.proxy.delay_requests(Duration::from_secs(5));
-    let until = Instant::now() + Duration::from_secs(10);
-    let id = loop {
-        let r = post(
-            &rig.c,
-            &other,
-            "/v1/transfers",
-            Some("k-busy"),
-            TRANSFER,
-            &[],
-        )
-        .await;
-        assert_eq!(r.status, 409, "{:?}", r.body);
-        if r.problem_type().ends_with("/outcome-unknown") {
-            break r.json()["record_id"].as_str().unwrap().to_string();
-        }
-        assert!(Instant::now() < until, "the lease never lapsed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let r = retry_until(
+        Duration::from_secs(10),
+        async || {
+            post(
+                &rig.c,
+                &other,
+                "/v1/transfers",
+                Some("k-busy"),
+                TRANSFER,
+                &[],
+            )
+            .await
+        },
+        |r| {
+            assert_eq!(r.status, 409, "{:?}", r.body);
+            r.problem_type().ends_with("/outcome-unknown")
+        },
+    )
+    .await;
+    assert!(
+        r.problem_type().ends_with("/outcome-unknown"),
+        "the lease never lapsed"
+    );
+    let id = r.json()["record_id"].as_str().unwrap().to_string();
     let view = inspect(&rig.c, admin, &id).await.unwrap();
     assert_eq!(view["state"], "unknown");
     assert!(

@@ -1,9 +1,13 @@
 //! Shared test fixtures: a real `redis-server` per test, a fake upstream over TCP with a hit
-//! counter and a settable delay, and idemgate in-process on port 0.
+//! counter, a settable delay and requests held until the test releases them, and idemgate
+//! itself, started from typed settings in process or as the binary ([`Idemgate`], with the
+//! probes of [`Probes`]), and the waits that poll a condition (`eventually`, `until`,
+//! `retry_until`, `wait_until`).
 #![allow(dead_code)]
 // Test helpers: a failed lock or spawn is the test failing.
 #![allow(clippy::unwrap_used)]
 
+pub mod builder;
 pub mod certs;
 pub mod history;
 pub mod idp;
@@ -55,6 +59,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use idemgate::{Config, Running};
 
 pub mod faultproxy;
+
+// Not every test binary starts one.
+#[allow(unused_imports)]
+pub use builder::{Idemgate, Probes};
 
 /// A free loopback port (bound then released; good enough on one test machine).
 pub fn free_port() -> u16 {
@@ -232,7 +240,8 @@ pub enum Mode {
 pub const HANG_GUARD: Duration = Duration::from_secs(20);
 
 /// Per-request header that makes the fake upstream misbehave for that request only:
-/// `hang` or `reset` (as the [`Mode`]s).
+/// `hang` or `reset` (as the [`Mode`]s), or `hold`: answer once the test calls
+/// [`Upstream::release`] (a slow first call whose order the test decides, not a clock).
 pub const FAULT: &str = "x-test-fault";
 /// Per-request header: the fake upstream waits this many milliseconds before answering.
 pub const DELAY_MS: &str = "x-test-delay-ms";
@@ -274,6 +283,9 @@ pub struct Upstream {
     most_in_flight: Arc<AtomicUsize>,
     // Connections open now.
     open: Arc<AtomicUsize>,
+    // Moved on by `release`: a request held with `FAULT: hold` answers once it has moved
+    // past where it was when the request arrived.
+    released: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Upstream {
@@ -315,6 +327,7 @@ impl Upstream {
             in_flight: Arc::default(),
             most_in_flight: Arc::default(),
             open: Arc::default(),
+            released: Arc::new(tokio::sync::watch::channel(0).0),
         };
         let state = up.clone();
         tokio::spawn(async move {
@@ -348,6 +361,9 @@ impl Upstream {
     }
 
     async fn answer(&self, req: Request<hyper::body::Incoming>) -> Response<UpBody> {
+        // Read before the hit is counted: a test that saw the hit and then released it
+        // has released this request.
+        let generation = *self.released.borrow();
         let (parts, body) = req.into_parts();
         let body = body
             .collect()
@@ -368,6 +384,7 @@ impl Upstream {
             .unwrap_or_else(|| self.delay_ms.load(Ordering::SeqCst));
         let status = one(STATUS).and_then(|v| v.parse().ok()).unwrap_or(201u16);
         let answer_bytes = one(ANSWER_BYTES).and_then(|v| v.parse::<u64>().ok());
+        let hold = one(FAULT).as_deref() == Some("hold");
         let mode = match one(FAULT).as_deref() {
             Some("hang") => Mode::Hang,
             Some("reset") => Mode::Reset,
@@ -385,6 +402,13 @@ impl Upstream {
             self.most_in_flight.fetch_max(now, Ordering::SeqCst);
             tokio::time::sleep(Duration::from_millis(delay)).await;
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+        if hold {
+            let _ = self
+                .released
+                .subscribe()
+                .wait_for(|g| *g > generation)
+                .await;
         }
         if mode == Mode::Hang {
             std::future::pending::<()>().await;
@@ -424,6 +448,12 @@ impl Upstream {
 
     pub fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
+    }
+
+    /// Lets every request held with `FAULT: hold` so far answer (one that arrives later is
+    /// held until the next release).
+    pub fn release(&self) {
+        self.released.send_modify(|g| *g += 1);
     }
 
     /// Connections to it open now.
@@ -631,18 +661,26 @@ pub async fn post(
     .await
 }
 
-/// A POST with `key` that the upstream takes 300 ms to answer, and its retry sent 100 ms
-/// into it, while the first is in progress: both answers, the first's first.
+/// A POST with `key` that the upstream holds, and its retry sent once the first has reached
+/// the upstream, while it is in progress; the first is answered after the retry was: both
+/// answers, the first's first.
 pub async fn post_and_retry_while_running(
     client: &reqwest::Client,
     app: &Running,
+    up: &Upstream,
     path: &str,
     key: &str,
 ) -> (Answer, Answer) {
-    let slow = post(client, app, path, Some(key), "{}", &[(DELAY_MS, "300")]);
+    let before = up.hits();
+    let slow = post(client, app, path, Some(key), "{}", &[(FAULT, "hold")]);
     let busy = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        post(client, app, path, Some(key), "{}", &[]).await
+        eventually(HANG_GUARD, "the first at the upstream", || {
+            up.hits() > before
+        })
+        .await;
+        let busy = post(client, app, path, Some(key), "{}", &[]).await;
+        up.release();
+        busy
     };
     tokio::join!(slow, busy)
 }
@@ -706,14 +744,7 @@ const POLL: Duration = Duration::from_millis(20);
 
 /// Waits until `cond` holds, polling; panics after `limit`.
 pub async fn eventually(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting for: {what}");
+    until(limit, what, async || cond()).await;
 }
 
 /// [`eventually`] for a condition that awaits (a request, a store read).
@@ -764,16 +795,12 @@ pub async fn retry_until<T>(
 /// Waits for `child` to exit on its own, at most `limit`: its status, or `None` if it still
 /// runs (left running: the caller kills it or fails).
 pub fn exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            return Some(status);
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(POLL);
-    }
+    let mut status = None;
+    held_within(limit, || {
+        status = child.try_wait().expect("wait");
+        status.is_some()
+    });
+    status
 }
 
 /// [`retry_until`] on a test thread outside the runtime.
@@ -811,7 +838,12 @@ impl Gate {
         redis_url: &str,
         env: &[(&str, &str)],
     ) -> (Option<i32>, String) {
-        let (mut cmd, _, _, dir) = Self::command(upstream, redis_url, env);
+        let (cmd, _, _, dir) = Self::command(upstream, redis_url, env);
+        Self::run_command_to_exit(cmd, &dir)
+    }
+
+    /// Runs `cmd` to its exit (within 20 s): its exit code and the log in `dir`.
+    fn run_command_to_exit(mut cmd: Command, dir: &tempfile::TempDir) -> (Option<i32>, String) {
         let mut child = cmd.spawn().expect("test set-up");
         let Some(status) = exit_within(&mut child, Duration::from_secs(20)) else {
             let _ = child.kill();
@@ -876,26 +908,27 @@ impl Gate {
             child: Some(child),
             dir,
         };
-        let until = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < until {
-            // Healthy, and past start-up (which answers /healthz while the store opens,
-            // and `/readyz` with "idemgate is starting").
+        // Healthy, and past start-up (which answers /healthz while the store opens, and
+        // `/readyz` with "idemgate is starting"), or exited.
+        let mut exited = None;
+        let child = gate.child.as_mut().expect("running");
+        let up = held_within(Duration::from_secs(15), || {
             if started(admin) {
-                return Ok(gate);
+                return true;
             }
-            if let Some(status) = gate
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                let log = gate.log();
-                let port_taken = log.contains("Address already in use");
-                return Err((
-                    port_taken,
-                    format!("idemgate exited at start-up with {status}:\n{log}"),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
+            exited = child.try_wait().ok().flatten();
+            exited.is_some()
+        });
+        if let Some(status) = exited {
+            let log = gate.log();
+            let port_taken = log.contains("Address already in use");
+            return Err((
+                port_taken,
+                format!("idemgate exited at start-up with {status}:\n{log}"),
+            ));
+        }
+        if up {
+            return Ok(gate);
         }
         Err((
             false,
@@ -995,31 +1028,6 @@ impl Gate {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("idemgate.log")).unwrap_or_default()
-    }
-
-    /// The admin listener's `/metrics` text (empty if it did not answer).
-    pub fn metrics(&self) -> String {
-        http_get(self.admin, "/metrics").unwrap_or_default()
-    }
-
-    /// One series of `/metrics` (its name and labels exactly as exposed); fails the test
-    /// if it is not exposed.
-    pub fn metric(&self, series: &str) -> f64 {
-        metric_in(&self.metrics(), series)
-    }
-
-    /// One series of `/metrics`, 0 while it is not exposed yet (a labelled counter before
-    /// its first increment).
-    pub fn metric_or_zero(&self, series: &str) -> f64 {
-        series_value(&self.metrics(), series).unwrap_or(0.0)
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr, path)
-    }
-
-    pub fn admin_url(&self, path: &str) -> String {
-        format!("http://{}{}", self.admin, path)
     }
 }
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::free_port;
 
@@ -288,14 +288,13 @@ impl PgServer {
 
     /// Runs `sql` on database `url` and returns the first column of every row as text.
     pub async fn query(url: &str, sql: &str) -> Vec<String> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let (client, conn) = loop {
-            match tokio_postgres::connect(url, tokio_postgres::NoTls).await {
-                Ok(c) => break c,
-                Err(e) if Instant::now() > deadline => panic!("connect: {e}"),
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        };
+        let (client, conn) = super::retry_until(
+            Duration::from_secs(10),
+            async || tokio_postgres::connect(url, tokio_postgres::NoTls).await,
+            Result::is_ok,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
         let task = tokio::spawn(conn);
         let rows = client.simple_query(sql).await.expect("query");
         drop(client);

@@ -646,32 +646,28 @@ pub fn replicas_streaming(
         }
         (primary, acked)
     };
-    while Instant::now() < until {
+    let left = || until.saturating_duration_since(Instant::now());
+    super::held_within(left(), || {
         let online = cmd(&["INFO", "replication"]).map_or(0, |i| offsets(&i).1.len());
         if online < n {
-            std::thread::sleep(Duration::from_millis(50));
-            continue;
+            return false;
         }
         let probe = (0..256)
             .map(|tag| format!("test:replication-probe:{{{tag}}}"))
             .find(|key| cmd(&["SET", key, "1"]).is_some_and(|r| r.trim_end().ends_with("OK")));
         let Some(key) = probe else {
-            std::thread::sleep(Duration::from_millis(50));
-            continue;
+            return false;
         };
         cmd(&["DEL", &key]);
         let Some(target) = cmd(&["INFO", "replication"]).and_then(|i| offsets(&i).0) else {
-            continue;
+            return false;
         };
-        while Instant::now() < until {
+        // Caught up by `until`, or not at all.
+        super::held_within(left(), || {
             let caught_up = cmd(&["INFO", "replication"]).map_or(0, |i| {
                 offsets(&i).1.iter().filter(|o| **o >= target).count()
             });
-            if caught_up >= n {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    false
+            caught_up >= n
+        })
+    })
 }
