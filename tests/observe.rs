@@ -584,57 +584,54 @@ async fn a_frozen_store_delays_about_one_observed_request_a_second() {
     assert_eq!(first.status, 201);
     let waited = started.elapsed();
     assert!(waited >= Duration::from_millis(350), "{waited:?}");
-    // Then eight clients at once for four seconds.
+    // Then eight clients at once for four seconds. What the store was asked is counted by
+    // idemgate itself: each claim or record that Redis, frozen, never answered is one store
+    // error. How long each request took is not the measure: on a loaded machine a request
+    // can be slow without having waited on the store.
+    let store_errors = |gate: &Gate| -> f64 {
+        ["claim", "record"]
+            .iter()
+            .map(|op| gate.metric_or_zero(&format!("idemgate_store_errors_total{{op=\"{op}\"}}")))
+            .sum()
+    };
+    let errors_before = store_errors(&gate);
     let started = Instant::now();
     let workers: Vec<_> = (0..8)
         .map(|w| {
             let (c, url) = (c.clone(), url.clone());
             tokio::spawn(async move {
-                let mut took = Vec::new();
-                let mut i = 0;
+                let mut sent = 0;
                 while started.elapsed() < Duration::from_secs(4) {
-                    let at = Instant::now();
-                    let a = post_url(&c, &url, Some(&format!("frozen-{w}-{i}")), "{}", &[]).await;
+                    let a =
+                        post_url(&c, &url, Some(&format!("frozen-{w}-{sent}")), "{}", &[]).await;
                     assert_eq!(a.status, 201, "{:?}", a.body);
-                    took.push(at.elapsed());
-                    i += 1;
+                    sent += 1;
                 }
-                took
+                sent
             })
         })
         .collect();
-    let mut took = Vec::new();
+    let mut sent = 0;
     for w in workers {
-        took.extend(w.await.unwrap());
+        sent += w.await.unwrap();
     }
     let elapsed = started.elapsed();
+    let tried = store_errors(&gate) - errors_before;
     redis.resume();
-    assert_eq!(up.hits(), 2 + took.len(), "every request was forwarded");
-    // Requests that waited on the store (more than half a store_timeout).
-    let slow: Vec<_> = took
-        .iter()
-        .filter(|d| **d >= Duration::from_millis(200))
-        .collect();
-    let added: Duration = slow.iter().copied().sum();
-    // One trial a second after the breaker opened, each at most store_timeout (plus the
-    // forward itself).
-    let trials = elapsed.as_secs() as usize + 1;
-    eprintln!(
-        "{} requests in {elapsed:?}, {} waited on the store, {added:?} added in all",
-        took.len(),
-        slow.len()
+    assert_eq!(up.hits(), 2 + sent, "every request was forwarded");
+    // One trial a second after the breaker opened (a trial whose claim outlives twice the
+    // store_timeout lets one more try): without the breaker every request would ask the
+    // frozen store.
+    let trials = 2 * (elapsed.as_secs() as usize + 1);
+    eprintln!("{sent} requests in {elapsed:?}, {tried} asked the frozen store");
+    assert!(
+        tried as usize <= trials,
+        "{tried} of {sent} requests asked the frozen store in {elapsed:?}"
     );
     assert!(
-        slow.len() <= trials,
-        "{} of {} requests waited on the store in {elapsed:?}: {slow:?}",
-        slow.len(),
-        took.len()
+        (sent as f64) > tried,
+        "{sent} requests, {tried} asked the store: the breaker let none go on without it"
     );
-    assert!(
-        added <= Duration::from_millis(600) * trials as u32,
-        "{added:?} added in {elapsed:?}"
-    );
-    assert!(took.len() > 40, "only {} requests", took.len());
 }
 
 /// Switching a route from observe to enforce on the same Redis (a rolling update, both
