@@ -97,7 +97,6 @@ impl Admin {
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
         let mut res = self.answer(req, peer).await;
         access::secure(&mut res);
-        access::retry_hint(&mut res);
         res
     }
 

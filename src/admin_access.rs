@@ -264,31 +264,6 @@ pub fn secure(res: &mut Response<Body>) {
     }
 }
 
-/// The refusals of this module: the same request is refused again, whoever retries it.
-const REFUSALS: [Problem; 6] = [
-    Problem::AdminHostRefused,
-    Problem::CrossOriginRefused,
-    Problem::UnsupportedMediaType,
-    Problem::OperatorTokenRequired,
-    Problem::RoleForbidden,
-    Problem::ReasonRequired,
-];
-
-/// Adds the retry hint, `x-should-retry: false`, to a refusal of this module: retrying the
-/// same request cannot succeed (it needs another host, token, role, type or reason).
-pub fn retry_hint(res: &mut Response<Body>) {
-    let refused = res
-        .headers()
-        .get(crate::problem::IDEMGATE_ERROR)
-        .is_some_and(|v| REFUSALS.iter().any(|p| v.as_bytes() == p.name().as_bytes()));
-    if refused {
-        res.headers_mut().insert(
-            HeaderName::from_static("x-should-retry"),
-            HeaderValue::from_static("false"),
-        );
-    }
-}
-
 /// One audit line's facts.
 pub struct Audit<'a> {
     /// Who.

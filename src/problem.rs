@@ -294,6 +294,10 @@ impl Problem {
             HeaderValue::from_static("application/problem+json"),
         );
         h.insert(IDEMGATE_ERROR, HeaderValue::from_static(self.name()));
+        h.insert(
+            SHOULD_RETRY,
+            HeaderValue::from_static(if self.should_retry() { "true" } else { "false" }),
+        );
         if let Some(secs) = retry_after_secs {
             h.insert(RETRY_AFTER, HeaderValue::from(secs));
         }
@@ -419,22 +423,15 @@ fn render_template(template: &serde_json::Value, said: &Said) -> serde_json::Val
     }
 }
 
-/// Stripe's error `type` for a problem (what its SDKs map to exception classes), its
-/// `code`, and whether `Stripe-Should-Retry` says a retry is safe: only where nothing was
-/// forwarded, or where a retry can only find the first execution's answer.
-fn stripe_error(problem: Problem) -> (&'static str, &'static str, Option<bool>) {
+/// Stripe's error `type` for a problem (what its SDKs map to exception classes) and its
+/// `code`; whether `Stripe-Should-Retry` says a retry is safe is [`Problem::should_retry`].
+fn stripe_error(problem: Problem) -> (&'static str, &'static str) {
     match problem {
-        Problem::FingerprintMismatch => {
-            ("idempotency_error", "idempotency_key_reused", Some(false))
-        }
+        Problem::FingerprintMismatch => ("idempotency_error", "idempotency_key_reused"),
         // Stripe's own answer to a concurrent request with the key: retried by the SDKs,
         // which then get the first execution's answer replayed.
-        Problem::InProgress => (
-            "invalid_request_error",
-            "idempotency_key_in_use",
-            Some(true),
-        ),
-        Problem::InvalidToken => ("authentication_error", "invalid_token", Some(false)),
+        Problem::InProgress => ("invalid_request_error", "idempotency_key_in_use"),
+        Problem::InvalidToken => ("authentication_error", "invalid_token"),
         Problem::MissingKey
         | Problem::InvalidKey
         | Problem::MissingTenant
@@ -451,23 +448,63 @@ fn stripe_error(problem: Problem) -> (&'static str, &'static str, Option<bool>) 
         | Problem::AdminHostRefused
         | Problem::CrossOriginRefused
         | Problem::UnsupportedMediaType
-        | Problem::ReasonRequired => ("invalid_request_error", problem.code(), Some(false)),
-        // The same request with the same token is refused again: not retried.
+        | Problem::ReasonRequired => ("invalid_request_error", problem.code()),
         Problem::OperatorTokenRequired | Problem::RoleForbidden => {
-            ("authentication_error", problem.code(), Some(false))
+            ("authentication_error", problem.code())
         }
-        // Nothing was forwarded: safe to try again.
-        Problem::StoreUnavailable | Problem::UpstreamUnreachable | Problem::Overloaded => {
-            ("api_error", problem.code(), Some(true))
-        }
-        // May have executed, or executed and cannot be replayed: a retry would not help,
-        // and must not read as success.
-        Problem::OutcomeUnknown
+        Problem::StoreUnavailable
+        | Problem::UpstreamUnreachable
+        | Problem::Overloaded
+        | Problem::OutcomeUnknown
         | Problem::UpstreamTimeout
         | Problem::UpstreamBrokenAnswer
         | Problem::ResponseNotStored
         | Problem::RecordUnreadable
-        | Problem::Internal => ("api_error", problem.code(), Some(false)),
+        | Problem::Internal => ("api_error", problem.code()),
+    }
+}
+
+impl Problem {
+    /// Whether the same request, sent again as it is, may succeed: the one table behind
+    /// `x-should-retry` (every error format) and Stripe's `Stripe-Should-Retry`. `true`
+    /// only where nothing was forwarded (the store, the upstream's connection or the
+    /// slots were not there) or where a retry can only find the first execution (it is
+    /// still running). Everything that may reflect an execution, or that the same request
+    /// meets again, is `false`; a new problem is `false` until it is shown safe.
+    pub fn should_retry(self) -> bool {
+        match self {
+            Problem::InProgress
+            | Problem::Overloaded
+            | Problem::StoreUnavailable
+            | Problem::UpstreamUnreachable => true,
+            Problem::MissingKey
+            | Problem::InvalidKey
+            | Problem::MissingTenant
+            | Problem::InvalidToken
+            | Problem::InvalidPath
+            | Problem::InvalidMethodOverride
+            | Problem::InvalidMethod
+            | Problem::BodyTooLarge
+            | Problem::BodyTimeout
+            | Problem::BodyUnreadable
+            | Problem::TrailersNotSupported
+            | Problem::FingerprintMismatch
+            | Problem::OutcomeUnknown
+            | Problem::UpstreamTimeout
+            | Problem::UpstreamBrokenAnswer
+            | Problem::InvalidHeader
+            | Problem::MethodNotAllowed
+            | Problem::ResponseNotStored
+            | Problem::OwnerBusy
+            | Problem::RecordUnreadable
+            | Problem::Internal
+            | Problem::AdminHostRefused
+            | Problem::CrossOriginRefused
+            | Problem::UnsupportedMediaType
+            | Problem::OperatorTokenRequired
+            | Problem::RoleForbidden
+            | Problem::ReasonRequired => false,
+        }
     }
 }
 
@@ -524,18 +561,15 @@ pub fn in_dialect(mut res: Response<Body>, format: &ErrorFormat) -> Response<Bod
     let doc = match format {
         ErrorFormat::Problem => return res,
         ErrorFormat::Stripe => {
-            let (kind, code, retry) = stripe_error(said.problem);
+            let (kind, code) = stripe_error(said.problem);
             // Stripe answers an idempotency error with 400, and its SDKs map the type to
             // their idempotency exception only under 400 (stripe-python reads a 422 as a
             // generic API error).
             if said.problem == Problem::FingerprintMismatch {
                 *res.status_mut() = StatusCode::BAD_REQUEST;
             }
-            if let Some(retry) = retry {
-                res.headers_mut().insert(
-                    STRIPE_SHOULD_RETRY,
-                    HeaderValue::from_static(if retry { "true" } else { "false" }),
-                );
+            if let Some(retry) = res.headers().get(SHOULD_RETRY).cloned() {
+                res.headers_mut().insert(STRIPE_SHOULD_RETRY, retry);
             }
             let mut message = said.problem.title().to_string();
             if !said.detail.is_empty() {
@@ -564,10 +598,71 @@ pub fn in_dialect(mut res: Response<Body>, format: &ErrorFormat) -> Response<Bod
 /// Stripe's header that tells its SDKs whether to retry.
 pub const STRIPE_SHOULD_RETRY: &str = "stripe-should-retry";
 
+/// The retry hint generated SDKs read (Stainless's among them), on every answer of
+/// idemgate's own whatever its error format: [`Problem::should_retry`].
+pub const SHOULD_RETRY: &str = "x-should-retry";
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+
+    /// docs/requests.md's table of retry hints is this table: every problem, its status
+    /// and its hint.
+    #[test]
+    fn the_documented_retry_hints_are_the_table() {
+        let doc = include_str!("../docs/requests.md");
+        let section = doc
+            .split("## Retry hints")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("a Retry hints section");
+        let rows: Vec<(String, String, String)> = section
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let name = cells[0].trim_end_matches('`').to_string();
+                (
+                    name,
+                    cells[1].to_string(),
+                    cells[2].trim_matches('`').to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(rows.len(), Problem::ALL.len(), "{rows:?}");
+        for p in Problem::ALL {
+            let row = rows.iter().find(|r| r.0 == p.name());
+            let want = (
+                p.name().to_string(),
+                p.status().as_u16().to_string(),
+                p.should_retry().to_string(),
+            );
+            assert_eq!(row, Some(&want), "{p:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn every_format_carries_the_retry_hint() {
+        let template = parse_template(r#"{"code":"{code}"}"#).unwrap();
+        for p in Problem::ALL {
+            let want = if p.should_retry() { "true" } else { "false" };
+            for format in [
+                ErrorFormat::Problem,
+                ErrorFormat::Stripe,
+                ErrorFormat::Template(std::sync::Arc::new(template.clone())),
+            ] {
+                let res = in_dialect(p.response("", None, None), &format);
+                assert_eq!(res.headers()[SHOULD_RETRY], want, "{p:?} {format:?}");
+                let stripe = res.headers().get(STRIPE_SHOULD_RETRY);
+                if format == ErrorFormat::Stripe {
+                    assert_eq!(stripe.map(|v| v.as_bytes()), Some(want.as_bytes()));
+                } else {
+                    assert!(stripe.is_none(), "{p:?} {format:?}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_type_uri_is_the_base_and_the_name() {

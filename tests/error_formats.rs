@@ -82,3 +82,55 @@ fn a_template_that_cannot_be_used_stops_start_up() {
         assert!(log.contains(says), "{setting}: {log}");
     }
 }
+
+/// Whether a retry may help, said the same way in every error format (`x-should-retry`,
+/// and Stripe's `Stripe-Should-Retry` beside it): `true` for a duplicate while the first
+/// still runs, `false` for the key reused with another body and for an outcome that stays
+/// unknown (the 504, then the 409 to its retry), none of which a retry as sent can change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_format_says_whether_a_retry_may_help() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut toml = String::from("[defaults]\nupstream_timeout = \"1s\"\n");
+    for (path, setting) in [
+        ("/problem", String::new()),
+        ("/stripe", "error_format = \"stripe\"".to_string()),
+        (
+            "/template",
+            format!("error_format = \"template\"\nerror_template = '{TEMPLATE}'"),
+        ),
+    ] {
+        toml.push_str(&format!("[[routes]]\npath = \"{path}\"\n{setting}\n"));
+    }
+    let file = config_file(&dir, &toml);
+    let g = Gate::start(&up.url(), "", &[("IDEMGATE_CONFIG", &file)]);
+    let c = client();
+    let says = |a: &Answer, path: &str, retry: &str, problem: &str| {
+        assert_eq!(a.header("idemgate-error"), Some(problem), "{path}");
+        assert_eq!(a.header("x-should-retry"), Some(retry), "{path} {problem}");
+        let stripe = (path == "/stripe").then_some(retry);
+        assert_eq!(a.header("stripe-should-retry"), stripe, "{path} {problem}");
+    };
+    for path in ["/problem", "/stripe", "/template"] {
+        let url = g.url(path);
+        let key = format!("hint{path}");
+        let hits = up.hits();
+        let first = post_in_background(&c, url.clone(), &key, "{\"a\":1}", &[(FAULT, "hold")]);
+        eventually(HANG_GUARD, "the first at the upstream", || up.hits() > hits).await;
+        let busy = post_url(&c, &url, Some(&key), "{\"a\":1}", &[]).await;
+        assert_eq!(busy.status, 409, "{path}");
+        says(&busy, path, "true", "in-progress");
+        up.release();
+        assert_eq!(first.await.unwrap().status, 201, "{path}");
+        let reused = post_url(&c, &url, Some(&key), "{\"a\":2}", &[]).await;
+        says(&reused, path, "false", "fingerprint-mismatch");
+
+        let key = format!("hang{path}");
+        let timed_out = post_url(&c, &url, Some(&key), "{}", &[(FAULT, "hang")]).await;
+        assert_eq!(timed_out.status, 504, "{path}");
+        says(&timed_out, path, "false", "upstream-timeout");
+        let unknown = post_url(&c, &url, Some(&key), "{}", &[(FAULT, "hang")]).await;
+        assert_eq!(unknown.status, 409, "{path}");
+        says(&unknown, path, "false", "outcome-unknown");
+    }
+}
