@@ -122,8 +122,7 @@ macro_rules! names {
         }
 
         /// Every case.
-        #[cfg(test)]
-        const ALL: &'static [Problem] = &[$(Problem::$variant,)*];
+        pub const ALL: &'static [Problem] = &[$(Problem::$variant,)*];
     };
 }
 
@@ -326,13 +325,36 @@ pub enum ErrorFormat {
     Stripe,
     /// An API's own JSON shape: a document whose strings may hold the placeholders of
     /// [`PLACEHOLDERS`] (see [`render_template`]).
-    Template(std::sync::Arc<serde_json::Value>),
+    Template(std::sync::Arc<Template>),
+}
+
+/// A route's `error_template`, checked, with its `error_codes`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Template {
+    doc: serde_json::Value,
+    codes: Vec<(Problem, String)>,
+}
+
+impl Template {
+    /// `doc` as [`parse_template`] gave it; `codes` what `{code}` writes for each problem
+    /// named (the others write their own name).
+    pub fn new(doc: serde_json::Value, codes: Vec<(Problem, String)>) -> Template {
+        Template { doc, codes }
+    }
+
+    fn code(&self, problem: Problem) -> &str {
+        self.codes
+            .iter()
+            .find(|(p, _)| *p == problem)
+            .map_or(problem.name(), |(_, code)| code.as_str())
+    }
 }
 
 /// The placeholders a template may use.
-pub const PLACEHOLDERS: [&str; 6] = [
+pub const PLACEHOLDERS: [&str; 7] = [
     "status",
     "code",
+    "problem",
     "title",
     "detail",
     "record_id",
@@ -378,13 +400,19 @@ pub fn parse_template(text: &str) -> Result<serde_json::Value, String> {
 /// JSON type (`{status}` and `{retry_after}` numbers, `{record_id}` and `{retry_after}`
 /// `null` when there is none); placeholders inside a longer string are replaced by their
 /// text. Keys are left as written.
-fn render_template(template: &serde_json::Value, said: &Said) -> serde_json::Value {
+fn render_template(template: &Template, said: &Said) -> serde_json::Value {
+    fill(&template.doc, template.code(said.problem), said)
+}
+
+/// [`render_template`]'s walk over the document, with `{code}` already chosen.
+fn fill(template: &serde_json::Value, code: &str, said: &Said) -> serde_json::Value {
     use serde_json::Value;
     let status = said.problem.status().as_u16();
     let typed = |name: &str| -> Option<Value> {
         Some(match name {
             "status" => Value::from(status),
-            "code" => Value::from(said.problem.name()),
+            "code" => Value::from(code),
+            "problem" => Value::from(said.problem.name()),
             "title" => Value::from(said.problem.title()),
             "detail" => Value::from(said.detail.as_str()),
             "record_id" => said.record_id.clone().map_or(Value::Null, Value::from),
@@ -413,10 +441,10 @@ fn render_template(template: &serde_json::Value, said: &Said) -> serde_json::Val
             }
             Value::String(out)
         }
-        Value::Array(a) => Value::Array(a.iter().map(|v| render_template(v, said)).collect()),
+        Value::Array(a) => Value::Array(a.iter().map(|v| fill(v, code, said)).collect()),
         Value::Object(o) => Value::Object(
             o.iter()
-                .map(|(k, v)| (k.clone(), render_template(v, said)))
+                .map(|(k, v)| (k.clone(), fill(v, code, said)))
                 .collect(),
         ),
         other => other.clone(),
@@ -650,7 +678,7 @@ mod tests {
             for format in [
                 ErrorFormat::Problem,
                 ErrorFormat::Stripe,
-                ErrorFormat::Template(std::sync::Arc::new(template.clone())),
+                ErrorFormat::Template(std::sync::Arc::new(Template::new(template.clone(), vec![]))),
             ] {
                 let res = in_dialect(p.response("", None, None), &format);
                 assert_eq!(res.headers()[SHOULD_RETRY], want, "{p:?} {format:?}");
@@ -731,7 +759,11 @@ mod tests {
         .expect("template");
         let id = RecordId::from_hex(&"ab".repeat(32)).expect("id");
         let res = Problem::InProgress.response("still running", Some(&id), Some(3));
-        let (status, h, doc) = json(in_dialect(res, &ErrorFormat::Template(t.into()))).await;
+        let (status, h, doc) = json(in_dialect(
+            res,
+            &ErrorFormat::Template(Template::new(t, vec![]).into()),
+        ))
+        .await;
         assert_eq!(status, 409);
         assert_eq!(h[IDEMGATE_ERROR], "in-progress");
         let e = &doc["errors"][0];
@@ -748,6 +780,24 @@ mod tests {
             .unwrap_err()
             .contains("{nope}"));
         assert!(parse_template("not json").is_err());
+    }
+
+    /// `error_codes` choose what `{code}` writes for the problems they name; `{problem}`
+    /// always writes the problem's own name.
+    #[tokio::test]
+    async fn a_template_writes_the_vendor_s_code_and_the_problem_s_name() {
+        let t = parse_template(r#"{"error":{"type":"{code}","reason":"{problem}"}}"#)
+            .expect("template");
+        let codes = vec![(Problem::InProgress, "invalid_state".to_string())];
+        let format = ErrorFormat::Template(Template::new(t, codes).into());
+        let res = Problem::InProgress.response("", None, Some(1));
+        let (_, _, doc) = json(in_dialect(res, &format)).await;
+        assert_eq!(doc["error"]["type"], "invalid_state");
+        assert_eq!(doc["error"]["reason"], "in-progress");
+        let res = Problem::FingerprintMismatch.response("", None, None);
+        let (_, _, doc) = json(in_dialect(res, &format)).await;
+        assert_eq!(doc["error"]["type"], "fingerprint-mismatch");
+        assert_eq!(doc["error"]["reason"], "fingerprint-mismatch");
     }
 
     #[tokio::test]

@@ -134,3 +134,113 @@ async fn every_format_says_whether_a_retry_may_help() {
         says(&unknown, path, "false", "outcome-unknown");
     }
 }
+
+/// The API dialects docs/requests.md gives as templates, each started from the page's own
+/// block: a duplicate while the first runs and the key reused with another body come back
+/// with the vendor's code in the field its SDKs read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_dialects_write_each_vendor_s_code() {
+    let page = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/requests.md"),
+    )
+    .unwrap();
+    // The dialect, the JSON pointer its SDKs read, and the code there for a 409
+    // in-progress and for a 422 fingerprint-mismatch.
+    let expected = [
+        (
+            "gocardless",
+            "/error/type",
+            "invalid_state",
+            "invalid_api_usage",
+        ),
+        (
+            "paypal",
+            "/name",
+            "RESOURCE_CONFLICT",
+            "UNPROCESSABLE_ENTITY",
+        ),
+        ("adyen", "/errorCode", "704", "704"),
+        (
+            "checkout",
+            "/error_type",
+            "request_in_progress",
+            "request_invalid",
+        ),
+        (
+            "square",
+            "/errors/0/code",
+            "CONFLICT",
+            "IDEMPOTENCY_KEY_REUSED",
+        ),
+        (
+            "modern-treasury",
+            "/errors/code",
+            "conflict",
+            "parameter_invalid",
+        ),
+    ];
+    let up = Upstream::start().await;
+    let c = client();
+    for (dialect, pointer, in_progress, mismatch) in expected {
+        let marker = format!("<!-- dialect: {dialect} -->\n```toml\n");
+        let at = page
+            .find(&marker)
+            .unwrap_or_else(|| panic!("no {dialect} template in docs/requests.md"));
+        let block = &page[at + marker.len()..];
+        let block = &block[..block.find("```").unwrap()];
+        let path = block
+            .lines()
+            .find_map(|l| l.strip_prefix("path = \""))
+            .and_then(|p| p.strip_suffix('"'))
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let file = config_file(&dir, block);
+        let g = Gate::start(&up.url(), "", &[("IDEMGATE_CONFIG", &file)]);
+        let url = g.url(path);
+        let hits = up.hits();
+        let first = post_in_background(&c, url.clone(), "k", "{\"a\":1}", &[(FAULT, "hold")]);
+        eventually(HANG_GUARD, "the first at the upstream", || up.hits() > hits).await;
+        let busy = post_url(&c, &url, Some("k"), "{\"a\":1}", &[]).await;
+        assert_eq!(busy.status, 409, "{dialect}");
+        let doc = busy.json();
+        assert_eq!(
+            doc.pointer(pointer),
+            Some(&in_progress.into()),
+            "{dialect}: {doc}"
+        );
+        up.release();
+        assert_eq!(first.await.unwrap().status, 201, "{dialect}");
+        let reused = post_url(&c, &url, Some("k"), "{\"a\":2}", &[]).await;
+        assert_eq!(reused.status, 422, "{dialect}");
+        let doc = reused.json();
+        assert_eq!(
+            doc.pointer(pointer),
+            Some(&mismatch.into()),
+            "{dialect}: {doc}"
+        );
+    }
+}
+
+/// `error_codes` must name problems idemgate answers, and belongs to a template.
+#[test]
+fn error_codes_that_cannot_be_used_stop_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = format!("error_format = \"template\"\nerror_template = '{TEMPLATE}'");
+    for (setting, says) in [
+        (
+            format!("{template}\nerror_codes = {{ no-such-problem = \"x\" }}"),
+            "`no-such-problem` is not a problem idemgate answers",
+        ),
+        (
+            "error_format = \"stripe\"\nerror_codes = { in-progress = \"x\" }".to_string(),
+            "error_codes are the codes of error_format = \"template\"",
+        ),
+    ] {
+        let file = config_file(&dir, &route(&setting));
+        let (code, log) =
+            Gate::run_to_exit("http://127.0.0.1:9", "", &[("IDEMGATE_CONFIG", &file)]);
+        assert_eq!(code, Some(64), "{setting}: {log}");
+        assert!(log.contains(says), "{setting}: {log}");
+        assert!(log.contains("error_codes"), "{setting}: {log}");
+    }
+}

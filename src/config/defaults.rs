@@ -132,6 +132,7 @@ impl Default for Defaults {
             mode: Mode::Enforce,
             error_format: super::ErrorFormatName::Problem,
             error_template: None,
+            error_codes: None,
             fingerprint_ignore: Vec::new(),
             query_order: QueryOrder::Sorted,
             path_params: PathParams::Refuse,

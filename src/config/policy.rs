@@ -530,7 +530,15 @@ fn error_format(
 ) -> Result<crate::problem::ErrorFormat, ConfigError> {
     use crate::problem::ErrorFormat;
     let template = r.error_template.as_ref().or(d.error_template.as_ref());
-    Ok(match r.error_format.unwrap_or(d.error_format) {
+    let format = r.error_format.unwrap_or(d.error_format);
+    if r.error_codes.is_some() && format != ErrorFormatName::Template {
+        return Err(invalid(
+            key_of("error_codes"),
+            "error_codes are the codes of error_format = \"template\"; this route's format \
+             writes its own",
+        ));
+    }
+    Ok(match format {
         ErrorFormatName::Problem => ErrorFormat::Problem,
         ErrorFormatName::Stripe => ErrorFormat::Stripe,
         ErrorFormatName::Template => {
@@ -542,9 +550,45 @@ fn error_format(
             })?;
             let doc = crate::problem::parse_template(text)
                 .map_err(|e| invalid(key_of("error_template"), e))?;
-            ErrorFormat::Template(std::sync::Arc::new(doc))
+            let codes = error_codes(r, d, key_of)?;
+            ErrorFormat::Template(std::sync::Arc::new(crate::problem::Template::new(
+                doc, codes,
+            )))
         }
     })
+}
+
+/// `[defaults]`' `error_codes`, then the route's over them, each naming a problem.
+fn error_codes(
+    r: &Route,
+    d: &Defaults,
+    key_of: &dyn Fn(&str) -> String,
+) -> Result<Vec<(crate::problem::Problem, String)>, ConfigError> {
+    use crate::problem::Problem;
+    let mut merged = d.error_codes.clone().unwrap_or_default();
+    merged.extend(r.error_codes.clone().unwrap_or_default());
+    merged
+        .into_iter()
+        .map(|(name, code)| {
+            let problem = Problem::ALL
+                .iter()
+                .find(|p| p.name() == name)
+                .ok_or_else(|| {
+                    invalid(
+                        key_of("error_codes"),
+                        format!(
+                            "`{name}` is not a problem idemgate answers; the problems are {}",
+                            Problem::ALL
+                                .iter()
+                                .map(|p| p.name())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    )
+                })?;
+            Ok((*problem, code))
+        })
+        .collect()
 }
 
 fn matches_override(r: &Route, name: &str) -> bool {
@@ -571,6 +615,7 @@ fn matches_override(r: &Route, name: &str) -> bool {
         "record_control_header" => r.record_control_header.is_some(),
         "key_json_pointer" => r.key_json_pointer.is_some(),
         "error_template" => r.error_template.is_some(),
+        "error_codes" => r.error_codes.is_some(),
         _ => false,
     }
 }

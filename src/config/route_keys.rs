@@ -154,8 +154,13 @@ pub struct Defaults {
     pub error_format: ErrorFormatName,
     /// With `error_format = "template"`: the JSON document of idemgate's own answers, its
     /// strings holding `{status}`, `{code}`, `{title}`, `{detail}`, `{record_id}`,
-    /// `{retry_after}`.
+    /// `{retry_after}`, `{problem}`.
     pub error_template: Option<String>,
+    /// With `error_format = "template"`: the code `{code}` writes for each named problem
+    /// (`in-progress = "invalid_state"`), so that one template speaks an API whose errors
+    /// differ by code; a problem not named keeps its own name. A route's entries go over
+    /// these.
+    pub error_codes: Option<std::collections::BTreeMap<String, String>>,
     /// JSON pointers left out of the fingerprint.
     pub fingerprint_ignore: Vec<String>,
     /// Whether the order of the query's pairs counts in the fingerprint.
@@ -272,6 +277,7 @@ pub struct Route {
     pub mode: Option<Mode>,
     pub error_format: Option<ErrorFormatName>,
     pub error_template: Option<String>,
+    pub error_codes: Option<std::collections::BTreeMap<String, String>>,
     pub fingerprint_ignore: Option<Vec<String>>,
     pub query_order: Option<QueryOrder>,
     pub path_params: Option<PathParams>,
