@@ -20,13 +20,13 @@
 //! - [`fingerprint`]: what makes two requests "the same": canonical JSON, forms, raw bytes.
 //! - [`store`]: the [`store::Store`] trait and one backend each: `memory/` (shards, their
 //!   records and expiry, the calls), `redis/` (scripts, the calls, large bodies in
-//!   pieces, replica acknowledgement, the secret's cluster copies, replies), `sqlite`,
-//!   `postgres` (sharing `row`, a record's columns as operators see them);
-//!   [`store::Layer`], a wrapper that states only the calls it changes (sealing at rest
-//!   in `store::seal`, the metrics' timing, the lab's tracking); `store::redis_setup`
-//!   validates how Redis is reached and `store::redis_link` holds the connection for
-//!   each topology. A store may read the configuration's plain values, never the other
-//!   way round.
+//!   pieces, replica acknowledgement, the secret's cluster copies, replies; `setup`
+//!   validates how Redis is reached, `link` holds the connection for each topology),
+//!   `sqlite`, `postgres/` (the store; `tls`, its `sslmode`s), sharing `row`, a record's
+//!   columns as operators see them; [`store::Layer`], a wrapper that states only the
+//!   calls it changes (sealing at rest in `store::seal`, the metrics' timing, the lab's
+//!   tracking). A store may read the configuration's plain values, never the other way
+//!   round.
 //! - [`admission`]: the slots of `max_in_flight` and of pass-through, the queue in front of
 //!   them, and the budget of bodies held for slow clients.
 //! - [`proxy`]: the hyper service. A request is first decided as a value, without I/O

@@ -11,7 +11,7 @@
 use figment::Figment;
 
 use crate::config::{Config, ConfigError, Settings};
-use crate::store::postgres_tls::PostgresSetup;
+use crate::store::postgres::tls::PostgresSetup;
 use crate::store::seal::Envelope;
 use crate::store::RedisSetup;
 use crate::tls::{ListenerTls, UpstreamTls};

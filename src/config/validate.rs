@@ -155,7 +155,7 @@ impl Settings {
                 ));
             }
         }
-        // How Redis is reached is checked where it is set up (`store::redis_setup`).
+        // How Redis is reached is checked where it is set up (`store::redis::setup`).
         let redis = config.redis_url.is_some()
             || !config.redis_sentinels.is_empty()
             || !config.redis_cluster_nodes.is_empty();

@@ -29,7 +29,7 @@ use redis::{
     RedisFuture, RedisResult, TlsCertificates, TlsMode, Value,
 };
 
-use super::redis_setup::{RedisSetup, Tls, Topology};
+use super::setup::{RedisSetup, Tls, Topology};
 
 /// A connection to Redis, whatever its topology. Cheap to clone: clones share the sockets.
 #[derive(Clone)]
@@ -329,7 +329,7 @@ fn node_addr(host: &str, port: u16, tls: Option<&Tls>) -> RedisResult<Connection
 }
 
 /// How a [`Renewing`] connection is made.
-type Opener<C> = Box<dyn Fn() -> super::BoxFuture<'static, RedisResult<C>> + Send + Sync>;
+type Opener<C> = Box<dyn Fn() -> crate::store::BoxFuture<'static, RedisResult<C>> + Send + Sync>;
 
 /// A multiplexed connection (one server's, the primary that Sentinel names, or a
 /// cluster's) that is given up when a call on it ends in an error its topology names, or is

@@ -12,7 +12,7 @@
 //! statement also runs under the server's `statement_timeout`, set to the store deadline,
 //! so a statement abandoned by a timed-out caller does not keep running.
 //!
-//! TLS by libpq's `sslmode` (see [`super::postgres_tls`]): rustls with the ring provider,
+//! TLS by libpq's `sslmode` (see [`tls`]): rustls with the ring provider,
 //! the server verified by chain and name (`verify-full`), by chain (`verify-ca`) or not at
 //! all (`require`, warned about at start-up), a client certificate when the server asks.
 //! A handshake that fails, at start-up or on a later reconnection, is said to be a TLS
@@ -27,13 +27,15 @@ use tokio_postgres::config::SslMode as PgSslMode;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, NoTls, Row, Socket, Statement};
 
-use super::postgres_tls::PostgresSetup;
+use self::tls::PostgresSetup;
 use super::row::{ViewRow, Walk};
 use super::{
     Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState, RecordView,
     ReplayRoom, Store, StoreError, StoreFuture, StoredResponse,
 };
 use crate::key::RecordId;
+
+pub mod tls;
 
 /// The schema this build writes, kept in `idemgate_meta`. A database with a higher version
 /// was migrated by a newer idemgate and is refused rather than misread.
@@ -301,7 +303,7 @@ fn backend(e: impl std::fmt::Display) -> StoreError {
 fn pg(e: tokio_postgres::Error) -> StoreError {
     // A certificate refused (an expired one after a server restart, a name it is not
     // for): said as such, in rustls' words.
-    if let Some(why) = super::postgres_tls::tls_failure(&e) {
+    if let Some(why) = self::tls::tls_failure(&e) {
         return StoreError::Backend(format!("postgres: TLS failed: {why}"));
     }
     // The server's own message (a statement timeout, a constraint) says more than the
