@@ -589,15 +589,7 @@ fn serve(
                 .config
                 .admin_listen
                 .map_or_else(|| "off".to_string(), |a| a.to_string()),
-            store = if wired.redis.is_some() {
-                "redis"
-            } else if settings.config.postgres_url.is_some() {
-                "postgres"
-            } else if settings.config.store_path.is_some() {
-                "sqlite"
-            } else {
-                "memory"
-            },
+            store = idemgate::store::StoreKind::of(&settings.config).name(),
             tracing = idemgate::telemetry::enabled(),
             version = env!("CARGO_PKG_VERSION"),
             "idemgate starting"

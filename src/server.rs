@@ -29,9 +29,7 @@ use crate::releases::Releases;
 use crate::scope::Scoper;
 use crate::secret::{SecretError, SecretHealth};
 use crate::store::seal::Enveloped;
-use crate::store::{
-    MemoryStore, PostgresStore, RedisSetup, RedisStore, SqliteStore, Store, StoreError,
-};
+use crate::store::{OpenError, RedisSetup, Store, StoreError, StoreKind};
 use crate::wiring::Wired;
 
 /// Why idemgate could not start or stopped with an error.
@@ -71,6 +69,18 @@ pub enum Error {
     EvictingRedis(String),
 }
 
+impl From<OpenError> for Error {
+    fn from(e: OpenError) -> Error {
+        match e {
+            OpenError::Store(e) => Error::Store(e),
+            OpenError::RedisUnreachable { addr, source } => {
+                Error::RedisUnreachable { addr, source }
+            }
+            OpenError::EvictingRedis(policy) => Error::EvictingRedis(policy),
+        }
+    }
+}
+
 impl Error {
     /// The process exit code (sysexits): 64 bad configuration, 69 a dependency unavailable,
     /// 71 an OS error.
@@ -83,9 +93,8 @@ impl Error {
     }
 }
 
-/// Opens the configured store (Redis when `redis_url`, `redis_sentinels` or
-/// `redis_cluster_nodes` is set, else the embedded one) and
-/// reads the secret that its record ids are keyed with.
+/// Opens the store the settings choose ([`crate::store::open`]), behind the envelope of
+/// records at rest, and reads the secret that its record ids are keyed with.
 pub async fn open_store(wired: &Wired) -> Result<(Arc<dyn Store>, Scoper), Error> {
     open_store_reporting(wired, &crate::starting::Starting::default()).await
 }
@@ -96,7 +105,7 @@ async fn open_store_reporting(
     starting: &crate::starting::Starting,
 ) -> Result<(Arc<dyn Store>, Scoper), Error> {
     let settings = &wired.settings;
-    let mut store = open_backend(wired).await?;
+    let mut store = crate::store::open(&settings.config, wired.redis.as_ref()).await?;
     if let Some(keys) = &wired.envelope.keys {
         tracing::info!(
             sealing_key = keys.sealing_id(),
@@ -118,10 +127,8 @@ async fn open_store_reporting(
         timeout
     };
     let c = &settings.config;
-    // A store of this process alone (the embedded one, a SQLite file whose records and
-    // secret go together) has no running instance to wait for.
-    let shared = matches!(store.kind(), "redis" | "postgres");
-    let delay = if shared {
+    // A store of this process alone has no running instance to wait for.
+    let delay = if store.kind().shared() {
         c.scope_secret_create_delay
     } else {
         Duration::ZERO
@@ -148,77 +155,22 @@ pub fn store_place(wired: &Wired, store: &dyn Store) -> crate::secret::StorePlac
     use crate::secret::StorePlace;
     let c = &wired.settings.config;
     match store.kind() {
-        "redis" => StorePlace::Redis {
+        StoreKind::Redis => StorePlace::Redis {
             cli: wired
                 .redis
                 .as_ref()
                 .map_or_else(|| "redis-cli".to_string(), RedisSetup::cli),
             cluster: !store.can_list(),
         },
-        "postgres" => StorePlace::Postgres,
-        "sqlite" => StorePlace::Sqlite(
+        StoreKind::Postgres => StorePlace::Postgres,
+        StoreKind::Sqlite => StorePlace::Sqlite(
             c.store_path
                 .as_deref()
                 .unwrap_or(std::path::Path::new("."))
                 .join(crate::store::sqlite::FILE_NAME),
         ),
-        _ => StorePlace::Memory,
+        StoreKind::Memory => StorePlace::Memory,
     }
-}
-
-async fn open_backend(wired: &Wired) -> Result<Arc<dyn Store>, Error> {
-    let c = &wired.settings.config;
-    if let Some(url) = &c.postgres_url {
-        let store =
-            PostgresStore::connect(url.expose(), c.redis_connect_timeout, c.store_timeout).await?;
-        store.spawn_sweeper(Duration::from_secs(10));
-        tracing::info!("connected to PostgreSQL");
-        return Ok(Arc::new(store));
-    }
-    if let (None, Some(dir)) = (&wired.redis, &c.store_path) {
-        let dir = dir.clone();
-        let store = tokio::task::spawn_blocking(move || SqliteStore::open(&dir))
-            .await
-            .map_err(|e| StoreError::Backend(format!("opening the store: {e}")))??;
-        store.spawn_sweeper(Duration::from_secs(10));
-        tracing::info!(path = %store.path().display(), "using the persistent embedded store");
-        return Ok(Arc::new(store));
-    }
-    let Some(setup) = &wired.redis else {
-        tracing::warn!("{}", crate::wiring::MEMORY_STORE_WARNING);
-        let store = MemoryStore::with_limits(c.memory_max_records, c.memory_max_bytes);
-        store.spawn_sweeper(Duration::from_secs(10));
-        return Ok(Arc::new(store));
-    };
-    let store = connect_redis(&wired.settings, setup).await?;
-    let info = crate::store::deadline(c.store_timeout, store.server_info())
-        .await
-        .map_err(|source| Error::RedisUnreachable {
-            addr: setup.addresses(),
-            source,
-        })?;
-    if info.maxmemory_policy != "noeviction" {
-        return Err(Error::EvictingRedis(info.maxmemory_policy));
-    }
-    if !info.aof_enabled {
-        tracing::warn!(
-            "Redis append-only persistence is off: records written since the last snapshot are lost if Redis restarts, and their keys could execute again"
-        );
-    }
-    let records = if setup.value_records { "value" } else { "hash" };
-    tracing::info!(redis_version = %info.version, records, "connected to Redis");
-    Ok(Arc::new(store))
-}
-
-/// A connection to the configured Redis, its scripts loaded; no start-up checks.
-async fn connect_redis(settings: &Settings, setup: &RedisSetup) -> Result<RedisStore, Error> {
-    let c = &settings.config;
-    RedisStore::open(setup, c.redis_connect_timeout, c.store_timeout)
-        .await
-        .map_err(|source| Error::RedisUnreachable {
-            addr: setup.addresses(),
-            source,
-        })
 }
 
 /// `store` behind the envelope. Always, keys or not: an instance without keys must still
@@ -490,15 +442,15 @@ impl Worker {
                 runtime.block_on(async move {
                     // Its own Redis connection; the first thread's start-up checks and
                     // scope secret hold for it.
-                    let store = match &wired.redis {
-                        Some(setup) => match connect_redis(&wired.settings, setup).await {
-                            Ok(store) => sealed(&wired, Arc::new(store)),
-                            Err(e) => {
-                                let _ = ready_tx.send(Err(e));
-                                return;
-                            }
-                        },
-                        None => shared,
+                    let c = &wired.settings.config;
+                    let store = match crate::store::open::for_thread(c, wired.redis.as_ref()).await
+                    {
+                        Ok(Some(store)) => sealed(&wired, store),
+                        Ok(None) => shared,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e.into()));
+                            return;
+                        }
                     };
                     let _ = ready_tx.send(Ok(()));
                     // The first thread gave up (start-up failed elsewhere): nothing to serve.
@@ -643,7 +595,7 @@ async fn serve_on(
     ));
     let secret_health = Arc::new(SecretHealth::new(metrics.scope_secret_agreed()));
     // An embedded store's secret cannot be lost while its process runs.
-    let secret_watch = (store.kind() != "memory").then(|| {
+    let secret_watch = (store.kind() != StoreKind::Memory).then(|| {
         let watch = crate::secret::Watch {
             store: store.clone(),
             secret: scoper.secret().clone(),

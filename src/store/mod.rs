@@ -29,6 +29,7 @@ use crate::scope::ScopeSecret;
 
 pub mod layer;
 pub mod memory;
+pub mod open;
 pub mod postgres;
 pub mod redis;
 mod row;
@@ -37,9 +38,10 @@ pub mod sqlite;
 
 pub use self::layer::{Call, Layer};
 pub use self::memory::MemoryStore;
+pub use self::open::{open, OpenError, StoreKind};
 pub use self::postgres::PostgresStore;
-pub use self::redis::RedisStore;
 pub use self::redis::setup::RedisSetup;
+pub use self::redis::RedisStore;
 pub use self::sqlite::SqliteStore;
 
 /// A boxed future, so the trait can be used as `dyn Store`.
@@ -457,8 +459,8 @@ pub trait Store: Send + Sync + 'static {
     }
     /// Checks the store answers.
     fn ping(&self) -> StoreFuture<'_, ()>;
-    /// A short name for logs: `memory`, `sqlite` or `redis`.
-    fn kind(&self) -> &'static str;
+    /// Which backend this is, at the bottom of any layers.
+    fn kind(&self) -> StoreKind;
     /// A small named value the store keeps for ever (no TTL), beside the records: the
     /// scope secret, and each namespace's verifier of it (see [`crate::secret`]). With an
     /// `offer`, the value is set to it if absent; either way what the store holds then is

@@ -774,8 +774,8 @@ impl Store for SqliteStore {
         self.run(|c| c.query_row("SELECT 1", [], |_| Ok(())).map_err(backend))
     }
 
-    fn kind(&self) -> &'static str {
-        "sqlite"
+    fn kind(&self) -> crate::store::StoreKind {
+        crate::store::StoreKind::Sqlite
     }
 
     fn meta<'a>(&'a self, name: &'a str, offer: Option<&'a str>) -> StoreFuture<'a, Meta> {

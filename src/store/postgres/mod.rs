@@ -926,8 +926,8 @@ impl Store for PostgresStore {
         })
     }
 
-    fn kind(&self) -> &'static str {
-        "postgres"
+    fn kind(&self) -> crate::store::StoreKind {
+        crate::store::StoreKind::Postgres
     }
 
     fn meta<'a>(&'a self, name: &'a str, offer: Option<&'a str>) -> StoreFuture<'a, Meta> {

@@ -36,8 +36,8 @@ use super::{
 use crate::key::RecordId;
 
 mod ack;
-pub mod link;
 mod calls;
+pub mod link;
 mod meta;
 mod parse;
 mod pieces;
