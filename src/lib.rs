@@ -59,6 +59,8 @@
 //! - [`tls`]: TLS to an `https://` upstream, and the TLS listener with its certificate
 //!   reloaded on change.
 //! - [`body`]: the body type shared by all of the above.
+//! - [`cli`]: the binary's subcommands, one module each (`serve`, the proxy; `config`,
+//!   `records`, `probe`, `bank`, `lab`); `main.rs` parses the command line and calls one.
 //! - [`lab`]: beside the product, not in its request path: a deliberately non-idempotent
 //!   bank, a day of retrying traffic and an auditor (`idemgate bank`, `idemgate lab`).
 //!
@@ -72,6 +74,7 @@ pub mod admin_access;
 pub mod admission;
 pub mod answer;
 pub mod body;
+pub mod cli;
 pub mod config;
 pub mod connection;
 pub mod fingerprint;
@@ -85,7 +88,6 @@ pub mod outcome;
 pub mod probe;
 pub mod problem;
 pub mod proxy;
-pub mod records_cli;
 pub mod releases;
 pub mod reload;
 pub mod request_id;
