@@ -54,7 +54,11 @@
 //! - [`connection`]: what one client connection may hold: head and idle deadlines from
 //!   accept on, and the cap on open connections.
 //! - [`listener`]: the listening sockets and their accept queue.
-//! - [`server`]: start-up checks, accept loops and graceful shutdown.
+//! - [`server`]: start-up and shutdown: `build` opens the store with its checks, binds the
+//!   listeners and builds the app (the proxy, the admin API, their metrics and the tasks
+//!   beside them); `serve` runs the accept loops (`accept`, one listener's; `handshake`,
+//!   the TLS listener's; `threads`, the serving threads besides the first); `drain`, the
+//!   graceful shutdown within one grace.
 //! - [`telemetry`]: OpenTelemetry spans for protected requests (`otlp_endpoint`).
 //! - [`tls`]: TLS to an `https://` upstream, and the TLS listener with its certificate
 //!   reloaded on change.
