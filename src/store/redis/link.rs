@@ -29,6 +29,7 @@ use redis::{
     RedisFuture, RedisResult, TlsCertificates, TlsMode, Value,
 };
 
+use super::renewing::{Opener, Renewing, RenewingInner};
 use super::setup::{RedisSetup, Tls, Topology};
 
 /// A connection to Redis, whatever its topology. Cheap to clone: clones share the sockets.
@@ -68,172 +69,18 @@ impl Link {
         let certs = setup.tls.as_ref().map(certificates);
         match &setup.topology {
             Topology::Single(url) => {
-                let mut info = url.as_str().into_connection_info()?;
-                let mut settings = info.redis_settings().clone();
-                if let Some(user) = &setup.username {
-                    settings = settings.set_username(user);
-                }
-                if let Some(password) = &setup.password {
-                    settings = settings.set_password(password.expose());
-                }
-                info = info.set_redis_settings(settings);
-                if let (ConnectionAddr::TcpTls { host, port, .. }, Some(tls)) =
-                    (info.addr().clone(), &setup.tls)
-                {
-                    let addr = node_addr(&host, port, Some(tls))?;
-                    info = info.set_addr(addr);
-                }
-                let client = match certs {
-                    Some(certs) => redis::Client::build_with_tls(info, certs)?,
-                    None => redis::Client::open(info)?,
-                };
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(connect_timeout))
-                    .set_response_timeout(None)
-                    // Reconnection happens in the background; a request that finds the
-                    // connection down fails at once (503) rather than waiting through a
-                    // retry ladder.
-                    .set_number_of_retries(2)
-                    .set_max_delay(Duration::from_secs(1));
-                let open: Opener<ConnectionManager> = Box::new(move || {
-                    let (client, config) = (client.clone(), config.clone());
-                    Box::pin(async move {
-                        tokio::time::timeout(
-                            connect_timeout * 2,
-                            ConnectionManager::new_with_config(client, config),
-                        )
-                        .await
-                        .map_err(|_| timed_out("no connection in time"))?
-                    })
-                });
-                // A call that meets a certificate the client refuses (redis-rs's own reconnect
-                // after a restart) gives the manager up too, so that the calls after it are
-                // told why at once (see `Renewing::failed`) instead of each waiting on the
-                // manager's retries until its deadline.
-                let link = Renewing::new(
-                    open,
-                    response_timeout / 2,
-                    |e| e.is_timeout() || fails_fast(e),
-                    None,
-                    connect_timeout * 2,
-                );
-                // The first connection is made now, so that a wrong address, password or
-                // certificate stops start-up.
-                link.connection().await?;
-                Ok(Link::Single(link))
+                open_single(setup, url, certs, connect_timeout, response_timeout).await
             }
             Topology::Sentinel { sentinels, master } => {
-                let addrs = sentinels
-                    .iter()
-                    .map(|(h, p)| node_addr(h, *p, setup.tls.as_ref()))
-                    .collect::<RedisResult<Vec<_>>>()?;
-                let mut b = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)?;
-                if let Some(tls) = &setup.tls {
-                    b = b
-                        .set_client_to_sentinel_tls_mode(tls_mode(tls))
-                        .set_client_to_redis_tls_mode(tls_mode(tls));
-                }
-                if let Some(certs) = certs {
-                    b = b
-                        .set_client_to_sentinel_certificates(certs.clone())
-                        .set_client_to_redis_certificates(certs);
-                }
-                if let Some(user) = &setup.username {
-                    b = b
-                        .set_client_to_sentinel_username(user)
-                        .set_client_to_redis_username(user);
-                }
-                if let Some(password) = &setup.password {
-                    b = b
-                        .set_client_to_sentinel_password(password.expose())
-                        .set_client_to_redis_password(password.expose());
-                }
-                let client = Arc::new(tokio::sync::Mutex::new(b.build()?));
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(connect_timeout))
-                    .set_response_timeout(None);
-                // Where the current connection goes, for the watcher to compare.
-                let connected_to: Arc<Mutex<Option<String>>> = Arc::default();
-                let (opener_client, noted) = (client.clone(), connected_to.clone());
-                let open: Opener<MultiplexedConnection> = Box::new(move || {
-                    let (client, config, noted) =
-                        (opener_client.clone(), config.clone(), noted.clone());
-                    Box::pin(async move {
-                        let ask = async {
-                            let primary = client.lock().await.async_get_client().await?;
-                            let addr = primary.get_connection_info().addr().to_string();
-                            let conn = primary
-                                .get_multiplexed_async_connection_with_config(&config)
-                                .await?;
-                            if let Ok(mut to) = noted.lock() {
-                                *to = Some(addr);
-                            }
-                            Ok(conn)
-                        };
-                        // Asking the sentinels and then the primary: two connections at most.
-                        tokio::time::timeout(connect_timeout * 2, ask)
-                            .await
-                            .map_err(|_| timed_out("no primary from the sentinels in time"))?
-                    })
-                });
-                // Given up at once when a call is cut off (the primary may be frozen or cut
-                // off), when the primary answers READONLY (demoted), or when the connection
-                // broke: the next call asks the sentinels again.
-                let leads = leader.is_none();
-                let epoch = leader.unwrap_or_default();
-                let link = Renewing::new(
-                    open,
-                    Duration::ZERO,
-                    |e| {
-                        e.code() == Some("READONLY")
-                            || e.is_connection_dropped()
-                            || e.is_unrecoverable_error()
-                            || e.is_timeout()
-                            || fails_fast(e)
-                    },
-                    Some(epoch.clone()),
-                    connect_timeout * 2,
-                );
-                // The first connection is made now, so that a wrong address, name or
-                // certificate stops start-up.
-                link.connection().await?;
-                if leads {
-                    tokio::spawn(watch_primary(
-                        Arc::downgrade(&link.inner),
-                        client,
-                        connected_to,
-                        epoch,
-                        connect_timeout,
-                    ));
-                }
-                Ok(Link::Sentinel(link))
+                let sentinel = Sentinel {
+                    sentinels,
+                    master,
+                    leader,
+                };
+                open_sentinel(setup, sentinel, certs, connect_timeout).await
             }
             Topology::Cluster { nodes } => {
-                let seeds = Arc::new(ClusterSeeds {
-                    setup: setup.clone(),
-                    certs,
-                    configured: nodes.clone(),
-                    seeds: Mutex::new(nodes.clone()),
-                    connect_timeout,
-                    response_timeout,
-                });
-                let open: Opener<ClusterConnection> = Box::new(move || {
-                    let seeds = seeds.clone();
-                    Box::pin(async move { seeds.connect().await })
-                });
-                // Not given up on a TLS failure: that may be one node's, and the
-                // connection to the others is still good.
-                let link = Renewing::new(
-                    open,
-                    response_timeout / 2,
-                    |e| e.is_timeout(),
-                    None,
-                    connect_timeout * 3 + response_timeout * 2,
-                );
-                // The first connection is made now, so that a wrong address or certificate
-                // stops start-up.
-                link.connection().await?;
-                Ok(Link::Cluster(link))
+                open_cluster(setup, nodes, certs, connect_timeout, response_timeout).await
             }
         }
     }
@@ -252,6 +99,213 @@ impl Link {
     pub fn is_cluster(&self) -> bool {
         matches!(self, Link::Cluster(_))
     }
+}
+
+/// The connection to one server (`redis_url`), made now so that a wrong address,
+/// password or certificate stops start-up.
+async fn open_single(
+    setup: &RedisSetup,
+    url: &str,
+    certs: Option<TlsCertificates>,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+) -> RedisResult<Link> {
+    let mut info = url.into_connection_info()?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = &setup.username {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = &setup.password {
+        settings = settings.set_password(password.expose());
+    }
+    info = info.set_redis_settings(settings);
+    if let (ConnectionAddr::TcpTls { host, port, .. }, Some(tls)) =
+        (info.addr().clone(), &setup.tls)
+    {
+        let addr = node_addr(&host, port, Some(tls))?;
+        info = info.set_addr(addr);
+    }
+    let client = match certs {
+        Some(certs) => redis::Client::build_with_tls(info, certs)?,
+        None => redis::Client::open(info)?,
+    };
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(connect_timeout))
+        .set_response_timeout(None)
+        // Reconnection happens in the background; a request that finds the
+        // connection down fails at once (503) rather than waiting through a
+        // retry ladder.
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_secs(1));
+    let open: Opener<ConnectionManager> = Box::new(move || {
+        let (client, config) = (client.clone(), config.clone());
+        Box::pin(async move {
+            tokio::time::timeout(
+                connect_timeout * 2,
+                ConnectionManager::new_with_config(client, config),
+            )
+            .await
+            .map_err(|_| timed_out("no connection in time"))?
+        })
+    });
+    // A call that meets a certificate the client refuses (redis-rs's own reconnect
+    // after a restart) gives the manager up too, so that the calls after it are
+    // told why at once (see `Renewing::failed`) instead of each waiting on the
+    // manager's retries until its deadline.
+    let link = Renewing::new(
+        open,
+        response_timeout / 2,
+        |e| e.is_timeout() || fails_fast(e),
+        None,
+        connect_timeout * 2,
+    );
+    // The first connection is made now, so that a wrong address, password or
+    // certificate stops start-up.
+    link.connection().await?;
+    Ok(Link::Single(link))
+}
+
+/// Where Sentinel is asked, and whose view of the primary a link follows.
+struct Sentinel<'a> {
+    sentinels: &'a [(String, u16)],
+    master: &'a str,
+    /// The leading link's epoch (see [`Link::open_following`]); `None` for a link that
+    /// watches the sentinels itself.
+    leader: Option<Arc<AtomicU64>>,
+}
+
+/// The connection to the primary that the sentinels name, made now so that a wrong
+/// address, name or certificate stops start-up; a leading link also watches the sentinels.
+async fn open_sentinel(
+    setup: &RedisSetup,
+    sentinel: Sentinel<'_>,
+    certs: Option<TlsCertificates>,
+    connect_timeout: Duration,
+) -> RedisResult<Link> {
+    let Sentinel {
+        sentinels,
+        master,
+        leader,
+    } = sentinel;
+    let addrs = sentinels
+        .iter()
+        .map(|(h, p)| node_addr(h, *p, setup.tls.as_ref()))
+        .collect::<RedisResult<Vec<_>>>()?;
+    let mut b = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)?;
+    if let Some(tls) = &setup.tls {
+        b = b
+            .set_client_to_sentinel_tls_mode(tls_mode(tls))
+            .set_client_to_redis_tls_mode(tls_mode(tls));
+    }
+    if let Some(certs) = certs {
+        b = b
+            .set_client_to_sentinel_certificates(certs.clone())
+            .set_client_to_redis_certificates(certs);
+    }
+    if let Some(user) = &setup.username {
+        b = b
+            .set_client_to_sentinel_username(user)
+            .set_client_to_redis_username(user);
+    }
+    if let Some(password) = &setup.password {
+        b = b
+            .set_client_to_sentinel_password(password.expose())
+            .set_client_to_redis_password(password.expose());
+    }
+    let client = Arc::new(tokio::sync::Mutex::new(b.build()?));
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(connect_timeout))
+        .set_response_timeout(None);
+    // Where the current connection goes, for the watcher to compare.
+    let connected_to: Arc<Mutex<Option<String>>> = Arc::default();
+    let (opener_client, noted) = (client.clone(), connected_to.clone());
+    let open: Opener<MultiplexedConnection> = Box::new(move || {
+        let (client, config, noted) = (opener_client.clone(), config.clone(), noted.clone());
+        Box::pin(async move {
+            let ask = async {
+                let primary = client.lock().await.async_get_client().await?;
+                let addr = primary.get_connection_info().addr().to_string();
+                let conn = primary
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                if let Ok(mut to) = noted.lock() {
+                    *to = Some(addr);
+                }
+                Ok(conn)
+            };
+            // Asking the sentinels and then the primary: two connections at most.
+            tokio::time::timeout(connect_timeout * 2, ask)
+                .await
+                .map_err(|_| timed_out("no primary from the sentinels in time"))?
+        })
+    });
+    // Given up at once when a call is cut off (the primary may be frozen or cut
+    // off), when the primary answers READONLY (demoted), or when the connection
+    // broke: the next call asks the sentinels again.
+    let leads = leader.is_none();
+    let epoch = leader.unwrap_or_default();
+    let link = Renewing::new(
+        open,
+        Duration::ZERO,
+        |e| {
+            e.code() == Some("READONLY")
+                || e.is_connection_dropped()
+                || e.is_unrecoverable_error()
+                || e.is_timeout()
+                || fails_fast(e)
+        },
+        Some(epoch.clone()),
+        connect_timeout * 2,
+    );
+    // The first connection is made now, so that a wrong address, name or
+    // certificate stops start-up.
+    link.connection().await?;
+    if leads {
+        tokio::spawn(watch_primary(
+            Arc::downgrade(&link.inner),
+            client,
+            connected_to,
+            epoch,
+            connect_timeout,
+        ));
+    }
+    Ok(Link::Sentinel(link))
+}
+
+/// The connection to a cluster, made now so that a wrong address or certificate stops
+/// start-up.
+async fn open_cluster(
+    setup: &RedisSetup,
+    nodes: &[(String, u16)],
+    certs: Option<TlsCertificates>,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+) -> RedisResult<Link> {
+    let seeds = Arc::new(ClusterSeeds {
+        setup: setup.clone(),
+        certs,
+        configured: nodes.to_vec(),
+        seeds: Mutex::new(nodes.to_vec()),
+        connect_timeout,
+        response_timeout,
+    });
+    let open: Opener<ClusterConnection> = Box::new(move || {
+        let seeds = seeds.clone();
+        Box::pin(async move { seeds.connect().await })
+    });
+    // Not given up on a TLS failure: that may be one node's, and the
+    // connection to the others is still good.
+    let link = Renewing::new(
+        open,
+        response_timeout / 2,
+        |e| e.is_timeout(),
+        None,
+        connect_timeout * 3 + response_timeout * 2,
+    );
+    // The first connection is made now, so that a wrong address or certificate
+    // stops start-up.
+    link.connection().await?;
+    Ok(Link::Cluster(link))
 }
 
 impl ConnectionLike for Link {
@@ -328,246 +382,11 @@ fn node_addr(host: &str, port: u16, tls: Option<&Tls>) -> RedisResult<Connection
     Ok(url.as_str().into_connection_info()?.addr().clone())
 }
 
-/// How a [`Renewing`] connection is made.
-type Opener<C> = Box<dyn Fn() -> crate::store::BoxFuture<'static, RedisResult<C>> + Send + Sync>;
-
-/// A multiplexed connection (one server's, the primary that Sentinel names, or a
-/// cluster's) that is given up when a call on it ends in an error its topology names, or is
-/// dropped unfinished after waiting at least its `patience`; the next call makes a new one.
-///
-/// One server and a cluster give it up on a timeout, or after half of `store_timeout`
-/// unanswered: its caller's deadline passed on a server that did not answer. redis-rs
-/// replaces a connection, or reloads a cluster's slot map, on the errors it sees: a closed
-/// connection, MOVED. A server that stops answering without closing anything (a frozen
-/// process, a host behind a silent network fault, a connection that a NAT or a managed
-/// service's failover left dangling) shows it none, and every call would wait on it until
-/// its caller gave up, for as long as TCP keeps the connection (about 15 minutes), even
-/// when a new connection would be answered at once. A call dropped sooner (its client went
-/// away) says nothing about the server; giving the connection up for each of those would
-/// reconnect again and again. Sentinel gives it up on any cut-off call, and on `READONLY`
-/// or a broken connection, so that the sentinels are asked again.
-///
-/// Connecting runs in a task of its own, which every caller waiting for it shares: a caller
-/// whose deadline passes leaves it to finish for the next.
-///
-/// A connection that failed on TLS (a certificate that does not verify, a refused client
-/// certificate) is not retried by waiting: until a connection succeeds again, a call that
-/// finds none fails at once with that error, rustls' words included, while a new attempt
-/// runs for the calls after it. Without this, a Redis restarted with an expired
-/// certificate was only ever reported as "store call timed out": every call waited on
-/// redis-rs's reconnection retries until its deadline passed.
-pub struct Renewing<C> {
-    inner: Arc<RenewingInner<C>>,
-}
-
-impl<C> Clone for Renewing<C> {
-    fn clone(&self) -> Self {
-        Renewing {
-            inner: self.inner.clone(),
-        }
-    }
-}
-
-struct RenewingInner<C> {
-    open: Opener<C>,
-    /// The connection attempt under way, if any: it reports its outcome here.
-    #[allow(clippy::type_complexity)]
-    pending: Mutex<Option<tokio::sync::watch::Receiver<Option<RedisResult<()>>>>>,
-    /// The connection, its generation and the primary epoch it was opened in; `None`
-    /// once given up.
-    current: Mutex<Option<(u64, C, u64)>>,
-    /// With Sentinel: moved on when the sentinels name another primary than the one
-    /// connected to; a connection opened in an older epoch is given up at its next call.
-    epoch: Option<Arc<AtomicU64>>,
-    generation: AtomicU64,
-    /// A call dropped unfinished after waiting this long gives the connection up.
-    patience: Duration,
-    /// Whether a call's error gives the connection up.
-    gives_up: fn(&RedisError) -> bool,
-    /// The last TLS failure, connecting or on a call, and when; cleared by a connection
-    /// made. `failing` says whether there is one without taking the lock.
-    failed: Mutex<Option<(std::time::Instant, RedisError)>>,
-    failing: std::sync::atomic::AtomicBool,
-    /// How long a TLS failure is told to the calls that find no connection, rather than
-    /// having them wait on a new attempt: one attempt's time at most.
-    fail_fast: Duration,
-}
-
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> Renewing<C> {
-    fn new(
-        open: Opener<C>,
-        patience: Duration,
-        gives_up: fn(&RedisError) -> bool,
-        epoch: Option<Arc<AtomicU64>>,
-        fail_fast: Duration,
-    ) -> Renewing<C> {
-        Renewing {
-            inner: Arc::new(RenewingInner {
-                open,
-                pending: Mutex::new(None),
-                current: Mutex::new(None),
-                generation: AtomicU64::new(0),
-                patience,
-                gives_up,
-                epoch,
-                failed: Mutex::new(None),
-                failing: std::sync::atomic::AtomicBool::new(false),
-                fail_fast,
-            }),
-        }
-    }
-
-    /// The current connection, or a new one.
-    async fn connection(&self) -> RedisResult<(u64, C)> {
-        loop {
-            if let Some(c) = self.current() {
-                return Ok(c);
-            }
-            let mut done = {
-                let Ok(mut pending) = self.inner.pending.lock() else {
-                    return Err(RedisError::from((
-                        redis::ErrorKind::Io,
-                        "connection state poisoned",
-                    )));
-                };
-                match &*pending {
-                    Some(rx) => rx.clone(),
-                    None => {
-                        let (tx, rx) = tokio::sync::watch::channel(None);
-                        *pending = Some(rx.clone());
-                        let inner = self.inner.clone();
-                        // Read before asking: a primary change seen while connecting makes
-                        // the new connection old at once, and the next call asks again.
-                        let epoch = inner.epoch_now();
-                        let opening = (inner.open)();
-                        tokio::spawn(async move {
-                            let result = opening.await.map(|conn| {
-                                let generation =
-                                    inner.generation.fetch_add(1, Ordering::Relaxed) + 1;
-                                if let Ok(mut current) = inner.current.lock() {
-                                    *current = Some((generation, conn, epoch));
-                                }
-                            });
-                            match &result {
-                                Ok(()) => inner.clear_failure(),
-                                Err(e) => inner.note_failure(e),
-                            }
-                            if let Ok(mut pending) = inner.pending.lock() {
-                                *pending = None;
-                            }
-                            let _ = tx.send(Some(result));
-                        });
-                        rx
-                    }
-                }
-            };
-            // The last attempt failed on TLS, moments ago: this one is unlikely to do
-            // better, and the caller is told why now (the attempt goes on for the next).
-            if let Some(e) = self.inner.recent_failure() {
-                return Err(e);
-            }
-            let outcome = match done.wait_for(Option::is_some).await {
-                Ok(v) => v.clone(),
-                Err(_) => None,
-            };
-            match outcome {
-                // Connected: `current` holds it (unless already given up: try again).
-                Some(Ok(())) => {}
-                Some(Err(e)) => return Err(e),
-                None => return Err(timed_out("connection attempt abandoned")),
-            }
-        }
-    }
-
-    fn current(&self) -> Option<(u64, C)> {
-        let mut current = self.inner.current.lock().ok()?;
-        let now = self.inner.epoch_now();
-        if current
-            .as_ref()
-            .is_some_and(|(_, _, opened)| *opened != now)
-        {
-            // Opened to a primary the sentinels no longer name: given up, never written to.
-            *current = None;
-        }
-        current.as_ref().map(|(g, c, _)| (*g, c.clone()))
-    }
-
-    /// Gives up the connection of `generation` (not a newer one made meanwhile).
-    fn forget(&self, generation: u64) {
-        if let Ok(mut current) = self.inner.current.lock() {
-            if current.as_ref().is_some_and(|(g, _, _)| *g == generation) {
-                *current = None;
-            }
-        }
-    }
-
-    async fn call<T, F, Fut>(&self, run: F) -> RedisResult<T>
-    where
-        F: FnOnce(C) -> Fut,
-        Fut: std::future::Future<Output = RedisResult<T>>,
-    {
-        let (generation, conn) = self.connection().await?;
-        let mut guard = GiveUp {
-            forget: |g| self.forget(g),
-            generation,
-            armed: true,
-            started: std::time::Instant::now(),
-            patience: self.inner.patience,
-        };
-        let result = run(conn).await;
-        guard.armed = false;
-        if let Err(e) = &result {
-            self.inner.note_failure(e);
-            if (self.inner.gives_up)(e) {
-                self.forget(generation);
-            }
-        }
-        result
-    }
-}
-
-impl<C> RenewingInner<C> {
-    fn epoch_now(&self) -> u64 {
-        self.epoch.as_ref().map_or(0, |e| e.load(Ordering::Relaxed))
-    }
-
-    /// Keeps `e` if it is a TLS failure or a refused connection.
-    fn note_failure(&self, e: &RedisError) {
-        if fails_fast(e) {
-            if let Ok(mut failed) = self.failed.lock() {
-                *failed = Some((std::time::Instant::now(), e.clone()));
-                self.failing.store(true, Ordering::Relaxed);
-            }
-        }
-    }
-
-    fn clear_failure(&self) {
-        if self.failing.load(Ordering::Relaxed) {
-            if let Ok(mut failed) = self.failed.lock() {
-                *failed = None;
-                self.failing.store(false, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// The TLS failure or refused connection of less than `fail_fast` ago, if any.
-    fn recent_failure(&self) -> Option<RedisError> {
-        if !self.failing.load(Ordering::Relaxed) {
-            return None;
-        }
-        let failed = self.failed.lock().ok()?;
-        failed
-            .as_ref()
-            .filter(|(at, _)| at.elapsed() < self.fail_fast)
-            .map(|(_, e)| e.clone())
-    }
-}
-
 /// Whether the calls that find no connection are told `e` at once rather than wait on a new
 /// attempt: a TLS failure, or a refused connection (nothing listens on the store's port:
 /// without this, a stopped Redis was reported as "store call timed out", each call waiting
 /// on the reconnection's retries until its deadline).
-fn fails_fast(e: &RedisError) -> bool {
+pub(super) fn fails_fast(e: &RedisError) -> bool {
     e.is_connection_refusal() || tls_failure(e)
 }
 
@@ -653,46 +472,7 @@ async fn watch_primary(
     }
 }
 
-/// Gives the connection of `generation` up when its call is dropped unfinished after
-/// waiting at least `patience`.
-struct GiveUp<F: Fn(u64)> {
-    forget: F,
-    generation: u64,
-    armed: bool,
-    started: std::time::Instant,
-    patience: Duration,
-}
-
-impl<F: Fn(u64)> Drop for GiveUp<F> {
-    fn drop(&mut self) {
-        if self.armed && self.started.elapsed() >= self.patience {
-            (self.forget)(self.generation);
-        }
-    }
-}
-
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> ConnectionLike for Renewing<C> {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(self.call(move |mut c| async move { c.req_packed_command(cmd).await }))
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(
-            self.call(move |mut c| async move { c.req_packed_commands(cmd, offset, count).await }),
-        )
-    }
-
-    fn get_db(&self) -> i64 {
-        0
-    }
-}
-
-fn timed_out(what: &str) -> RedisError {
+pub(super) fn timed_out(what: &str) -> RedisError {
     RedisError::from(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
         what.to_string(),

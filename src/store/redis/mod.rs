@@ -41,6 +41,7 @@ pub mod link;
 mod meta;
 mod parse;
 mod pieces;
+mod renewing;
 mod scripts;
 pub mod setup;
 #[cfg(test)]
