@@ -21,9 +21,11 @@
 //! - [`store`]: the [`store::Store`] trait and one backend each: `memory/` (shards, their
 //!   records and expiry, the calls), `redis/` (scripts, the calls, large bodies in
 //!   pieces, replica acknowledgement, the secret's cluster copies, replies; `setup`
-//!   validates how Redis is reached, `link` holds the connection for each topology),
-//!   `sqlite`, `postgres/` (the store; `tls`, its `sslmode`s), sharing `row`, a record's
-//!   columns as operators see them; [`store::Layer`], a wrapper that states only the
+//!   validates how Redis is reached, `link` holds the connection for each topology,
+//!   `renewing` gives one up and makes it anew), `sqlite/` (the claim, the calls),
+//!   `postgres/` (the statements in `sql`; `conninfo`, the connection string; `tls`, its
+//!   `sslmode`s), sharing `row`, a record's columns as operators see them; `open` says
+//!   which backend the settings choose ([`store::StoreKind`]) and opens it; [`store::Layer`], a wrapper that states only the
 //!   calls it changes (sealing at rest in `store::seal`, the metrics' timing, the lab's
 //!   tracking). A store may read the configuration's plain values, never the other way
 //!   round.
