@@ -25,10 +25,10 @@
 //!   `renewing` gives one up and makes it anew), `sqlite/` (the claim, the calls),
 //!   `postgres/` (the statements in `sql`; `conninfo`, the connection string; `tls`, its
 //!   `sslmode`s), sharing `row`, a record's columns as operators see them; `open` says
-//!   which backend the settings choose ([`store::StoreKind`]) and opens it; [`store::Layer`], a wrapper that states only the
-//!   calls it changes (sealing at rest in `store::seal`, the metrics' timing, the lab's
-//!   tracking). A store may read the configuration's plain values, never the other way
-//!   round.
+//!   which backend the settings choose ([`store::StoreKind`]) and opens it;
+//!   [`store::Layer`], a wrapper that states only the calls it changes (sealing at rest in
+//!   `store::seal`, the metrics' timing, the lab's tracking). A store may read the
+//!   configuration's plain values, never the other way round.
 //! - [`admission`]: the slots of `max_in_flight` and of pass-through, the queue in front of
 //!   them, and the budget of bodies held for slow clients.
 //! - [`proxy`]: the hyper service. A request is first decided as a value, without I/O
