@@ -447,6 +447,74 @@ fn skip_pass() -> bool {
     cfg!(debug_assertions) && std::env::var("TEST_IDEMGATE_LAB_SKIP_PASS").is_ok_and(|v| v == "1")
 }
 
+/// The fleet of idemgate instances in front of the bank, on the store `opts` names, and
+/// its column's label.
+async fn start_fleet(
+    opts: &LabOptions,
+    server: &BankServer,
+) -> Result<(&'static str, Fleet), String> {
+    let fleet = match &opts.redis_url {
+        Some(url) => Fleet::redis(server.addr(), url, "lab").await,
+        None if opts.redis_server => Fleet::redis_server(server.addr(), "lab").await,
+        None => Fleet::embedded(server.addr()).await,
+    }?;
+    let label = if opts.redis_url.is_some() {
+        "idemgate (redis, 2 instances)"
+    } else if opts.redis_server {
+        "idemgate (redis-server, AOF, 2 instances)"
+    } else {
+        "idemgate (embedded)"
+    };
+    Ok((label, fleet))
+}
+
+/// The operator's pass over the records held `unknown`, once a killed instance's leases
+/// have run out (so that they read `unknown` as an operator finds them).
+async fn operator_pass(
+    admin: std::net::SocketAddr,
+    bank: &Bank,
+    plan: &DayPlan,
+    key_prefix: &str,
+) -> Result<PassFigures, LabError> {
+    tokio::time::sleep(fleet::LEASE + Duration::from_millis(500)).await;
+    if skip_pass() {
+        return Ok(PassFigures::default());
+    }
+    let ledger = bank.snapshot();
+    reconcile::operator_pass(admin, plan, key_prefix, &ledger)
+        .await
+        .map_err(LabError::Proxy)
+}
+
+/// Intents that should have succeeded and that the bank never executed.
+fn stranded(plan: &DayPlan, ledger: &super::LedgerSnapshot, key_prefix: &str) -> u64 {
+    let executed: BTreeSet<&str> = ledger
+        .transfers
+        .iter()
+        .filter_map(|r| r.idempotency_key.as_deref())
+        .collect();
+    plan.intents
+        .iter()
+        .filter(|i| i.should_succeed)
+        .filter(|i| !executed.contains(format!("{key_prefix}{}", i.key).as_str()))
+        .count() as u64
+}
+
+/// Deletes every record of the day through the admin API.
+async fn remove_records(admin: std::net::SocketAddr, plan: &DayPlan, key_prefix: &str) {
+    match reconcile::record_ids(admin, plan, key_prefix).await {
+        Ok(ids) => {
+            let failed = reconcile::remove(admin, ids.into_keys()).await;
+            if failed > 0 {
+                tracing::warn!(failed, "lab: some of its records could not be deleted; they expire with their retention");
+            }
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "lab: could not list its records to delete them")
+        }
+    }
+}
+
 async fn run(
     plan: &DayPlan,
     schedule: &Schedule,
@@ -461,26 +529,13 @@ async fn run(
     );
     let key_prefix = super::run_tag();
     let (label, fleet) = if through {
-        let fleet = match &opts.redis_url {
-            Some(url) => Fleet::redis(server.addr(), url, "lab").await,
-            None if opts.redis_server => Fleet::redis_server(server.addr(), "lab").await,
-            None => Fleet::embedded(server.addr()).await,
-        };
-        let fleet = match fleet {
-            Ok(fleet) => fleet,
+        match start_fleet(opts, &server).await {
+            Ok((label, fleet)) => (label, Some(fleet)),
             Err(err) => {
                 server.stop().await;
                 return Err(LabError::Proxy(err));
             }
-        };
-        let label = if opts.redis_url.is_some() {
-            "idemgate (redis, 2 instances)"
-        } else if opts.redis_server {
-            "idemgate (redis-server, AOF, 2 instances)"
-        } else {
-            "idemgate (embedded)"
-        };
-        (label, Some(fleet))
+        }
     } else {
         ("direct", None)
     };
@@ -525,20 +580,10 @@ async fn run(
     // The day is over: the bank finishes what it was given, and the leases of a killed
     // instance's records run out, so they read `unknown` as an operator finds them.
     let _ = bank.quiesce(super::SETTLE_LIMIT).await;
-    let mut pass = None;
-    if let Some(admin) = admin {
-        tokio::time::sleep(fleet::LEASE + Duration::from_millis(500)).await;
-        if !skip_pass() {
-            let ledger = bank.snapshot();
-            pass = Some(
-                reconcile::operator_pass(admin, plan, &key_prefix, &ledger)
-                    .await
-                    .map_err(LabError::Proxy)?,
-            );
-        } else {
-            pass = Some(PassFigures::default());
-        }
-    }
+    let pass = match admin {
+        Some(admin) => Some(operator_pass(admin, &bank, plan, &key_prefix).await?),
+        None => None,
+    };
 
     // The clients' last retries: every intent still without its final answer.
     let unanswered: Vec<usize> = outcomes
@@ -557,31 +602,10 @@ async fn run(
         );
     }
     let ledger = bank.snapshot();
-    let executed: BTreeSet<&str> = ledger
-        .transfers
-        .iter()
-        .filter_map(|r| r.idempotency_key.as_deref())
-        .collect();
-    let stranded = plan
-        .intents
-        .iter()
-        .filter(|i| i.should_succeed)
-        .filter(|i| !executed.contains(format!("{key_prefix}{}", i.key).as_str()))
-        .count() as u64;
-
+    let stranded = stranded(plan, &ledger, &key_prefix);
     // A lab on someone's Redis leaves nothing behind.
     if let (Some(admin), true) = (admin, opts.redis_url.is_some()) {
-        match reconcile::record_ids(admin, plan, &key_prefix).await {
-            Ok(ids) => {
-                let failed = reconcile::remove(admin, ids.into_keys()).await;
-                if failed > 0 {
-                    tracing::warn!(failed, "lab: some of its records could not be deleted; they expire with their retention");
-                }
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, "lab: could not list its records to delete them")
-            }
-        }
+        remove_records(admin, plan, &key_prefix).await;
     }
     if let Some(fleet) = fleet {
         fleet.lock().await.shutdown().await;
