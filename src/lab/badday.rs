@@ -333,6 +333,29 @@ struct Incidents {
 }
 
 impl Incidents {
+    /// The incidents of `schedule`, none happened yet.
+    fn new(
+        schedule: &Schedule,
+        bank: &Bank,
+        server: &Arc<BankServer>,
+        fleet: Option<Arc<tokio::sync::Mutex<Fleet>>>,
+        can_kill: bool,
+    ) -> Incidents {
+        Incidents {
+            schedule: schedule.clone(),
+            bank: bank.clone(),
+            server: server.clone(),
+            fleet,
+            can_kill,
+            tasks: Mutex::new(Vec::new()),
+            restarts: Arc::default(),
+            crashes: Arc::default(),
+            kills: Arc::default(),
+            freezes: Arc::default(),
+            store_restarts: Arc::default(),
+        }
+    }
+
     fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
         if let Ok(mut tasks) = self.tasks.lock() {
             tasks.push(tokio::spawn(task));
@@ -546,30 +569,8 @@ async fn run(
     let admin = fleet.as_ref().and_then(Fleet::admin);
     let can_kill = fleet.as_ref().is_some_and(Fleet::can_kill);
     let fleet = fleet.map(|f| Arc::new(tokio::sync::Mutex::new(f)));
-    let client = traffic::LabClient {
-        target: targets[0],
-        also: targets[1..].to_vec(),
-        key_prefix: key_prefix.clone(),
-        timeout: opts.client_timeout,
-        patient_timeout: opts.bank.slow_latency * 4 + Duration::from_secs(5),
-        in_progress_wait_cap: Duration::from_millis(100),
-        max_attempts: 10,
-        concurrency: opts.concurrency,
-        tls: None,
-    };
-    let hooks = Incidents {
-        schedule: schedule.clone(),
-        bank: bank.clone(),
-        server: server.clone(),
-        fleet: fleet.clone(),
-        can_kill,
-        tasks: Mutex::new(Vec::new()),
-        restarts: Arc::default(),
-        crashes: Arc::default(),
-        kills: Arc::default(),
-        freezes: Arc::default(),
-        store_restarts: Arc::default(),
-    };
+    let client = super::lab_client(&targets, key_prefix.clone(), opts, None);
+    let hooks = Incidents::new(schedule, &bank, &server, fleet.clone(), can_kill);
     let progress = super::progress_bar(opts.progress, plan.intents.len() as u64, label);
     let started = Instant::now();
     let (clients, outcomes) = traffic::replay_day(plan, &client, &progress, &hooks).await;

@@ -213,19 +213,13 @@ async fn run_day(
             }
         }
     };
-    let target = targets[0];
 
-    let client = traffic::LabClient {
-        target,
-        also: targets[1..].to_vec(),
-        key_prefix: run_tag(),
-        timeout: opts.client_timeout,
-        patient_timeout: opts.bank.slow_latency * 4 + Duration::from_secs(5),
-        in_progress_wait_cap: Duration::from_millis(100),
-        max_attempts: 10,
-        concurrency: opts.concurrency,
-        tls: pki.as_ref().map(|p| p.client.clone()),
-    };
+    let client = lab_client(
+        &targets,
+        run_tag(),
+        opts,
+        pki.as_ref().map(|p| p.client.clone()),
+    );
     let label = label.as_str();
     let progress = progress_bar(opts.progress, plan.intents.len() as u64, label);
     let started = Instant::now();
@@ -281,6 +275,27 @@ async fn run_day(
         audit: auditor::audit(plan, &ledger),
         observed,
     })
+}
+
+/// The clients of a day: to `targets` (the first, then each in turn), their keys under
+/// `key_prefix`, patient enough for the bank's slow answers.
+fn lab_client(
+    targets: &[SocketAddr],
+    key_prefix: String,
+    opts: &LabOptions,
+    tls: Option<Arc<rustls::ClientConfig>>,
+) -> traffic::LabClient {
+    traffic::LabClient {
+        target: targets[0],
+        also: targets[1..].to_vec(),
+        key_prefix,
+        timeout: opts.client_timeout,
+        patient_timeout: opts.bank.slow_latency * 4 + Duration::from_secs(5),
+        in_progress_wait_cap: Duration::from_millis(100),
+        max_attempts: 10,
+        concurrency: opts.concurrency,
+        tls,
+    }
 }
 
 /// An idemgate started by the lab, and the records it claimed.
