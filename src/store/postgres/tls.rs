@@ -164,6 +164,22 @@ fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
+/// With TLS off, the first TLS file `given` (where it was given) is refused: it would
+/// be ignored without a word. `said` is whether `postgres_url` names an `sslmode`.
+fn files_without_tls(given: [Option<Source>; 4], said: bool) -> Result<(), ConfigError> {
+    let Some(from) = given.into_iter().flatten().next() else {
+        return Ok(());
+    };
+    let said = if said {
+        "postgres_url says sslmode=disable"
+    } else {
+        "postgres_url has no sslmode, which is disable"
+    };
+    Err(from.invalid(format!(
+        "TLS is off ({said}): add sslmode=verify-full (or verify-ca, require) to postgres_url"
+    )))
+}
+
 /// A file named both by a key and by a URL parameter: the same file, or a conflict that
 /// names the key.
 fn merge(
@@ -275,16 +291,7 @@ impl PostgresSetup {
                 cert.as_ref().map(|(_, f)| *f),
                 key.as_ref().map(|(_, f)| *f),
             ];
-            if let Some(from) = given.into_iter().flatten().next() {
-                let said = if p.sslmode.is_some() {
-                    "postgres_url says sslmode=disable"
-                } else {
-                    "postgres_url has no sslmode, which is disable"
-                };
-                return Err(from.invalid(format!(
-                    "TLS is off ({said}): add sslmode=verify-full (or verify-ca, require) to postgres_url"
-                )));
-            }
+            files_without_tls(given, p.sslmode.is_some())?;
         }
         let tls = if mode == SslMode::Disable {
             None
