@@ -16,7 +16,7 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
 
-use crate::admin_access as access;
+use crate::admin_access::{self as access, Operator};
 use crate::body::{self, Body};
 use crate::config::{Live, Role};
 use crate::key::RecordId;
@@ -53,6 +53,22 @@ pub struct Admin {
     secret: Option<(Arc<SecretHealth>, ScopeSecret)>,
     // `POST /config/reload`: the binary's, which knows where its configuration comes from.
     reloader: Option<Arc<Reloader>>,
+}
+
+/// What [`Admin::route`] made of a request.
+enum Routed {
+    /// An answer that no audit line records (a read, a malformed request).
+    Answer(Response<Body>),
+    /// A refusal of an action, audited as refused.
+    Refused(Response<Body>),
+    /// An action's answer, audited with its reason, the record before it, and the status it
+    /// wrote.
+    Acted {
+        res: Response<Body>,
+        reason: Option<String>,
+        before: Option<String>,
+        written: Option<u16>,
+    },
 }
 
 impl Admin {
@@ -183,17 +199,45 @@ impl Admin {
         } else {
             (Request::from_parts(req.into_parts().0, ()), Bytes::new())
         };
-        let (res, reason, before, written) = match (req.method(), path.as_str()) {
-            (&Method::GET, "/records") => return self.list(&req).await,
+        let (res, reason, before, written) =
+            match self.route(&req, &body, &path, &op, forced, with_body).await {
+                Routed::Answer(res) => return res,
+                Routed::Refused(res) => return refused(res),
+                Routed::Acted {
+                    res,
+                    reason,
+                    before,
+                    written,
+                } => (res, reason, before, written),
+            };
+        if action.is_some() {
+            audit(res.status().as_u16(), reason.as_deref(), before, written);
+        }
+        res
+    }
+
+    /// Answers an admitted request by its method and path: an answer as it is, a refusal to
+    /// audit, or an action taken with what its audit line says.
+    async fn route(
+        &self,
+        req: &Request<()>,
+        body: &Bytes,
+        path: &str,
+        op: &Operator,
+        forced: bool,
+        with_body: bool,
+    ) -> Routed {
+        let (res, reason, before, written) = match (req.method(), path) {
+            (&Method::GET, "/records") => return Routed::Answer(self.list(req).await),
             (&Method::POST, "/config/reload") => {
-                (self.reload().await, param(&req, "reason"), None, None)
+                (self.reload().await, param(req, "reason"), None, None)
             }
-            (&Method::POST, "/records/lookup") => return self.lookup(&body).await,
+            (&Method::POST, "/records/lookup") => return Routed::Answer(self.lookup(body).await),
             (&Method::POST, p) if p.starts_with("/records/") && p.ends_with("/complete") => {
                 let hex = &p["/records/".len()..p.len() - "/complete".len()];
                 match RecordId::from_hex(hex) {
-                    Some(id) => self.complete(id, forced, &req, &body).await,
-                    None => return bad_request("a record id is 64 hex characters"),
+                    Some(id) => self.complete(id, forced, req, body).await,
+                    None => return Routed::Answer(bad_request("a record id is 64 hex characters")),
                 }
             }
             (&Method::GET, "/scope-secret") => match (op.anonymous(), &self.secret) {
@@ -213,19 +257,21 @@ impl Admin {
                         StatusCode::OK,
                         &serde_json::json!({"scope_secret": secret.to_hex()}),
                     ),
-                    param(&req, "reason"),
+                    param(req, "reason"),
                     None,
                     None,
                 ),
-                (false, None) => return text(StatusCode::NOT_FOUND, "no scope secret here\n"),
+                (false, None) => {
+                    return Routed::Answer(text(StatusCode::NOT_FOUND, "no scope secret here\n"))
+                }
             },
             // What observe-mode routes would have done.
             (&Method::GET, "/observe") => {
-                let records = has_param(&req, "records=1");
+                let records = has_param(req, "records=1");
                 let mut res = Response::new(body::full(self.metrics.observations_json(records)));
                 res.headers_mut()
                     .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-                return res;
+                return Routed::Answer(res);
             }
             (&Method::GET, "/metrics") => {
                 let mut res = Response::new(body::full(self.metrics.encode()));
@@ -233,31 +279,38 @@ impl Admin {
                     CONTENT_TYPE,
                     HeaderValue::from_static(metrics::CONTENT_TYPE),
                 );
-                return res;
+                return Routed::Answer(res);
             }
             (m, p) if p.starts_with("/records/") => {
                 let Some(id) = RecordId::from_hex(&p["/records/".len()..]) else {
-                    return bad_request("a record id is 64 hex characters");
+                    return Routed::Answer(bad_request("a record id is 64 hex characters"));
                 };
                 match *m {
-                    Method::GET => return self.show(&id, with_body).await,
+                    Method::GET => return Routed::Answer(self.show(&id, with_body).await),
                     Method::DELETE => {
-                        let reason = match access::reason(param(&req, "reason").as_deref()) {
+                        let reason = match access::reason(param(req, "reason").as_deref()) {
                             Ok(r) => r,
-                            Err(why) => return refused(access::reason_refused(why)),
+                            Err(why) => return Routed::Refused(access::reason_refused(why)),
                         };
-                        let (res, before) = self.release(&id, forced, &req).await;
+                        let (res, before) = self.release(&id, forced, req).await;
                         (res, Some(reason), before, None)
                     }
-                    _ => return text(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE\n"),
+                    _ => {
+                        return Routed::Answer(text(
+                            StatusCode::METHOD_NOT_ALLOWED,
+                            "GET or DELETE\n",
+                        ))
+                    }
                 }
             }
-            _ => return text(StatusCode::NOT_FOUND, "not found\n"),
+            _ => return Routed::Answer(text(StatusCode::NOT_FOUND, "not found\n")),
         };
-        if action.is_some() {
-            audit(res.status().as_u16(), reason.as_deref(), before, written);
+        Routed::Acted {
+            res,
+            reason,
+            before,
+            written,
         }
-        res
     }
 
     /// `GET /healthz`, `GET /readyz`: open; the store's error only to a known operator.

@@ -21,13 +21,15 @@
 //! - [`fingerprint`]: what makes two requests "the same": canonical JSON, forms, raw bytes.
 //! - [`store`]: the [`store::Store`] trait and one backend each: `memory/` (shards, their
 //!   records and expiry, the calls), `redis/` (scripts, the calls, large bodies in
-//!   pieces, replica acknowledgement, the secret's cluster copies, replies), `sqlite`,
-//!   `postgres` (sharing `row`, a record's columns as operators see them);
-//!   [`store::Layer`], a wrapper that states only the calls it changes (sealing at rest
-//!   in `store::seal`, the metrics' timing, the lab's tracking); `store::redis_setup`
-//!   validates how Redis is reached and `store::redis_link` holds the connection for
-//!   each topology. A store may read the configuration's plain values, never the other
-//!   way round.
+//!   pieces, replica acknowledgement, the secret's cluster copies, replies; `setup`
+//!   validates how Redis is reached, `link` holds the connection for each topology,
+//!   `renewing` gives one up and makes it anew), `sqlite/` (the claim, the calls),
+//!   `postgres/` (the statements in `sql`; `conninfo`, the connection string; `tls`, its
+//!   `sslmode`s), sharing `row`, a record's columns as operators see them; `open` says
+//!   which backend the settings choose ([`store::StoreKind`]) and opens it;
+//!   [`store::Layer`], a wrapper that states only the calls it changes (sealing at rest in
+//!   `store::seal`, the metrics' timing, the lab's tracking). A store may read the
+//!   configuration's plain values, never the other way round.
 //! - [`admission`]: the slots of `max_in_flight` and of pass-through, the queue in front of
 //!   them, and the budget of bodies held for slow clients.
 //! - [`proxy`]: the hyper service. A request is first decided as a value, without I/O
@@ -58,11 +60,17 @@
 //! - [`connection`]: what one client connection may hold: head and idle deadlines from
 //!   accept on, and the cap on open connections.
 //! - [`listener`]: the listening sockets and their accept queue.
-//! - [`server`]: start-up checks, accept loops and graceful shutdown.
+//! - [`server`]: start-up and shutdown: `build` opens the store with its checks, binds the
+//!   listeners and builds the app (the proxy, the admin API, their metrics and the tasks
+//!   beside them); `serve` runs the accept loops (`accept`, one listener's; `handshake`,
+//!   the TLS listener's; `threads`, the serving threads besides the first); `drain`, the
+//!   graceful shutdown within one grace.
 //! - [`telemetry`]: OpenTelemetry spans for protected requests (`otlp_endpoint`).
 //! - [`tls`]: TLS to an `https://` upstream, and the TLS listener with its certificate
 //!   reloaded on change.
 //! - [`body`]: the body type shared by all of the above.
+//! - [`cli`]: the binary's subcommands, one module each (`serve`, the proxy; `config`,
+//!   `records`, `probe`, `bank`, `lab`); `main.rs` parses the command line and calls one.
 //! - [`lab`]: beside the product, not in its request path: a deliberately non-idempotent
 //!   bank, a day of retrying traffic and an auditor (`idemgate bank`, `idemgate lab`).
 //!
@@ -76,6 +84,7 @@ pub mod admin_access;
 pub mod admission;
 pub mod answer;
 pub mod body;
+pub mod cli;
 pub mod config;
 pub mod connection;
 pub mod fingerprint;
@@ -89,7 +98,6 @@ pub mod outcome;
 pub mod probe;
 pub mod problem;
 pub mod proxy;
-pub mod records_cli;
 pub mod releases;
 pub mod reload;
 pub mod request_id;

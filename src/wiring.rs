@@ -11,13 +11,13 @@
 use figment::Figment;
 
 use crate::config::{Config, ConfigError, Settings};
-use crate::store::postgres_tls::PostgresSetup;
+use crate::store::postgres::tls::PostgresSetup;
 use crate::store::seal::Envelope;
-use crate::store::RedisSetup;
+use crate::store::{RedisSetup, StoreKind};
 use crate::tls::{ListenerTls, UpstreamTls};
 
-/// Start-up's warning for the embedded in-memory store.
-pub const MEMORY_STORE_WARNING: &str = "using the embedded in-memory store: records do not survive a restart and are not shared between instances; set store_path or redis_url for production";
+/// Start-up's warning for the embedded in-memory store (said where it is opened).
+pub use crate::store::open::MEMORY_STORE_WARNING;
 
 /// Start-up's warning for an admin listener that other hosts reach without a token.
 pub fn open_admin_warning(c: &Config) -> Option<String> {
@@ -74,15 +74,19 @@ impl Wired {
     pub fn warnings(&self) -> Vec<String> {
         let c = &self.settings.config;
         let mut out = Vec::new();
-        if let Some(url) = &c.postgres_url {
-            if let Some(w) = PostgresSetup::from_url(url.expose())
-                .ok()
-                .and_then(|s| s.warning())
-            {
-                out.push(w);
+        match StoreKind::of(c) {
+            StoreKind::Postgres => {
+                let url = c
+                    .postgres_url
+                    .as_ref()
+                    .map(|u| u.expose())
+                    .unwrap_or_default();
+                if let Some(w) = PostgresSetup::from_url(url).ok().and_then(|s| s.warning()) {
+                    out.push(w);
+                }
             }
-        } else if self.redis.is_none() && c.store_path.is_none() {
-            out.push(MEMORY_STORE_WARNING.to_string());
+            StoreKind::Memory => out.push(MEMORY_STORE_WARNING.to_string()),
+            StoreKind::Redis | StoreKind::Sqlite => {}
         }
         if let Some(w) = open_admin_warning(c) {
             out.push(w);

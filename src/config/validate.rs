@@ -215,7 +215,7 @@ fn check_exclusive_and_telemetry(config: &Config) -> Result<(), ConfigError> {
 /// The namespace of every record id: required with a shared store (after checking that
 /// Redis is not set beside another store), `default` on the embedded one.
 fn namespace(config: &Config) -> Result<String, ConfigError> {
-    // How Redis is reached is checked where it is set up (`store::redis_setup`).
+    // How Redis is reached is checked where it is set up (`store::redis::setup`).
     let redis = config.redis_url.is_some()
         || !config.redis_sentinels.is_empty()
         || !config.redis_cluster_nodes.is_empty();

@@ -333,6 +333,29 @@ struct Incidents {
 }
 
 impl Incidents {
+    /// The incidents of `schedule`, none happened yet.
+    fn new(
+        schedule: &Schedule,
+        bank: &Bank,
+        server: &Arc<BankServer>,
+        fleet: Option<Arc<tokio::sync::Mutex<Fleet>>>,
+        can_kill: bool,
+    ) -> Incidents {
+        Incidents {
+            schedule: schedule.clone(),
+            bank: bank.clone(),
+            server: server.clone(),
+            fleet,
+            can_kill,
+            tasks: Mutex::new(Vec::new()),
+            restarts: Arc::default(),
+            crashes: Arc::default(),
+            kills: Arc::default(),
+            freezes: Arc::default(),
+            store_restarts: Arc::default(),
+        }
+    }
+
     fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
         if let Ok(mut tasks) = self.tasks.lock() {
             tasks.push(tokio::spawn(task));
@@ -447,6 +470,74 @@ fn skip_pass() -> bool {
     cfg!(debug_assertions) && std::env::var("TEST_IDEMGATE_LAB_SKIP_PASS").is_ok_and(|v| v == "1")
 }
 
+/// The fleet of idemgate instances in front of the bank, on the store `opts` names, and
+/// its column's label.
+async fn start_fleet(
+    opts: &LabOptions,
+    server: &BankServer,
+) -> Result<(&'static str, Fleet), String> {
+    let fleet = match &opts.redis_url {
+        Some(url) => Fleet::redis(server.addr(), url, "lab").await,
+        None if opts.redis_server => Fleet::redis_server(server.addr(), "lab").await,
+        None => Fleet::embedded(server.addr()).await,
+    }?;
+    let label = if opts.redis_url.is_some() {
+        "idemgate (redis, 2 instances)"
+    } else if opts.redis_server {
+        "idemgate (redis-server, AOF, 2 instances)"
+    } else {
+        "idemgate (embedded)"
+    };
+    Ok((label, fleet))
+}
+
+/// The operator's pass over the records held `unknown`, once a killed instance's leases
+/// have run out (so that they read `unknown` as an operator finds them).
+async fn operator_pass(
+    admin: std::net::SocketAddr,
+    bank: &Bank,
+    plan: &DayPlan,
+    key_prefix: &str,
+) -> Result<PassFigures, LabError> {
+    tokio::time::sleep(fleet::LEASE + Duration::from_millis(500)).await;
+    if skip_pass() {
+        return Ok(PassFigures::default());
+    }
+    let ledger = bank.snapshot();
+    reconcile::operator_pass(admin, plan, key_prefix, &ledger)
+        .await
+        .map_err(LabError::Proxy)
+}
+
+/// Intents that should have succeeded and that the bank never executed.
+fn stranded(plan: &DayPlan, ledger: &super::LedgerSnapshot, key_prefix: &str) -> u64 {
+    let executed: BTreeSet<&str> = ledger
+        .transfers
+        .iter()
+        .filter_map(|r| r.idempotency_key.as_deref())
+        .collect();
+    plan.intents
+        .iter()
+        .filter(|i| i.should_succeed)
+        .filter(|i| !executed.contains(format!("{key_prefix}{}", i.key).as_str()))
+        .count() as u64
+}
+
+/// Deletes every record of the day through the admin API.
+async fn remove_records(admin: std::net::SocketAddr, plan: &DayPlan, key_prefix: &str) {
+    match reconcile::record_ids(admin, plan, key_prefix).await {
+        Ok(ids) => {
+            let failed = reconcile::remove(admin, ids.into_keys()).await;
+            if failed > 0 {
+                tracing::warn!(failed, "lab: some of its records could not be deleted; they expire with their retention");
+            }
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "lab: could not list its records to delete them")
+        }
+    }
+}
+
 async fn run(
     plan: &DayPlan,
     schedule: &Schedule,
@@ -461,26 +552,13 @@ async fn run(
     );
     let key_prefix = super::run_tag();
     let (label, fleet) = if through {
-        let fleet = match &opts.redis_url {
-            Some(url) => Fleet::redis(server.addr(), url, "lab").await,
-            None if opts.redis_server => Fleet::redis_server(server.addr(), "lab").await,
-            None => Fleet::embedded(server.addr()).await,
-        };
-        let fleet = match fleet {
-            Ok(fleet) => fleet,
+        match start_fleet(opts, &server).await {
+            Ok((label, fleet)) => (label, Some(fleet)),
             Err(err) => {
                 server.stop().await;
                 return Err(LabError::Proxy(err));
             }
-        };
-        let label = if opts.redis_url.is_some() {
-            "idemgate (redis, 2 instances)"
-        } else if opts.redis_server {
-            "idemgate (redis-server, AOF, 2 instances)"
-        } else {
-            "idemgate (embedded)"
-        };
-        (label, Some(fleet))
+        }
     } else {
         ("direct", None)
     };
@@ -491,30 +569,8 @@ async fn run(
     let admin = fleet.as_ref().and_then(Fleet::admin);
     let can_kill = fleet.as_ref().is_some_and(Fleet::can_kill);
     let fleet = fleet.map(|f| Arc::new(tokio::sync::Mutex::new(f)));
-    let client = traffic::LabClient {
-        target: targets[0],
-        also: targets[1..].to_vec(),
-        key_prefix: key_prefix.clone(),
-        timeout: opts.client_timeout,
-        patient_timeout: opts.bank.slow_latency * 4 + Duration::from_secs(5),
-        in_progress_wait_cap: Duration::from_millis(100),
-        max_attempts: 10,
-        concurrency: opts.concurrency,
-        tls: None,
-    };
-    let hooks = Incidents {
-        schedule: schedule.clone(),
-        bank: bank.clone(),
-        server: server.clone(),
-        fleet: fleet.clone(),
-        can_kill,
-        tasks: Mutex::new(Vec::new()),
-        restarts: Arc::default(),
-        crashes: Arc::default(),
-        kills: Arc::default(),
-        freezes: Arc::default(),
-        store_restarts: Arc::default(),
-    };
+    let client = super::lab_client(&targets, key_prefix.clone(), opts, None);
+    let hooks = Incidents::new(schedule, &bank, &server, fleet.clone(), can_kill);
     let progress = super::progress_bar(opts.progress, plan.intents.len() as u64, label);
     let started = Instant::now();
     let (clients, outcomes) = traffic::replay_day(plan, &client, &progress, &hooks).await;
@@ -525,20 +581,10 @@ async fn run(
     // The day is over: the bank finishes what it was given, and the leases of a killed
     // instance's records run out, so they read `unknown` as an operator finds them.
     let _ = bank.quiesce(super::SETTLE_LIMIT).await;
-    let mut pass = None;
-    if let Some(admin) = admin {
-        tokio::time::sleep(fleet::LEASE + Duration::from_millis(500)).await;
-        if !skip_pass() {
-            let ledger = bank.snapshot();
-            pass = Some(
-                reconcile::operator_pass(admin, plan, &key_prefix, &ledger)
-                    .await
-                    .map_err(LabError::Proxy)?,
-            );
-        } else {
-            pass = Some(PassFigures::default());
-        }
-    }
+    let pass = match admin {
+        Some(admin) => Some(operator_pass(admin, &bank, plan, &key_prefix).await?),
+        None => None,
+    };
 
     // The clients' last retries: every intent still without its final answer.
     let unanswered: Vec<usize> = outcomes
@@ -557,31 +603,10 @@ async fn run(
         );
     }
     let ledger = bank.snapshot();
-    let executed: BTreeSet<&str> = ledger
-        .transfers
-        .iter()
-        .filter_map(|r| r.idempotency_key.as_deref())
-        .collect();
-    let stranded = plan
-        .intents
-        .iter()
-        .filter(|i| i.should_succeed)
-        .filter(|i| !executed.contains(format!("{key_prefix}{}", i.key).as_str()))
-        .count() as u64;
-
+    let stranded = stranded(plan, &ledger, &key_prefix);
     // A lab on someone's Redis leaves nothing behind.
     if let (Some(admin), true) = (admin, opts.redis_url.is_some()) {
-        match reconcile::record_ids(admin, plan, &key_prefix).await {
-            Ok(ids) => {
-                let failed = reconcile::remove(admin, ids.into_keys()).await;
-                if failed > 0 {
-                    tracing::warn!(failed, "lab: some of its records could not be deleted; they expire with their retention");
-                }
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, "lab: could not list its records to delete them")
-            }
-        }
+        remove_records(admin, plan, &key_prefix).await;
     }
     if let Some(fleet) = fleet {
         fleet.lock().await.shutdown().await;

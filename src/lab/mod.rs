@@ -203,47 +203,23 @@ async fn run_day(
         Through::Direct if opts.tls => ("direct (TLS)".to_owned(), vec![bank_addr], Vec::new()),
         Through::Direct => ("direct".to_owned(), vec![bank_addr], Vec::new()),
         Through::Idemgate(label) => {
-            let mut addrs = Vec::new();
-            let mut handles = Vec::new();
-            for _ in 0..instances {
-                match start_idemgate(
-                    bank_addr,
-                    opts.redis_url.clone(),
-                    opts.observe,
-                    pki.as_ref(),
-                )
-                .await
-                {
-                    Ok((addr, handle)) => {
-                        addrs.push(addr);
-                        handles.push(handle);
-                    }
-                    Err(err) => {
-                        for (running, _) in handles {
-                            running.shutdown().await;
-                        }
-                        let _ = stop_bank.send(());
-                        let _ = server.await;
-                        return Err(LabError::Proxy(err));
-                    }
+            match start_instances(instances, bank_addr, opts, pki.as_ref()).await {
+                Ok((addrs, handles)) => (label, addrs, handles),
+                Err(err) => {
+                    let _ = stop_bank.send(());
+                    let _ = server.await;
+                    return Err(LabError::Proxy(err));
                 }
             }
-            (label, addrs, handles)
         }
     };
-    let target = targets[0];
 
-    let client = traffic::LabClient {
-        target,
-        also: targets[1..].to_vec(),
-        key_prefix: run_tag(),
-        timeout: opts.client_timeout,
-        patient_timeout: opts.bank.slow_latency * 4 + Duration::from_secs(5),
-        in_progress_wait_cap: Duration::from_millis(100),
-        max_attempts: 10,
-        concurrency: opts.concurrency,
-        tls: pki.as_ref().map(|p| p.client.clone()),
-    };
+    let client = lab_client(
+        &targets,
+        run_tag(),
+        opts,
+        pki.as_ref().map(|p| p.client.clone()),
+    );
     let label = label.as_str();
     let progress = progress_bar(opts.progress, plan.intents.len() as u64, label);
     let started = Instant::now();
@@ -263,25 +239,7 @@ async fn run_day(
     // which may be written after the bank is idle: the count is read once no instance
     // is still reading a duplicate's record (`duplicates_settling`), or at the limit.
     let observed_json = match observed_ids {
-        Some(_) => {
-            let until = Instant::now() + SETTLE_LIMIT;
-            loop {
-                let mut each = Vec::new();
-                for (running, _) in &proxies {
-                    if let Some(admin) = running.admin_addr() {
-                        each.push(observe::fetch(admin).await.map_err(LabError::Proxy)?);
-                    }
-                }
-                let settling: u64 = each
-                    .iter()
-                    .filter_map(|o| o["duplicates_settling"].as_u64())
-                    .sum();
-                if settling == 0 || Instant::now() > until {
-                    break Some(observe::sum(&each));
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
+        Some(_) => Some(observed_counts(&proxies).await?),
         None => None,
     };
     // idemgate drains the upstream calls its clients walked away from; then the bank's own
@@ -295,21 +253,7 @@ async fn run_day(
                 .map_err(LabError::Proxy)?,
         );
     }
-    for (proxy, records) in proxies {
-        proxy.shutdown().await;
-        // A lab on someone's Redis leaves nothing behind: every record it claimed goes.
-        if opts.redis_url.is_some() {
-            let made = records.claimed();
-            let failed = records.remove_all(Duration::from_secs(2)).await;
-            if failed > 0 {
-                tracing::warn!(
-                    made,
-                    failed,
-                    "lab: some of its records could not be deleted; they expire with their retention"
-                );
-            }
-        }
-    }
+    stop_instances(proxies, opts.redis_url.is_some()).await;
     if !bank.quiesce(SETTLE_LIMIT).await {
         tracing::warn!(
             in_flight = bank.in_flight(),
@@ -333,6 +277,98 @@ async fn run_day(
     })
 }
 
+/// The clients of a day: to `targets` (the first, then each in turn), their keys under
+/// `key_prefix`, patient enough for the bank's slow answers.
+fn lab_client(
+    targets: &[SocketAddr],
+    key_prefix: String,
+    opts: &LabOptions,
+    tls: Option<Arc<rustls::ClientConfig>>,
+) -> traffic::LabClient {
+    traffic::LabClient {
+        target: targets[0],
+        also: targets[1..].to_vec(),
+        key_prefix,
+        timeout: opts.client_timeout,
+        patient_timeout: opts.bank.slow_latency * 4 + Duration::from_secs(5),
+        in_progress_wait_cap: Duration::from_millis(100),
+        max_attempts: 10,
+        concurrency: opts.concurrency,
+        tls,
+    }
+}
+
+/// An idemgate started by the lab, and the records it claimed.
+type Instance = (crate::Running, Arc<tracked::Tracked>);
+
+/// Starts `n` instances of idemgate in front of the bank at `bank`: their addresses and
+/// handles, or (all of them stopped again) why one could not start.
+async fn start_instances(
+    n: usize,
+    bank: SocketAddr,
+    opts: &LabOptions,
+    pki: Option<&tls::LabPki>,
+) -> Result<(Vec<SocketAddr>, Vec<Instance>), String> {
+    let mut addrs = Vec::new();
+    let mut handles = Vec::new();
+    for _ in 0..n {
+        match start_idemgate(bank, opts.redis_url.clone(), opts.observe, pki).await {
+            Ok((addr, handle)) => {
+                addrs.push(addr);
+                handles.push(handle);
+            }
+            Err(err) => {
+                for (running, _) in handles {
+                    running.shutdown().await;
+                }
+                return Err(err);
+            }
+        }
+    }
+    Ok((addrs, handles))
+}
+
+/// What observe mode counted, summed over the instances: read once no instance is still
+/// reading a duplicate's record (`duplicates_settling`), or at [`SETTLE_LIMIT`].
+async fn observed_counts(proxies: &[Instance]) -> Result<serde_json::Value, LabError> {
+    let until = Instant::now() + SETTLE_LIMIT;
+    loop {
+        let mut each = Vec::new();
+        for (running, _) in proxies {
+            if let Some(admin) = running.admin_addr() {
+                each.push(observe::fetch(admin).await.map_err(LabError::Proxy)?);
+            }
+        }
+        let settling: u64 = each
+            .iter()
+            .filter_map(|o| o["duplicates_settling"].as_u64())
+            .sum();
+        if settling == 0 || Instant::now() > until {
+            return Ok(observe::sum(&each));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Stops the instances; on someone's Redis (`shared`), deletes every record the lab
+/// claimed, so that it leaves nothing behind.
+async fn stop_instances(proxies: Vec<Instance>, shared: bool) {
+    for (proxy, records) in proxies {
+        proxy.shutdown().await;
+        if shared {
+            let made = records.claimed();
+            let failed = records.remove_all(Duration::from_secs(2)).await;
+            if failed > 0 {
+                tracing::warn!(
+                    made,
+                    failed,
+                    "lab: some of its records could not be deleted; they expire with their retention"
+                );
+            }
+        }
+    }
+}
+
 /// Starts idemgate in-process in front of the bank, with `/transfers` requiring a key (as a
 /// payments team would configure it), on a store that remembers what the lab claimed.
 async fn start_idemgate(
@@ -340,7 +376,7 @@ async fn start_idemgate(
     redis_url: Option<String>,
     observe: bool,
     pki: Option<&tls::LabPki>,
-) -> Result<(SocketAddr, (crate::Running, Arc<tracked::Tracked>)), String> {
+) -> Result<(SocketAddr, Instance), String> {
     let scheme = if pki.is_some() { "https" } else { "http" };
     let mut config = crate::Config::for_upstream(&format!("{scheme}://{upstream}"));
     if let Some(pki) = pki {

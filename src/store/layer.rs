@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::{
     BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
-    RecordView, ScopeSecret, ServerStats, Store, StoreError, StoredResponse,
+    RecordView, ScopeSecret, ServerStats, Store, StoreError, StoreKind, StoredResponse,
 };
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
@@ -96,7 +96,7 @@ layer! {
     }
     plain {
     fn can_list(&self) -> bool;
-    fn kind(&self) -> &'static str;
+    fn kind(&self) -> StoreKind;
     fn room_after(&self) -> Option<Duration>;
     }
 }

@@ -1,5 +1,7 @@
-//! Where records live: one [`Store`] trait, an embedded in-memory backend, a persistent
-//! embedded backend (SQLite on local disk) and a Redis backend, held to the same contract by one test suite (`tests/store_contract.rs`).
+//! Where records live: one [`Store`] trait and four backends, each in its own module: an
+//! embedded in-memory one (`memory/`), a persistent embedded one (SQLite on local disk,
+//! `sqlite`), and two that instances share, Redis (`redis/`) and PostgreSQL (`postgres/`),
+//! held to the same contract by one test suite (`tests/store_contract.rs`).
 //!
 //! A record goes `in_progress` (claimed, with an owner token and a lease) → `completed`
 //! (status, headers, body recorded by its owner; or, for an answer too large to keep, the
@@ -27,20 +29,19 @@ use crate::scope::ScopeSecret;
 
 pub mod layer;
 pub mod memory;
+pub mod open;
 pub mod postgres;
-pub mod postgres_tls;
 pub mod redis;
-pub mod redis_link;
-pub mod redis_setup;
 mod row;
 pub mod seal;
 pub mod sqlite;
 
 pub use self::layer::{Call, Layer};
 pub use self::memory::MemoryStore;
+pub use self::open::{open, OpenError, StoreKind};
 pub use self::postgres::PostgresStore;
+pub use self::redis::setup::RedisSetup;
 pub use self::redis::RedisStore;
-pub use self::redis_setup::RedisSetup;
 pub use self::sqlite::SqliteStore;
 
 /// A boxed future, so the trait can be used as `dyn Store`.
@@ -458,8 +459,8 @@ pub trait Store: Send + Sync + 'static {
     }
     /// Checks the store answers.
     fn ping(&self) -> StoreFuture<'_, ()>;
-    /// A short name for logs: `memory`, `sqlite` or `redis`.
-    fn kind(&self) -> &'static str;
+    /// Which backend this is, at the bottom of any layers.
+    fn kind(&self) -> StoreKind;
     /// A small named value the store keeps for ever (no TTL), beside the records: the
     /// scope secret, and each namespace's verifier of it (see [`crate::secret`]). With an
     /// `offer`, the value is set to it if absent; either way what the store holds then is

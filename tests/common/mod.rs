@@ -133,7 +133,7 @@ impl RedisServer {
     /// (`redis_record_format = "value"`) or as hashes.
     pub async fn store(&self, value_records: bool) -> idemgate::store::RedisStore {
         let setup = idemgate::store::RedisSetup {
-            topology: idemgate::store::redis_setup::Topology::Single(self.url()),
+            topology: idemgate::store::redis::setup::Topology::Single(self.url()),
             tls: None,
             username: None,
             password: None,

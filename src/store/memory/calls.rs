@@ -224,8 +224,8 @@ impl Store for MemoryStore {
         ready(Ok(()))
     }
 
-    fn kind(&self) -> &'static str {
-        "memory"
+    fn kind(&self) -> crate::store::StoreKind {
+        crate::store::StoreKind::Memory
     }
 
     fn room_after(&self) -> Option<Duration> {

@@ -425,8 +425,8 @@ impl Store for RedisStore {
         })
     }
 
-    fn kind(&self) -> &'static str {
-        "redis"
+    fn kind(&self) -> crate::store::StoreKind {
+        crate::store::StoreKind::Redis
     }
 
     fn can_list(&self) -> bool {

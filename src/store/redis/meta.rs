@@ -51,7 +51,7 @@ pub(super) fn copy_tags(slots: &Value) -> Vec<String> {
     use std::collections::BTreeMap;
     // Ranges by primary (the first node of each range).
     let mut primaries: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
-    for range in crate::store::redis_link::slot_ranges(slots) {
+    for range in crate::store::redis::link::slot_ranges(slots) {
         if let Some((host, port)) = range.nodes.first() {
             primaries
                 .entry(format!("{host}:{port}"))

@@ -27,8 +27,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::{Cmd, Script, Value};
 
-use super::redis_link::Link;
-use super::redis_setup::{RedisSetup, ReplicaAck, Topology};
+use self::link::Link;
+use self::setup::{RedisSetup, ReplicaAck, Topology};
 use super::{
     Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState, RecordView,
     ReplayRoom, ServerStats, Store, StoreError, StoreFuture, StoredResponse, SCOPE_SECRET,
@@ -37,10 +37,13 @@ use crate::key::RecordId;
 
 mod ack;
 mod calls;
+pub mod link;
 mod meta;
 mod parse;
 mod pieces;
+mod renewing;
 mod scripts;
+pub mod setup;
 #[cfg(test)]
 mod tests;
 mod value;
@@ -488,7 +491,7 @@ fn evalsha(script: &Script, key: &[u8]) -> Cmd {
 fn describe_failure(setup: &RedisSetup, e: &redis::RedisError) -> String {
     let text = e.to_string();
     let lower = text.to_ascii_lowercase();
-    let tls = super::redis_link::tls_failure(e)
+    let tls = self::link::tls_failure(e)
         || (setup.tls.is_some()
             && ["certificate", "tls", "handshake", "alert"]
                 .iter()

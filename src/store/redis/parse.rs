@@ -18,7 +18,7 @@ pub(super) fn backend(e: redis::RedisError) -> StoreError {
     }
     // A certificate refused at run time (a server restarted with an expired one): said
     // as such, in rustls' words, as at start-up.
-    if crate::store::redis_link::tls_failure(&e) {
+    if crate::store::redis::link::tls_failure(&e) {
         return StoreError::Backend(format!("Redis TLS failed: {e}"));
     }
     StoreError::Backend(e.to_string())

@@ -1,6 +1,6 @@
 //! A day of transfer traffic: seeded intents, and clients that retry the way real ones do.
 //!
-//! The plan is a pure function of `(intents, seed)`. The clients then replay it as fast as
+//! The plan (`plan`) is a pure function of `(intents, seed)`. The clients then replay it as fast as
 //! they can with a fixed number of workers; what is not deterministic is only the
 //! interleaving, which is what a real day looks like too.
 //!
@@ -10,9 +10,8 @@
 //! socket of the client that hangs up; `serde`/`serde_json` for the request body and
 //! to export the plan; `indicatif` for the progress bar; `tracing` for unexpected answers.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,17 +24,18 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use indicatif::ProgressBar;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-/// Accounts that start empty and never receive: every transfer out of them is refused by the
-/// bank whatever the order of the day, so their outcome is known in advance.
-const EMPTY_ACCOUNTS: usize = 2;
-/// Share of intents that draw on an empty account.
-const INSUFFICIENT_RATIO: f64 = 0.03;
+mod plan;
+mod tally;
+#[cfg(test)]
+mod tests;
+
+pub use self::plan::{Behaviour, DayPlan, Intent};
+pub use self::tally::ClientTally;
+use self::tally::{bump, Counters};
+
 /// A failed attempt's client waits this much longer before each next one (a bank that is
 /// restarting refuses connections for a moment).
 const RETRY_BACKOFF: Duration = Duration::from_millis(25);
@@ -43,177 +43,6 @@ const RETRY_BACKOFF: Duration = Duration::from_millis(25);
 const SLOW_READ_CHUNK: usize = 16;
 /// ... and pauses this long between reads.
 const SLOW_READ_PAUSE: Duration = Duration::from_millis(5);
-/// The one day, in milliseconds.
-const DAY_MS: u32 = 24 * 60 * 60 * 1000;
-
-/// How a client sends one intent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Behaviour {
-    /// One request, waited for patiently.
-    Plain,
-    /// Gives up after `LabClient::timeout`, shorter than the bank's slow tail, and retries
-    /// with the same key and body.
-    TimeoutRetry,
-    /// Writes the whole request on a raw socket, closes it without reading, then retries.
-    DisconnectRetry,
-    /// Two identical requests at the same instant.
-    DoubleClick,
-    /// Sends, gets the answer, then resends a corrected amount under the same key. The
-    /// correction must be refused (422), never executed nor answered with the old transfer.
-    TellerCorrection { corrected_amount: i64 },
-}
-
-impl Behaviour {
-    /// A short name for tables and JSON.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Behaviour::Plain => "plain",
-            Behaviour::TimeoutRetry => "timeout_retry",
-            Behaviour::DisconnectRetry => "disconnect_retry",
-            Behaviour::DoubleClick => "double_click",
-            Behaviour::TellerCorrection { .. } => "teller_correction",
-        }
-    }
-}
-
-/// One transfer somebody meant to make once.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Intent {
-    /// Position in the day, 0-based, in time order.
-    pub seq: usize,
-    /// Milliseconds since midnight; gives the day its order, not its pace.
-    pub at_ms: u32,
-    /// The key the client sends (prefixed per run, see [`LabClient::key_prefix`]).
-    pub key: String,
-    pub from: String,
-    pub to: String,
-    /// Minor units.
-    pub amount: i64,
-    pub behaviour: Behaviour,
-    /// False for the designed insufficient-funds intents.
-    pub should_succeed: bool,
-}
-
-/// The whole day: who has what in the morning, and what everyone meant to do.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DayPlan {
-    pub seed: u64,
-    /// Opening balances in minor units.
-    pub opening: BTreeMap<String, i64>,
-    pub intents: Vec<Intent>,
-}
-
-impl DayPlan {
-    /// The day for `(intents, seed)`; the same arguments always give the same day.
-    pub fn generate(intents: usize, seed: u64) -> DayPlan {
-        let mut rng = StdRng::seed_from_u64(seed);
-        let funded = (intents / 8).clamp(4, 400);
-        let funded_ids: Vec<String> = (1..=funded).map(|i| format!("acc-{i:04}")).collect();
-        let empty_ids: Vec<String> = (1..=EMPTY_ACCOUNTS)
-            .map(|i| format!("acc-empty-{i}"))
-            .collect();
-
-        let mut drafts = Vec::with_capacity(intents);
-        for _ in 0..intents {
-            let at_ms = rng.random_range(0..DAY_MS);
-            let to_index = rng.random_range(0..funded);
-            let insufficient = rng.random_bool(INSUFFICIENT_RATIO);
-            let from = if insufficient {
-                empty_ids[rng.random_range(0..EMPTY_ACCOUNTS)].clone()
-            } else {
-                // Any funded account but the receiver.
-                let pick = rng.random_range(0..funded - 1);
-                funded_ids[if pick >= to_index { pick + 1 } else { pick }].clone()
-            };
-            // Mostly small payments, now and then a large one.
-            let amount = if rng.random_bool(0.1) {
-                rng.random_range(50_000..=500_000)
-            } else {
-                rng.random_range(100..=20_000)
-            };
-            let behaviour = match rng.random_range(0..100) {
-                0..40 => Behaviour::Plain,
-                40..65 => Behaviour::TimeoutRetry,
-                65..80 => Behaviour::DisconnectRetry,
-                80..90 => Behaviour::DoubleClick,
-                _ => {
-                    // A typo fixed: never the same amount, never zero.
-                    let delta = rng.random_range(1..=amount.max(2) / 2);
-                    let corrected_amount = if rng.random_bool(0.5) {
-                        amount + delta
-                    } else {
-                        (amount - delta).max(1)
-                    };
-                    Behaviour::TellerCorrection { corrected_amount }
-                }
-            };
-            drafts.push((
-                at_ms,
-                from,
-                funded_ids[to_index].clone(),
-                amount,
-                behaviour,
-                !insufficient,
-            ));
-        }
-        // Stable sort: ties keep generation order, so the day stays a function of the seed.
-        drafts.sort_by_key(|d| d.0);
-
-        let intents: Vec<Intent> = drafts
-            .into_iter()
-            .enumerate()
-            .map(
-                |(seq, (at_ms, from, to, amount, behaviour, should_succeed))| Intent {
-                    seq,
-                    at_ms,
-                    key: format!("tr-{seed:x}-{seq:06}"),
-                    from,
-                    to,
-                    amount,
-                    behaviour,
-                    should_succeed,
-                },
-            )
-            .collect();
-
-        // Fund every account for several times what it could possibly send, corrections and
-        // duplicates included, so that only the designed intents ever meet insufficient funds
-        // and a duplicate in the direct run shows as money moved, not as a refusal.
-        let mut outgoing: BTreeMap<&str, i64> = BTreeMap::new();
-        for intent in intents.iter().filter(|i| i.should_succeed) {
-            let corrected = match intent.behaviour {
-                Behaviour::TellerCorrection { corrected_amount } => corrected_amount,
-                _ => 0,
-            };
-            *outgoing.entry(intent.from.as_str()).or_default() += intent.amount + corrected;
-        }
-        let mut opening: BTreeMap<String, i64> = funded_ids
-            .iter()
-            .map(|id| {
-                let out = outgoing.get(id.as_str()).copied().unwrap_or(0);
-                (id.clone(), 1_000_000 + 6 * out)
-            })
-            .collect();
-        opening.extend(empty_ids.into_iter().map(|id| (id, 0)));
-
-        DayPlan {
-            seed,
-            opening,
-            intents,
-        }
-    }
-
-    /// Intents per behaviour name.
-    pub fn mix(&self) -> BTreeMap<&'static str, usize> {
-        let mut mix = BTreeMap::new();
-        for intent in &self.intents {
-            *mix.entry(intent.behaviour.name()).or_default() += 1;
-        }
-        mix
-    }
-}
-
 /// How the clients behave; shared by every worker of one run.
 #[derive(Debug, Clone)]
 pub struct LabClient {
@@ -237,81 +66,6 @@ pub struct LabClient {
     /// Over TLS, trusting this configuration's roots (`idemgate lab --tls`); else plain
     /// HTTP.
     pub tls: Option<Arc<rustls::ClientConfig>>,
-}
-
-/// What the clients saw during one run.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct ClientTally {
-    /// Every request put on the wire, including those hung up on.
-    pub requests_sent: u64,
-    /// Requests repeated with the same key and body after a timeout, a hang-up, an error or
-    /// idemgate's 409 in-progress (the second click and the correction are not retries).
-    pub retries: u64,
-    /// Requests the impatient clients gave up on.
-    pub timeouts: u64,
-    /// Requests written to a socket that was closed before the answer.
-    pub hang_ups: u64,
-    /// 2xx answers carrying `Idempotent-Replayed: true`.
-    pub replays: u64,
-    /// The bank's own 409/422 (insufficient funds), first-hand or replayed.
-    pub bank_409_422: u64,
-    /// idemgate's 409 while the first request was still running.
-    pub idemgate_409_in_progress: u64,
-    /// idemgate's 422: same key, different body.
-    pub idemgate_422_mismatch: u64,
-    /// Any other idemgate problem (outcome-unknown, store-unavailable, ...).
-    pub idemgate_other_errors: u64,
-    /// Other unexpected statuses and transport errors.
-    pub other_errors: u64,
-    /// Teller corrections whose new amount the bank executed (the direct run's failure).
-    pub corrections_executed: u64,
-    /// Teller corrections answered with a 2xx replay of the old transfer: the silent replay
-    /// the correction must never get.
-    pub silent_replays: u64,
-    /// Intents that never got a final answer within `max_attempts`.
-    pub unresolved: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    requests_sent: AtomicU64,
-    retries: AtomicU64,
-    timeouts: AtomicU64,
-    hang_ups: AtomicU64,
-    replays: AtomicU64,
-    bank_409_422: AtomicU64,
-    idemgate_409_in_progress: AtomicU64,
-    idemgate_422_mismatch: AtomicU64,
-    idemgate_other_errors: AtomicU64,
-    other_errors: AtomicU64,
-    corrections_executed: AtomicU64,
-    silent_replays: AtomicU64,
-    unresolved: AtomicU64,
-}
-
-fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
-}
-
-impl Counters {
-    fn tally(&self) -> ClientTally {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        ClientTally {
-            requests_sent: get(&self.requests_sent),
-            retries: get(&self.retries),
-            timeouts: get(&self.timeouts),
-            hang_ups: get(&self.hang_ups),
-            replays: get(&self.replays),
-            bank_409_422: get(&self.bank_409_422),
-            idemgate_409_in_progress: get(&self.idemgate_409_in_progress),
-            idemgate_422_mismatch: get(&self.idemgate_422_mismatch),
-            idemgate_other_errors: get(&self.idemgate_other_errors),
-            other_errors: get(&self.other_errors),
-            corrections_executed: get(&self.corrections_executed),
-            silent_replays: get(&self.silent_replays),
-            unresolved: get(&self.unresolved),
-        }
-    }
 }
 
 /// How one attempt ended, from the client's point of view.
@@ -1032,81 +786,6 @@ impl Run<'_> {
                 bump(&self.counters.other_errors);
             }
             Err(_) => bump(&self.counters.timeouts),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_same_seed_gives_the_same_day() {
-        let a = DayPlan::generate(500, 42);
-        let b = DayPlan::generate(500, 42);
-        assert_eq!(a, b);
-        let json_a = serde_json::to_string(&a).expect("serialize");
-        let json_b = serde_json::to_string(&b).expect("serialize");
-        assert_eq!(json_a, json_b);
-    }
-
-    #[test]
-    fn another_seed_gives_another_day() {
-        let a = DayPlan::generate(500, 42);
-        let b = DayPlan::generate(500, 43);
-        assert_ne!(a.intents, b.intents);
-    }
-
-    #[test]
-    fn the_day_is_in_time_order_with_unique_keys_and_every_behaviour() {
-        let plan = DayPlan::generate(1_000, 9);
-        assert_eq!(plan.intents.len(), 1_000);
-        assert!(plan.intents.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
-        let keys: std::collections::BTreeSet<_> = plan.intents.iter().map(|i| &i.key).collect();
-        assert_eq!(keys.len(), 1_000);
-        let mix = plan.mix();
-        for name in [
-            "plain",
-            "timeout_retry",
-            "disconnect_retry",
-            "double_click",
-            "teller_correction",
-        ] {
-            assert!(mix.get(name).copied().unwrap_or(0) > 20, "{name}: {mix:?}");
-        }
-        assert!(plan.intents.iter().any(|i| !i.should_succeed));
-    }
-
-    #[test]
-    fn corrections_change_the_amount_and_transfers_are_well_formed() {
-        let plan = DayPlan::generate(1_000, 3);
-        for intent in &plan.intents {
-            assert_ne!(intent.from, intent.to);
-            assert!(intent.amount > 0);
-            assert!(plan.opening.contains_key(&intent.from));
-            assert!(plan.opening.contains_key(&intent.to));
-            if let Behaviour::TellerCorrection { corrected_amount } = intent.behaviour {
-                assert!(corrected_amount > 0);
-                assert_ne!(corrected_amount, intent.amount);
-            }
-        }
-    }
-
-    #[test]
-    fn only_the_designed_intents_can_run_out_of_money() {
-        let plan = DayPlan::generate(2_000, 5);
-        // Empty accounts never receive, so their intents fail in any order.
-        for intent in &plan.intents {
-            assert!(plan.opening[&intent.to] > 0, "{intent:?}");
-            assert_eq!(intent.should_succeed, plan.opening[&intent.from] > 0);
-        }
-        // Funded accounts cover everything they might send, in any order.
-        let mut worst: BTreeMap<&str, i64> = BTreeMap::new();
-        for intent in plan.intents.iter().filter(|i| i.should_succeed) {
-            *worst.entry(&intent.from).or_default() += intent.amount;
-        }
-        for (account, out) in worst {
-            assert!(plan.opening[account] >= out, "{account}");
         }
     }
 }

@@ -448,23 +448,7 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
         } => {
             let headers: BTreeMap<String, String> = headers.into_iter().collect();
             let body = json!({"method": method, "path": path, "key": key, "headers": headers});
-            let answer = api
-                .call(Method::POST, "/records/lookup", Some(body))
-                .await?;
-            if !answer.status.is_success() {
-                return Err(refusal(&answer, json));
-            }
-            let v = answer.json()?;
-            let found = !v["record"].is_null();
-            if json {
-                println!("{v}");
-            } else if found {
-                print!("{}", record_block(&v["record"], now_ms()));
-            } else {
-                println!("id     {}", text(&v["id"]));
-                println!("state  - (no record: the request was never claimed, or its record expired or was released)");
-            }
-            Ok(if found { OK } else { NOT_FOUND })
+            lookup(&api, body, json).await
         }
         Action::Release {
             id,
@@ -485,17 +469,7 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
             let path = format!("/records/{id}?{}", query.join("&"));
             let answer = api.call(Method::DELETE, &path, None).await?;
             if !answer.status.is_success() {
-                let mut failure = refusal(&answer, json);
-                if answer.status == StatusCode::CONFLICT {
-                    let completed_refusal = serde_json::from_slice::<Value>(&answer.body)
-                        .is_ok_and(|v| v["state"] == "completed");
-                    failure.message.push_str(if completed_refusal {
-                        " [here: `idemgate records release ID --completed`]"
-                    } else {
-                        " [here: `idemgate records release ID --force`]"
-                    });
-                }
-                return Err(failure);
+                return Err(release_refused(&answer, json));
             }
             print_answer(&answer.json()?, json, |v| {
                 let was = v["released"]["state"].as_str().unwrap_or("-");
@@ -517,29 +491,7 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
             reason,
         } => {
             check_id(&id)?;
-            let bytes = match &body_file {
-                None => Vec::new(),
-                Some(p) if p.as_os_str() == "-" => {
-                    use std::io::Read;
-                    let mut buf = Vec::new();
-                    std::io::stdin()
-                        .read_to_end(&mut buf)
-                        .map_err(|e| fail(USAGE, format!("--body-file -: {e}")))?;
-                    buf
-                }
-                Some(p) => std::fs::read(p)
-                    .map_err(|e| fail(USAGE, format!("--body-file {}: {e}", p.display())))?,
-            };
-            let headers: BTreeMap<String, String> = headers.into_iter().collect();
-            let mut outcome = json!({"status": status, "headers": headers});
-            match String::from_utf8(bytes) {
-                Ok(text) => outcome["body"] = Value::String(text),
-                Err(e) => {
-                    outcome["body_base64"] = Value::String(
-                        base64::engine::general_purpose::STANDARD.encode(e.into_bytes()),
-                    )
-                }
-            }
+            let outcome = outcome(status, body_file.as_deref(), headers)?;
             let force = if force { "force=true&" } else { "" };
             let path = format!("/records/{id}/complete?{force}{}", reason_param(&reason));
             let answer = api.call(Method::POST, &path, Some(outcome)).await?;
@@ -553,6 +505,75 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
             Ok(OK)
         }
     }
+}
+
+/// `lookup`: `POST /records/lookup` with `body`; exit 1 when no record answers to it.
+async fn lookup(api: &AdminApi, body: Value, json: bool) -> Result<u8, Failure> {
+    let answer = api
+        .call(Method::POST, "/records/lookup", Some(body))
+        .await?;
+    if !answer.status.is_success() {
+        return Err(refusal(&answer, json));
+    }
+    let v = answer.json()?;
+    let found = !v["record"].is_null();
+    if json {
+        println!("{v}");
+    } else if found {
+        print!("{}", record_block(&v["record"], now_ms()));
+    } else {
+        println!("id     {}", text(&v["id"]));
+        println!("state  - (no record: the request was never claimed, or its record expired or was released)");
+    }
+    Ok(if found { OK } else { NOT_FOUND })
+}
+
+/// A refused release, with the flag that would have it go through when it was refused
+/// for the record's state.
+fn release_refused(answer: &Answer, json: bool) -> Failure {
+    let mut failure = refusal(answer, json);
+    if answer.status == StatusCode::CONFLICT {
+        let completed_refusal =
+            serde_json::from_slice::<Value>(&answer.body).is_ok_and(|v| v["state"] == "completed");
+        failure.message.push_str(if completed_refusal {
+            " [here: `idemgate records release ID --completed`]"
+        } else {
+            " [here: `idemgate records release ID --force`]"
+        });
+    }
+    failure
+}
+
+/// `complete`'s outcome as the API takes it: the status, the headers, and the body read
+/// from `body_file` (`-` for stdin), as text when it is UTF-8, else base64.
+fn outcome(
+    status: u16,
+    body_file: Option<&std::path::Path>,
+    headers: Vec<(String, String)>,
+) -> Result<Value, Failure> {
+    let bytes = match body_file {
+        None => Vec::new(),
+        Some(p) if p.as_os_str() == "-" => {
+            use std::io::Read;
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .map_err(|e| fail(USAGE, format!("--body-file -: {e}")))?;
+            buf
+        }
+        Some(p) => std::fs::read(p)
+            .map_err(|e| fail(USAGE, format!("--body-file {}: {e}", p.display())))?,
+    };
+    let headers: BTreeMap<String, String> = headers.into_iter().collect();
+    let mut outcome = json!({"status": status, "headers": headers});
+    match String::from_utf8(bytes) {
+        Ok(text) => outcome["body"] = Value::String(text),
+        Err(e) => {
+            outcome["body_base64"] =
+                Value::String(base64::engine::general_purpose::STANDARD.encode(e.into_bytes()))
+        }
+    }
+    Ok(outcome)
 }
 
 /// `list`: every page of `GET /records`, up to `limit` records.
@@ -736,48 +757,4 @@ fn record_block(v: &Value, now_ms: u64) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_are_short() {
-        assert_eq!(short(850), "850ms");
-        assert_eq!(short(12_000), "12s");
-        assert_eq!(short(200_000), "3m20s");
-        assert_eq!(short(5 * 3_600_000 + 120_000), "5h2m");
-        assert_eq!(short(2 * 86_400_000 + 3 * 3_600_000), "2d3h");
-    }
-
-    #[test]
-    fn the_table_is_aligned() {
-        let records = vec![
-            json!({"id": "a", "state": "unknown", "created_ms": 1_000, "ttl_ms": 86_400_000, "status": null, "owner_busy_ms": 500}),
-            json!({"id": "bbbb", "state": "completed", "created_ms": 1_000, "ttl_ms": 5_000, "status": 201}),
-        ];
-        let t = table(&records, 61_000);
-        let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(lines.len(), 3);
-        assert!(
-            lines[0].starts_with("ID    STATE      STATUS  AGE   TTL   BUSY"),
-            "{t}"
-        );
-        assert!(
-            lines[1].starts_with("a     unknown    -       1m0s  1d0h  owner 500ms"),
-            "{t}"
-        );
-        assert!(
-            lines[2].starts_with("bbbb  completed  201     1m0s  5s    -"),
-            "{t}"
-        );
-    }
-
-    #[test]
-    fn headers_are_name_colon_value() {
-        assert_eq!(
-            parse_header("Authorization: Bearer x").unwrap(),
-            ("Authorization".into(), "Bearer x".into())
-        );
-        assert!(parse_header("nothing").is_err());
-        assert!(parse_header(": v").is_err());
-    }
-}
+mod tests;

@@ -500,15 +500,11 @@ mod tests {
         c
     }
 
-    #[test]
-    fn bad_redis_settings_name_their_key() {
-        let pem = std::env::temp_dir().join(format!("idemgate-setup-{}.pem", std::process::id()));
-        std::fs::write(
-            &pem,
-            "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n",
-        )
-        .expect("temp file");
-        let cases: Vec<(Config, &str)> = vec![
+    /// The first half of `bad_redis_settings_name_their_key`'s table: settings, and the key
+    /// their error must name.
+    fn topology_and_tls_cases(pem: &std::path::Path) -> Vec<(Config, &'static str)> {
+        let pem = pem.to_path_buf();
+        vec![
             (
                 with(|c| {
                     c.redis_url = Some("redis://a:1".into());
@@ -566,6 +562,12 @@ mod tests {
                 }),
                 "redis_tls_ca_file",
             ),
+        ]
+    }
+
+    /// The second half of the same table.
+    fn credential_and_node_cases() -> Vec<(Config, &'static str)> {
+        vec![
             (
                 with(|c| {
                     c.redis_url = Some("redis://a:1".into());
@@ -617,7 +619,19 @@ mod tests {
                 with(|c| c.redis_cluster_nodes = vec!["http://a:1".into()]),
                 "redis_cluster_nodes[0]",
             ),
-        ];
+        ]
+    }
+
+    #[test]
+    fn bad_redis_settings_name_their_key() {
+        let pem = std::env::temp_dir().join(format!("idemgate-setup-{}.pem", std::process::id()));
+        std::fs::write(
+            &pem,
+            "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n",
+        )
+        .expect("temp file");
+        let mut cases = topology_and_tls_cases(&pem);
+        cases.extend(credential_and_node_cases());
         for (c, key) in cases {
             let err = error_of(c);
             assert!(err.contains(&format!("`{key}`")), "{key}: {err}");
