@@ -50,7 +50,9 @@
 //! - [`retry_after`]: the `Retry-After` of a 409 in-progress, from the lease and the
 //!   route's typical upstream time.
 //! - [`upstream`]: the client to the upstream, header rewriting, failure classification.
-//! - [`problem`]: idemgate's own `application/problem+json` responses.
+//! - [`problem`]: idemgate's own answers: the problem types, their statuses and retry hints
+//!   (one table behind `x-should-retry`), and the error formats (RFC 9457, Stripe's, a
+//!   template with `error_codes`).
 //! - [`admin`]: health, readiness, `/metrics` and record inspection/release.
 //! - [`operator`]: the admin listener's record resolution: listing by state, finding a
 //!   request's record, completing an `unknown` one with the outcome an operator found.

@@ -10,9 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Longer than this and a file holds more than one concept.
-const MAX_LINES: usize = 1200;
+const MAX_LINES: usize = 800;
 
-/// Files still over [`MAX_LINES`] whose split is under way (issue 34): each must still be
+/// Files still over [`MAX_LINES`] whose split is under way: each must still be
 /// over the limit, so that the entry goes when the file is split.
 const BEING_SPLIT: &[&str] = &[];
 

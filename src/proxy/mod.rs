@@ -41,9 +41,11 @@
 //! - `body_read.rs`: reading a protected body within its size, time and memory budget.
 //! - `claim.rs`: fingerprint and record id from the body, the claim and its take-back
 //!   guard, background releases of claims never forwarded.
-//! - `exchange.rs`: a claimed request's upstream exchange in its own task, the lease
-//!   renewal, and the record (completed, released or unknown), written when it is told
-//!   (before the answer, after it, with or without the breaker).
+//! - `exchange.rs`: a claimed request's upstream exchange in its own task, settled when
+//!   it is told (the record before the answer, after it, with or without the breaker).
+//! - `recording.rs`: the record of that exchange: the answer as its record keeps it, the
+//!   lease renewed while the upstream works, and the record completed, released or left
+//!   unknown.
 //! - `allowance.rs`: what one protected request holds of the buffer budget and of its
 //!   connection's and tenant's shares while its answer waits for its client.
 //! - `replay.rs`: a recorded answer sent again.
@@ -66,6 +68,7 @@ mod enforce;
 mod exchange;
 mod observe;
 mod pipeline;
+mod recording;
 mod replay;
 mod rescue;
 

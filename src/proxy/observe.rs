@@ -179,7 +179,7 @@ impl Proxy {
                 .await {
                     Ok(Answer::Whole(bytes)) => {
                         parts.headers.remove(hyper::header::CONTENT_LENGTH);
-                        let stored = super::exchange::stored(&parts, bytes.clone());
+                        let stored = super::recording::stored(&parts, bytes.clone());
                         (
                             Response::from_parts(parts, body::chunked(bytes)),
                             Some(stored),
