@@ -4,6 +4,8 @@
 //! Crates: `flate2` (pure-Rust miniz_oxide backend) for gzip and deflate, `brotli-decompressor`
 //! for br. Every decoder is read in a loop into a buffer that never grows past the limit
 //! (`max_body_bytes`), so a small bomb is refused having cost at most that much memory.
+//! How many layers a request may name is the proxy's to bound (`max_content_codings`,
+//! counted by [`count`]) before anything is decoded.
 
 use std::io::{self, Read};
 
@@ -35,6 +37,16 @@ pub(crate) fn codings(content_encoding: Option<&str>) -> Vec<String> {
         })
         .filter(|t| !t.is_empty() && t != "identity")
         .collect()
+}
+
+/// How many codings a `Content-Encoding` value (or one of its lines) names, as [`codings`]
+/// lists them: `identity` and empty list members are not counted.
+pub fn count(content_encoding: &str) -> usize {
+    content_encoding
+        .split(',')
+        .map(|t| t.trim_matches(|c| c == ' ' || c == '\t'))
+        .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case("identity"))
+        .count()
 }
 
 /// Whether [`decode`] may take long enough to belong off the serving thread: what it costs
