@@ -1,6 +1,7 @@
 //! Stacked `Content-Encoding`s, through the binary: a protected request names at most
 //! `max_content_codings` codings (415 `too-many-codings` before anything is decoded, or
-//! forwarded as sent and counted on an observed route).
+//! forwarded as sent and counted on an observed route), and a decode's work across its
+//! layers is bounded (413 `body-too-large`).
 
 #![allow(clippy::unwrap_used)]
 
@@ -140,4 +141,40 @@ async fn an_observed_route_forwards_too_many_codings_as_sent_and_counts_them() {
     );
     let series = "idemgate_observed_total{route=\"default\",would=\"too_many_codings\"}";
     assert_eq!(gate.metric_or_zero(series), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layers_that_each_fit_but_add_up_past_the_work_budget_are_413() {
+    const MAX: u64 = 64 * 1024;
+    let up = Upstream::start().await;
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.routes.push(route("/v1/three", |r| {
+                r.max_content_codings = Some(3);
+                r.max_body_bytes = Some(MAX);
+            }))
+        })
+        .binary();
+    let url = gate.url("/v1/three");
+    // Stored (uncompressed) layers: each decodes to about 60 KB, under the limit, and the
+    // three read plus write about 360 KB, over 4 x 64 KiB.
+    let content: Vec<u8> = (0..60_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let bomb = gzipped(&content, 3, flate2::Compression::none());
+    assert!(bomb.len() < MAX as usize, "the body itself fits");
+    let a = send(&url, "k1", Some("gzip, gzip, gzip"), bomb).await;
+    assert_eq!(a.status, 413, "{:?}", a.body);
+    assert!(
+        a.problem_type().ends_with("/body-too-large"),
+        "{:?}",
+        a.body
+    );
+    // The same content in two such layers is within the budget.
+    let two = gzipped(&content, 2, flate2::Compression::none());
+    let b = send(&url, "k2", Some("gzip, gzip"), two).await;
+    assert_eq!(b.status, 201, "{:?}", b.body);
+    assert_eq!(
+        up.hits(),
+        1,
+        "only the request within the budget was forwarded"
+    );
 }
