@@ -219,7 +219,7 @@ struct RouteModeLabel {
 }
 
 /// What enforcing would have done, the `would` label of `idemgate_observed_total`.
-pub const WOULDS: [&str; 24] = [
+pub const WOULDS: [&str; 25] = [
     "execute",
     "replay",
     "in_progress",
@@ -238,6 +238,7 @@ pub const WOULDS: [&str; 24] = [
     "body_timeout",
     "body_unreadable",
     "trailers_not_supported",
+    "too_many_codings",
     "buffers_full",
     "invalid_method_override",
     "invalid_method",

@@ -15,6 +15,7 @@ mod admin_access;
 mod admin_probes;
 mod body_paths;
 mod cli;
+mod codings;
 mod config_problems;
 mod deciding_headers;
 mod decoded_params;

@@ -115,6 +115,7 @@ impl Default for Defaults {
             lease: Duration::from_secs(10),
             upstream_timeout: Duration::from_secs(30),
             max_body_bytes: 1024 * 1024,
+            max_content_codings: 2,
             max_response_bytes: 4 * 1024 * 1024,
             max_key_length: 255,
             tenant_headers: vec!["Authorization".into()],

@@ -35,6 +35,8 @@ pub struct Policy {
     #[allow(missing_docs)]
     pub max_body_bytes: u64,
     #[allow(missing_docs)]
+    pub max_content_codings: usize,
+    #[allow(missing_docs)]
     pub max_response_bytes: u64,
     #[allow(missing_docs)]
     pub max_key_length: usize,
@@ -180,6 +182,7 @@ pub(super) fn resolve(
         lease: r.lease.unwrap_or(d.lease),
         upstream_timeout: r.upstream_timeout.unwrap_or(d.upstream_timeout),
         max_body_bytes: r.max_body_bytes.unwrap_or(d.max_body_bytes),
+        max_content_codings: r.max_content_codings.unwrap_or(d.max_content_codings),
         max_response_bytes: r.max_response_bytes.unwrap_or(d.max_response_bytes),
         max_key_length: r.max_key_length.unwrap_or(d.max_key_length),
         tenant,
@@ -610,6 +613,7 @@ fn matches_override(r: &Route, name: &str) -> bool {
         "retention" => r.retention.is_some(),
         "max_key_length" => r.max_key_length.is_some(),
         "max_body_bytes" => r.max_body_bytes.is_some(),
+        "max_content_codings" => r.max_content_codings.is_some(),
         "max_response_bytes" => r.max_response_bytes.is_some(),
         "error_format" => r.error_format.is_some(),
         "record_control_header" => r.record_control_header.is_some(),

@@ -109,6 +109,9 @@ pub struct Defaults {
     pub upstream_timeout: Duration,
     /// Largest protected body that is buffered (413 above).
     pub max_body_bytes: u64,
+    /// Most codings a protected request's `Content-Encoding` may name (415 above):
+    /// each one is a decode of up to `max_body_bytes`.
+    pub max_content_codings: usize,
     /// Largest upstream answer that is recorded; a larger one still reaches its client,
     /// streamed, but is recorded without its body.
     pub max_response_bytes: u64,
@@ -260,6 +263,7 @@ pub struct Route {
     #[serde(default, with = "humantime_serde")]
     pub upstream_timeout: Option<Duration>,
     pub max_body_bytes: Option<u64>,
+    pub max_content_codings: Option<usize>,
     pub max_response_bytes: Option<u64>,
     pub max_key_length: Option<usize>,
     pub tenant_headers: Option<Vec<String>>,

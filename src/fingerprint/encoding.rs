@@ -4,10 +4,20 @@
 //! Crates: `flate2` (pure-Rust miniz_oxide backend) for gzip and deflate, `brotli-decompressor`
 //! for br. Every decoder is read in a loop into a buffer that never grows past the limit
 //! (`max_body_bytes`), so a small bomb is refused having cost at most that much memory.
+//! A decode's work, what its decoders read plus what they write across every layer, is
+//! bounded too ([`WORK_PER_LIMIT`] times the limit): layers that each fit cannot add up to
+//! many times the limit. How many layers a request may name is the proxy's to bound
+//! (`max_content_codings`, counted by [`count`]) before anything is decoded.
 
+use std::cell::Cell;
 use std::io::{self, Read};
 
-/// Decoding would produce more than the limit.
+/// How many times the limit a decode may read plus write in all, across its layers. Two
+/// layers whose output each fits never reach it: the body (at most the limit) read, the
+/// first layer's output written and read again, the second's written.
+pub const WORK_PER_LIMIT: u64 = 4;
+
+/// Decoding would produce more than the limit, or do more than its work budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TooLarge;
 
@@ -37,6 +47,16 @@ pub(crate) fn codings(content_encoding: Option<&str>) -> Vec<String> {
         .collect()
 }
 
+/// How many codings a `Content-Encoding` value (or one of its lines) names, as [`codings`]
+/// lists them: `identity` and empty list members are not counted.
+pub fn count(content_encoding: &str) -> usize {
+    content_encoding
+        .split(',')
+        .map(|t| t.trim_matches(|c| c == ' ' || c == '\t'))
+        .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case("identity"))
+        .count()
+}
+
 /// Whether [`decode`] may take long enough to belong off the serving thread: what it costs
 /// grows with its output, which a small body can make as large as the limit.
 pub fn is_heavy(content_encoding: Option<&str>, body: &[u8], limit: usize) -> bool {
@@ -46,7 +66,8 @@ pub fn is_heavy(content_encoding: Option<&str>, body: &[u8], limit: usize) -> bo
 }
 
 /// Undoes the codings of `content_encoding` (last applied first), never holding more than
-/// `limit` bytes of output at any step.
+/// `limit` bytes of output at any step, and stopping once its decoders have read plus
+/// written more than [`WORK_PER_LIMIT`] times `limit` in all.
 pub fn decode(
     content_encoding: Option<&str>,
     body: &[u8],
@@ -59,10 +80,16 @@ pub fn decode(
     if !codings.iter().all(|c| known(c)) {
         return Ok(Decoded::Raw);
     }
+    let work = Work {
+        spent: Cell::new(0),
+        budget: u64::try_from(limit)
+            .unwrap_or(u64::MAX)
+            .saturating_mul(WORK_PER_LIMIT),
+    };
     let mut content: Option<Vec<u8>> = None;
     for coding in codings.iter().rev() {
         let input = content.as_deref().unwrap_or(body);
-        match decode_one(coding, input, limit) {
+        match decode_one(coding, input, limit, &work) {
             Ok(out) => content = Some(out),
             Err(Failure::TooLarge) => return Err(TooLarge),
             Err(Failure::Corrupt) => return Ok(Decoded::Raw),
@@ -80,25 +107,61 @@ enum Failure {
     Corrupt,
 }
 
-fn decode_one(coding: &str, input: &[u8], limit: usize) -> Result<Vec<u8>, Failure> {
+/// What one decode has spent of its work budget: bytes its decoders read plus bytes they
+/// wrote, over every layer so far.
+struct Work {
+    spent: Cell<u64>,
+    budget: u64,
+}
+
+impl Work {
+    fn charge(&self, n: usize) {
+        let n = u64::try_from(n).unwrap_or(u64::MAX);
+        self.spent.set(self.spent.get().saturating_add(n));
+    }
+
+    fn spent(&self) -> bool {
+        self.spent.get() > self.budget
+    }
+}
+
+/// A layer's input, charging what its decoder reads of it to the decode's work.
+struct Metered<'a> {
+    input: &'a [u8],
+    work: &'a Work,
+}
+
+impl Read for Metered<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.input.read(buf)?;
+        self.work.charge(n);
+        Ok(n)
+    }
+}
+
+fn decode_one(coding: &str, input: &[u8], limit: usize, work: &Work) -> Result<Vec<u8>, Failure> {
+    let metered = || Metered { input, work };
     match coding {
         // Concatenated members are one gzip body (RFC 1952 section 2.2).
-        "gzip" | "x-gzip" => read_bounded(flate2::read::MultiGzDecoder::new(input), limit),
+        "gzip" | "x-gzip" => {
+            read_bounded(flate2::read::MultiGzDecoder::new(metered()), limit, work)
+        }
         // RFC 9110 says zlib (RFC 1950); many clients send a raw deflate stream (RFC 1951)
         // instead. A zlib stream starts with a header whose check bits a raw one's first
         // block almost never has; when it has, and zlib fails, raw is tried too.
         "deflate" => {
             if looks_like_zlib(input) {
-                match read_bounded(flate2::read::ZlibDecoder::new(input), limit) {
+                match read_bounded(flate2::read::ZlibDecoder::new(metered()), limit, work) {
                     Err(Failure::Corrupt) => {}
                     done => return done,
                 }
             }
-            read_bounded(flate2::read::DeflateDecoder::new(input), limit)
+            read_bounded(flate2::read::DeflateDecoder::new(metered()), limit, work)
         }
         "br" => read_bounded(
-            brotli_decompressor::Decompressor::new(input, 16 * 1024),
+            brotli_decompressor::Decompressor::new(metered(), 16 * 1024),
             limit,
+            work,
         ),
         _ => Err(Failure::Corrupt),
     }
@@ -114,16 +177,19 @@ fn looks_like_zlib(input: &[u8]) -> bool {
     }
 }
 
-/// Reads `r` to its end, refusing as soon as more than `limit` bytes came out: the output
-/// never holds more than `limit` bytes (plus one chunk of the stack buffer).
-fn read_bounded(mut r: impl Read, limit: usize) -> Result<Vec<u8>, Failure> {
+/// Reads `r` to its end, refusing as soon as more than `limit` bytes came out, or the
+/// decode's `work` is spent: the output never holds more than `limit` bytes (plus one chunk
+/// of the stack buffer).
+fn read_bounded(mut r: impl Read, limit: usize, work: &Work) -> Result<Vec<u8>, Failure> {
     let mut out = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
     loop {
         match r.read(&mut chunk) {
+            Ok(0) if work.spent() => return Err(Failure::TooLarge),
             Ok(0) => return Ok(out),
             Ok(n) => {
-                if out.len() + n > limit {
+                work.charge(n);
+                if out.len() + n > limit || work.spent() {
                     return Err(Failure::TooLarge);
                 }
                 out.extend_from_slice(&chunk[..n]);
@@ -187,6 +253,30 @@ mod tests {
         out.extend_from_slice(data);
         out.push(0b11); // ISLAST = 1, ISLASTEMPTY = 1
         out
+    }
+
+    #[test]
+    fn layers_that_each_fit_stop_at_the_work_budget() {
+        const SMALL: usize = 64 * 1024;
+        // Stored (uncompressed) layers, each about 60 KB: every output fits under SMALL.
+        let stored = |data: &[u8]| {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::none());
+            e.write_all(data).unwrap();
+            e.finish().unwrap()
+        };
+        let content: Vec<u8> = (0..60_000u32).map(|i| (i % 251) as u8).collect();
+        let two = stored(&stored(&content));
+        let want = Decoded::Content(content.clone());
+        assert_eq!(decode(Some("gzip, gzip"), &two, SMALL), Ok(want));
+        // Three read plus write about 360 KB, over 4 x 64 KiB.
+        let three = stored(&two);
+        assert!(three.len() <= SMALL);
+        assert_eq!(
+            decode(Some("gzip, gzip, gzip"), &three, SMALL),
+            Err(TooLarge)
+        );
+        assert!(decode(Some("gzip, gzip, gzip"), &three, 2 * SMALL).is_ok());
+        assert_eq!(count(" GZIP, identity,, br "), 2);
     }
 
     #[test]

@@ -45,7 +45,10 @@ mod multipart;
 mod number;
 mod pointer;
 
-pub use encoding::{decode as decode_content, is_heavy as decoding_is_heavy, Decoded, TooLarge};
+pub use encoding::{
+    count as coding_count, decode as decode_content, is_heavy as decoding_is_heavy, Decoded,
+    TooLarge,
+};
 pub use jcs::JcsError;
 pub use pointer::{JsonPointer, PointerError};
 

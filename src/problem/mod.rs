@@ -48,6 +48,9 @@ pub enum Problem {
     InvalidMethod,
     /// The body is larger than `max_body_bytes`.
     BodyTooLarge,
+    /// A protected request's `Content-Encoding` names more codings than
+    /// `max_content_codings`: refused before any of them is undone.
+    TooManyCodings,
     /// The client stopped sending the body, or sent it too slowly.
     BodyTimeout,
     /// The body could not be read (the client broke the connection or the framing).
@@ -136,6 +139,7 @@ impl Problem {
         InvalidMethodOverride => "invalid-method-override",
         InvalidMethod => "invalid-method",
         BodyTooLarge => "body-too-large",
+        TooManyCodings => "too-many-codings",
         BodyTimeout => "body-timeout",
         BodyUnreadable => "body-unreadable",
         TrailersNotSupported => "trailers-not-supported",
@@ -175,6 +179,7 @@ impl Problem {
             Problem::UpstreamBrokenAnswer => StatusCode::BAD_GATEWAY,
             Problem::InvalidToken => StatusCode::UNAUTHORIZED,
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Problem::TooManyCodings => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Problem::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Problem::BodyUnreadable => StatusCode::BAD_REQUEST,
             Problem::TrailersNotSupported => StatusCode::BAD_REQUEST,
@@ -209,6 +214,7 @@ impl Problem {
                 "The request's method is a protected method in another letter case"
             }
             Problem::BodyTooLarge => "The request body is too large",
+            Problem::TooManyCodings => "The request body has too many content codings",
             Problem::BodyTimeout => "The request body did not arrive in time",
             Problem::BodyUnreadable => "The request body could not be read",
             Problem::TrailersNotSupported => {
@@ -469,6 +475,7 @@ fn stripe_error(problem: Problem) -> (&'static str, &'static str) {
         | Problem::InvalidHeader
         | Problem::MethodNotAllowed
         | Problem::BodyTooLarge
+        | Problem::TooManyCodings
         | Problem::BodyTimeout
         | Problem::BodyUnreadable
         | Problem::TrailersNotSupported
@@ -513,6 +520,7 @@ impl Problem {
             | Problem::InvalidMethodOverride
             | Problem::InvalidMethod
             | Problem::BodyTooLarge
+            | Problem::TooManyCodings
             | Problem::BodyTimeout
             | Problem::BodyUnreadable
             | Problem::TrailersNotSupported
@@ -548,6 +556,7 @@ impl Problem {
             Problem::InvalidMethodOverride => "invalid_method_override",
             Problem::InvalidMethod => "invalid_method",
             Problem::BodyTooLarge => "body_too_large",
+            Problem::TooManyCodings => "too_many_codings",
             Problem::BodyTimeout => "body_timeout",
             Problem::BodyUnreadable => "body_unreadable",
             Problem::TrailersNotSupported => "trailers_not_supported",

@@ -61,7 +61,7 @@ async fn every_format_carries_the_retry_hint() {
 
 #[test]
 fn every_type_uri_is_the_base_and_the_name() {
-    assert_eq!(Problem::ALL.len(), 31);
+    assert_eq!(Problem::ALL.len(), 32);
     for p in Problem::ALL {
         assert_eq!(p.type_uri(), format!("{TYPE_BASE}{}", p.name()));
     }

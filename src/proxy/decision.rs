@@ -3,15 +3,15 @@
 //!
 //! Every rule about routes, methods, method overrides, paths, tenants and keys lives here,
 //! once, in code that does no I/O: [`decide`] reads a request head, and the body step
-//! ([`declared_too_large`], [`Refusal`] for a body that could not be read, [`fingerprint`])
-//! reads what the body adds. Enforcing acts on the value (`enforce.rs`); observing forwards
+//! ([`declared_too_large`] and [`too_many_codings`] from the head, [`Refusal`] for a body
+//! that could not be read, [`fingerprint`]) reads what the body adds. Enforcing acts on the value (`enforce.rs`); observing forwards
 //! the request as sent and counts what the same value says enforcing would have done
 //! (`observe.rs`); what each refusal answers and counts as is `rescue.rs`'s. The route's mode is read here and nowhere else: it is
 //! [`Decision::mode`].
 
 use std::sync::Arc;
 
-use hyper::header::{HeaderMap, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderMap, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Uri};
 
 use crate::admission;
@@ -118,6 +118,11 @@ pub(crate) enum Refusal {
         max: u64,
         /// Measured after `Content-Encoding` was decoded.
         decoded: bool,
+    },
+    /// `Content-Encoding` names more codings than `max_content_codings` (`max`).
+    TooManyCodings {
+        /// `max_content_codings`.
+        max: usize,
     },
     /// The body carries trailer fields, which are outside its fingerprint.
     TrailersNotSupported,
@@ -476,6 +481,18 @@ pub(crate) fn declared_too_large(headers: &HeaderMap, max: u64) -> Option<Refusa
         })
 }
 
+/// The body step, before reading: a `Content-Encoding` (all its lines) that names more
+/// than `max` codings. Each coding is one more decode of up to `max_body_bytes`, so the
+/// count is bounded before the body is read, let alone decoded.
+pub(crate) fn too_many_codings(headers: &HeaderMap, max: usize) -> Option<Refusal> {
+    let named: usize = headers
+        .get_all(CONTENT_ENCODING)
+        .iter()
+        .map(|v| fingerprint::coding_count(&String::from_utf8_lossy(v.as_bytes())))
+        .sum();
+    (named > max).then_some(Refusal::TooManyCodings { max })
+}
+
 /// What the fingerprint takes of a request's body: as sent, its codings, and its content
 /// when decoded.
 #[derive(Clone, Copy)]
@@ -749,5 +766,30 @@ mod tests {
         h.insert(CONTENT_LENGTH, HeaderValue::from_static("11"));
         let refusal = declared_too_large(&h, 10);
         assert_eq!(refusal.as_ref().map(Refusal::would), Some("body_too_large"));
+    }
+
+    #[test]
+    fn codings_beyond_the_limit_are_refused_before_reading() {
+        let mut h = HeaderMap::new();
+        assert_eq!(too_many_codings(&h, 0), None);
+        h.insert(
+            CONTENT_ENCODING,
+            HeaderValue::from_static("gzip, identity, , GZIP"),
+        );
+        assert_eq!(too_many_codings(&h, 2), None);
+        h.append(CONTENT_ENCODING, HeaderValue::from_static("br"));
+        let refusal = too_many_codings(&h, 2);
+        assert_eq!(refusal, Some(Refusal::TooManyCodings { max: 2 }));
+        assert_eq!(
+            refusal.as_ref().map(Refusal::would),
+            Some("too_many_codings")
+        );
+        assert!(
+            crate::metrics::WOULDS.contains(&"too_many_codings"),
+            "counted, not other"
+        );
+        let res = Refusal::TooManyCodings { max: 2 }.response(|_| panic!("not overloaded"));
+        assert_eq!(res.status().as_u16(), 415);
+        assert!(res.headers().contains_key(hyper::header::ACCEPT_ENCODING));
     }
 }

@@ -223,7 +223,10 @@ impl Proxy {
                 None,
             ));
         }
-        if let Some(why) = decision::declared_too_large(req.headers(), policy.max_body_bytes) {
+        // Both read the head alone: a body refused for them is never read, nor decoded.
+        let too_large = decision::declared_too_large(req.headers(), policy.max_body_bytes);
+        let too_many = || decision::too_many_codings(req.headers(), policy.max_content_codings);
+        if let Some(why) = too_large.or_else(too_many) {
             return Err(stop_refused(
                 why,
                 req.map(body::boxed),

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use hyper::header::{HeaderValue, ALLOW, WWW_AUTHENTICATE};
+use hyper::header::{HeaderValue, ACCEPT_ENCODING, ALLOW, WWW_AUTHENTICATE};
 use hyper::Response;
 
 use crate::admission::Refusal as NotAdmitted;
@@ -25,6 +25,10 @@ use super::pipeline::Stop;
 
 /// The `would` label of a won claim on an observed route: enforcing would forward it.
 pub(super) const EXECUTE: &str = "execute";
+
+/// The codings idemgate decodes for a fingerprint: `Accept-Encoding` of a 415
+/// `too-many-codings`.
+const DECODED: &str = "gzip, deflate, br";
 
 /// The `would` label of a request enforcing would forward unprotected.
 pub(super) const UNPROTECTED: &str = "unprotected";
@@ -457,6 +461,7 @@ impl Refusal {
             Refusal::MissingTenant(_) => "missing_tenant",
             Refusal::InvalidToken(_) => "invalid_token",
             Refusal::BodyTooLarge { .. } => "body_too_large",
+            Refusal::TooManyCodings { .. } => "too_many_codings",
             Refusal::TrailersNotSupported => "trailers_not_supported",
             Refusal::BodyUnreadable => "body_unreadable",
             Refusal::BodyTimeout => "body_timeout",
@@ -507,6 +512,14 @@ impl Refusal {
                 let decoded = if *decoded { ", decoded (Content-Encoding)" } else { "" };
                 let detail = format!("protected request bodies are limited to {max} bytes{decoded}");
                 Problem::BodyTooLarge.response(detail, None, None)
+            }
+            Refusal::TooManyCodings { max } => {
+                let detail = format!("protected request bodies may have at most {max} content codings (max_content_codings); nothing was decoded or forwarded");
+                let mut res = Problem::TooManyCodings.response(detail, None, None);
+                // RFC 9110 section 12.5.3: a 415 for a coding says which codings are
+                // accepted; these are the ones idemgate decodes for the fingerprint.
+                res.headers_mut().insert(ACCEPT_ENCODING, HeaderValue::from_static(DECODED));
+                res
             }
             Refusal::TrailersNotSupported => Problem::TrailersNotSupported.response(
                 "protected requests cannot carry trailer fields; send them as headers",
