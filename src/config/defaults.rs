@@ -117,7 +117,7 @@ impl Default for Defaults {
             max_body_bytes: 1024 * 1024,
             max_response_bytes: 4 * 1024 * 1024,
             max_key_length: 255,
-            tenant_headers: vec!["Authorization".into()],
+            tenant_headers: vec!["Authorization".into(), "X-Api-Key".into()],
             tenant_jwt_claim: None,
             tenant_client_cert: None,
             anonymous: Anonymous::Refuse,

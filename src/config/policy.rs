@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::header::HeaderName;
+use hyper::header::{HeaderName, AUTHORIZATION};
 use hyper::Method;
 
 use super::{invalid, Anonymous, ConfigError, Defaults, Mode, OnAmbiguous, OnStoreError};
@@ -308,9 +308,24 @@ fn tenant(l: &Layers, jwt_keys: bool, client_ca: bool) -> Result<TenantSource, C
         Some(c) => TenantSource::JwtClaim(c.clone()),
         None => match cert {
             Some(field) => TenantSource::ClientCert(field),
+            // No tenant setting anywhere: the credential, wherever the API carries it.
+            // On a route that shares an anonymous scope, `Authorization` alone, as before
+            // `X-Api-Key` was read: a request with only a key stays anonymous there.
+            None if !own && is_builtin(&tenant_header_names) => {
+                match r.anonymous.unwrap_or(d.anonymous) {
+                    Anonymous::Refuse => TenantSource::Credentials,
+                    Anonymous::Shared => TenantSource::Headers(vec![AUTHORIZATION]),
+                }
+            }
             None => TenantSource::Headers(tenant_header_names),
         },
     })
+}
+
+/// Whether `names` is `tenant_headers`' built-in value, `["Authorization", "X-Api-Key"]`
+/// (names in any case).
+fn is_builtin(names: &[HeaderName]) -> bool {
+    names == [AUTHORIZATION, crate::scope::tenant::X_API_KEY]
 }
 
 /// How paths compare (`path_match`, `case_insensitive_paths`, `plus_is_space`), and which

@@ -458,6 +458,46 @@ mod tests {
     }
 
     #[test]
+    fn a_route_without_a_tenant_setting_reads_authorization_and_x_api_key() {
+        let s = settings(
+            r#"
+            [[routes]]
+            path = "/auth-only"
+            tenant_headers = ["Authorization"]
+            [[routes]]
+            path = "/open"
+            anonymous = "shared"
+            [[routes]]
+            path = "/both-named"
+            tenant_headers = ["authorization", "X-API-KEY"]
+            "#,
+        )
+        .unwrap();
+        let auth = TenantSource::Headers(vec![hyper::header::AUTHORIZATION]);
+        assert_eq!(s.policy_for("/pay").tenant, TenantSource::Credentials);
+        assert_eq!(s.policy_for("/auth-only").tenant, auth);
+        // A shared anonymous scope keeps reading `Authorization` alone.
+        assert_eq!(s.policy_for("/open").tenant, auth);
+        // Named on the route, the two headers are read as any list is.
+        assert!(matches!(
+            s.policy_for("/both-named").tenant,
+            TenantSource::Headers(_)
+        ));
+        // The same request on a default route and on `tenant_headers = ["Authorization"]`
+        // is one tenant: records made before `X-Api-Key` was read still match.
+        let mut h = hyper::HeaderMap::new();
+        h.insert("authorization", "Bearer abc".parse().unwrap());
+        let default = s.tenant(&h, None, s.policy_for("/pay")).unwrap();
+        assert!(default.is_some());
+        assert_eq!(
+            default,
+            s.tenant(&h, None, s.policy_for("/auth-only")).unwrap()
+        );
+        h.insert("x-api-key", "k1".parse().unwrap());
+        assert_ne!(default, s.tenant(&h, None, s.policy_for("/pay")).unwrap());
+    }
+
+    #[test]
     fn path_parameters_and_format_suffixes_are_routed_then_refused_or_folded() {
         let s = settings(
             r#"

@@ -332,6 +332,7 @@ fn decides(policy: &Policy, name: &str) -> bool {
     let is = |n: &hyper::header::HeaderName| n.as_str().eq_ignore_ascii_case(name);
     let tenant = match &policy.tenant {
         TenantSource::Headers(names) => names.iter().any(is),
+        TenantSource::Credentials => is(&crate::scope::tenant::X_API_KEY),
         _ => false,
     };
     tenant
@@ -451,6 +452,7 @@ fn tenant(
                     "send one of the headers that name the tenant ({}); requests without a tenant are not accepted on this route",
                     names.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
                 ),
+                TenantSource::Credentials => "send the credential that names the tenant (Authorization or X-Api-Key); requests without a tenant are not accepted on this route".to_string(),
                 TenantSource::JwtClaim(claim) => format!("send a bearer token whose `{claim}` claim names the tenant"),
                 TenantSource::ClientCert(_) => "connect with a client certificate: this route reads the tenant from it".to_string(),
             };

@@ -1,12 +1,17 @@
 //! The tenant of a request: the principal whose records these are.
 //!
-//! Three sources, chosen per route:
+//! Four sources, chosen per route:
 //!
-//! - [`TenantSource::Headers`] (`tenant_headers`, default `["Authorization"]`): the values of
-//!   headers. With a trusted header that a gateway sets (`X-Account-Id`), that is the
-//!   principal. With `Authorization` it is the raw credential: the scheme is compared
-//!   case-insensitively (`bearer x` and `Bearer x` are one tenant), but a refreshed token is
-//!   another tenant, so a retry made with a new token is a new operation.
+//! - [`TenantSource::Credentials`] (a route with no tenant setting: `tenant_headers` at its
+//!   built-in `["Authorization", "X-Api-Key"]`): the raw credential an API authenticates
+//!   with, in `Authorization`, `X-Api-Key` or both. A request with `Authorization` alone
+//!   hashes exactly as `tenant_headers = ["Authorization"]` does, so records made before
+//!   `X-Api-Key` was read still match.
+//! - [`TenantSource::Headers`] (`tenant_headers`): the values of headers. With a trusted
+//!   header that a gateway sets (`X-Account-Id`), that is the principal. With
+//!   `Authorization` it is the raw credential: the scheme is compared case-insensitively
+//!   (`bearer x` and `Bearer x` are one tenant), but a refreshed token is another tenant, so
+//!   a retry made with a new token is a new operation.
 //! - [`TenantSource::JwtClaim`] (`tenant_jwt_claim`): a claim of the bearer token, which must
 //!   pass verification; a token that does not never reaches a record. The principal is
 //!   (the key that verified it, its `iss`, the claim's JSON value): see [`super::jwt`].
@@ -25,6 +30,9 @@ use super::jwt::{JwtError, JwtVerifier};
 /// Where a route reads its tenant from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TenantSource {
+    /// The credential in `Authorization` and `X-Api-Key`: either alone, or both as one
+    /// tenant made of the two.
+    Credentials,
     /// The values of these headers (absent headers and empty values do not count).
     Headers(Vec<HeaderName>),
     /// This claim of a verified `Authorization: Bearer` JWT.
@@ -99,6 +107,7 @@ pub fn resolve(
     jwt: Option<&JwtVerifier>,
 ) -> Result<Option<Tenant>, TenantError> {
     match source {
+        TenantSource::Credentials => Ok(credentials(headers)),
         TenantSource::Headers(names) => Ok(from_headers(headers, names)),
         TenantSource::ClientCert(field) => match cert {
             None => Ok(None),
@@ -129,12 +138,36 @@ pub fn unverified(
     source: &TenantSource,
 ) -> Option<Tenant> {
     match source {
+        TenantSource::Credentials
+            if !headers.contains_key(AUTHORIZATION) && !headers.contains_key(X_API_KEY) =>
+        {
+            None
+        }
+        TenantSource::Credentials => credentials(headers),
         // Most reads carry none of the headers: nothing to hash (every pass-through asks).
         TenantSource::Headers(names) if !names.iter().any(|n| headers.contains_key(n)) => None,
         TenantSource::Headers(names) => from_headers(headers, names),
         TenantSource::JwtClaim(_) if !headers.contains_key(AUTHORIZATION) => None,
         TenantSource::JwtClaim(_) => from_headers(headers, &[AUTHORIZATION]),
         TenantSource::ClientCert(field) => cert?.principal(*field).ok().map(Tenant),
+    }
+}
+
+/// `X-Api-Key`, where many APIs (Adyen, API gateways) take their key.
+pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+/// [`TenantSource::Credentials`]: a request without an `X-Api-Key` value is the tenant of
+/// `tenant_headers = ["Authorization"]`, byte for byte (the tenant of every default route
+/// before `X-Api-Key` was read); one with it is the tenant of both headers, in that order.
+fn credentials(headers: &HeaderMap) -> Option<Tenant> {
+    let keyed = headers
+        .get_all(X_API_KEY)
+        .iter()
+        .any(|v| !trim(v.as_bytes()).is_empty());
+    if keyed {
+        from_headers(headers, &[AUTHORIZATION, X_API_KEY])
+    } else {
+        from_headers(headers, &[AUTHORIZATION])
     }
 }
 
@@ -250,6 +283,50 @@ mod tests {
             tenant_of(&[("x-api-key", "Key A")], &names),
             tenant_of(&[("x-api-key", "key A")], &names)
         );
+    }
+
+    fn credentials_of(pairs: &[(&'static str, &str)]) -> Option<Tenant> {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(*n, HeaderValue::from_str(v).expect("value"));
+        }
+        let t = resolve(&h, None, &TenantSource::Credentials, None).expect("never fails");
+        assert_eq!(unverified(&h, None, &TenantSource::Credentials), t);
+        t
+    }
+
+    #[test]
+    fn an_authorization_alone_keeps_the_tenant_it_had_before_api_keys_were_read() {
+        // The bytes every version before `X-Api-Key` was read computed for
+        // `Authorization: Bearer abc`: records made then must still be found.
+        let pinned = "32d7323278e38d64b658079085efe509dd006393be2919d403d5426ad0f5c763";
+        let auth = credentials_of(&[("authorization", "Bearer abc")]).expect("a tenant");
+        assert_eq!(crate::key::to_hex(auth.as_bytes()), pinned);
+        assert_eq!(
+            Some(auth),
+            tenant_of(&[("authorization", "Bearer abc")], &["authorization"])
+        );
+        // An empty key is no key.
+        assert_eq!(
+            Some(auth),
+            credentials_of(&[("authorization", "Bearer abc"), ("x-api-key", " ")])
+        );
+    }
+
+    #[test]
+    fn an_api_key_alone_or_beside_authorization_is_a_tenant_of_its_own() {
+        let key = credentials_of(&[("x-api-key", "k1")]).expect("a key alone is a tenant");
+        let auth = credentials_of(&[("authorization", "Bearer abc")]);
+        let both = credentials_of(&[("authorization", "Bearer abc"), ("x-api-key", "k1")]);
+        assert!(both.is_some());
+        assert_ne!(Some(key), auth);
+        assert_ne!(both, auth);
+        assert_ne!(both, Some(key));
+        assert_ne!(Some(key), credentials_of(&[("x-api-key", "k2")]));
+        // The value is raw: no scheme rule for a key.
+        assert_ne!(Some(key), credentials_of(&[("x-api-key", "K1")]));
+        assert_eq!(credentials_of(&[]), None);
+        assert_eq!(credentials_of(&[("x-api-key", "")]), None);
     }
 
     #[test]

@@ -1,0 +1,76 @@
+//! Who the tenant is on a route without a tenant setting, through the binary: the
+//! credential in `Authorization`, in `X-Api-Key`, or in both, so that an API that
+//! authenticates with `X-Api-Key` is protected by default and its merchants stay apart.
+
+#![allow(clippy::unwrap_used)]
+
+use crate::common;
+
+use common::{client, post_url, Idemgate, Upstream};
+use idemgate::config::Anonymous;
+
+const PAYMENT: &str = r#"{"amount":1000,"currency":"EUR"}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_key_alone_is_a_tenant_and_two_keys_are_two() {
+    let up = Upstream::start().await;
+    let g = Idemgate::new(&up.url())
+        .set(|c| c.defaults.anonymous = Anonymous::Refuse)
+        .binary();
+    let c = client();
+    let url = format!("http://{}/payments", g.addr);
+    let send = |key, headers| post_url(&c, &url, Some(key), PAYMENT, headers);
+    let m1: &[(&str, &str)] = &[("X-API-KEY", "merchant-1")];
+    let m2: &[(&str, &str)] = &[("x-api-key", "merchant-2")];
+    let first = send("pay-1", m1).await;
+    assert_eq!(first.status, 201, "{}", g.log());
+    let retry = send("pay-1", &[("x-api-key", "merchant-1")]).await;
+    assert!(retry.replayed(), "the retry replays");
+    assert_eq!(retry.body, first.body);
+    assert_eq!(up.hits(), 1);
+    // Another merchant's key is another tenant: its payment runs, and its retry replays
+    // its own answer.
+    let other = send("pay-1", m2).await;
+    assert!(!other.replayed());
+    assert_ne!(other.body, first.body);
+    assert!(send("pay-1", m2).await.replayed());
+    assert_eq!(up.hits(), 2);
+    // Without either header: refused, nothing forwarded.
+    let none = send("pay-1", &[]).await;
+    assert_eq!(none.status, 400);
+    assert!(none.problem_type().ends_with("/missing-tenant"));
+    assert_eq!(up.hits(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authorization_with_an_api_key_is_another_tenant_than_authorization_alone() {
+    let up = Upstream::start().await;
+    let g = Idemgate::new(&up.url())
+        .set(|c| c.defaults.anonymous = Anonymous::Refuse)
+        .binary();
+    let c = client();
+    let url = format!("http://{}/payments", g.addr);
+    let auth = [("authorization", "Bearer tok")];
+    let both = [("authorization", "Bearer tok"), ("x-api-key", "merchant-1")];
+    let alone = post_url(&c, &url, Some("pay-2"), PAYMENT, &auth).await;
+    assert_eq!(alone.status, 201, "{}", g.log());
+    assert!(post_url(
+        &c,
+        &url,
+        Some("pay-2"),
+        PAYMENT,
+        &[("authorization", "bearer tok")]
+    )
+    .await
+    .replayed());
+    let with_key = post_url(&c, &url, Some("pay-2"), PAYMENT, &both).await;
+    assert_eq!(with_key.status, 201);
+    assert!(
+        !with_key.replayed(),
+        "the two headers together are another tenant"
+    );
+    let retry = post_url(&c, &url, Some("pay-2"), PAYMENT, &both).await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, with_key.body);
+    assert_eq!(up.hits(), 2);
+}
