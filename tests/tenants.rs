@@ -1,6 +1,8 @@
-//! Who the tenant is on a route without a tenant setting, through the binary: the
+//! Who the tenant is, through the binary: on a route without a tenant setting the
 //! credential in `Authorization`, in `X-Api-Key`, or in both, so that an API that
-//! authenticates with `X-Api-Key` is protected by default and its merchants stay apart.
+//! authenticates with `X-Api-Key` is protected by default and its merchants stay apart;
+//! and a principal refined by `tenant_qualifier_headers`, so that a platform's sellers on
+//! one token stay apart.
 
 #![allow(clippy::unwrap_used)]
 
@@ -73,4 +75,37 @@ async fn authorization_with_an_api_key_is_another_tenant_than_authorization_alon
     assert!(retry.replayed());
     assert_eq!(retry.body, with_key.body);
     assert_eq!(up.hits(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_platform_s_sellers_on_one_token_are_two_tenants() {
+    let up = Upstream::start().await;
+    let g = Idemgate::new(&up.url())
+        .set(|c| {
+            c.defaults.anonymous = Anonymous::Refuse;
+            c.defaults.tenant_qualifier_headers = vec!["PayPal-Auth-Assertion".into()];
+        })
+        .binary();
+    let c = client();
+    let url = format!("http://{}/v2/checkout/orders", g.addr);
+    let token = ("authorization", "Bearer platform-token");
+    let seller_a = [token, ("paypal-auth-assertion", "seller-a")];
+    let seller_b = [token, ("paypal-auth-assertion", "seller-b")];
+    let a = post_url(&c, &url, Some("order-1"), PAYMENT, &seller_a).await;
+    let b = post_url(&c, &url, Some("order-1"), PAYMENT, &seller_b).await;
+    assert_eq!((a.status, b.status), (201, 201), "{}", g.log());
+    assert!(
+        !b.replayed(),
+        "seller B's order is created, not A's replayed"
+    );
+    assert_ne!(a.body, b.body);
+    assert_eq!(up.hits(), 2);
+    let a2 = post_url(&c, &url, Some("order-1"), PAYMENT, &seller_a).await;
+    let b2 = post_url(&c, &url, Some("order-1"), PAYMENT, &seller_b).await;
+    assert!(a2.replayed() && b2.replayed());
+    assert_eq!((a2.body, b2.body), (a.body, b.body));
+    // The token without a seller is the platform acting for itself: another tenant.
+    let own = post_url(&c, &url, Some("order-1"), PAYMENT, &[token]).await;
+    assert!(!own.replayed());
+    assert_eq!(up.hits(), 3);
 }

@@ -120,6 +120,7 @@ impl Default for Defaults {
             tenant_headers: vec!["Authorization".into(), "X-Api-Key".into()],
             tenant_jwt_claim: None,
             tenant_client_cert: None,
+            tenant_qualifier_headers: Vec::new(),
             anonymous: Anonymous::Refuse,
             path_match: PathMatch::Normalized,
             case_insensitive_paths: None,

@@ -232,13 +232,21 @@ impl Settings {
         cert: Option<&ClientCert>,
         policy: &Policy,
     ) -> Result<Option<crate::scope::Tenant>, crate::scope::TenantError> {
-        match crate::scope::tenant::resolve(headers, cert, &policy.tenant, self.jwt.as_deref())? {
-            Some(tenant) => Ok(Some(tenant)),
-            None if policy.anonymous == Anonymous::Shared => {
-                Ok(Some(crate::scope::Tenant::anonymous()))
-            }
-            None => Ok(None),
-        }
+        let principal = match crate::scope::tenant::resolve(
+            headers,
+            cert,
+            &policy.tenant,
+            self.jwt.as_deref(),
+        )? {
+            Some(tenant) => tenant,
+            None if policy.anonymous == Anonymous::Shared => crate::scope::Tenant::anonymous(),
+            None => return Ok(None),
+        };
+        Ok(Some(crate::scope::tenant::qualify(
+            principal,
+            headers,
+            &policy.tenant_qualifiers,
+        )))
     }
 
     /// Whether any route (or the defaults) reads its tenant from client certificates.

@@ -336,6 +336,7 @@ fn decides(policy: &Policy, name: &str) -> bool {
         _ => false,
     };
     tenant
+        || policy.tenant_qualifiers.iter().any(is)
         || ALWAYS_DECIDING.iter().any(is)
         || policy.key_headers.iter().any(is)
         || policy.method_override_headers.iter().any(is)

@@ -18,6 +18,9 @@
 //! - [`TenantSource::ClientCert`] (`tenant_client_cert`): the verified client certificate
 //!   of the TLS connection, with the CA that verified it: see [`super::client_cert`].
 //!
+//! Whichever the source, [`qualify`] adds the values of the route's
+//! `tenant_qualifier_headers` (on-behalf-of headers) to the principal.
+//!
 //! A request from which no tenant can be read resolves to `None`; the proxy refuses it
 //! unless its route shares one anonymous scope (`anonymous = "shared"`).
 
@@ -151,6 +154,33 @@ pub fn unverified(
         TenantSource::JwtClaim(_) => from_headers(headers, &[AUTHORIZATION]),
         TenantSource::ClientCert(field) => cert?.principal(*field).ok().map(Tenant),
     }
+}
+
+/// The principal refined by the values of `qualifiers` (`tenant_qualifier_headers`): a
+/// platform acting for several sellers with one credential names the seller in a header,
+/// and each seller is a tenant of its own. Each header counts as its values, so two values
+/// are two tenants and an absent header is one more; no qualifiers leave the principal as
+/// it is.
+pub fn qualify(principal: Tenant, headers: &HeaderMap, qualifiers: &[HeaderName]) -> Tenant {
+    if qualifiers.is_empty() {
+        return principal;
+    }
+    let mut h = Sha256::new();
+    h.update(b"idemgate-tenant\x00\x02qualified");
+    h.update(principal.as_bytes());
+    for name in qualifiers {
+        part(&mut h, name.as_str().as_bytes());
+        let values: Vec<&[u8]> = headers
+            .get_all(name)
+            .iter()
+            .map(|v| trim(v.as_bytes()))
+            .collect();
+        h.update((values.len() as u64).to_be_bytes());
+        for v in values {
+            part(&mut h, v);
+        }
+    }
+    Tenant(h.finalize().into())
 }
 
 /// `X-Api-Key`, where many APIs (Adyen, API gateways) take their key.
@@ -327,6 +357,30 @@ mod tests {
         assert_ne!(Some(key), credentials_of(&[("x-api-key", "K1")]));
         assert_eq!(credentials_of(&[]), None);
         assert_eq!(credentials_of(&[("x-api-key", "")]), None);
+    }
+
+    #[test]
+    fn qualifiers_tell_apart_what_one_principal_does_for_others() {
+        let principal = tenant_of(&[("authorization", "Bearer t")], &["authorization"]).unwrap();
+        let names = [HeaderName::from_static("paypal-auth-assertion")];
+        let with = |pairs: &[(&'static str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (n, v) in pairs {
+                h.append(*n, HeaderValue::from_str(v).expect("value"));
+            }
+            qualify(principal, &h, &names)
+        };
+        let a = with(&[("paypal-auth-assertion", "seller-a")]);
+        assert_eq!(a, with(&[("paypal-auth-assertion", "seller-a")]));
+        assert_ne!(a, with(&[("paypal-auth-assertion", "seller-b")]));
+        assert_ne!(a, principal);
+        // An absent header is a value of its own, and not an empty one's.
+        let absent = with(&[]);
+        assert_ne!(absent, a);
+        assert_ne!(absent, principal);
+        assert_ne!(absent, with(&[("paypal-auth-assertion", "")]));
+        // No qualifiers: the principal as it was.
+        assert_eq!(qualify(principal, &HeaderMap::new(), &[]), principal);
     }
 
     #[test]
