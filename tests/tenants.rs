@@ -109,3 +109,65 @@ async fn a_platform_s_sellers_on_one_token_are_two_tenants() {
     assert!(!own.replayed());
     assert_eq!(up.hits(), 3);
 }
+
+/// Clients of `shop-a` (resolved to `addr`) over HTTP/1.1 and over h2c with prior knowledge.
+fn clients(addr: std::net::SocketAddr) -> (reqwest::Client, reqwest::Client) {
+    let h1 = reqwest::Client::builder().resolve("shop-a", addr);
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .resolve("shop-a", addr);
+    (h1.build().unwrap(), h2.build().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_over_http1_and_authority_over_h2_are_one_tenant() {
+    let up = Upstream::start().await;
+    let g = Idemgate::new(&up.url())
+        .set(|c| {
+            c.defaults.anonymous = Anonymous::Refuse;
+            c.defaults.tenant_headers = vec!["Authorization".into(), "Host".into()];
+        })
+        .binary();
+    let (h1, h2) = clients(g.addr);
+    // `Host: shop-a:<port>` over HTTP/1.1, `:authority: shop-a:<port>` over h2.
+    let url = format!("http://shop-a:{}/pay", g.addr.port());
+    let auth = [("authorization", "Bearer t")];
+    let first = post_url(&h1, &url, Some("host-1"), PAYMENT, &auth).await;
+    assert_eq!(first.status, 201, "{}", g.log());
+    let retry = post_url(&h2, &url, Some("host-1"), PAYMENT, &auth).await;
+    assert!(retry.replayed(), "{} {:?}", retry.status, retry.body);
+    // And the other way round.
+    let first = post_url(&h2, &url, Some("host-2"), PAYMENT, &auth).await;
+    assert_eq!(first.status, 201);
+    assert!(post_url(&h1, &url, Some("host-2"), PAYMENT, &auth)
+        .await
+        .replayed());
+    assert_eq!(up.hits(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_cookie_line_and_h2_cookie_fields_are_one_tenant() {
+    let up = Upstream::start().await;
+    let g = Idemgate::new(&up.url())
+        .set(|c| {
+            c.defaults.anonymous = Anonymous::Refuse;
+            c.defaults.tenant_headers = vec!["Cookie".into()];
+        })
+        .binary();
+    let (h1, h2) = clients(g.addr);
+    let url = format!("http://shop-a:{}/pay", g.addr.port());
+    // As browsers send them over h2: one field per cookie.
+    let crumbs = [("cookie", "session=s1"), ("cookie", "cart=c9")];
+    let first = post_url(&h2, &url, Some("cookie-1"), PAYMENT, &crumbs).await;
+    assert_eq!(first.status, 201, "{}", g.log());
+    let line = [("cookie", "session=s1; cart=c9")];
+    let retry = post_url(&h1, &url, Some("cookie-1"), PAYMENT, &line).await;
+    assert!(retry.replayed(), "{} {:?}", retry.status, retry.body);
+    assert_eq!(up.hits(), 1);
+    // The HTTP/1.1 upstream got the one line the tenant was read from.
+    let seen = up.seen();
+    assert_eq!(
+        seen[0].headers["cookie"],
+        vec!["session=s1; cart=c9".to_string()]
+    );
+}

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use hyper::header::{HeaderMap, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderMap, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, HOST};
 use hyper::{Method, Uri};
 
 use crate::admission;
@@ -227,7 +227,14 @@ pub(crate) fn decide<'s>(
             return decision(effective, true, Action::Refuse(refusal));
         }
     };
-    let tenant = match tenant(settings, headers, cert, policy) {
+    let view = match authority_view(policy, uri, headers) {
+        Ok(view) => view,
+        Err(detail) => {
+            let refusal = Refusal::InvalidHeader(detail);
+            return decision(effective, true, Action::Refuse(refusal));
+        }
+    };
+    let tenant = match tenant(settings, view.as_ref().unwrap_or(headers), cert, policy) {
         Ok(tenant) => tenant,
         Err(refusal) => return decision(effective, true, Action::Refuse(refusal)),
     };
@@ -435,6 +442,42 @@ pub(crate) fn body_method(
         Some(detail) => Err(Refusal::InvalidMethodOverride(detail)),
         None => Ok(effective),
     }
+}
+
+/// Where a route's tenant or qualifier headers name `Host`: the request's headers with
+/// `Host` made its authority, whichever protocol carried it (`:authority` on HTTP/2 and an
+/// absolute-form target's authority, both in the URI; otherwise the `Host` line), so that
+/// one request is one tenant over HTTP/1.1 and HTTP/2. `None`: read the headers as they
+/// are. A `Host` that disagrees with the authority is refused: which one the upstream
+/// routes by is not idemgate's to guess.
+fn authority_view(
+    policy: &Policy,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<Option<HeaderMap>, String> {
+    let reads_host = match &policy.tenant {
+        TenantSource::Headers(names) => names.contains(&HOST),
+        _ => false,
+    } || policy.tenant_qualifiers.contains(&HOST);
+    let Some(authority) = uri.authority().filter(|_| reads_host) else {
+        return Ok(None);
+    };
+    let authority = authority.as_str();
+    if let Some(host) = headers
+        .get_all(HOST)
+        .iter()
+        .find(|h| !h.as_bytes().eq_ignore_ascii_case(authority.as_bytes()))
+    {
+        return Err(format!(
+            "the `host` field ({}) disagrees with the request's authority ({authority}); the tenant is read from the authority",
+            String::from_utf8_lossy(host.as_bytes())
+        ));
+    }
+    let mut view = headers.clone();
+    let value = HeaderValue::from_str(authority)
+        .map_err(|_| "the authority is not a header value".to_string())?;
+    view.insert(HOST, value);
+    Ok(Some(view))
 }
 
 /// The tenant of a protected request, or why it is refused.

