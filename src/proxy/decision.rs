@@ -661,6 +661,39 @@ mod tests {
     const KEY: (&str, &str) = ("idempotency-key", "k1");
 
     #[test]
+    fn a_route_that_reads_host_reads_the_authority_and_refuses_a_disagreeing_host() {
+        let toml =
+            "[[routes]]\npath = \"/v1/hosted\"\ntenant_headers = [\"Authorization\", \"Host\"]\n";
+        let s = Config::load(
+            Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(toml)),
+        )
+        .expect("valid");
+        let protect = "enforce /v1/hosted POST protect /v1/hosted key=k1 forward=-";
+        let uri = "http://shop-a/v1/hosted";
+        assert_eq!(decided(&s, "POST", uri, &[KEY, AUTH]), protect);
+        assert_eq!(
+            decided(&s, "POST", uri, &[KEY, AUTH, ("host", "SHOP-A")]),
+            protect
+        );
+        assert_eq!(
+            decided(&s, "POST", "/v1/hosted", &[KEY, AUTH, ("host", "shop-b")]),
+            protect
+        );
+        assert_eq!(
+            decided(&s, "POST", uri, &[KEY, AUTH, ("host", "shop-b")]),
+            "enforce /v1/hosted POST refuse invalid_header"
+        );
+        // A route that does not read Host leaves it to the upstream, as before.
+        assert!(decided(
+            &s,
+            "POST",
+            "http://shop-a/v1/other",
+            &[KEY, AUTH, ("host", "shop-b")]
+        )
+        .contains("protect"));
+    }
+
+    #[test]
     fn request_heads_decide_as_the_table_says() {
         let s = settings();
         #[rustfmt::skip]
