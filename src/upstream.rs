@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::header::{
-    HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST, PROXY_AUTHORIZATION, TE, TRAILER,
+    HeaderMap, HeaderName, HeaderValue, CONNECTION, COOKIE, HOST, PROXY_AUTHORIZATION, TE, TRAILER,
     TRANSFER_ENCODING, UPGRADE,
 };
 use hyper::http::uri::PathAndQuery;
@@ -502,6 +502,7 @@ pub fn prepare(req: &mut Request<Body>, upstream: &Upstream, client: SocketAddr)
     *req.version_mut() = Version::HTTP_11;
     let h = req.headers_mut();
     strip_hop_by_hop(h);
+    join_cookie_crumbs(h);
     // The authority travels in the URI. Which protocol carries it is known only once the
     // connection's ALPN is (an `https://` upstream may pick h2): hyper-util's client writes
     // `Host` from the URI on HTTP/1.1 only, and over h2 hyper sends the URI's authority as
@@ -522,6 +523,21 @@ pub fn prepare(req: &mut Request<Body>, upstream: &Upstream, client: SocketAddr)
     );
     if let Some(host) = original_host {
         h.insert(HeaderName::from_static("x-forwarded-host"), host);
+    }
+}
+
+/// HTTP/2 clients may send `Cookie` as one field per cookie (RFC 9113 8.2.3); HTTP/1.1
+/// allows one `Cookie` line (RFC 6265 5.4), and the tenant read them joined with "; ":
+/// the upstream gets that one line, whichever protocol carries it onward.
+fn join_cookie_crumbs(h: &mut HeaderMap) {
+    if h.get_all(COOKIE).iter().nth(1).is_none() {
+        return;
+    }
+    let joined = crate::scope::tenant::field_value(h, &COOKIE)
+        .and_then(|v| HeaderValue::from_bytes(&v).ok());
+    h.remove(COOKIE);
+    if let Some(v) = joined {
+        h.insert(COOKIE, v);
     }
 }
 

@@ -10,7 +10,8 @@
 
 use figment::Figment;
 
-use crate::config::{Config, ConfigError, Settings};
+use crate::config::{Config, ConfigError, Policy, Settings};
+use crate::scope::TenantSource;
 use crate::store::postgres::tls::PostgresSetup;
 use crate::store::seal::Envelope;
 use crate::store::{RedisSetup, StoreKind};
@@ -18,6 +19,36 @@ use crate::tls::{ListenerTls, UpstreamTls};
 
 /// Start-up's warning for the embedded in-memory store (said where it is opened).
 pub use crate::store::open::MEMORY_STORE_WARNING;
+
+/// Start-up's warning (and `config check`'s) for protected routes whose tenant is a raw
+/// credential (`Authorization`, the default): a client that refreshes its token between a
+/// request and its retry is a new tenant there, and the retry executes again.
+pub fn raw_credential_warning(settings: &Settings) -> Option<String> {
+    let raw = |p: &Policy| {
+        !p.methods.is_empty()
+            && match &p.tenant {
+                TenantSource::Credentials => true,
+                TenantSource::Headers(names) => names.contains(&hyper::header::AUTHORIZATION),
+                _ => false,
+            }
+    };
+    let mut routes: Vec<&str> = settings
+        .routes
+        .iter()
+        .filter(|(_, p)| raw(p))
+        .map(|(path, _)| path.as_str())
+        .collect();
+    if raw(&settings.default_policy) {
+        routes.insert(0, "[defaults]");
+    }
+    if routes.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "the tenant of {} is the raw Authorization credential: a refreshed token is a new tenant, so a retry made after a client refreshes its token executes again; name a stable principal with tenant_jwt_claim (a verified JWT claim) or tenant_headers (a stable header such as an account id)",
+        routes.join(", ")
+    ))
+}
 
 /// Start-up's warning for an admin listener that other hosts reach without a token.
 pub fn open_admin_warning(c: &Config) -> Option<String> {
@@ -89,6 +120,9 @@ impl Wired {
             StoreKind::Redis | StoreKind::Sqlite => {}
         }
         if let Some(w) = open_admin_warning(c) {
+            out.push(w);
+        }
+        if let Some(w) = raw_credential_warning(&self.settings) {
             out.push(w);
         }
         out

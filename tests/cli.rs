@@ -509,6 +509,30 @@ fn config_check_redacts_postgres_passwords_in_every_spelling() {
     }
 }
 
+/// A protected route whose tenant is the raw `Authorization` credential is warned about,
+/// with the settings that name a stable principal; one that names another does not.
+#[test]
+fn config_check_warns_that_a_refreshed_token_is_a_new_tenant() {
+    let out = idemgate(&["config", "check"], &[]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("warning: the tenant of [defaults] is the raw Authorization credential"),
+        "{err}"
+    );
+    assert!(
+        err.contains("tenant_jwt_claim") && err.contains("tenant_headers"),
+        "{err}"
+    );
+    let out = idemgate(
+        &["config", "check"],
+        &[("IDEMGATE_DEFAULTS__TENANT_HEADERS", "[\"X-Account-Id\"]")],
+    );
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("raw Authorization credential"), "{err}");
+}
+
 /// What start-up warns about from the configuration is printed by `config check` too.
 #[test]
 fn config_check_prints_start_ups_warnings() {

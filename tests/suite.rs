@@ -54,6 +54,7 @@ mod scope;
 mod scope_secret;
 mod shutdown;
 mod starting;
+mod tenants;
 mod tls;
 mod tls_alerts;
 mod tls_handshakes;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::header::HeaderName;
+use hyper::header::{HeaderName, AUTHORIZATION};
 use hyper::Method;
 
 use super::{invalid, Anonymous, ConfigError, Defaults, Mode, OnAmbiguous, OnStoreError};
@@ -43,6 +43,8 @@ pub struct Policy {
     /// Where the tenant comes from (`tenant_headers`, `tenant_jwt_claim` or
     /// `tenant_client_cert`).
     pub tenant: TenantSource,
+    /// `tenant_qualifier_headers`: headers whose values are added to the principal.
+    pub tenant_qualifiers: Vec<HeaderName>,
     #[allow(missing_docs)]
     pub anonymous: Anonymous,
     /// `path_match` and `case_insensitive_paths`.
@@ -145,6 +147,7 @@ pub(super) fn resolve(
     let key_of = |name: &str| l.key(name);
     let methods = methods(&l)?;
     let tenant = tenant(&l, jwt_keys, client_ca)?;
+    let tenant_qualifiers = tenant_qualifiers(&l)?;
     let (path_rules, spellings) = path_rules(&l);
     let format_suffixes = format_suffixes(&l, path_rules.case_insensitive)?;
     let mut fingerprint_ignore = fingerprint_ignore(&l)?;
@@ -186,6 +189,7 @@ pub(super) fn resolve(
         max_response_bytes: r.max_response_bytes.unwrap_or(d.max_response_bytes),
         max_key_length: r.max_key_length.unwrap_or(d.max_key_length),
         tenant,
+        tenant_qualifiers,
         anonymous: r.anonymous.unwrap_or(d.anonymous),
         path_rules,
         spellings,
@@ -311,9 +315,43 @@ fn tenant(l: &Layers, jwt_keys: bool, client_ca: bool) -> Result<TenantSource, C
         Some(c) => TenantSource::JwtClaim(c.clone()),
         None => match cert {
             Some(field) => TenantSource::ClientCert(field),
+            // No tenant setting anywhere: the credential, wherever the API carries it.
+            // On a route that shares an anonymous scope, `Authorization` alone, as before
+            // `X-Api-Key` was read: a request with only a key stays anonymous there.
+            None if !own && is_builtin(&tenant_header_names) => {
+                match r.anonymous.unwrap_or(d.anonymous) {
+                    Anonymous::Refuse => TenantSource::Credentials,
+                    Anonymous::Shared => TenantSource::Headers(vec![AUTHORIZATION]),
+                }
+            }
             None => TenantSource::Headers(tenant_header_names),
         },
     })
+}
+
+/// `tenant_qualifier_headers`: each a header name, each once.
+fn tenant_qualifiers(l: &Layers) -> Result<Vec<HeaderName>, ConfigError> {
+    let mut names: Vec<HeaderName> = Vec::new();
+    for h in
+        l.r.tenant_qualifier_headers
+            .as_ref()
+            .unwrap_or(&l.d.tenant_qualifier_headers)
+    {
+        let key = || l.key("tenant_qualifier_headers");
+        let name = HeaderName::from_bytes(h.as_bytes())
+            .map_err(|_| invalid(key(), format!("`{h}` is not a header name")))?;
+        if names.contains(&name) {
+            return Err(invalid(key(), format!("`{h}` is named twice")));
+        }
+        names.push(name);
+    }
+    Ok(names)
+}
+
+/// Whether `names` is `tenant_headers`' built-in value, `["Authorization", "X-Api-Key"]`
+/// (names in any case).
+fn is_builtin(names: &[HeaderName]) -> bool {
+    names == [AUTHORIZATION, crate::scope::tenant::X_API_KEY]
 }
 
 /// How paths compare (`path_match`, `case_insensitive_paths`, `plus_is_space`), and which
@@ -600,6 +638,7 @@ fn matches_override(r: &Route, name: &str) -> bool {
         "tenant_headers" => r.tenant_headers.is_some(),
         "tenant_jwt_claim" => r.tenant_jwt_claim.is_some(),
         "tenant_client_cert" => r.tenant_client_cert.is_some(),
+        "tenant_qualifier_headers" => r.tenant_qualifier_headers.is_some(),
         "fingerprint_ignore" => r.fingerprint_ignore.is_some(),
         "key_headers" => r.key_headers.is_some(),
         "release_on_status" => r.release_on_status.is_some(),

@@ -232,13 +232,21 @@ impl Settings {
         cert: Option<&ClientCert>,
         policy: &Policy,
     ) -> Result<Option<crate::scope::Tenant>, crate::scope::TenantError> {
-        match crate::scope::tenant::resolve(headers, cert, &policy.tenant, self.jwt.as_deref())? {
-            Some(tenant) => Ok(Some(tenant)),
-            None if policy.anonymous == Anonymous::Shared => {
-                Ok(Some(crate::scope::Tenant::anonymous()))
-            }
-            None => Ok(None),
-        }
+        let principal = match crate::scope::tenant::resolve(
+            headers,
+            cert,
+            &policy.tenant,
+            self.jwt.as_deref(),
+        )? {
+            Some(tenant) => tenant,
+            None if policy.anonymous == Anonymous::Shared => crate::scope::Tenant::anonymous(),
+            None => return Ok(None),
+        };
+        Ok(Some(crate::scope::tenant::qualify(
+            principal,
+            headers,
+            &policy.tenant_qualifiers,
+        )))
     }
 
     /// Whether any route (or the defaults) reads its tenant from client certificates.
@@ -455,6 +463,46 @@ mod tests {
         let d = s.route("/other").unwrap().policy;
         assert_eq!(d.tenant, TenantSource::JwtClaim("sub".into()));
         assert!(s.route("/a%2fb").is_err());
+    }
+
+    #[test]
+    fn a_route_without_a_tenant_setting_reads_authorization_and_x_api_key() {
+        let s = settings(
+            r#"
+            [[routes]]
+            path = "/auth-only"
+            tenant_headers = ["Authorization"]
+            [[routes]]
+            path = "/open"
+            anonymous = "shared"
+            [[routes]]
+            path = "/both-named"
+            tenant_headers = ["authorization", "X-API-KEY"]
+            "#,
+        )
+        .unwrap();
+        let auth = TenantSource::Headers(vec![hyper::header::AUTHORIZATION]);
+        assert_eq!(s.policy_for("/pay").tenant, TenantSource::Credentials);
+        assert_eq!(s.policy_for("/auth-only").tenant, auth);
+        // A shared anonymous scope keeps reading `Authorization` alone.
+        assert_eq!(s.policy_for("/open").tenant, auth);
+        // Named on the route, the two headers are read as any list is.
+        assert!(matches!(
+            s.policy_for("/both-named").tenant,
+            TenantSource::Headers(_)
+        ));
+        // The same request on a default route and on `tenant_headers = ["Authorization"]`
+        // is one tenant: records made before `X-Api-Key` was read still match.
+        let mut h = hyper::HeaderMap::new();
+        h.insert("authorization", "Bearer abc".parse().unwrap());
+        let default = s.tenant(&h, None, s.policy_for("/pay")).unwrap();
+        assert!(default.is_some());
+        assert_eq!(
+            default,
+            s.tenant(&h, None, s.policy_for("/auth-only")).unwrap()
+        );
+        h.insert("x-api-key", "k1".parse().unwrap());
+        assert_ne!(default, s.tenant(&h, None, s.policy_for("/pay")).unwrap());
     }
 
     #[test]

@@ -124,6 +124,10 @@ pub struct Defaults {
     /// When set, the tenant is this field of the client certificate verified on the TLS
     /// listener (with the CA that verified it) instead: `"san_uri"` or `"subject"`.
     pub tenant_client_cert: Option<CertField>,
+    /// Headers whose values refine whichever principal the route reads (on-behalf-of
+    /// headers such as `PayPal-Auth-Assertion` or `Stripe-Account`): two values are two
+    /// tenants, and an absent header is one more.
+    pub tenant_qualifier_headers: Vec<String>,
     /// See [`Anonymous`].
     pub anonymous: Anonymous,
     /// See [`PathMatch`].
@@ -269,6 +273,7 @@ pub struct Route {
     pub tenant_headers: Option<Vec<String>>,
     pub tenant_jwt_claim: Option<String>,
     pub tenant_client_cert: Option<CertField>,
+    pub tenant_qualifier_headers: Option<Vec<String>>,
     pub anonymous: Option<Anonymous>,
     pub path_match: Option<PathMatch>,
     pub case_insensitive_paths: Option<bool>,

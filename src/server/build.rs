@@ -131,6 +131,9 @@ pub async fn bind(settings: &Settings) -> Result<(TcpListener, Option<TcpListene
     if let Some(warning) = crate::wiring::open_admin_warning(c) {
         tracing::warn!("{warning}");
     }
+    if let Some(warning) = crate::wiring::raw_credential_warning(settings) {
+        tracing::warn!("{warning}");
+    }
     Ok((listener, admin))
 }
 
