@@ -36,25 +36,24 @@ pub enum Decoded {
 /// The codings of a `Content-Encoding` value, in the order they were applied: tokens
 /// trimmed and lowercased, `identity` and empty list members dropped.
 pub(crate) fn codings(content_encoding: Option<&str>) -> Vec<String> {
-    content_encoding
-        .unwrap_or_default()
-        .split(',')
-        .map(|t| {
-            t.trim_matches(|c| c == ' ' || c == '\t')
-                .to_ascii_lowercase()
-        })
-        .filter(|t| !t.is_empty() && t != "identity")
+    members(content_encoding.unwrap_or_default())
+        .map(str::to_ascii_lowercase)
         .collect()
 }
 
 /// How many codings a `Content-Encoding` value (or one of its lines) names, as [`codings`]
 /// lists them: `identity` and empty list members are not counted.
 pub fn count(content_encoding: &str) -> usize {
+    members(content_encoding).count()
+}
+
+/// The codings a `Content-Encoding` value names, as written: its list members trimmed,
+/// without the empty ones and `identity`.
+fn members(content_encoding: &str) -> impl Iterator<Item = &str> {
     content_encoding
         .split(',')
         .map(|t| t.trim_matches(|c| c == ' ' || c == '\t'))
         .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case("identity"))
-        .count()
 }
 
 /// Whether [`decode`] may take long enough to belong off the serving thread: what it costs
