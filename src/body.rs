@@ -125,11 +125,28 @@ pub fn chunked(bytes: Bytes) -> Body {
     if bytes.len() <= FRAME {
         return full(bytes);
     }
-    Chunked { rest: bytes }.boxed()
+    Chunked {
+        rest: bytes,
+        length: true,
+    }
+    .boxed()
+}
+
+/// A body in memory whose length its client is not told (chunked on HTTP/1.1): the bytes
+/// of an answer that nothing said was whole go on as they came, without a `Content-Length`
+/// that would vouch for them.
+pub fn without_length(bytes: Bytes) -> Body {
+    Chunked {
+        rest: bytes,
+        length: false,
+    }
+    .boxed()
 }
 
 struct Chunked {
     rest: Bytes,
+    // Whether its size hint is exact (hyper then writes it as the `Content-Length`).
+    length: bool,
 }
 
 impl hyper::body::Body for Chunked {
@@ -153,7 +170,13 @@ impl hyper::body::Body for Chunked {
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
-        hyper::body::SizeHint::with_exact(self.rest.len() as u64)
+        let n = self.rest.len() as u64;
+        if self.length {
+            return hyper::body::SizeHint::with_exact(n);
+        }
+        let mut hint = hyper::body::SizeHint::new();
+        hint.set_lower(n);
+        hint
     }
 }
 

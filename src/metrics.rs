@@ -167,6 +167,7 @@ pub struct Metrics {
     buffered_bytes: Gauge,
     observed: Family<ObservedLabel, Counter>,
     observed_duplicates: Family<RouteLabel, Counter>,
+    unframed_answers: Family<RouteLabel, Counter>,
     route_mode: Family<RouteModeLabel, Gauge>,
     // Per declared route (`routes`): its mode and its observe-mode series; replaced when a
     // reload declares the routes again (a route kept keeps its counts: the series are the
@@ -352,6 +353,12 @@ impl Metrics {
         let buffered_bytes = Gauge::default();
         let observed = Family::<ObservedLabel, Counter>::default();
         let observed_duplicates = Family::<RouteLabel, Counter>::default();
+        let unframed_answers = Family::<RouteLabel, Counter>::default();
+        registry.register(
+            "idemgate_unframed_answers",
+            "Protected requests' upstream answers that the upstream ended by closing the connection (no Content-Length, no chunked framing), by route, in either mode: recorded only when known whole unless the route sets close_delimited = \"trust\"",
+            unframed_answers.clone(),
+        );
         let route_mode = Family::<RouteModeLabel, Gauge>::default();
         let config_reloads = Family::<ResultLabel, Counter>::default();
         registry.register(
@@ -543,6 +550,7 @@ impl Metrics {
             buffered_bytes,
             observed,
             observed_duplicates,
+            unframed_answers,
             route_mode,
             observed_routes: arc_swap::ArcSwap::from_pointee(Vec::new()),
             config_reloads,
@@ -690,6 +698,15 @@ impl Metrics {
     /// The counter of connections closed by `send_timeout`.
     pub fn send_timeouts(&self) -> Counter {
         self.send_timeouts.clone()
+    }
+
+    /// Counts an answer its upstream ended by closing (`route`: the route, or `default`).
+    pub fn unframed_answer(&self, route: &str) {
+        self.unframed_answers
+            .get_or_create(&RouteLabel {
+                route: route.into(),
+            })
+            .inc();
     }
 
     /// Counts a request whose handling panicked.

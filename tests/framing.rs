@@ -36,7 +36,7 @@ fn answer(head: &str) -> Script {
             ))
         }
         "/identity" => Script::closing(format!(
-            "HTTP/1.1 201 Created\r\ntransfer-encoding: identity\r\ncontent-length: 5\r\n\r\n{}",
+            "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ntransfer-encoding: identity\r\ncontent-length: 5\r\n\r\n{}",
             long_body()
         )),
         "/long" => Script::closing("HTTP/1.1 201 Created\r\ncontent-length: 50\r\n\r\n{\"id\":1}"),

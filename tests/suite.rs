@@ -58,4 +58,5 @@ mod tenants;
 mod tls;
 mod tls_alerts;
 mod tls_handshakes;
+mod unframed;
 mod wire_faults;

@@ -4,8 +4,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::redact::{to_toml, unset_keys};
+use super::UPSTREAM_IDLE_TIMEOUT;
 use super::{Anonymous, Config, Defaults, Mode, OnAmbiguous, OnStoreError, PathMatch};
-use super::{PathParams, RecordMode, RedisRecordFormat, UpstreamHttp2, UPSTREAM_IDLE_TIMEOUT};
+use super::{CloseDelimited, PathParams, RecordMode, RedisRecordFormat, UpstreamHttp2};
 use crate::fingerprint::QueryOrder;
 
 impl Default for Config {
@@ -131,6 +132,7 @@ impl Default for Defaults {
             on_store_error: OnStoreError::Reject,
             on_ambiguous: OnAmbiguous::Hold,
             record_mode: RecordMode::BeforeResponse,
+            close_delimited: CloseDelimited::Verify,
             mode: Mode::Enforce,
             error_format: super::ErrorFormatName::Problem,
             error_template: None,

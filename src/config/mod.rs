@@ -54,8 +54,8 @@ pub use policy::Policy;
 pub use redact::redacted_toml;
 pub use route::{Forward, Routed};
 pub use route_keys::{
-    Anonymous, Defaults, ErrorFormatName, MethodCase, Mode, OnAmbiguous, OnStoreError,
-    OverrideParam, PathMatch, PathParams, RecordMode, Route,
+    Anonymous, CloseDelimited, Defaults, ErrorFormatName, MethodCase, Mode, OnAmbiguous,
+    OnStoreError, OverrideParam, PathMatch, PathParams, RecordMode, Route,
 };
 pub use validate::{Settings, Upstream};
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use hyper::header::{HeaderName, AUTHORIZATION};
 use hyper::Method;
 
+use super::CloseDelimited;
 use super::{invalid, Anonymous, ConfigError, Defaults, Mode, OnAmbiguous, OnStoreError};
 use super::{ErrorFormatName, MethodCase, OverrideParam, PathMatch, PathParams, RecordMode, Route};
 use crate::fingerprint::{JsonPointer, QueryOrder, Rules};
@@ -61,6 +62,9 @@ pub struct Policy {
     pub on_ambiguous: OnAmbiguous,
     #[allow(missing_docs)]
     pub record_mode: RecordMode,
+    /// `close_delimited`: whether an answer ended by the upstream's close is recorded as
+    /// it came.
+    pub close_delimited: CloseDelimited,
     #[allow(missing_docs)]
     pub mode: Mode,
     /// The shape of idemgate's own answers on this route.
@@ -197,6 +201,7 @@ pub(super) fn resolve(
         on_store_error: r.on_store_error.unwrap_or(d.on_store_error),
         on_ambiguous: r.on_ambiguous.unwrap_or(d.on_ambiguous),
         record_mode: r.record_mode.unwrap_or(d.record_mode),
+        close_delimited: r.close_delimited.unwrap_or(d.close_delimited),
         mode: r.mode.unwrap_or(d.mode),
         error_format: error_format(r, d, &key_of)?,
         fingerprint_ignore,

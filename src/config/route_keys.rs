@@ -57,6 +57,20 @@ pub enum RecordMode {
     AfterResponse,
 }
 
+/// What a route records of an answer its upstream ends by closing the connection (no
+/// `Content-Length`, no chunked framing): such a body looks the same whether the upstream
+/// finished it or stopped halfway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CloseDelimited {
+    /// Recorded only when it can be known whole (JSON that parses, a gzip or br stream that
+    /// ends); a known cut is 502 `upstream-broken-answer`, anything else is passed on as
+    /// received and its record held `unknown` (default).
+    Verify,
+    /// Recorded as it came: the upstream is trusted to close only once it has finished.
+    Trust,
+}
+
 /// Whether a route acts on what it decides, or only counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -155,6 +169,8 @@ pub struct Defaults {
     pub on_ambiguous: OnAmbiguous,
     /// See [`RecordMode`].
     pub record_mode: RecordMode,
+    /// See [`CloseDelimited`].
+    pub close_delimited: CloseDelimited,
     /// See [`Mode`].
     pub mode: Mode,
     /// See [`ErrorFormatName`].
@@ -283,6 +299,7 @@ pub struct Route {
     pub on_store_error: Option<OnStoreError>,
     pub on_ambiguous: Option<OnAmbiguous>,
     pub record_mode: Option<RecordMode>,
+    pub close_delimited: Option<CloseDelimited>,
     pub mode: Option<Mode>,
     pub error_format: Option<ErrorFormatName>,
     pub error_template: Option<String>,

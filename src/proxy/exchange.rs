@@ -18,12 +18,13 @@ use tracing::Span;
 use crate::admission::Slot;
 use crate::answer::{self, Answer};
 use crate::body::{self, Body};
-use crate::config::{OnAmbiguous, Policy, RecordMode};
+use crate::config::{CloseDelimited, OnAmbiguous, Policy, RecordMode};
 use crate::key::RecordId;
 use crate::outcome::Outcome;
 use crate::store::{deadline, ClaimRequest, OwnerToken};
 use crate::telemetry::{self, Step};
-use crate::upstream::{self, framing, Failure};
+use crate::upstream::framing::{self, Wholeness};
+use crate::upstream::{self, Failure};
 
 use super::allowance::Allowance;
 use super::recording::{
@@ -217,6 +218,10 @@ async fn call(
                 parts.status.as_u16()
             )));
         }
+        // Read before `reframe` rewrites the framing headers.
+        if framing::close_delimited(parts.version, parts.status, head, &parts.headers) {
+            parts.extensions.insert(framing::CloseDelimited);
+        }
         let declared = framing::reframe(&mut parts.headers);
         let answer = answer::read(&parts.headers, body, policy.max_response_bytes, |n| {
             wait_for_share(&waiting, n)
@@ -343,6 +348,14 @@ impl Ended {
             }
             (parts, answer)
         });
+        // An answer its upstream ended by closing: counted in either mode, and recorded
+        // only once known whole, unless the route trusts its upstream's closes.
+        let unframed = matches!(&result, Ok((parts, _)) if parts.extensions.get::<framing::CloseDelimited>().is_some());
+        if unframed {
+            let route = policy.route.as_deref().unwrap_or("default");
+            shared.metrics.unframed_answer(route);
+        }
+        let verify = unframed && policy.close_delimited == CloseDelimited::Verify;
         match result {
             // An answer that says the upstream did nothing (`release_on_status`), or that
             // it asks not to keep (`record_control_header`): passed on, and the claim
@@ -352,8 +365,27 @@ impl Ended {
             {
                 self.not_recorded(shared, parts, answer, declined).await
             }
+            Ok((parts, Answer::TooLarge { read, rest })) if verify => {
+                let why = "larger than max_response_bytes, streamed on";
+                self.unverified(shared, parts, body::prefixed(read, rest), why)
+                    .await
+            }
             Ok((parts, Answer::TooLarge { read, rest })) => {
                 self.too_large(shared, parts, read, rest).await
+            }
+            Ok((parts, Answer::Whole(bytes))) if verify => {
+                match framing::wholeness(&parts.headers, &bytes) {
+                    Wholeness::Whole => self.whole(shared, parts, bytes).await,
+                    Wholeness::Cut(why) => {
+                        self.ambiguous(shared, &ExchangeError::Broken(why)).await
+                    }
+                    Wholeness::Unknowable => {
+                        let why =
+                            "neither JSON nor gzip or br, or empty: nothing in it says it is whole";
+                        self.unverified(shared, parts, body::without_length(bytes), why)
+                            .await
+                    }
+                }
             }
             Ok((parts, Answer::Whole(bytes))) => self.whole(shared, parts, bytes).await,
             Err(ExchangeError::Request(e)) if upstream::classify(&e) == Failure::NotSent => {
@@ -501,18 +533,30 @@ impl Ended {
         (reason.answer(), Outcome::UpstreamError)
     }
 
-    /// Holds or releases the record of a request whose outcome is unknown.
-    async fn ambiguous(self, shared: &Arc<Shared>, e: &ExchangeError) -> (Response<Body>, Outcome) {
-        let Ended {
-            id,
-            owner,
-            policy,
-            voice,
-            ..
-        } = &self;
-        let (problem, why) = rescue::exchange_failure(e);
-        tracing::warn!(record = %id, reason = %why, "upstream outcome unknown");
-        let (s, p, id, owner) = (Arc::clone(shared), policy.clone(), *id, owner.clone());
+    /// Passes on, as it came, an answer its upstream ended by closing that nothing says is
+    /// whole (`why`), framed by idemgate (`body` tells no length it does not know): its
+    /// record is held `unknown` (or released, by `on_ambiguous`), never replayed.
+    async fn unverified(
+        self,
+        shared: &Arc<Shared>,
+        mut parts: hyper::http::response::Parts,
+        body: Body,
+        why: &'static str,
+    ) -> (Response<Body>, Outcome) {
+        self.policy.upstream_time.observe(self.latency.0);
+        upstream::strip_hop_by_hop(&mut parts.headers);
+        parts.headers.remove(CONTENT_LENGTH);
+        let status = parts.status.as_u16();
+        tracing::warn!(record = %self.id, status, why, "the upstream ended its answer by closing the connection: passed on as received, not recorded (close_delimited = \"trust\" records such answers)");
+        self.hold_or_release(shared).await;
+        (Response::from_parts(parts, body), Outcome::Ambiguous)
+    }
+
+    /// Settles the record of a request whose outcome is unknown by `on_ambiguous`: held
+    /// `unknown` or released.
+    async fn hold_or_release(&self, shared: &Arc<Shared>) {
+        let (s, p) = (Arc::clone(shared), self.policy.clone());
+        let (id, owner) = (self.id, self.owner.clone());
         settle_record(shared, self.record_at, async move {
             let store = &s.store;
             let store_timeout = s.settings.config.store_timeout;
@@ -528,9 +572,19 @@ impl Ended {
             settled.is_ok()
         })
         .await;
+    }
+
+    /// Holds or releases the record of a request whose outcome is unknown.
+    async fn ambiguous(self, shared: &Arc<Shared>, e: &ExchangeError) -> (Response<Body>, Outcome) {
+        let Ended {
+            id, policy, voice, ..
+        } = &self;
+        let (problem, why) = rescue::exchange_failure(e);
+        tracing::warn!(record = %id, reason = %why, "upstream outcome unknown");
+        self.hold_or_release(shared).await;
         // Told as upstream, retries are forwarded whatever the record says: the answer
         // says what happened upstream and nothing of what enforcing would do.
-        let record = (*voice == Voice::Record).then_some((id, policy.on_ambiguous));
+        let record = (*voice == Voice::Record).then_some((*id, policy.on_ambiguous));
         let reason = Reason::Ambiguous {
             problem,
             why,
