@@ -274,6 +274,7 @@ impl Admin {
                 return Routed::Answer(res);
             }
             (&Method::GET, "/metrics") => {
+                self.metrics.signals().refresh(&self.store.self_check());
                 let mut res = Response::new(body::full(self.metrics.encode()));
                 res.headers_mut().insert(
                     CONTENT_TYPE,
@@ -325,7 +326,7 @@ impl Admin {
             );
         }
         match deadline(self.store_timeout, self.store.ping()).await {
-            Ok(()) => text(StatusCode::OK, "ready\n"),
+            Ok(()) => self.writable(known),
             Err(e) if known => text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &format!("not ready: {} store: {e}\n", self.store.kind()),
@@ -337,6 +338,35 @@ impl Admin {
                     self.store.kind()
                 ),
             ),
+        }
+    }
+
+    /// `/readyz` of a store that answers: by whether it takes writes. On SQLite (local to
+    /// its instance) a failed call makes it 503 until a background write lands; on the
+    /// shared stores a failed write shows in the body only, since every instance would go
+    /// at once. The failure's words only to a known operator.
+    fn writable(&self, known: bool) -> Response<Body> {
+        let own = self.store.self_check();
+        let signals = self.metrics.signals();
+        signals.refresh(&own);
+        let kind = self.store.kind();
+        let why = |e: &str| {
+            if known {
+                format!(": {e}")
+            } else {
+                String::new()
+            }
+        };
+        if let Some(e) = own.write_failure {
+            let body = format!("not ready: the {kind} store takes no writes{}; a background write tries again every 2 s\n", why(&e));
+            return text(StatusCode::SERVICE_UNAVAILABLE, &body);
+        }
+        match signals.write_failure() {
+            Some(e) => text(
+                StatusCode::OK,
+                &format!("ready\nthe {kind} store's last write failed{}\n", why(&e)),
+            ),
+            None => text(StatusCode::OK, "ready\n"),
         }
     }
 

@@ -21,9 +21,11 @@ use crate::outcome::Outcome;
 
 mod instrumented;
 mod observed;
+mod signals;
 mod watch;
 pub use instrumented::Instrumented;
 use observed::IdMap;
+pub use signals::Signals;
 pub use watch::{count_unknown, watch_store};
 
 /// The content type of [`Metrics::encode`]'s output (OpenMetrics text, which Prometheus
@@ -167,7 +169,7 @@ pub struct Metrics {
     buffered_bytes: Gauge,
     observed: Family<ObservedLabel, Counter>,
     observed_duplicates: Family<RouteLabel, Counter>,
-    unframed_answers: Family<RouteLabel, Counter>,
+    signals: Signals,
     route_mode: Family<RouteModeLabel, Gauge>,
     // Per declared route (`routes`): its mode and its observe-mode series; replaced when a
     // reload declares the routes again (a route kept keeps its counts: the series are the
@@ -353,12 +355,7 @@ impl Metrics {
         let buffered_bytes = Gauge::default();
         let observed = Family::<ObservedLabel, Counter>::default();
         let observed_duplicates = Family::<RouteLabel, Counter>::default();
-        let unframed_answers = Family::<RouteLabel, Counter>::default();
-        registry.register(
-            "idemgate_unframed_answers",
-            "Protected requests' upstream answers that the upstream ended by closing the connection (no Content-Length, no chunked framing), by route, in either mode: recorded only when known whole unless the route sets close_delimited = \"trust\"",
-            unframed_answers.clone(),
-        );
+        let signals = Signals::register(&mut registry);
         let route_mode = Family::<RouteModeLabel, Gauge>::default();
         let config_reloads = Family::<ResultLabel, Counter>::default();
         registry.register(
@@ -406,7 +403,7 @@ impl Metrics {
         );
         registry.register(
             "idemgate_observed_duplicates",
-            "Duplicates let through on routes in observe mode, by route: requests forwarded and answered 2xx although their record (whichever instance made it) showed an execution already; summed over the fleet, the executions enforcing would have saved",
+            "Duplicates let through on routes in observe mode, by route: requests forwarded and answered 2xx although their record (whichever instance made it) showed an execution of the same request already (a key reused with another request is counted under would=mismatch, not here); summed over the fleet, the executions enforcing would have saved",
             observed_duplicates.clone(),
         );
         registry.register(
@@ -550,7 +547,7 @@ impl Metrics {
             buffered_bytes,
             observed,
             observed_duplicates,
-            unframed_answers,
+            signals,
             route_mode,
             observed_routes: arc_swap::ArcSwap::from_pointee(Vec::new()),
             config_reloads,
@@ -700,13 +697,9 @@ impl Metrics {
         self.send_timeouts.clone()
     }
 
-    /// Counts an answer its upstream ended by closing (`route`: the route, or `default`).
-    pub fn unframed_answer(&self, route: &str) {
-        self.unframed_answers
-            .get_or_create(&RouteLabel {
-                route: route.into(),
-            })
-            .inc();
+    /// The store's writability and log size, and the answers ended by a close.
+    pub fn signals(&self) -> &Signals {
+        &self.signals
     }
 
     /// Counts a request whose handling panicked.

@@ -457,11 +457,24 @@ async fn full_redis_is_503_and_never_forwards_unprotected() {
         assert!(r.problem_type().ends_with("/store-unavailable"));
     }
     assert_eq!(up.hits(), 0, "nothing forwarded unprotected");
+    // A shared store's failed write shows in /readyz's body and the gauge, and readiness
+    // holds: every instance would go at once.
+    let readyz = || http_get(app.admin_addr().unwrap(), "/readyz").unwrap_or_default();
+    let said = tokio::task::block_in_place(readyz);
+    assert!(said.starts_with("HTTP/1.1 200"), "{said}");
+    assert!(
+        said.contains("the redis store's last write failed"),
+        "{said}"
+    );
+    assert_eq!(app.metric("idemgate_store_writable"), 0.0);
     // Room again: the key executes normally.
     assert!(redis.command(&["FLUSHALL"]).unwrap().starts_with("+OK"));
     let r = post(&c, &app, "/v1/transfers", Some("k-oom"), TRANSFER, &[]).await;
     assert_eq!(r.status, 201);
     assert_eq!(up.hits(), 1);
+    let said = tokio::task::block_in_place(readyz);
+    assert!(!said.contains("last write failed"), "{said}");
+    assert_eq!(app.metric("idemgate_store_writable"), 1.0);
     app.shutdown().await;
 }
 

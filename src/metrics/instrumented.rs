@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::{Metrics, StoreOp};
 use crate::key::RecordId;
-use crate::store::{renew_deadline, Call, OwnerToken, Store, StoreFuture};
+use crate::store::{renew_deadline, Call, OwnerToken, Store, StoreError, StoreFuture};
 
 /// A [`Store`] that times every call and counts its failures. Callers put their own deadline
 /// around each call and drop the call when it passes, so a call dropped unfinished after its
@@ -49,9 +49,35 @@ impl Instrumented {
             guard
                 .metrics
                 .store_call(op, guard.started.elapsed(), r.is_err());
+            if writes(op) {
+                match &r {
+                    Ok(_) => guard.metrics.signals().wrote(None),
+                    Err(
+                        e @ (StoreError::Backend(_) | StoreError::Full(_) | StoreError::Timeout(_)),
+                    ) => {
+                        guard.metrics.signals().wrote(Some(e.to_string()));
+                    }
+                    // A record's contents, not the store's.
+                    Err(_) => {}
+                }
+            }
             r
         })
     }
+}
+
+/// Whether `op` writes to the store: its result says whether the store takes writes
+/// (`idemgate_store_writable`, `/readyz`'s body).
+fn writes(op: StoreOp) -> bool {
+    matches!(
+        op,
+        StoreOp::Claim
+            | StoreOp::Record
+            | StoreOp::Renew
+            | StoreOp::Release
+            | StoreOp::MarkUnknown
+            | StoreOp::Delete
+    )
 }
 
 /// Settles the metrics of a store call that was dropped before it finished.
@@ -71,6 +97,10 @@ impl Drop for CallGuard<'_> {
         let elapsed = self.started.elapsed();
         if elapsed >= self.deadline {
             self.metrics.store_call(self.op, elapsed, true);
+            if writes(self.op) {
+                let e = StoreError::Timeout(self.deadline);
+                self.metrics.signals().wrote(Some(e.to_string()));
+            }
         }
     }
 }

@@ -353,7 +353,7 @@ impl Ended {
         let unframed = matches!(&result, Ok((parts, _)) if parts.extensions.get::<framing::CloseDelimited>().is_some());
         if unframed {
             let route = policy.route.as_deref().unwrap_or("default");
-            shared.metrics.unframed_answer(route);
+            shared.metrics.signals().unframed_answer(route);
         }
         let verify = unframed && policy.close_delimited == CloseDelimited::Verify;
         match result {

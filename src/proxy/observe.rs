@@ -196,7 +196,9 @@ impl Proxy {
                     }
                 }
             };
-            let success = !ours && res.status().is_success();
+            // A key reused with another request (`would = "mismatch"`) runs a request of
+            // its own: counted under `mismatch`, never as a duplicate of the record's.
+            let success = !ours && res.status().is_success() && !known.mismatch();
             // What the claim said of a completed record decides at once; otherwise the record
             // is read again after the client has its answer.
             let early = known
@@ -442,6 +444,11 @@ struct Known {
 }
 
 impl Known {
+    /// Whether the claim found the key's record made by another request.
+    fn mismatch(&self) -> bool {
+        matches!(self.found, Found::Store(Claim::Mismatch))
+    }
+
     /// The status of the completed record the claim found (its answer kept or not), if it
     /// found one.
     fn completed_status(&self) -> Option<u16> {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::{
     BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
-    RecordView, ScopeSecret, ServerStats, Store, StoreError, StoreKind, StoredResponse,
+    RecordView, ScopeSecret, SelfCheck, ServerStats, Store, StoreError, StoreKind, StoredResponse,
 };
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
@@ -98,5 +98,6 @@ layer! {
     fn can_list(&self) -> bool;
     fn kind(&self) -> StoreKind;
     fn room_after(&self) -> Option<Duration>;
+    fn self_check(&self) -> SelfCheck;
     }
 }

@@ -488,6 +488,11 @@ pub trait Store: Send + Sync + 'static {
     fn room_after(&self) -> Option<Duration> {
         None
     }
+    /// What the store's own background checks last found (SQLite's): nothing on a store
+    /// that runs none.
+    fn self_check(&self) -> SelfCheck {
+        SelfCheck::default()
+    }
 
     /// What the server says about itself, for metrics; `None` for a store without a
     /// server (the embedded one).
@@ -518,6 +523,16 @@ where
             sweep(state).await;
         }
     })
+}
+
+/// What a store's own background checks last found ([`Store::self_check`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SelfCheck {
+    /// Why its last write failed, until a background write lands: the store cannot take
+    /// records (a full or read-only file system, a lock held outside).
+    pub write_failure: Option<String>,
+    /// The size of its write-ahead log, in bytes.
+    pub wal_bytes: Option<u64>,
 }
 
 /// The name under which [`Store::meta`] keeps the scope secret.

@@ -109,6 +109,7 @@ pub async fn open(c: &Config, redis: Option<&RedisSetup>) -> Result<Arc<dyn Stor
                 .await
                 .map_err(|e| StoreError::Backend(format!("opening the store: {e}")))??;
             store.spawn_sweeper(SWEEP_EVERY);
+            store.spawn_upkeep();
             tracing::info!(path = %store.path().display(), "using the persistent embedded store");
             Ok(Arc::new(store))
         }

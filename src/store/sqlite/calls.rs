@@ -313,6 +313,10 @@ impl Store for SqliteStore {
         crate::store::StoreKind::Sqlite
     }
 
+    fn self_check(&self) -> crate::store::SelfCheck {
+        self.upkept()
+    }
+
     fn meta<'a>(&'a self, name: &'a str, offer: Option<&'a str>) -> StoreFuture<'a, Meta> {
         let (name, offer) = (name.to_string(), offer.map(str::to_string));
         self.run(move |c| {

@@ -45,6 +45,13 @@ use crate::key::RecordId;
 
 mod calls;
 mod claim;
+mod upkeep;
+
+use upkeep::Upkeep;
+pub use upkeep::{JOURNAL_SIZE_LIMIT, UPKEEP_EVERY};
+
+/// How long a call waits for another connection's write lock before it fails.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The database file inside `store_path`.
 pub const FILE_NAME: &str = "idemgate.sqlite3";
@@ -89,6 +96,7 @@ CREATE TABLE IF NOT EXISTS withdrawn (
 pub struct SqliteStore {
     conn: Arc<Shared>,
     path: Arc<PathBuf>,
+    upkeep: Arc<Upkeep>,
 }
 
 /// The connection, and the one thread that uses it.
@@ -217,7 +225,7 @@ impl SqliteStore {
         let conn = Connection::open(&path).map_err(backend)?;
         // Another process holding the write lock makes a call wait, not fail, for this long;
         // every call also runs under the store deadline of its caller.
-        conn.busy_timeout(Duration::from_secs(5)).map_err(backend)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(backend)?;
         let mode: String = conn
             .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
             .map_err(backend)?;
@@ -227,8 +235,10 @@ impl SqliteStore {
                 path.display()
             )));
         }
-        conn.execute_batch("PRAGMA synchronous = FULL;")
-            .map_err(backend)?;
+        conn.execute_batch(&format!(
+            "PRAGMA synchronous = FULL; PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT};"
+        ))
+        .map_err(backend)?;
         let version: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .map_err(backend)?;
@@ -249,9 +259,11 @@ impl SqliteStore {
         if let Some(newest) = newest {
             clock_not_before(newest);
         }
+        let upkeep = Arc::new(Upkeep::open(&path)?);
         Ok(SqliteStore {
             conn: Shared::start(conn)?,
             path: Arc::new(path),
+            upkeep,
         })
     }
 
@@ -284,7 +296,11 @@ impl SqliteStore {
                 .jobs
                 .send(job)
                 .map_err(|_| backend("the store's thread has stopped"))?;
-            result.await.map_err(|_| backend("a store call panicked"))?
+            let r = result.await.map_err(|_| backend("a store call panicked"))?;
+            if let Err(e) = &r {
+                self.upkeep.failed(e);
+            }
+            r
         })
     }
 
@@ -328,11 +344,12 @@ impl SqliteStore {
     /// Sweeps expired records every `period` in a background task, which ends when the last
     /// clone of the store is dropped.
     pub fn spawn_sweeper(&self, period: Duration) -> tokio::task::JoinHandle<()> {
-        let path = self.path.clone();
+        let (path, upkeep) = (self.path.clone(), self.upkeep.clone());
         super::spawn_sweeper(&self.conn, period, move |conn| {
             let store = SqliteStore {
                 conn,
                 path: path.clone(),
+                upkeep: upkeep.clone(),
             };
             async move {
                 if let Err(e) = store.sweep().await {
@@ -340,6 +357,25 @@ impl SqliteStore {
                 }
             }
         })
+    }
+}
+
+impl SqliteStore {
+    /// Runs the upkeep (see [`upkeep`]) every [`UPKEEP_EVERY`] in a background task, which
+    /// ends when the last clone of the store is dropped.
+    pub fn spawn_upkeep(&self) -> tokio::task::JoinHandle<()> {
+        let upkeep = self.upkeep.clone();
+        super::spawn_sweeper(&self.conn, UPKEEP_EVERY, move |_| {
+            let upkeep = upkeep.clone();
+            async move {
+                let _ = tokio::task::spawn_blocking(move || upkeep.tick()).await;
+            }
+        })
+    }
+
+    /// What the upkeep last found.
+    pub(super) fn upkept(&self) -> crate::store::SelfCheck {
+        self.upkeep.check()
     }
 }
 
