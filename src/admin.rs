@@ -357,6 +357,14 @@ impl Admin {
                 String::new()
             }
         };
+        let secret = self.secret.as_ref();
+        let replaced = own
+            .file_replaced
+            .or_else(|| secret.and_then(|(h, _)| h.file_replaced()));
+        if let Some(e) = replaced {
+            let body = format!("not ready: the {kind} store's file is not the one at its path{}; protected requests are refused until this instance restarts\n", why(&e));
+            return text(StatusCode::SERVICE_UNAVAILABLE, &body);
+        }
         if let Some(e) = own.write_failure {
             let body = format!("not ready: the {kind} store takes no writes{}; a background write tries again every 2 s\n", why(&e));
             return text(StatusCode::SERVICE_UNAVAILABLE, &body);

@@ -111,6 +111,8 @@ pub struct SecretHealth {
     agreed: AtomicBool,
     // `idemgate_scope_secret_agreed`: 1, or 0 from the first disagreement on.
     gauge: Gauge,
+    // Set for good once the store's file is found not to be the one at its path.
+    file_replaced: std::sync::Mutex<Option<String>>,
 }
 
 impl SecretHealth {
@@ -120,6 +122,24 @@ impl SecretHealth {
         SecretHealth {
             agreed: AtomicBool::new(true),
             gauge,
+            file_replaced: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Why the store's file is not the one at its path, once found: from then until the
+    /// process restarts, protected requests are refused.
+    pub fn file_replaced(&self) -> Option<String> {
+        self.file_replaced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn replaced(&self, why: String) {
+        let mut held = self.file_replaced.lock().unwrap_or_else(|p| p.into_inner());
+        if held.is_none() {
+            tracing::error!(reason = %why, "the store's file is not the one at its path: refusing every protected request until restarted (records written since went to the file this instance holds open; a restart opens the one at the path)");
+            *held = Some(why);
         }
     }
 
@@ -341,6 +361,10 @@ impl Watch {
                 &self.place,
             )
             .await;
+            // SQLite: the path's device and inode against the open file's.
+            if let Some(why) = self.store.self_check().file_replaced {
+                self.health.replaced(why);
+            }
         }
     }
 }

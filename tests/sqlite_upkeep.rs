@@ -130,3 +130,55 @@ async fn readyz_is_503_while_the_file_takes_no_writes_and_ready_with_the_first_t
     assert_eq!(r.status, 201, "{:?}", r.body);
     assert_eq!(up.hits(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_deleted_or_replaced_under_the_instance_refuses_protected_requests() {
+    let up = Upstream::start().await;
+    let c = client();
+    for replace in [false, true] {
+        let store = tempfile::tempdir().unwrap();
+        let gate = Idemgate::new(&up.url())
+            .on_disk(store.path())
+            .set(|c| c.scope_secret_check_interval = Duration::from_millis(200))
+            .binary();
+        let url = gate.url("/v1/transfers");
+        let before = up.hits();
+        let r = post_url(&c, &url, Some("k-1"), TRANSFER, &[]).await;
+        assert_eq!(r.status, 201);
+        let path = file(store.path());
+        if replace {
+            // A copy moved over the path: the same bytes, another inode.
+            let copy = store.path().join("copy");
+            std::fs::copy(&path, &copy).unwrap();
+            std::fs::rename(&copy, &path).unwrap();
+        } else {
+            std::fs::remove_file(&path).unwrap();
+        }
+        eventually(Duration::from_secs(5), "unready", || !gate.ready()).await;
+        let admin = gate.admin;
+        let said = tokio::task::block_in_place(|| http_get(admin, "/readyz").unwrap_or_default());
+        assert!(said.contains("not the one at its path"), "{said}");
+        // Refused from the next check on (every scope_secret_check_interval): the replay
+        // of k-1 first, then a new key, which is never forwarded.
+        let r = common::retry_until(
+            Duration::from_secs(5),
+            async || post_url(&c, &url, Some("k-1"), TRANSFER, &[]).await,
+            |r| r.status == 503,
+        )
+        .await;
+        assert!(
+            r.problem_type().ends_with("/store-unavailable"),
+            "{:?}",
+            r.body
+        );
+        let r = post_url(&c, &url, Some("k-2"), TRANSFER, &[]).await;
+        assert_eq!(r.status, 503, "{:?}", r.body);
+        assert_eq!(up.hits(), before + 1, "nothing forwarded after the check");
+        let log = gate.log();
+        assert!(
+            log.contains(&path.display().to_string())
+                && log.contains("refusing every protected request"),
+            "{log}"
+        );
+    }
+}

@@ -134,6 +134,8 @@ pub(crate) enum Refusal {
     Overloaded(admission::Refusal),
     /// This instance's scope secret disagrees with the store's.
     SecretDisagrees,
+    /// The store's file is not the one at its path (SQLite): deleted or replaced.
+    StoreFileReplaced,
 }
 
 /// Decides what a request is from its head: the route its path leads to, the method the

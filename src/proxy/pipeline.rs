@@ -153,6 +153,10 @@ impl Proxy {
             drop(slot);
             return stop_refused(Refusal::SecretDisagrees, request, method, id, None, None);
         }
+        if self.shared.secret.file_replaced().is_some() {
+            drop(slot);
+            return stop_refused(Refusal::StoreFileReplaced, request, method, id, None, None);
+        }
         // Observing, a store that just failed is not asked again for a second, then by one
         // request at a time until it answers: during an outage about one observed request
         // a second waits on it (at most `store_timeout`), not each.

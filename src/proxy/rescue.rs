@@ -467,7 +467,7 @@ impl Refusal {
             Refusal::BodyTimeout => "body_timeout",
             Refusal::Overloaded(NotAdmitted::BuffersFull) => "buffers_full",
             Refusal::Overloaded(_) => "overloaded",
-            Refusal::SecretDisagrees => "store_unavailable",
+            Refusal::SecretDisagrees | Refusal::StoreFileReplaced => "store_unavailable",
         }
     }
 
@@ -475,7 +475,7 @@ impl Refusal {
     pub fn outcome(&self) -> Outcome {
         match self {
             Refusal::Overloaded(_) => Outcome::Overloaded,
-            Refusal::SecretDisagrees => Outcome::StoreError,
+            Refusal::SecretDisagrees | Refusal::StoreFileReplaced => Outcome::StoreError,
             _ => Outcome::Rejected,
         }
     }
@@ -539,6 +539,11 @@ impl Refusal {
             Refusal::Overloaded(why) => overloaded(*why),
             Refusal::SecretDisagrees => Problem::StoreUnavailable.response(
                 "this instance's scope secret differs from the store's, so its record ids are not the fleet's; nothing was done, retry (another instance will answer)",
+                None,
+                Some(1),
+            ),
+            Refusal::StoreFileReplaced => Problem::StoreUnavailable.response(
+                "this instance's store file was deleted or replaced under it, so its records are not the ones later instances read; nothing was done, retry (another instance will answer)",
                 None,
                 Some(1),
             ),

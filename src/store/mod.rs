@@ -533,6 +533,9 @@ pub struct SelfCheck {
     pub write_failure: Option<String>,
     /// The size of its write-ahead log, in bytes.
     pub wal_bytes: Option<u64>,
+    /// Why the file at its path is not the file it has open (deleted, or replaced by
+    /// another one): what it writes no later opener of the path will read.
+    pub file_replaced: Option<String>,
 }
 
 /// The name under which [`Store::meta`] keeps the scope secret.

@@ -239,6 +239,7 @@ fn refusals_answer_with_their_problem_and_count_as_rejected() {
             Outcome::Rejected,
         ),
         (Refusal::SecretDisagrees, 503, Outcome::StoreError),
+        (Refusal::StoreFileReplaced, 503, Outcome::StoreError),
     ];
     for (refusal, status, outcome) in table {
         let res = refusal.response(|_| panic!("not overloaded"));

@@ -36,6 +36,8 @@ const PROBE: &str = "idemgate_write_probe";
 pub(super) struct Upkeep {
     conn: Mutex<Connection>,
     path: PathBuf,
+    // The database file as this instance opened it, to compare with what its path names.
+    file: std::fs::File,
     wal: PathBuf,
     // Why the store failed, until a write of the upkeep lands.
     failure: Mutex<Option<String>>,
@@ -46,9 +48,12 @@ impl Upkeep {
     /// A connection of its own to the database at `path` (in WAL mode already).
     pub(super) fn open(path: &Path) -> Result<Upkeep, StoreError> {
         let conn = Connection::open(path).map_err(backend)?;
+        let file = std::fs::File::open(path)
+            .map_err(|e| backend(format!("cannot open {}: {e}", path.display())))?;
         Ok(Upkeep {
             conn: Mutex::new(conn),
             path: path.to_path_buf(),
+            file,
             wal: wal_file(path, "-wal"),
             failure: Mutex::new(None),
             wal_bytes: AtomicU64::new(0),
@@ -71,11 +76,29 @@ impl Upkeep {
         }
     }
 
-    /// What the upkeep last found.
+    /// What the upkeep last found, and whether the path still names the open file.
     pub(super) fn check(&self) -> SelfCheck {
         SelfCheck {
             write_failure: self.failure().clone(),
             wal_bytes: Some(self.wal_bytes.load(Ordering::Relaxed)),
+            file_replaced: self.replaced(),
+        }
+    }
+
+    /// Why the file at the store's path is not the one this instance opened, compared by
+    /// device and inode: deleted (this instance writes to a file no one else will open), or
+    /// replaced (another process, or a later start, opens another file than this one).
+    fn replaced(&self) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        let path = self.path.display();
+        let open = match self.file.metadata() {
+            Ok(m) => m,
+            Err(e) => return Some(format!("cannot read the open file of {path}: {e}")),
+        };
+        match std::fs::metadata(&self.path) {
+            Ok(now) if (now.dev(), now.ino()) == (open.dev(), open.ino()) => None,
+            Ok(_) => Some(format!("{path} is another file than the one this instance opened (replaced or moved under it)")),
+            Err(e) => Some(format!("{path} is gone ({e}): the file this instance opened was deleted under it")),
         }
     }
 
