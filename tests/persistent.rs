@@ -106,7 +106,8 @@ async fn a_new_store_directory_starts_empty() {
 /// The wall clock of idemgate's host jumps 25 h ahead while it runs (an NTP step, a VM
 /// restored from a snapshot), the monotonic clock untouched, through libfaketime. Answered
 /// keys must still replay: before, retention ran on the wall clock and all 10 executed
-/// again.
+/// again; and after a restart on the stepped clock too (the store's offset, written at the
+/// step, starts the next opener's clock): before, all 10 expired at the restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wall_clock_jump_expires_nothing() {
     common::setup::tools();
@@ -120,13 +121,16 @@ async fn a_wall_clock_jump_expires_nothing() {
     std::fs::write(&offset, "+0\n").unwrap();
     let offset_path = offset.to_str().unwrap().to_string();
     let up = Upstream::start().await;
-    let gate = Idemgate::new(&up.url())
-        .on_disk(&store.path().join("records"))
-        .env("LD_PRELOAD", lib)
-        .env("FAKETIME_TIMESTAMP_FILE", &offset_path)
-        .env("FAKETIME_NO_CACHE", "1")
-        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
-        .binary();
+    let faked = || {
+        Idemgate::new(&up.url())
+            .on_disk(&store.path().join("records"))
+            .env("LD_PRELOAD", lib)
+            .env("FAKETIME_TIMESTAMP_FILE", &offset_path)
+            .env("FAKETIME_NO_CACHE", "1")
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .binary()
+    };
+    let mut gate = faked();
     let c = client();
     let url = gate.url("/v1/transfers");
     for i in 0..10 {
@@ -155,4 +159,19 @@ async fn a_wall_clock_jump_expires_nothing() {
         dates.len() >= 2,
         "the wall clock did not move: {dates:?}\n{log}"
     );
+    assert!(log.contains("wrote the store's offset"), "{log}");
+    // A restart on the stepped clock keeps every record.
+    gate.kill();
+    let gate = faked();
+    let url = gate.url("/v1/transfers");
+    for i in 0..10 {
+        let r = post_url(&c, &url, Some(&format!("jump-{i}")), TRANSFER, &[]).await;
+        assert!(
+            r.replayed(),
+            "jump-{i} after the restart: {} {:?}",
+            r.status,
+            r.body
+        );
+    }
+    assert_eq!(up.hits(), 10, "nothing executed again after the restart");
 }

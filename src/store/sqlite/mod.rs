@@ -45,6 +45,7 @@ use crate::key::RecordId;
 
 mod calls;
 mod claim;
+mod clock;
 mod upkeep;
 
 use upkeep::Upkeep;
@@ -109,6 +110,8 @@ pub struct SqliteStore {
 struct Shared {
     conn: Mutex<Connection>,
     jobs: std::sync::mpsc::Sender<Job>,
+    // The clock offset the file holds (see [`clock`]).
+    offset: std::sync::atomic::AtomicI64,
 }
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -116,7 +119,7 @@ type Job = Box<dyn FnOnce() + Send>;
 impl Shared {
     /// The connection, and its thread started; the thread ends when the last
     /// [`SqliteStore`] clone is dropped.
-    fn start(conn: Connection) -> Result<Arc<Shared>, StoreError> {
+    fn start(conn: Connection, offset: i64) -> Result<Arc<Shared>, StoreError> {
         let (jobs, queue) = std::sync::mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("idemgate-sqlite".into())
@@ -129,6 +132,7 @@ impl Shared {
         Ok(Arc::new(Shared {
             conn: Mutex::new(conn),
             jobs,
+            offset: std::sync::atomic::AtomicI64::new(offset),
         }))
     }
 }
@@ -252,6 +256,7 @@ impl SqliteStore {
             "BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
         ))
         .map_err(backend)?;
+        let offset = clock::open(&conn)?;
         // Created and claimed times only ever move forward on a sane clock.
         let newest: Option<i64> = conn
             .query_row("SELECT max(created) FROM records", [], |r| r.get(0))
@@ -261,7 +266,7 @@ impl SqliteStore {
         }
         let upkeep = Arc::new(Upkeep::open(&path)?);
         Ok(SqliteStore {
-            conn: Shared::start(conn)?,
+            conn: Shared::start(conn, offset)?,
             path: Arc::new(path),
             upkeep,
         })
@@ -286,7 +291,9 @@ impl SqliteStore {
                 // fails this call (its answer is dropped), and the thread goes on.
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     let mut c = shared.conn.lock().unwrap_or_else(|p| p.into_inner());
-                    f(&mut c)
+                    let r = f(&mut c);
+                    clock::follow(&c, &shared.offset);
+                    r
                 }));
                 if let Ok(r) = ran {
                     let _ = done.send(r);
