@@ -17,6 +17,24 @@ const CUT_JSON: &str = "{\"id\":\"tr_1\",\"amount\":25";
 const WHOLE_JSON: &str = "{\"id\":\"tr_2\",\"amount\":2500}";
 const TEXT: &str = "receipt 3: 2500 from alice to b";
 
+/// `XML` gzipped, whole or without its last 6 bytes (its trailer cut).
+fn gzipped(cut: bool) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(XML.as_bytes()).unwrap();
+    let mut gz = e.finish().unwrap();
+    if cut {
+        gz.truncate(gz.len() - 6);
+    }
+    let mut out =
+        b"HTTP/1.1 201 Created\r\ncontent-type: text/xml\r\ncontent-encoding: gzip\r\n\r\n"
+            .to_vec();
+    out.extend(gz);
+    out
+}
+
+const XML: &str = "<receipt id='4' amount='2500'/>";
+
 fn answer(head: &str) -> Script {
     let line = head.lines().next().unwrap_or_default().to_string();
     let path = line.split(' ').nth(1).unwrap_or_default();
@@ -27,6 +45,8 @@ fn answer(head: &str) -> Script {
         "/v1/json-whole" => Script::closing(format!(
             "HTTP/1.0 201 Created\r\ncontent-type: application/json\r\n\r\n{WHOLE_JSON}"
         )),
+        "/v1/gzip-whole" => Script::closing(gzipped(false)),
+        "/v1/gzip-cut" => Script::closing(gzipped(true)),
         _ => Script::closing(format!(
             "HTTP/1.1 201 Created\r\ncontent-type: text/plain\r\n\r\n{TEXT}"
         )),
@@ -96,8 +116,17 @@ async fn json_cut_by_the_close_is_a_broken_answer_and_never_replayed() {
         "{}",
         retry.text()
     );
-    assert_eq!(up.hits(), 1, "executed once");
-    assert_eq!(unframed(&gate, "default"), 1.0);
+    // A gzip stream that does not end is a known cut too.
+    let first = send(gate.proxy(), "/v1/gzip-cut", "k-gz-cut").await;
+    assert_eq!(first.status, 502, "{}", first.text());
+    let retry = send(gate.proxy(), "/v1/gzip-cut", "k-gz-cut").await;
+    assert!(
+        retry.problem().ends_with("/outcome-unknown"),
+        "{}",
+        retry.text()
+    );
+    assert_eq!(up.hits(), 2, "executed once each");
+    assert_eq!(unframed(&gate, "default"), 2.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,7 +143,18 @@ async fn whole_json_ended_by_the_close_is_recorded_and_replayed() {
     );
     assert_eq!(retry.text(), WHOLE_JSON);
     assert_eq!(up.hits(), 1, "executed once");
-    assert_eq!(unframed(&gate, "default"), 1.0);
+    // XML in a gzip stream that ends: whole, whatever its type.
+    let first = send(gate.proxy(), "/v1/gzip-whole", "k-gz").await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    let retry = send(gate.proxy(), "/v1/gzip-whole", "k-gz").await;
+    assert_eq!(
+        retry.header("idempotent-replayed"),
+        Some("true"),
+        "{retry:?}"
+    );
+    assert_eq!(retry.body, first.body);
+    assert_eq!(up.hits(), 2, "executed once each");
+    assert_eq!(unframed(&gate, "default"), 2.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -374,7 +374,7 @@ impl Ended {
                 self.too_large(shared, parts, read, rest).await
             }
             Ok((parts, Answer::Whole(bytes))) if verify => {
-                match framing::wholeness(&parts.headers, &bytes) {
+                match judge(&parts.headers, &bytes).await {
                     Wholeness::Whole => self.whole(shared, parts, bytes).await,
                     Wholeness::Cut(why) => {
                         self.ambiguous(shared, &ExchangeError::Broken(why)).await
@@ -592,6 +592,18 @@ impl Ended {
         };
         (reason.answer(), Outcome::Ambiguous)
     }
+}
+
+/// Whether a close-delimited answer is known whole ([`framing::wholeness`]); a coded one
+/// is decoded off the serving threads, since a small body may decode to much more.
+async fn judge(headers: &hyper::HeaderMap, bytes: &Bytes) -> Wholeness {
+    if !headers.contains_key(hyper::header::CONTENT_ENCODING) {
+        return framing::wholeness(headers, bytes);
+    }
+    let (headers, bytes) = (headers.clone(), bytes.clone());
+    tokio::task::spawn_blocking(move || framing::wholeness(&headers, &bytes))
+        .await
+        .unwrap_or_else(|e| Wholeness::Cut(format!("its decoding failed: {e}")))
 }
 
 /// How long an exchange has waited for room for its answer, which `upstream_timeout` does
