@@ -30,7 +30,7 @@ pub struct LabArgs {
     #[arg(long)]
     json: bool,
     /// `observe`: run the idemgate column with the route in observe mode; the lab then
-    /// checks that idemgate's duplicates let through equal the auditor's double transfers.
+    /// checks that idemgate's duplicates let through equal the ledger's repeated transfers.
     #[arg(long, value_name = "MODE", default_value = "enforce", value_parser = ["enforce", "observe"])]
     mode: String,
     /// The whole day over TLS, with certificates made for the run: clients to idemgate's

@@ -1,9 +1,10 @@
 //! Observe mode in the lab: what idemgate says it let through, against the auditor.
 //!
 //! idemgate counts, per record, the duplicates it let through, by what the record said of
-//! executions before them (`GET /observe?records=1`); the auditor counts, per key, the
-//! executions beyond the first
-//! in the bank's ledger. The lab maps each key the ledger executed twice to its record id
+//! executions of the same request before them (`GET /observe?records=1`); the ledger
+//! shows, per key, the executions of each transfer (its accounts and amount) beyond its
+//! first. A correction sent under its first key is a double transfer in the ledger but a
+//! mismatch to idemgate, never a duplicate. The lab maps each key the ledger executed twice to its record id
 //! with the operator API's lookup (`POST /records/lookup`), as an operator would, and the
 //! two counts must agree key by key and in total.
 
@@ -94,6 +95,23 @@ fn executions_per_key(ledger: &LedgerSnapshot) -> BTreeMap<String, u64> {
     per_key
 }
 
+/// Per key, the executions of each of its transfers (the same accounts and amount) beyond
+/// that transfer's first.
+fn repeats_per_key(ledger: &LedgerSnapshot) -> BTreeMap<String, u64> {
+    let mut per_transfer: BTreeMap<(&str, &str, &str, i64), u64> = BTreeMap::new();
+    for row in &ledger.transfers {
+        if let Some(k) = &row.idempotency_key {
+            let transfer = (k.as_str(), row.from.as_str(), row.to.as_str(), row.amount);
+            *per_transfer.entry(transfer).or_default() += 1;
+        }
+    }
+    let mut per_key = BTreeMap::new();
+    for ((key, ..), n) in per_transfer {
+        *per_key.entry(key.to_string()).or_default() += n - 1;
+    }
+    per_key
+}
+
 /// idemgate's figures against the ledger's.
 pub fn compare(
     observed: &serde_json::Value,
@@ -118,27 +136,29 @@ pub fn compare(
     };
     let mut keys_disagreeing = 0;
     let mut matched = std::collections::BTreeSet::new();
+    let repeats = repeats_per_key(ledger);
     if let Some(ids) = ids {
-        for (key, executions) in executions_per_key(ledger) {
-            if executions < 2 {
-                continue;
-            }
-            let Some(id) = ids.get(&key) else {
-                keys_disagreeing += 1;
+        for (key, repeated) in &repeats {
+            let Some(id) = ids.get(key) else {
+                keys_disagreeing += u64::from(*repeated > 0);
                 continue;
             };
             matched.insert(id.clone());
-            if duplicates(id) != executions - 1 {
+            if duplicates(id) != *repeated {
                 keys_disagreeing += 1;
             }
         }
     }
     // Records idemgate says ran twice that the ledger does not show twice.
     if let Some(m) = records {
-        keys_disagreeing += m.keys().filter(|id| !matched.contains(*id)).count() as u64;
+        keys_disagreeing += m
+            .iter()
+            .filter(|(id, n)| !matched.contains(*id) && n.as_u64().unwrap_or(0) > 0)
+            .count() as u64;
     }
     Observed {
         duplicates_let_through,
+        repeated_transfers: repeats.values().sum(),
         keys_disagreeing,
     }
 }

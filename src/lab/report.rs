@@ -30,7 +30,11 @@ pub struct RunFigures {
 pub struct Observed {
     /// `duplicates_let_through` from `GET /observe`.
     pub duplicates_let_through: u64,
-    /// Keys whose double transfers (ledger) and duplicates let through (idemgate) differ.
+    /// The ledger's executions of a transfer (its key and its body) beyond its first: the
+    /// double transfers less the corrections sent under their first key, which idemgate
+    /// counts as mismatches, not duplicates.
+    pub repeated_transfers: u64,
+    /// Keys whose repeated transfers (ledger) and duplicates let through (idemgate) differ.
     pub keys_disagreeing: u64,
 }
 
@@ -59,7 +63,7 @@ impl LabReport {
         if let Some(o) = through.observed {
             return self.direct.audit.double_transfers > 0
                 && through.audit.double_transfers > 0
-                && o.duplicates_let_through == through.audit.double_transfers
+                && o.duplicates_let_through == o.repeated_transfers
                 && o.keys_disagreeing == 0;
         }
         self.direct.audit.double_transfers > 0
@@ -72,9 +76,10 @@ impl LabReport {
     pub fn summary_line(&self) -> String {
         if let Some(o) = self.idemgate.observed {
             return format!(
-                "lab: direct double_transfers={}; observed double_transfers={} duplicates_let_through={} keys_disagreeing={}",
+                "lab: direct double_transfers={}; observed double_transfers={} repeated_transfers={} duplicates_let_through={} keys_disagreeing={}",
                 self.direct.audit.double_transfers,
                 self.idemgate.audit.double_transfers,
+                o.repeated_transfers,
                 o.duplicates_let_through,
                 o.keys_disagreeing,
             );
@@ -130,6 +135,12 @@ impl LabReport {
             ("wall time", runs.map(|r| Cell::Seconds(r.wall_time_secs))),
         ]
         .into_iter()
+        .chain(self.idemgate.observed.is_some().then(|| {
+            (
+                "repeated transfers",
+                runs.map(|r| Cell::Count(r.observed.map_or(0, |o| o.repeated_transfers))),
+            )
+        }))
         .chain(self.idemgate.observed.is_some().then(|| {
             (
                 "duplicates let through",
