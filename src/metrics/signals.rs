@@ -2,6 +2,7 @@
 //! takes writes, how large SQLite's write-ahead log is, and answers that upstreams ended by
 //! closing their connection.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use prometheus_client::metrics::counter::Counter;
@@ -14,8 +15,10 @@ use crate::store::SelfCheck;
 
 /// The store's writability and log size, and the answers ended by a close.
 pub struct Signals {
-    // The last write call's failure through the metrics' store layer (`None`: it landed).
+    // The last write call's failure through the metrics' store layer (`None`: it landed),
+    // and whether there is one: a write that lands reads only the flag, never the lock.
     failure: Mutex<Option<String>>,
+    failing: AtomicBool,
     writable: Gauge,
     wal_bytes: Gauge,
     unframed_answers: Family<RouteLabel, Counter>,
@@ -25,6 +28,7 @@ impl Signals {
     pub(super) fn register(registry: &mut Registry) -> Signals {
         let signals = Signals {
             failure: Mutex::new(None),
+            failing: AtomicBool::new(false),
             writable: Gauge::default(),
             wal_bytes: Gauge::default(),
             unframed_answers: Family::default(),
@@ -59,7 +63,12 @@ impl Signals {
 
     /// A write call landed (`None`) or failed, and why.
     pub fn wrote(&self, failure: Option<String>) {
-        *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = failure;
+        if failure.is_none() && !self.failing.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut held = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        self.failing.store(failure.is_some(), Ordering::Relaxed);
+        *held = failure;
     }
 
     /// Why the last write call failed, if it did.
