@@ -160,6 +160,19 @@ async fn a_wall_clock_jump_expires_nothing() {
         "the wall clock did not move: {dates:?}\n{log}"
     );
     assert!(log.contains("wrote the store's offset"), "{log}");
+    // A second process opened on the path meanwhile keeps the first one's records too.
+    let mut second = faked();
+    let other = second.url("/v1/transfers");
+    for i in 0..10 {
+        let r = post_url(&c, &other, Some(&format!("jump-{i}")), TRANSFER, &[]).await;
+        assert!(
+            r.replayed(),
+            "jump-{i} on a second process: {} {:?}",
+            r.status,
+            r.body
+        );
+    }
+    second.kill();
     // A restart on the stepped clock keeps every record.
     gate.kill();
     let gate = faked();
