@@ -21,9 +21,11 @@ use crate::outcome::Outcome;
 
 mod instrumented;
 mod observed;
+mod waits;
 mod watch;
 pub use instrumented::Instrumented;
 use observed::IdMap;
+pub use waits::{WaitEnd, Waits};
 pub use watch::{count_unknown, watch_store};
 
 /// The content type of [`Metrics::encode`]'s output (OpenMetrics text, which Prometheus
@@ -189,6 +191,7 @@ pub struct Metrics {
     tls_reload_failures: Counter,
     tls_handshakes: Family<StateLabel, Gauge>,
     certificate_expiry: Family<CertificateLabel, Gauge>,
+    waits: Waits,
 }
 
 /// Records whose duplicates observe mode lists per record; beyond, new records are not
@@ -507,6 +510,7 @@ impl Metrics {
             "Redis restarts seen (run_id changed or uptime went down); records written since its last save may be lost",
             redis_restarts.clone(),
         );
+        let waits = Waits::register(&mut registry);
         let outcome = |o: Outcome| OutcomeLabel {
             outcome: o.as_str(),
         };
@@ -557,6 +561,7 @@ impl Metrics {
             tls_reload_failures,
             tls_handshakes,
             certificate_expiry,
+            waits,
         }
     }
 
@@ -705,6 +710,11 @@ impl Metrics {
     /// The gauge of scope-secret agreement, for [`crate::secret::SecretHealth`].
     pub fn scope_secret_agreed(&self) -> Gauge {
         self.scope_secret_agreed.clone()
+    }
+
+    /// The waits of duplicates for their first request.
+    pub fn waits(&self) -> Waits {
+        self.waits.clone()
     }
 
     /// The gauge of pending releases, for [`crate::releases::Releases`].

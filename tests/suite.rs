@@ -26,6 +26,7 @@ mod framework_presets;
 mod framing;
 mod hangups;
 mod honest_retries;
+mod in_progress_wait;
 mod jwt_principal;
 mod key_in_body;
 mod large_records;

@@ -355,6 +355,13 @@ pub struct Config {
     /// Requests that may wait for a slot (protected, and pass-through for theirs); beyond,
     /// 503 `overloaded` at once, before the body is read.
     pub max_queued: usize,
+    /// Duplicates that may wait for their first request at once (`in_progress_wait`),
+    /// per instance; beyond, 409 `in-progress` at once.
+    pub max_waiting: usize,
+    /// How often a waiting duplicate asks a shared store again when no message told it the
+    /// record landed (a lost message, a Redis user without the channel, Redis Cluster).
+    #[serde(with = "humantime_serde")]
+    pub wait_poll_interval: Duration,
     /// How long a request may wait in the queue for a slot; then 503 `overloaded`.
     #[serde(with = "humantime_serde")]
     pub queue_timeout: Duration,

@@ -32,6 +32,8 @@ pub struct Policy {
     pub lease: Duration,
     #[allow(missing_docs)]
     pub upstream_timeout: Duration,
+    /// How long a duplicate waits for the first request of its key (zero: not at all).
+    pub in_progress_wait: Duration,
     #[allow(missing_docs)]
     pub max_body_bytes: u64,
     #[allow(missing_docs)]
@@ -184,6 +186,7 @@ pub(super) fn resolve(
         retention: r.retention.unwrap_or(d.retention),
         lease: r.lease.unwrap_or(d.lease),
         upstream_timeout: r.upstream_timeout.unwrap_or(d.upstream_timeout),
+        in_progress_wait: r.in_progress_wait.unwrap_or(d.in_progress_wait),
         max_body_bytes: r.max_body_bytes.unwrap_or(d.max_body_bytes),
         max_content_codings: r.max_content_codings.unwrap_or(d.max_content_codings),
         max_response_bytes: r.max_response_bytes.unwrap_or(d.max_response_bytes),
@@ -649,6 +652,7 @@ fn matches_override(r: &Route, name: &str) -> bool {
         "method_case" => r.method_case.is_some(),
         "lease" => r.lease.is_some(),
         "upstream_timeout" => r.upstream_timeout.is_some(),
+        "in_progress_wait" => r.in_progress_wait.is_some(),
         "retention" => r.retention.is_some(),
         "max_key_length" => r.max_key_length.is_some(),
         "max_body_bytes" => r.max_body_bytes.is_some(),

@@ -107,6 +107,11 @@ pub struct Defaults {
     /// How long the upstream gets for the whole exchange.
     #[serde(with = "humantime_serde")]
     pub upstream_timeout: Duration,
+    /// How long a duplicate whose claim finds the first request still running waits for
+    /// it before 409 `in-progress`: woken when the record lands or the first's lease runs
+    /// out, it is answered as if it had arrived after the first. `0s`: 409 at once.
+    #[serde(with = "humantime_serde")]
+    pub in_progress_wait: Duration,
     /// Largest protected body that is buffered (413 above).
     pub max_body_bytes: u64,
     /// Most codings a protected request's `Content-Encoding` may name (415 above):
@@ -266,6 +271,8 @@ pub struct Route {
     pub lease: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     pub upstream_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub in_progress_wait: Option<Duration>,
     pub max_body_bytes: Option<u64>,
     pub max_content_codings: Option<usize>,
     pub max_response_bytes: Option<u64>,

@@ -93,7 +93,7 @@ impl Proxy {
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn claim_guarded(
         &self,
-        identified: Identified,
+        identified: &Identified,
         request: &Request<Body>,
         body: &[u8],
         method: &Method,

@@ -71,6 +71,7 @@ mod pipeline;
 mod recording;
 mod replay;
 mod rescue;
+mod wait;
 
 use crate::admission::{Buffers, Refusal as NotAdmitted, Slots};
 use crate::body::{self, Body};
@@ -88,6 +89,7 @@ use crate::store::Store;
 use crate::telemetry;
 use crate::tls::UpstreamTls;
 use crate::upstream::{self, Failure, Link};
+use crate::waiters::{Waiters, Waking};
 use decision::{Action, Pass, Refusal};
 use observe::{Breaker, RateLimit};
 use rescue::{Reason, Unanswered};
@@ -148,6 +150,9 @@ struct Shared {
     // Off once this instance's scope secret disagrees with the store's: its record ids
     // would be another fleet's, so protected requests are refused.
     secret: Arc<SecretHealth>,
+    // Duplicates waiting for the first request of their key (`in_progress_wait`); one
+    // set per instance.
+    waiters: Arc<Waiters>,
 }
 
 /// A serving thread's links to the upstream: pass-through's and protected requests'.
@@ -187,6 +192,7 @@ impl Proxy {
         metrics: Arc<Metrics>,
         releases: Arc<Releases>,
         secret: Arc<SecretHealth>,
+        waiters: Arc<Waiters>,
     ) -> Proxy {
         let settings = live.get();
         metrics.routes(&settings.modes());
@@ -229,6 +235,7 @@ impl Proxy {
                 metrics,
                 releases,
                 secret,
+                waiters,
             }),
         }
     }
@@ -239,6 +246,8 @@ impl Proxy {
     pub fn sibling(&self, store: Arc<dyn Store>) -> Proxy {
         let s = &self.shared;
         let (client, fresh) = links(&s.settings, s.upstream_tls.as_ref());
+        // This thread's writes wake the instance's waiting duplicates too.
+        let store: Arc<dyn Store> = Arc::new(Waking::new(store, s.waiters.clone()));
         Proxy {
             shared: Arc::new(Shared {
                 protected: s.protected.clone(),
@@ -259,6 +268,7 @@ impl Proxy {
                 metrics: s.metrics.clone(),
                 releases: s.releases.clone(),
                 secret: s.secret.clone(),
+                waiters: s.waiters.clone(),
             }),
         }
     }

@@ -171,19 +171,50 @@ impl Proxy {
         }
         let (claim, found) = self
             .claim_guarded(
-                identified, &request, &body, &method, operation, policy, span,
+                &identified,
+                &request,
+                &body,
+                &method,
+                operation,
+                policy,
+                span,
             )
             .await;
         self.guard_after(guard, &found);
-        if let Found::Store(Claim::Claimed) = found {
-            return Verdict::Forward(Won {
-                claim,
-                request,
-                method,
-                slot,
-                allowance,
-            });
-        }
+        // A duplicate of a request still running may wait for it (`in_progress_wait`).
+        let (claim, found, slot) = if super::wait::waits(guard, policy, &found) {
+            let first = super::wait::First { claim, found, slot };
+            let waited = self
+                .wait_for_first(
+                    &identified,
+                    first,
+                    &request,
+                    &body,
+                    &method,
+                    operation,
+                    policy,
+                    span,
+                )
+                .await;
+            match waited {
+                Ok(waited) => waited,
+                Err(why) => return stop_refused(why, request, method, id, None, None),
+            }
+        } else {
+            (claim, found, Some(slot))
+        };
+        let slot = match (&found, slot) {
+            (Found::Store(Claim::Claimed), Some(slot)) => {
+                return Verdict::Forward(Won {
+                    claim,
+                    request,
+                    method,
+                    slot,
+                    allowance,
+                });
+            }
+            (_, slot) => slot,
+        };
         let why = Stop::Found {
             found,
             id: claim_id,
@@ -194,7 +225,7 @@ impl Proxy {
             request,
             id,
             method,
-            slot: Some(slot),
+            slot,
             held: None,
             allowance,
         })
@@ -283,7 +314,7 @@ impl Proxy {
 
     /// What a claim's result tells the guard: a store that answers ends a spell of store
     /// failures (enforcing), or closes the breaker (observing), which a failure opens.
-    fn guard_after(&self, guard: Guard, found: &Found) {
+    pub(super) fn guard_after(&self, guard: Guard, found: &Found) {
         match guard {
             Guard::Shares => match found {
                 Found::Store(Claim::Withdrawn) | Found::ReleasePending | Found::Failed(_) => {}

@@ -24,6 +24,7 @@ use crate::secret::{SecretError, SecretHealth};
 use crate::store::seal::Enveloped;
 use crate::store::{RedisSetup, Store, StoreKind};
 use crate::tls::ListenerTls;
+use crate::waiters::{Waiters, Waking};
 use crate::wiring::Wired;
 
 /// Opens the store the settings choose ([`crate::store::open`]), behind the envelope of
@@ -187,6 +188,8 @@ pub(super) struct App {
     pub(super) tasks: TaskTracker,
     /// Releases of claims never forwarded that are still being retried.
     pub(super) releases: Arc<Releases>,
+    /// Duplicates waiting for their first request: answered 409 at shutdown.
+    pub(super) waiters: Arc<Waiters>,
     /// What the proxy listener's connections may hold.
     pub(super) limits: ConnLimits,
     /// One cap on open connections for all serving threads.
@@ -232,6 +235,20 @@ impl App {
         note_client_certs(c, &metrics);
         let store: Arc<dyn Store> =
             Arc::new(Instrumented::new(store, metrics.clone(), store_timeout));
+        // Every write of this instance that can settle a record wakes the duplicates
+        // waiting for it, the operator's included.
+        let waiters = Arc::new(Waiters::new(
+            c.max_waiting,
+            c.wait_poll_interval,
+            metrics.waits(),
+        ));
+        let store: Arc<dyn Store> = Arc::new(Waking::new(store, waiters.clone()));
+        // And so does each other instance's, by a message of a shared store.
+        background.extend(crate::store::open::listen_settled(
+            c,
+            wired.redis.as_ref(),
+            waiters.clone(),
+        ));
         let restarted = Arc::new(tokio::sync::Notify::new());
         let watcher = metrics::watch_store(
             store.clone(),
@@ -286,6 +303,7 @@ impl App {
             metrics.clone(),
             releases.clone(),
             secret_health,
+            waiters.clone(),
         );
         App {
             proxy,
@@ -293,6 +311,7 @@ impl App {
             metrics,
             tasks,
             releases,
+            waiters,
             limits,
             open,
             tls,

@@ -23,6 +23,8 @@ pub(super) struct Draining {
     /// The upstream exchanges in flight.
     pub(super) tasks: TaskTracker,
     pub(super) releases: Arc<Releases>,
+    /// Duplicates waiting for their first request: answered 409 at once.
+    pub(super) waiters: Arc<crate::waiters::Waiters>,
     /// The first thread's proxy accept loop.
     pub(super) proxy_task: JoinHandle<()>,
     /// The ends of the other serving threads.
@@ -39,6 +41,7 @@ impl Draining {
         let end = Instant::now() + self.grace;
         let _ = self.end.send(Some(end));
         self.stop.cancel();
+        self.waiters.close();
         // Connections and the exchanges whose clients already left drain together, within
         // one grace period in all: what finishes is recorded before we exit.
         let tasks = self.tasks;

@@ -128,6 +128,29 @@ pub async fn open(c: &Config, redis: Option<&RedisSetup>) -> Result<Arc<dyn Stor
     }
 }
 
+/// The task that wakes this instance's duplicates waiting for a record that another
+/// instance settled, on the store's messages (Redis with one server, PostgreSQL); `None`
+/// for a store of this process alone, whose writes wake them themselves, and for Redis
+/// Sentinel or Cluster, where they ask again every `wait_poll_interval`.
+pub fn listen_settled(
+    c: &Config,
+    redis: Option<&RedisSetup>,
+    waiters: Arc<crate::waiters::Waiters>,
+) -> Option<tokio::task::AbortHandle> {
+    match StoreKind::of(c) {
+        StoreKind::Redis => {
+            let listen = super::redis::settled::listen(redis?, c.redis_connect_timeout, waiters)?;
+            Some(tokio::spawn(listen).abort_handle())
+        }
+        StoreKind::Postgres => {
+            let url = c.postgres_url.as_ref().map(|u| u.expose())?;
+            let listen = super::postgres::settled::listen(url, c.redis_connect_timeout, waiters)?;
+            Some(tokio::spawn(listen).abort_handle())
+        }
+        StoreKind::Memory | StoreKind::Sqlite => None,
+    }
+}
+
 /// A store for one more serving thread, beside `shared` (the first thread's): Redis gets
 /// a connection of its own, with no start-up checks (the first thread's hold for it); the
 /// other stores are shared, and `None` says to use `shared`.

@@ -36,6 +36,7 @@ use super::{
 use crate::key::RecordId;
 
 mod conninfo;
+pub mod settled;
 mod sql;
 pub mod tls;
 

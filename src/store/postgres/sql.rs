@@ -92,9 +92,16 @@ ORDER BY g
 /// was 120-134 MiB, at 64 KiB 108-110 MiB (as from Redis).
 pub(super) const BODY_PIECE: i32 = 64 * 1024;
 
+// The statements that settle a record notify `idemgate_settled` with its id in the same
+// statement (see `settled.rs`), delivered when it commits: the rows they select are the
+// rows they changed, so `execute` counts them as before.
 pub(super) const RECORD: &str = "
-UPDATE idemgate_records SET state = 1, status = $3, headers = $4, body = $5
-WHERE id = $1 AND owner = $2 AND expires > clock_timestamp()
+WITH u AS (
+  UPDATE idemgate_records SET state = 1, status = $3, headers = $4, body = $5
+  WHERE id = $1 AND owner = $2 AND expires > clock_timestamp()
+  RETURNING id
+)
+SELECT pg_notify('idemgate_settled', encode(id, 'hex')) FROM u
 ";
 
 pub(super) const RENEW: &str = "
@@ -110,8 +117,12 @@ WHERE id = $1 AND owner = $2 AND expires > clock_timestamp()
 ";
 
 pub(super) const MARK_UNKNOWN: &str = "
-UPDATE idemgate_records SET state = 2
-WHERE id = $1 AND owner = $2 AND state <> 1 AND expires > clock_timestamp()
+WITH u AS (
+  UPDATE idemgate_records SET state = 2
+  WHERE id = $1 AND owner = $2 AND state <> 1 AND expires > clock_timestamp()
+  RETURNING id
+)
+SELECT pg_notify('idemgate_settled', encode(id, 'hex')) FROM u
 ";
 
 /// Deletes the owner's record, or (none) remembers the withdrawal: one statement.
@@ -126,8 +137,10 @@ WITH d AS (
   WHERE NOT EXISTS (SELECT 1 FROM d)
   ON CONFLICT (id, owner) DO UPDATE SET until = greatest(x.until, excluded.until)
   RETURNING 1
+), n AS (
+  SELECT pg_notify('idemgate_settled', encode($1::bytea, 'hex')) FROM d
 )
-SELECT EXISTS (SELECT 1 FROM d)
+SELECT EXISTS (SELECT 1 FROM d) FROM (SELECT count(*) FROM n) AS notified
 ";
 
 /// 0 not found, 1 deleted, 2 owner busy: one statement.
@@ -141,9 +154,12 @@ WITH cur AS (
     SELECT 1 FROM cur WHERE state = 0
       AND (lease_until > clock_timestamp() OR busy_until > clock_timestamp())))
   RETURNING 1
+), n AS (
+  SELECT pg_notify('idemgate_settled', encode($1::bytea, 'hex')) FROM d
 )
 SELECT CASE WHEN EXISTS (SELECT 1 FROM d) THEN 1
             WHEN EXISTS (SELECT 1 FROM cur) THEN 2 ELSE 0 END
+FROM (SELECT count(*) FROM n) AS notified
 ";
 
 // An operator's resolution: 1 completed, 0 no record, 2 its owner may still be working
@@ -159,10 +175,13 @@ WITH cur AS (
     SELECT 1 FROM cur WHERE state = 0
       AND (lease_until > clock_timestamp() OR busy_until > clock_timestamp())))
   RETURNING 1
+), n AS (
+  SELECT pg_notify('idemgate_settled', encode($1::bytea, 'hex')) FROM u
 )
 SELECT CASE WHEN EXISTS (SELECT 1 FROM u) THEN 1
             WHEN NOT EXISTS (SELECT 1 FROM cur) THEN 0
             WHEN EXISTS (SELECT 1 FROM cur WHERE state = 1) THEN 3 ELSE 2 END
+FROM (SELECT count(*) FROM n) AS notified
 ";
 
 // While observing: a later execution's answer replaces a completed record's answer (kept or

@@ -110,25 +110,7 @@ async fn open_single(
     connect_timeout: Duration,
     response_timeout: Duration,
 ) -> RedisResult<Link> {
-    let mut info = url.into_connection_info()?;
-    let mut settings = info.redis_settings().clone();
-    if let Some(user) = &setup.username {
-        settings = settings.set_username(user);
-    }
-    if let Some(password) = &setup.password {
-        settings = settings.set_password(password.expose());
-    }
-    info = info.set_redis_settings(settings);
-    if let (ConnectionAddr::TcpTls { host, port, .. }, Some(tls)) =
-        (info.addr().clone(), &setup.tls)
-    {
-        let addr = node_addr(&host, port, Some(tls))?;
-        info = info.set_addr(addr);
-    }
-    let client = match certs {
-        Some(certs) => redis::Client::build_with_tls(info, certs)?,
-        None => redis::Client::open(info)?,
-    };
+    let client = single_client(setup, url, certs)?;
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(connect_timeout))
         .set_response_timeout(None)
@@ -163,6 +145,33 @@ async fn open_single(
     // certificate stops start-up.
     link.connection().await?;
     Ok(Link::Single(link))
+}
+
+/// The client of one server (`redis_url`), with the ACL user and TLS of `setup`.
+pub(super) fn single_client(
+    setup: &RedisSetup,
+    url: &str,
+    certs: Option<TlsCertificates>,
+) -> RedisResult<redis::Client> {
+    let mut info = url.into_connection_info()?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = &setup.username {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = &setup.password {
+        settings = settings.set_password(password.expose());
+    }
+    info = info.set_redis_settings(settings);
+    if let (ConnectionAddr::TcpTls { host, port, .. }, Some(tls)) =
+        (info.addr().clone(), &setup.tls)
+    {
+        let addr = node_addr(&host, port, Some(tls))?;
+        info = info.set_addr(addr);
+    }
+    match certs {
+        Some(certs) => redis::Client::build_with_tls(info, certs),
+        None => redis::Client::open(info),
+    }
 }
 
 /// Where Sentinel is asked, and whose view of the primary a link follows.
@@ -341,7 +350,7 @@ impl ConnectionLike for Link {
 
 /// rustls needs a process-wide crypto provider; ring is the one compiled in. Installing
 /// twice is harmless (the second attempt reports the first).
-fn install_crypto() {
+pub(super) fn install_crypto() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
@@ -353,7 +362,7 @@ fn tls_mode(tls: &Tls) -> TlsMode {
     }
 }
 
-fn certificates(tls: &Tls) -> TlsCertificates {
+pub(super) fn certificates(tls: &Tls) -> TlsCertificates {
     TlsCertificates {
         client_tls: tls
             .client

@@ -43,6 +43,7 @@ mod parse;
 mod pieces;
 mod renewing;
 mod scripts;
+pub mod settled;
 pub mod setup;
 #[cfg(test)]
 mod tests;
@@ -140,21 +141,32 @@ impl RedisStore {
         // Every script reads both forms of a record (see `value.rs`); those that write what
         // a value cannot hold turn one into its hash first (HASH_FIRST).
         let to_hash = format!("{NOW_MS}{V_NUM}{AS_HASH}");
+        // The scripts that settle a record say so on a channel, where another instance
+        // listens (see `settled.rs`).
+        let publishes = settled::publishes(setup);
+        let settling = |script: String| {
+            let script = if publishes {
+                settled::publishing(&script)
+            } else {
+                script
+            };
+            Script::new(&script)
+        };
         let scripts = Scripts {
             claim: Script::new(&format!("{NOW_MS}{V_NUM}{CLAIM_VALUE}{CLAIM}")),
-            record: Script::new(RECORD),
-            record_value: Script::new(RECORD_VALUE),
-            record_hash: Script::new(&format!("{to_hash}{HASH_FIRST}{RECORD}")),
-            record_not_kept: Script::new(&format!("{DROP_PIECES}{RECORD_NOT_KEPT}")),
+            record: settling(RECORD.to_string()),
+            record_value: settling(RECORD_VALUE.to_string()),
+            record_hash: settling(format!("{to_hash}{HASH_FIRST}{RECORD}")),
+            record_not_kept: settling(format!("{DROP_PIECES}{RECORD_NOT_KEPT}")),
             shorten: Script::new(&format!("{V_NUM}{SHORTEN}")),
             write_chunk: Script::new(&format!("{to_hash}{HASH_FIRST}{WRITE_CHUNK}")),
-            record_large: Script::new(&format!("{to_hash}{HASH_FIRST}{RECORD_LARGE}")),
+            record_large: settling(format!("{to_hash}{HASH_FIRST}{RECORD_LARGE}")),
             renew: Script::new(&format!("{NOW_MS}{NOW}{RENEW}")),
-            mark_unknown: Script::new(MARK_UNKNOWN),
-            release: Script::new(&format!("{to_hash}{DROP_RECORD}{HASH_FIRST}{RELEASE}")),
-            delete: Script::new(&format!("{to_hash}{DROP_RECORD}{HASH_FIRST}{DELETE}")),
+            mark_unknown: settling(MARK_UNKNOWN.to_string()),
+            release: settling(format!("{to_hash}{DROP_RECORD}{HASH_FIRST}{RELEASE}")),
+            delete: settling(format!("{to_hash}{DROP_RECORD}{HASH_FIRST}{DELETE}")),
             inspect: Script::new(&format!("{NOW_MS}{NOW}{V_NUM}{INSPECT}")),
-            complete: Script::new(&format!("{to_hash}{DROP_PIECES}{HASH_FIRST}{COMPLETE}")),
+            complete: settling(format!("{to_hash}{DROP_PIECES}{HASH_FIRST}{COMPLETE}")),
             supersede: Script::new(&format!("{to_hash}{DROP_PIECES}{HASH_FIRST}{SUPERSEDE}")),
         };
         let leader = conn.primary_epoch();

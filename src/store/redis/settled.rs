@@ -1,0 +1,124 @@
+//! Messages that a record settled, for the duplicates waiting for it on other instances
+//! (`in_progress_wait`): the scripts that settle a record (its answer recorded, kept or
+//! not, marked unknown, released by its owner, an operator's release or completion)
+//! `PUBLISH` its key on [`CHANNEL`] in the same round trip, and each instance listens on a
+//! connection of its own beside the shared one. The publish is a `redis.pcall`: a user
+//! without the channel writes its records all the same, and its messages are lost.
+//!
+//! One server (`redis_url`) only: with Sentinel or a cluster, nothing is published and a
+//! waiting duplicate asks again every `wait_poll_interval`. So does one whose message was
+//! lost (a broken subscriber connection: on each reconnection every waiting one is woken).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
+use super::link::{certificates, install_crypto, single_client};
+use super::parse::KEY_PREFIX;
+use super::setup::{RedisSetup, Topology};
+use crate::key::RecordId;
+use crate::waiters::Waiters;
+
+/// The channel a settled record's key is published on.
+pub const CHANNEL: &str = "idemgate:settled";
+
+/// The pause before a lost subscriber connection is made again.
+const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
+
+/// Whether the scripts of `setup`'s topology publish (one server only).
+pub(super) fn publishes(setup: &RedisSetup) -> bool {
+    matches!(setup.topology, Topology::Single(_))
+}
+
+/// `script`, publishing its key on [`CHANNEL`] when it answers 1 or 4 (the record settled,
+/// or was deleted).
+pub(super) fn publishing(script: &str) -> String {
+    format!(
+        "local function settle()\n{script}\nend\nlocal r = settle()\nif r == 1 or r == 4 then redis.pcall('PUBLISH', '{CHANNEL}', KEYS[1]) end\nreturn r\n"
+    )
+}
+
+/// The record id of a published key (`idemgate:{<id>}`).
+fn record_of(key: &[u8]) -> Option<RecordId> {
+    let hex = key.strip_prefix(KEY_PREFIX)?.strip_suffix(b"}")?;
+    RecordId::from_hex(std::str::from_utf8(hex).ok()?)
+}
+
+/// Listens on [`CHANNEL`] for as long as the instance runs, waking the duplicates that
+/// wait for each record named; `None` for a topology that publishes nothing. A user that
+/// may not subscribe is said once, at start: its waiting duplicates ask again every
+/// `wait_poll_interval`.
+pub fn listen(
+    setup: &RedisSetup,
+    connect_timeout: Duration,
+    waiters: Arc<Waiters>,
+) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+    let Topology::Single(url) = &setup.topology else {
+        tracing::info!("Redis Sentinel or Cluster: duplicates waiting for their first request (in_progress_wait) ask again every wait_poll_interval");
+        return None;
+    };
+    install_crypto();
+    let certs = setup.tls.as_ref().map(certificates);
+    let client = match single_client(setup, url, certs) {
+        Ok(client) => client,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for settled records; duplicates waiting for their first request ask again every wait_poll_interval");
+            return None;
+        }
+    };
+    Some(async move {
+        let mut first = true;
+        loop {
+            let subscribed = tokio::time::timeout(connect_timeout * 2, async {
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.subscribe(CHANNEL).await?;
+                Ok::<_, redis::RedisError>(pubsub)
+            })
+            .await;
+            match subscribed {
+                Ok(Ok(mut pubsub)) => {
+                    if !first {
+                        tracing::info!("listening for settled records again");
+                    }
+                    first = false;
+                    // Messages may have been lost meanwhile: every waiting one asks again.
+                    waiters.wake_all();
+                    let mut messages = pubsub.on_message();
+                    while let Some(msg) = messages.next().await {
+                        if let Some(id) = record_of(msg.get_payload_bytes()) {
+                            waiters.wake(&id);
+                        }
+                    }
+                    tracing::warn!("connection listening for settled records lost; reconnecting (meanwhile waiting duplicates ask again every wait_poll_interval)");
+                }
+                Ok(Err(e)) if e.code() == Some("NOPERM") => {
+                    tracing::warn!(channel = CHANNEL, "the Redis user may not subscribe to {CHANNEL} (its ACL needs +publish +subscribe &{CHANNEL}): duplicates waiting for their first request ask again every wait_poll_interval");
+                    return;
+                }
+                Ok(Err(e)) => {
+                    if first {
+                        tracing::warn!(error = %e, "cannot listen for settled records yet; trying again");
+                    }
+                    first = false;
+                }
+                Err(_) => first = false,
+            }
+            tokio::time::sleep(RECONNECT_PAUSE).await;
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_published_key_names_its_record() {
+        let id = RecordId::from_bytes([7; 32]);
+        let key = super::super::RedisStore::key(&id);
+        assert_eq!(record_of(&key), Some(id));
+        assert_eq!(record_of(b"idemgate:{zz}"), None);
+        assert_eq!(record_of(b"other"), None);
+    }
+}
