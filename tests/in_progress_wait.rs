@@ -16,14 +16,25 @@ use common::*;
 
 const BODY: &str = "{\"amount\":1}";
 
+/// The first's lease, whose end also wakes a waiting duplicate: far beyond the test, so
+/// that only the record can have woken it.
+const LEASE: Duration = Duration::from_secs(120);
+
 /// An instance whose duplicates wait up to `wait`, with `change` made to its settings.
 fn waiting(up: &Upstream, wait: Duration, change: impl FnOnce(&mut idemgate::Config)) -> Gate {
     Idemgate::new(&up.url())
         .set(|c| {
             c.defaults.in_progress_wait = wait;
+            c.defaults.lease = LEASE;
             change(c);
         })
         .binary()
+}
+
+/// A waiting duplicate's answer, within the guard (far shorter than the lease).
+async fn woken(duplicate: tokio::task::JoinHandle<Answer>) -> Answer {
+    let answer = tokio::time::timeout(HANG_GUARD, duplicate).await;
+    answer.expect("woken by the record").unwrap()
 }
 
 /// Waits until `g` shows `n` duplicates waiting.
@@ -68,7 +79,7 @@ async fn a_duplicate_waits_for_the_first_and_gets_its_replay() {
     let duplicate = post_in_background(&c, g.url("/pay"), "w-1", BODY, &[]);
     waiting_now(&g, 1.0).await;
     up.release();
-    let (first, duplicate) = (first.await.unwrap(), duplicate.await.unwrap());
+    let (first, duplicate) = (first.await.unwrap(), woken(duplicate).await);
     assert_eq!(first.status, 201);
     assert_eq!(duplicate.status, 201, "{:?}", duplicate.body);
     assert!(duplicate.replayed());
@@ -84,14 +95,17 @@ async fn on_sqlite_a_waiting_duplicate_is_woken_by_the_record() {
     let dir = tempfile::tempdir().unwrap();
     let g = Idemgate::new(&up.url())
         .on_disk(dir.path())
-        .set(|c| c.defaults.in_progress_wait = Duration::from_secs(600))
+        .set(|c| {
+            c.defaults.in_progress_wait = Duration::from_secs(600);
+            c.defaults.lease = LEASE;
+        })
         .binary();
     let c = client();
     let first = first_held(&c, &g, &up, "w-sqlite", &[]).await;
     let duplicate = post_in_background(&c, g.url("/pay"), "w-sqlite", BODY, &[]);
     waiting_now(&g, 1.0).await;
     up.release();
-    let (first, duplicate) = (first.await.unwrap(), duplicate.await.unwrap());
+    let (first, duplicate) = (first.await.unwrap(), woken(duplicate).await);
     assert!(duplicate.replayed(), "{:?}", duplicate.body);
     assert_eq!(duplicate.body, first.body);
     assert_eq!(up.hits(), 1);
@@ -111,7 +125,7 @@ async fn a_duplicate_runs_itself_once_the_first_released_the_key() {
     waiting_now(&g, 1.0).await;
     up.release();
     assert_eq!(first.await.unwrap().status, 503);
-    let duplicate = duplicate.await.unwrap();
+    let duplicate = woken(duplicate).await;
     assert_eq!(duplicate.status, 201, "{:?}", duplicate.body);
     assert!(!duplicate.replayed());
     assert_eq!(
@@ -173,7 +187,7 @@ async fn beyond_max_waiting_a_duplicate_gets_409_at_once() {
     assert_eq!(refused.header("idemgate-error"), Some("in-progress"));
     assert_eq!(ended(&g, "full"), 1.0);
     up.release();
-    let (first, waited) = (first.await.unwrap(), waits.await.unwrap());
+    let (first, waited) = (first.await.unwrap(), woken(waits).await);
     assert!(waited.replayed());
     assert_eq!(waited.body, first.body);
     assert_eq!(up.hits(), 1);
