@@ -44,8 +44,6 @@
 //!   checked as `config check` checks it, applied whole or refused naming what needs a
 //!   restart.
 //! - [`releases`]: claims never forwarded that this instance is still taking back.
-//! - [`waiters`]: duplicates waiting for the first request of their key, and what wakes
-//!   them.
 //! - [`secret`]: one store, one scope secret: start-up's, restoring a lost one, refusing on
 //!   disagreement.
 //! - [`request_id`]: `X-Request-Id`, kept or made up, passed on and logged.
@@ -114,7 +112,6 @@ pub mod store;
 pub mod telemetry;
 pub mod tls;
 pub mod upstream;
-pub mod waiters;
 pub mod wiring;
 
 pub use config::Config;

@@ -174,6 +174,11 @@ async fn the_documented_acl_user_is_enough_and_no_more() {
     assert!(denied.contains("NOPERM"), "{denied}");
     let denied = redis_cli_as(redis.port, password, &["FLUSHALL"]);
     assert!(denied.contains("NOPERM"), "{denied}");
+    // And no channel but the one that says a record settled.
+    let published = redis_cli_as(redis.port, password, &["PUBLISH", "idemgate:settled", "x"]);
+    assert!(!published.contains("NOPERM"), "{published}");
+    let denied = redis_cli_as(redis.port, password, &["PUBLISH", "other", "x"]);
+    assert!(denied.contains("NOPERM"), "{denied}");
 
     // Any database, not only 0: the connection selects it (`SELECT`), which the line
     // allows.

@@ -17,7 +17,7 @@ use crate::admission::Slot;
 use crate::body::Body;
 use crate::config::Policy;
 use crate::connection::OfConnection;
-use crate::metrics::WaitEnd;
+use crate::metrics::{WaitEnd, Waits};
 use crate::store::{Claim, ClaimRequest, StoreKind};
 
 use super::claim::{Found, Identified};
@@ -63,11 +63,17 @@ impl Proxy {
         span: &Span,
     ) -> Result<Waited, Refusal> {
         let waiters = &self.shared.waiters;
+        let started = Instant::now();
+        let mut counted = Counted {
+            waits: self.shared.metrics.waits(),
+            started,
+            waiting: false,
+        };
         let Some(waiting) = waiters.enter() else {
-            waiters.ended(WaitEnd::Full, 0.0);
+            counted.end(WaitEnd::Full);
             return Ok((first.claim, first.found, Some(first.slot)));
         };
-        let started = Instant::now();
+        counted.enter();
         let until = started + policy.in_progress_wait;
         let watch = waiting.watch(identified.id);
         let hangup = request
@@ -94,7 +100,7 @@ impl Proxy {
                 match super::admit(&self.shared.protected, request.extensions()).await {
                     Ok(s) => slot = Some(s),
                     Err(why) => {
-                        waiters.ended(WaitEnd::Overloaded, started.elapsed().as_secs_f64());
+                        counted.end(WaitEnd::Overloaded);
                         return Err(Refusal::Overloaded(why));
                     }
                 }
@@ -130,7 +136,39 @@ impl Proxy {
             }
         };
         drop(watch);
-        waiters.ended(end, started.elapsed().as_secs_f64());
+        counted.end(end);
         Ok((claim, found, slot))
+    }
+}
+
+/// One duplicate's wait in the metrics. Dropped before its end (its request's future
+/// dropped: an HTTP/2 client that reset its stream), it is counted as ended by the client.
+struct Counted {
+    waits: Waits,
+    started: Instant,
+    // Shown in `idemgate_in_progress_waiting` now.
+    waiting: bool,
+}
+
+impl Counted {
+    fn enter(&mut self) {
+        self.waits.waiting(true);
+        self.waiting = true;
+    }
+
+    fn end(&mut self, end: WaitEnd) {
+        self.waits.ended(end, self.started.elapsed().as_secs_f64());
+        if self.waiting {
+            self.waits.waiting(false);
+            self.waiting = false;
+        }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if self.waiting {
+            self.end(WaitEnd::Gone);
+        }
     }
 }

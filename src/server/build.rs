@@ -22,9 +22,9 @@ use crate::releases::Releases;
 use crate::scope::Scoper;
 use crate::secret::{SecretError, SecretHealth};
 use crate::store::seal::Enveloped;
+use crate::store::waiters::{Waiters, Waking};
 use crate::store::{RedisSetup, Store, StoreKind};
 use crate::tls::ListenerTls;
-use crate::waiters::{Waiters, Waking};
 use crate::wiring::Wired;
 
 /// Opens the store the settings choose ([`crate::store::open`]), behind the envelope of
@@ -237,11 +237,7 @@ impl App {
             Arc::new(Instrumented::new(store, metrics.clone(), store_timeout));
         // Every write of this instance that can settle a record wakes the duplicates
         // waiting for it, the operator's included.
-        let waiters = Arc::new(Waiters::new(
-            c.max_waiting,
-            c.wait_poll_interval,
-            metrics.waits(),
-        ));
+        let waiters = Arc::new(Waiters::new(c.max_waiting, c.wait_poll_interval));
         let store: Arc<dyn Store> = Arc::new(Waking::new(store, waiters.clone()));
         // And so does each other instance's, by a message of a shared store.
         background.extend(crate::store::open::listen_settled(

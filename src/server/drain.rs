@@ -24,7 +24,7 @@ pub(super) struct Draining {
     pub(super) tasks: TaskTracker,
     pub(super) releases: Arc<Releases>,
     /// Duplicates waiting for their first request: answered 409 at once.
-    pub(super) waiters: Arc<crate::waiters::Waiters>,
+    pub(super) waiters: Arc<crate::store::waiters::Waiters>,
     /// The first thread's proxy accept loop.
     pub(super) proxy_task: JoinHandle<()>,
     /// The ends of the other serving threads.

@@ -35,6 +35,7 @@ pub mod redis;
 mod row;
 pub mod seal;
 pub mod sqlite;
+pub mod waiters;
 
 pub use self::layer::{Call, Layer};
 pub use self::memory::MemoryStore;

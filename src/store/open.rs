@@ -135,7 +135,7 @@ pub async fn open(c: &Config, redis: Option<&RedisSetup>) -> Result<Arc<dyn Stor
 pub fn listen_settled(
     c: &Config,
     redis: Option<&RedisSetup>,
-    waiters: Arc<crate::waiters::Waiters>,
+    waiters: Arc<super::waiters::Waiters>,
 ) -> Option<tokio::task::AbortHandle> {
     match StoreKind::of(c) {
         StoreKind::Redis => {

@@ -15,7 +15,7 @@ use tokio_postgres::{AsyncMessage, NoTls, Socket};
 
 use super::tls::PostgresSetup;
 use crate::key::RecordId;
-use crate::waiters::Waiters;
+use crate::store::waiters::Waiters;
 
 /// The channel a settled record's id (hex) is notified on.
 pub const CHANNEL: &str = "idemgate_settled";

@@ -18,7 +18,7 @@ use super::link::{certificates, install_crypto, single_client};
 use super::parse::KEY_PREFIX;
 use super::setup::{RedisSetup, Topology};
 use crate::key::RecordId;
-use crate::waiters::Waiters;
+use crate::store::waiters::Waiters;
 
 /// The channel a settled record's key is published on.
 pub const CHANNEL: &str = "idemgate:settled";

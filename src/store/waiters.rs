@@ -17,12 +17,9 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::{BoxFuture, Completed, Deleted, Layer, OwnerToken, Store, StoreError, StoredResponse};
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
-use crate::metrics::Waits;
-use crate::store::{
-    BoxFuture, Completed, Deleted, Layer, OwnerToken, Store, StoreError, StoredResponse,
-};
 
 /// The waiting duplicates of one instance.
 pub struct Waiters {
@@ -37,13 +34,12 @@ pub struct Waiters {
     // Cancelled at shutdown: the waiting ones are answered 409.
     closing: CancellationToken,
     poll: Duration,
-    metrics: Waits,
 }
 
 impl Waiters {
     /// At most `max` waiting at once; a shared store is asked again every `poll` when no
-    /// message comes. Counted in `metrics`.
-    pub fn new(max: usize, poll: Duration, metrics: Waits) -> Waiters {
+    /// message comes.
+    pub fn new(max: usize, poll: Duration) -> Waiters {
         Waiters {
             watched: Mutex::default(),
             count: AtomicUsize::new(0),
@@ -51,7 +47,6 @@ impl Waiters {
             max,
             closing: CancellationToken::new(),
             poll,
-            metrics,
         }
     }
 
@@ -63,7 +58,6 @@ impl Waiters {
                 (n < self.max).then_some(n + 1)
             });
         entered.ok()?;
-        self.metrics.waiting(true);
         Some(Waiting {
             waiters: self.clone(),
         })
@@ -104,11 +98,6 @@ impl Waiters {
     /// How often a shared store is asked again when no message comes.
     pub fn poll(&self) -> Duration {
         self.poll
-    }
-
-    /// Counts a wait that ended as `end` after `seconds`.
-    pub fn ended(&self, end: crate::metrics::WaitEnd, seconds: f64) {
-        self.metrics.ended(end, seconds);
     }
 
     /// The waiting ones now.
@@ -154,7 +143,6 @@ impl Waiting {
 impl Drop for Waiting {
     fn drop(&mut self) {
         self.waiters.waiting.fetch_sub(1, Ordering::AcqRel);
-        self.waiters.metrics.waiting(false);
     }
 }
 
