@@ -10,7 +10,7 @@
 //! `NOTIFY`). A wake is only a hint to claim again: the claim decides.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,6 +33,11 @@ pub struct Waiters {
     max: usize,
     // Cancelled at shutdown: the waiting ones are answered 409.
     closing: CancellationToken,
+    // Set by the first duplicate that waits: a shared store's listener connects only then,
+    // so that an instance whose routes never wait holds no listening connection, and
+    // receives no message.
+    wanted: AtomicBool,
+    first: Notify,
     poll: Duration,
 }
 
@@ -46,6 +51,8 @@ impl Waiters {
             waiting: AtomicUsize::new(0),
             max,
             closing: CancellationToken::new(),
+            wanted: AtomicBool::new(false),
+            first: Notify::new(),
             poll,
         }
     }
@@ -58,6 +65,9 @@ impl Waiters {
                 (n < self.max).then_some(n + 1)
             });
         entered.ok()?;
+        if !self.wanted.swap(true, Ordering::AcqRel) {
+            self.first.notify_one();
+        }
         Some(Waiting {
             waiters: self.clone(),
         })
@@ -71,6 +81,13 @@ impl Waiters {
         let watched = self.watched.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((notify, _)) = watched.get(id) {
             notify.notify_waiters();
+        }
+    }
+
+    /// Resolves once a duplicate has waited on this instance.
+    pub async fn wanted(&self) {
+        while !self.wanted.load(Ordering::Acquire) {
+            self.first.notified().await;
         }
     }
 

@@ -23,8 +23,9 @@ pub const CHANNEL: &str = "idemgate_settled";
 /// The pause before a lost listening connection is made again.
 const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
 
-/// Listens on [`CHANNEL`] for as long as the instance runs, waking the duplicates that
-/// wait for each record notified.
+/// Listens on [`CHANNEL`] for as long as the instance runs, from the first duplicate that
+/// waits on it (until then it holds no connection), waking the duplicates that wait for
+/// each record notified.
 pub fn listen(
     url: &str,
     connect_timeout: Duration,
@@ -38,6 +39,7 @@ pub fn listen(
         }
     };
     Some(async move {
+        waiters.wanted().await;
         let mut first = true;
         loop {
             let mut config = setup.config.clone();

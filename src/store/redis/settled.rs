@@ -39,15 +39,21 @@ pub(super) fn publishing(script: &str) -> String {
     )
 }
 
+/// Says that the user may not listen.
+fn denied() {
+    tracing::warn!(channel = CHANNEL, "the Redis user may not subscribe to {CHANNEL} (its ACL needs +publish +subscribe &{CHANNEL}): duplicates waiting for their first request ask again every wait_poll_interval");
+}
+
 /// The record id of a published key (`idemgate:{<id>}`).
 fn record_of(key: &[u8]) -> Option<RecordId> {
     let hex = key.strip_prefix(KEY_PREFIX)?.strip_suffix(b"}")?;
     RecordId::from_hex(std::str::from_utf8(hex).ok()?)
 }
 
-/// Listens on [`CHANNEL`] for as long as the instance runs, waking the duplicates that
-/// wait for each record named; `None` for a topology that publishes nothing. A user that
-/// may not subscribe is said once, at start: its waiting duplicates ask again every
+/// Listens on [`CHANNEL`] for as long as the instance runs, from the first duplicate that
+/// waits on it, waking the duplicates that wait for each record named; `None` for a
+/// topology that publishes nothing. Whether the user may subscribe is tried at start: one
+/// that may not is said then, and its waiting duplicates ask again every
 /// `wait_poll_interval`.
 pub fn listen(
     setup: &RedisSetup,
@@ -67,16 +73,26 @@ pub fn listen(
             return None;
         }
     };
+    let subscribe = move || {
+        let client = client.clone();
+        tokio::time::timeout(connect_timeout * 2, async move {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(CHANNEL).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        })
+    };
     Some(async move {
+        if let Ok(Err(e)) = subscribe().await {
+            if e.code() == Some("NOPERM") {
+                denied();
+                return;
+            }
+        }
+        // No listening connection, and no message, until a duplicate waits here.
+        waiters.wanted().await;
         let mut first = true;
         loop {
-            let subscribed = tokio::time::timeout(connect_timeout * 2, async {
-                let mut pubsub = client.get_async_pubsub().await?;
-                pubsub.subscribe(CHANNEL).await?;
-                Ok::<_, redis::RedisError>(pubsub)
-            })
-            .await;
-            match subscribed {
+            match subscribe().await {
                 Ok(Ok(mut pubsub)) => {
                     if !first {
                         tracing::info!("listening for settled records again");
@@ -93,7 +109,7 @@ pub fn listen(
                     tracing::warn!("connection listening for settled records lost; reconnecting (meanwhile waiting duplicates ask again every wait_poll_interval)");
                 }
                 Ok(Err(e)) if e.code() == Some("NOPERM") => {
-                    tracing::warn!(channel = CHANNEL, "the Redis user may not subscribe to {CHANNEL} (its ACL needs +publish +subscribe &{CHANNEL}): duplicates waiting for their first request ask again every wait_poll_interval");
+                    denied();
                     return;
                 }
                 Ok(Err(e)) => {
