@@ -139,6 +139,7 @@ impl RedisServer {
             password: None,
             replica_ack: None,
             value_records,
+            publish_settled: true,
         };
         idemgate::store::RedisStore::open(&setup, Duration::from_secs(1), Duration::from_secs(1))
             .await

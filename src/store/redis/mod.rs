@@ -106,6 +106,7 @@ impl RedisStore {
             password: None,
             replica_ack: None,
             value_records: false,
+            publish_settled: true,
         };
         Self::open(&setup, connect_timeout, response_timeout).await
     }

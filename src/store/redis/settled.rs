@@ -5,8 +5,10 @@
 //! connection of its own beside the shared one. The publish is a `redis.pcall`: a user
 //! without the channel writes its records all the same, and its messages are lost.
 //!
-//! One server (`redis_url`) only: with Sentinel or a cluster, nothing is published and a
-//! waiting duplicate asks again every `wait_poll_interval`. So does one whose message was
+//! One server (`redis_url`) only, and only when some route waits (`in_progress_wait`
+//! above zero at start-up: otherwise the publish would cost every record for nothing):
+//! with Sentinel or a cluster, or after a reload that makes a route wait, nothing is
+//! published and a waiting duplicate asks again every `wait_poll_interval`. So does one whose message was
 //! lost (a broken subscriber connection: on each reconnection every waiting one is woken).
 
 use std::sync::Arc;
@@ -26,9 +28,9 @@ pub const CHANNEL: &str = "idemgate:settled";
 /// The pause before a lost subscriber connection is made again.
 const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
 
-/// Whether the scripts of `setup`'s topology publish (one server only).
+/// Whether the scripts of `setup` publish: on one server, when some route waits.
 pub(super) fn publishes(setup: &RedisSetup) -> bool {
-    matches!(setup.topology, Topology::Single(_))
+    matches!(setup.topology, Topology::Single(_)) && setup.publish_settled
 }
 
 /// `script`, publishing its key on [`CHANNEL`] when it answers 1 or 4 (the record settled,
@@ -64,6 +66,11 @@ pub fn listen(
         tracing::info!("Redis Sentinel or Cluster: duplicates waiting for their first request (in_progress_wait) ask again every wait_poll_interval");
         return None;
     };
+    // No route waits: nothing to listen for (a reload that makes one wait has its
+    // duplicates ask again every wait_poll_interval until a restart).
+    if !setup.publish_settled {
+        return None;
+    }
     install_crypto();
     let certs = setup.tls.as_ref().map(certificates);
     let client = match single_client(setup, url, certs) {
@@ -128,6 +135,32 @@ pub fn listen(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_fleet_whose_routes_wait_publishes() {
+        let setup = |change: fn(&mut crate::config::Config)| {
+            let mut c = crate::config::Config::for_upstream("http://127.0.0.1:9");
+            c.redis_url = Some("redis://127.0.0.1:6379/0".into());
+            change(&mut c);
+            RedisSetup::from_config(&c).unwrap().unwrap()
+        };
+        assert!(!publishes(&setup(|_| {})));
+        assert!(publishes(&setup(|c| {
+            c.defaults.in_progress_wait = Duration::from_secs(5);
+        })));
+        assert!(publishes(&setup(|c| {
+            c.routes.push(crate::config::Route {
+                path: "/pay".into(),
+                in_progress_wait: Some(Duration::from_secs(5)),
+                ..Default::default()
+            });
+        })));
+        assert!(!publishes(&setup(|c| {
+            c.defaults.in_progress_wait = Duration::from_secs(5);
+            c.redis_url = None;
+            c.redis_cluster_nodes = vec!["127.0.0.1:7000".into()];
+        })));
+    }
 
     #[test]
     fn a_published_key_names_its_record() {

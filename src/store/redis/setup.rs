@@ -62,6 +62,15 @@ pub struct ReplicaAck {
     pub connections: usize,
 }
 
+/// Whether any route's duplicates may wait for their first request (`in_progress_wait`).
+fn waits_anywhere(c: &Config) -> bool {
+    // The defaults apply to every request outside the routes.
+    !c.defaults.in_progress_wait.is_zero()
+        || c.routes
+            .iter()
+            .any(|r| r.in_progress_wait.is_some_and(|w| !w.is_zero()))
+}
+
 /// The validated Redis part of the configuration.
 #[derive(Debug, Clone)]
 pub struct RedisSetup {
@@ -78,6 +87,10 @@ pub struct RedisSetup {
     /// New records as one string value each (`redis_record_format = "value"`); hashes
     /// otherwise. Both are read either way.
     pub value_records: bool,
+    /// Whether the scripts that settle a record publish its key for the duplicates that
+    /// wait on other instances: with one server, when `[defaults]` or a route has
+    /// `in_progress_wait` above zero at start-up (see `settled.rs`).
+    pub publish_settled: bool,
 }
 
 impl RedisSetup {
@@ -168,6 +181,7 @@ impl RedisSetup {
             password: c.redis_password.clone(),
             replica_ack,
             value_records: c.redis_record_format == crate::config::RedisRecordFormat::Value,
+            publish_settled: waits_anywhere(c),
         }))
     }
 
