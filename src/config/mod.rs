@@ -502,6 +502,16 @@ impl Audience {
 pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_millis(500);
 
 impl Config {
+    /// Whether the duplicates of some requests may wait for their first request
+    /// (`in_progress_wait` above zero in `[defaults]` or on a route).
+    pub fn waits_anywhere(&self) -> bool {
+        !self.defaults.in_progress_wait.is_zero()
+            || self
+                .routes
+                .iter()
+                .any(|r| r.in_progress_wait.is_some_and(|w| !w.is_zero()))
+    }
+
     /// What one client connection's replays may hold of `max_buffered_bytes`.
     pub fn buffered_share_per_connection(&self) -> usize {
         self.max_buffered_bytes_per_connection

@@ -118,8 +118,12 @@ pub async fn open(c: &Config, redis: Option<&RedisSetup>) -> Result<Arc<dyn Stor
                 .as_ref()
                 .map(|u| u.expose())
                 .unwrap_or_default();
+            let (timeouts, notify) = (
+                (c.redis_connect_timeout, c.store_timeout),
+                c.waits_anywhere(),
+            );
             let store =
-                PostgresStore::connect(url, c.redis_connect_timeout, c.store_timeout).await?;
+                PostgresStore::connect_notifying(url, timeouts.0, timeouts.1, notify).await?;
             store.spawn_sweeper(SWEEP_EVERY);
             tracing::info!("connected to PostgreSQL");
             Ok(Arc::new(store))
@@ -142,12 +146,14 @@ pub fn listen_settled(
             let listen = super::redis::settled::listen(redis?, c.redis_connect_timeout, waiters)?;
             Some(tokio::spawn(listen).abort_handle())
         }
-        StoreKind::Postgres => {
+        // No route waits: nothing is notified (a reload that makes one wait has its
+        // duplicates ask again every wait_poll_interval until a restart).
+        StoreKind::Postgres if c.waits_anywhere() => {
             let url = c.postgres_url.as_ref().map(|u| u.expose())?;
             let listen = super::postgres::settled::listen(url, c.redis_connect_timeout, waiters)?;
             Some(tokio::spawn(listen).abort_handle())
         }
-        StoreKind::Memory | StoreKind::Sqlite => None,
+        StoreKind::Memory | StoreKind::Sqlite | StoreKind::Postgres => None,
     }
 }
 

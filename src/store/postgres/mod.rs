@@ -62,6 +62,9 @@ struct Inner {
     setup: PostgresSetup,
     connect_timeout: Duration,
     statement_timeout: Duration,
+    // The statements that settle a record notify the instances that listen (some route
+    // waits: `in_progress_wait`).
+    notify: bool,
     conn: Mutex<Option<Arc<Conn>>>,
 }
 
@@ -121,6 +124,18 @@ impl PostgresStore {
         connect_timeout: Duration,
         statement_timeout: Duration,
     ) -> Result<PostgresStore, StoreError> {
+        Self::connect_notifying(url, connect_timeout, statement_timeout, true).await
+    }
+
+    /// As [`connect`](Self::connect); `notify`: the statements that settle a record
+    /// notify `idemgate_settled` for the duplicates that wait on other instances (see
+    /// [`settled`]), which costs each of them a little; off when no route waits.
+    pub async fn connect_notifying(
+        url: &str,
+        connect_timeout: Duration,
+        statement_timeout: Duration,
+        notify: bool,
+    ) -> Result<PostgresStore, StoreError> {
         let setup = PostgresSetup::from_url(url).map_err(backend)?;
         if let Some(warning) = setup.warning() {
             tracing::warn!("{warning}");
@@ -132,6 +147,7 @@ impl PostgresStore {
                 setup,
                 connect_timeout,
                 statement_timeout,
+                notify,
                 conn: Mutex::new(None),
             }),
         };
@@ -180,6 +196,15 @@ impl PostgresStore {
         })
     }
 
+    /// A statement that settles a record: `plain`, or `notifying` when it notifies.
+    fn settling(&self, plain: &'static str, notifying: &'static str) -> &'static str {
+        if self.inner.notify {
+            notifying
+        } else {
+            plain
+        }
+    }
+
     /// The shared connection, opened anew (statements prepared) if the last one broke.
     async fn conn(&self) -> Result<Arc<Conn>, StoreError> {
         let mut slot = self.inner.conn.lock().await;
@@ -195,14 +220,14 @@ impl PostgresStore {
         let conn = Arc::new(Conn {
             claim: p(CLAIM).await?,
             body: p(BODY).await?,
-            record: p(RECORD).await?,
+            record: p(self.settling(RECORD, RECORD_NOTIFY)).await?,
             renew: p(RENEW).await?,
-            mark_unknown: p(MARK_UNKNOWN).await?,
+            mark_unknown: p(self.settling(MARK_UNKNOWN, MARK_UNKNOWN_NOTIFY)).await?,
             shorten: p(SHORTEN).await?,
-            release: p(RELEASE).await?,
-            delete: p(DELETE).await?,
+            release: p(self.settling(RELEASE, RELEASE_NOTIFY)).await?,
+            delete: p(self.settling(DELETE, DELETE_NOTIFY)).await?,
             inspect: p(INSPECT).await?,
-            complete: p(COMPLETE).await?,
+            complete: p(self.settling(COMPLETE, COMPLETE_NOTIFY)).await?,
             supersede: p(SUPERSEDE).await?,
             list: p(LIST).await?,
             sweep: p(SWEEP).await?,
@@ -511,7 +536,8 @@ impl Store for PostgresStore {
             // the record's budget (the caller's deadline bounds the whole).
             let budget = super::record_budget(self.inner.statement_timeout, response.body.len());
             let client = self.open_with(budget).await?;
-            Ok(client.execute(RECORD, &params).await.map_err(pg)? == 1)
+            let record = self.settling(RECORD, RECORD_NOTIFY);
+            Ok(client.execute(record, &params).await.map_err(pg)? == 1)
         })
     }
 

@@ -92,10 +92,16 @@ ORDER BY g
 /// was 120-134 MiB, at 64 KiB 108-110 MiB (as from Redis).
 pub(super) const BODY_PIECE: i32 = 64 * 1024;
 
-// The statements that settle a record notify `idemgate_settled` with its id in the same
-// statement (see `settled.rs`), delivered when it commits: the rows they select are the
-// rows they changed, so `execute` counts them as before.
+// The `_NOTIFY` forms of the statements that settle a record also notify
+// `idemgate_settled` with its id, in the same statement (see `settled.rs`), delivered when
+// it commits: used when some route waits (`in_progress_wait`). The rows they select are the
+// rows they changed, so `execute` counts them as the plain forms' do.
 pub(super) const RECORD: &str = "
+UPDATE idemgate_records SET state = 1, status = $3, headers = $4, body = $5
+WHERE id = $1 AND owner = $2 AND expires > clock_timestamp()
+";
+
+pub(super) const RECORD_NOTIFY: &str = "
 WITH u AS (
   UPDATE idemgate_records SET state = 1, status = $3, headers = $4, body = $5
   WHERE id = $1 AND owner = $2 AND expires > clock_timestamp()
@@ -117,6 +123,11 @@ WHERE id = $1 AND owner = $2 AND expires > clock_timestamp()
 ";
 
 pub(super) const MARK_UNKNOWN: &str = "
+UPDATE idemgate_records SET state = 2
+WHERE id = $1 AND owner = $2 AND state <> 1 AND expires > clock_timestamp()
+";
+
+pub(super) const MARK_UNKNOWN_NOTIFY: &str = "
 WITH u AS (
   UPDATE idemgate_records SET state = 2
   WHERE id = $1 AND owner = $2 AND state <> 1 AND expires > clock_timestamp()
@@ -127,6 +138,21 @@ SELECT pg_notify('idemgate_settled', encode(id, 'hex')) FROM u
 
 /// Deletes the owner's record, or (none) remembers the withdrawal: one statement.
 pub(super) const RELEASE: &str = "
+WITH d AS (
+  DELETE FROM idemgate_records
+  WHERE id = $1 AND owner = $2 AND expires > clock_timestamp()
+  RETURNING 1
+), w AS (
+  INSERT INTO idemgate_withdrawn AS x (id, owner, until)
+  SELECT $1::bytea, $2::text, clock_timestamp() + $3::bigint * interval '1 millisecond'
+  WHERE NOT EXISTS (SELECT 1 FROM d)
+  ON CONFLICT (id, owner) DO UPDATE SET until = greatest(x.until, excluded.until)
+  RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM d)
+";
+
+pub(super) const RELEASE_NOTIFY: &str = "
 WITH d AS (
   DELETE FROM idemgate_records
   WHERE id = $1 AND owner = $2 AND expires > clock_timestamp()
@@ -154,6 +180,21 @@ WITH cur AS (
     SELECT 1 FROM cur WHERE state = 0
       AND (lease_until > clock_timestamp() OR busy_until > clock_timestamp())))
   RETURNING 1
+)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM d) THEN 1
+            WHEN EXISTS (SELECT 1 FROM cur) THEN 2 ELSE 0 END
+";
+
+pub(super) const DELETE_NOTIFY: &str = "
+WITH cur AS (
+  SELECT state, lease_until, busy_until FROM idemgate_records
+  WHERE id = $1 AND expires > clock_timestamp() FOR UPDATE
+), d AS (
+  DELETE FROM idemgate_records
+  WHERE id = $1 AND EXISTS (SELECT 1 FROM cur) AND ($2 OR NOT EXISTS (
+    SELECT 1 FROM cur WHERE state = 0
+      AND (lease_until > clock_timestamp() OR busy_until > clock_timestamp())))
+  RETURNING 1
 ), n AS (
   SELECT pg_notify('idemgate_settled', encode($1::bytea, 'hex')) FROM d
 )
@@ -166,6 +207,22 @@ FROM (SELECT count(*) FROM n) AS notified
 // (not forced), 3 already completed (kept or not). The owner is cleared, so the former
 // owner's late RECORD is refused.
 pub(super) const COMPLETE: &str = "
+WITH cur AS (
+  SELECT state, lease_until, busy_until FROM idemgate_records
+  WHERE id = $1 AND expires > clock_timestamp() FOR UPDATE
+), u AS (
+  UPDATE idemgate_records SET state = 1, owner = '', status = $3, headers = $4, body = $5
+  WHERE id = $1 AND EXISTS (SELECT 1 FROM cur WHERE state <> 1) AND ($2 OR NOT EXISTS (
+    SELECT 1 FROM cur WHERE state = 0
+      AND (lease_until > clock_timestamp() OR busy_until > clock_timestamp())))
+  RETURNING 1
+)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM u) THEN 1
+            WHEN NOT EXISTS (SELECT 1 FROM cur) THEN 0
+            WHEN EXISTS (SELECT 1 FROM cur WHERE state = 1) THEN 3 ELSE 2 END
+";
+
+pub(super) const COMPLETE_NOTIFY: &str = "
 WITH cur AS (
   SELECT state, lease_until, busy_until FROM idemgate_records
   WHERE id = $1 AND expires > clock_timestamp() FOR UPDATE

@@ -62,15 +62,6 @@ pub struct ReplicaAck {
     pub connections: usize,
 }
 
-/// Whether any route's duplicates may wait for their first request (`in_progress_wait`).
-fn waits_anywhere(c: &Config) -> bool {
-    // The defaults apply to every request outside the routes.
-    !c.defaults.in_progress_wait.is_zero()
-        || c.routes
-            .iter()
-            .any(|r| r.in_progress_wait.is_some_and(|w| !w.is_zero()))
-}
-
 /// The validated Redis part of the configuration.
 #[derive(Debug, Clone)]
 pub struct RedisSetup {
@@ -181,7 +172,7 @@ impl RedisSetup {
             password: c.redis_password.clone(),
             replica_ack,
             value_records: c.redis_record_format == crate::config::RedisRecordFormat::Value,
-            publish_settled: waits_anywhere(c),
+            publish_settled: c.waits_anywhere(),
         }))
     }
 
