@@ -3,7 +3,8 @@
 //! replay, woken by the store's message that the record landed (Redis's channel,
 //! PostgreSQL's `NOTIFY`). The poll that would otherwise find it is set to a minute, far
 //! beyond the test (and so is the first's lease), so only the message can have woken it. A Redis user without the
-//! channel says so at start, and its duplicates are answered by the poll.
+//! channel says so at start, and its duplicates are answered by the poll. A first whose
+//! instance died wakes its duplicate at its lease's end.
 
 #![allow(clippy::unwrap_used)]
 
@@ -123,4 +124,41 @@ async fn a_redis_user_without_the_channel_is_told_and_its_duplicates_poll() {
     .await;
     let (first, duplicate) = first_on_a_duplicate_on_b(&up, &a, &b, "s-acl").await;
     assert_replayed(&first, &duplicate, &up);
+}
+
+/// The first's instance dies while a duplicate waits on another: its lease runs out without
+/// a record, and the duplicate, woken at the lease's end (the poll is a minute away), gets
+/// what any retry then gets, 409 `outcome-unknown`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_runs_out_wakes_the_duplicate_to_outcome_unknown() {
+    let redis = RedisServer::start();
+    let up = Upstream::start().await;
+    let on_redis = |c: &mut idemgate::Config| {
+        waiting(c, Duration::from_secs(60));
+        c.defaults.lease = Duration::from_secs(1);
+    };
+    let mut a = Idemgate::new(&up.url())
+        .redis(&redis)
+        .set(on_redis)
+        .binary();
+    let b = Idemgate::new(&up.url())
+        .redis(&redis)
+        .set(on_redis)
+        .binary();
+    let c = client();
+    // Its client loses its connection with the instance: nothing to read of it.
+    let _first = post_in_background(&c, a.url("/pay"), "s-lease", BODY, &[(FAULT, "hold")]);
+    eventually(HANG_GUARD, "the first at the upstream", || up.hits() == 1).await;
+    let duplicate = post_in_background(&c, b.url("/pay"), "s-lease", BODY, &[]);
+    eventually(HANG_GUARD, "the duplicate waiting", || {
+        b.metric_or_zero("idemgate_in_progress_waiting") == 1.0
+    })
+    .await;
+    a.kill();
+    let duplicate = tokio::time::timeout(HANG_GUARD, duplicate).await;
+    let duplicate = duplicate.expect("woken at the lease's end").unwrap();
+    assert_eq!(duplicate.status, 409, "{:?}", duplicate.body);
+    assert_eq!(duplicate.header("idemgate-error"), Some("outcome-unknown"));
+    up.release();
+    assert_eq!(up.hits(), 1, "never executed twice");
 }
