@@ -2,8 +2,10 @@
 //! finds the first still running waits for it and is answered as if it had come after it
 //! (the replay; a released claim that it then runs itself), woken in process when the
 //! record lands; another body under the key gets 422 at once; a wait that runs out, a full
-//! `max_waiting` and a shutdown answer 409 `in-progress`; an observed route never waits.
-//! Every wait here is far longer than the test: what ends it is the record, not a timer.
+//! `max_waiting` and a shutdown answer 409 `in-progress`; a client that hangs up ends its
+//! wait; an observed route never waits.
+//! Apart from the one that runs out, every wait and lease here is far longer than the
+//! test: what ends a wait is the record, not a timer.
 
 #![allow(clippy::unwrap_used)]
 
@@ -230,5 +232,27 @@ async fn a_shutdown_answers_the_waiting_ones_409() {
     up.release();
     assert_eq!(first.await.unwrap().status, 201);
     g.terminate(Duration::from_secs(20));
+    assert_eq!(up.hits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_ends_its_wait() {
+    use std::io::Write;
+    let up = Upstream::start().await;
+    let g = waiting(&up, Duration::from_secs(600), |_| {});
+    let c = client();
+    let first = first_held(&c, &g, &up, "w-gone", &[]).await;
+    let request = format!(
+        "POST /pay HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nidempotency-key: w-gone\r\ncontent-length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let mut duplicate = std::net::TcpStream::connect(g.proxy()).unwrap();
+    duplicate.write_all(request.as_bytes()).unwrap();
+    waiting_now(&g, 1.0).await;
+    drop(duplicate);
+    waiting_now(&g, 0.0).await;
+    assert_eq!(ended(&g, "client_gone"), 1.0);
+    up.release();
+    assert_eq!(first.await.unwrap().status, 201);
     assert_eq!(up.hits(), 1);
 }
