@@ -41,6 +41,8 @@
 //! - `body_read.rs`: reading a protected body within its size, time and memory budget.
 //! - `claim.rs`: fingerprint and record id from the body, the claim and its take-back
 //!   guard, background releases of claims never forwarded.
+//! - `wait.rs`: a duplicate that waits for the first request of its key
+//!   (`in_progress_wait`), claiming again when woken.
 //! - `exchange.rs`: a claimed request's upstream exchange in its own task, settled when
 //!   it is told (the record before the answer, after it, with or without the breaker).
 //! - `recording.rs`: the record of that exchange: the answer as its record keeps it, the
