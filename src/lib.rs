@@ -44,6 +44,7 @@
 //!   checked as `config check` checks it, applied whole or refused naming what needs a
 //!   restart.
 //! - [`releases`]: claims never forwarded that this instance is still taking back.
+//! - [`late_writes`]: records whose write failed and that this instance is still writing.
 //! - [`secret`]: one store, one scope secret: start-up's, restoring a lost one, refusing on
 //!   disagreement.
 //! - [`request_id`]: `X-Request-Id`, kept or made up, passed on and logged.
@@ -92,6 +93,7 @@ pub mod connection;
 pub mod fingerprint;
 pub mod key;
 pub mod lab;
+pub mod late_writes;
 pub mod limits;
 pub mod listener;
 pub mod metrics;

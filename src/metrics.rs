@@ -20,6 +20,7 @@ use prometheus_client::registry::Registry;
 use crate::outcome::Outcome;
 
 mod instrumented;
+mod late;
 mod observed;
 mod watch;
 pub use instrumented::Instrumented;
@@ -157,6 +158,7 @@ pub struct Metrics {
     redis_evicted_keys: Gauge,
     redis_restarts: Counter,
     pending_releases: Gauge,
+    late: late::LateSeries,
     scope_secret_agreed: Gauge,
     in_flight: Family<ClassLabel, Gauge>,
     queued: Family<ClassLabel, Gauge>,
@@ -342,6 +344,7 @@ impl Metrics {
         let redis_evicted_keys = Gauge::default();
         let redis_restarts = Counter::default();
         let pending_releases = Gauge::default();
+        let late = late::LateSeries::register(&mut registry);
         let scope_secret_agreed = Gauge::default();
         let in_flight = Family::<ClassLabel, Gauge>::default();
         let queued = Family::<ClassLabel, Gauge>::default();
@@ -533,6 +536,7 @@ impl Metrics {
             redis_evicted_keys,
             redis_restarts,
             pending_releases,
+            late,
             scope_secret_agreed,
             in_flight,
             queued,
@@ -762,6 +766,7 @@ impl Metrics {
 
     /// The whole registry in the OpenMetrics text format ([`CONTENT_TYPE`]).
     pub fn encode(&self) -> String {
+        self.late.refresh();
         let mut out = String::with_capacity(8 * 1024);
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

@@ -29,6 +29,7 @@ mod honest_retries;
 mod jwt_principal;
 mod key_in_body;
 mod large_records;
+mod late_writes;
 mod logs;
 mod many_headers;
 mod method_override;

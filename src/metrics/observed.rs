@@ -83,7 +83,8 @@ impl Metrics {
     }
 
     /// What `GET /observe` returns: `{"since_ms", "routes": [{"route", "mode", "would",
-    /// "duplicates_let_through"}], "records_not_followed", "duplicates_settling"}`; with
+    /// "duplicates_let_through", "supersedes_pending"}], "records_not_followed",
+    /// "duplicates_settling"}`; with
     /// `records`, also the duplicates this instance let through per record
     /// (`{"<id>": n}`).
     pub fn observations_json(&self, records: bool) -> String {
@@ -103,6 +104,7 @@ impl Metrics {
                     "mode": r.mode,
                     "would": would,
                     "duplicates_let_through": r.duplicates.get(),
+                    "supersedes_pending": self.late.supersedes_pending(&r.route),
                 })
             })
             .collect();

@@ -119,6 +119,8 @@ impl Proxy {
         drop(claim_span);
         pending.disarm();
         let found = match found {
+            // The request ran and was answered; its record is still being written here.
+            Ok(Claim::Unknown) if self.shared.late.is_pending(&claim.id) => Found::WritePending,
             Ok(Claim::Unknown) if self.shared.releases.is_pending(&claim.id) => {
                 Found::ReleasePending
             }
@@ -205,6 +207,9 @@ pub(super) enum Found {
     /// This instance's own claim, never forwarded, not yet taken back: its lease ran out
     /// while the store was away. Not unknown: it is about to be free.
     ReleasePending,
+    /// The key's request ran and was answered; this instance is still writing its record
+    /// (its lease ran out meanwhile). Not unknown: it is about to be replayable.
+    WritePending,
     /// The claim failed (taken back in the background where it may have landed).
     Failed(StoreError),
 }
@@ -404,6 +409,7 @@ mod tests {
             (Found::Store(Claim::OtherVersion(9)), ("in_progress", true)),
             (Found::Store(Claim::Unknown), ("unknown", true)),
             (Found::ReleasePending, ("store_unavailable", true)),
+            (Found::WritePending, ("in_progress", true)),
             (Found::Store(Claim::Withdrawn), ("store_unavailable", false)),
         ];
         for (found, want) in table {

@@ -119,7 +119,9 @@ impl Proxy {
             Stop::Refused(refusal) => return self.refuse(&refusal, line),
             Stop::Found { found, id, .. } => (found, id),
             // Not a guard of enforcing: as a store that did not answer.
-            Stop::StoreSkipped { id } => (Found::Failed(StoreError::Backend(String::new())), id),
+            Stop::StoreSkipped { id, .. } => {
+                (Found::Failed(StoreError::Backend(String::new())), id)
+            }
         };
         let policy = line.policy;
         let (reply, outcome) = found.reply(id, policy, |wait| match wait {

@@ -28,7 +28,7 @@ use crate::upstream::{self, framing, Failure};
 use super::allowance::Allowance;
 use super::recording::{
     declines_record, record_answer, record_not_kept, release, renewing_lease, settle_record,
-    stored, Recording,
+    stored, Recording, Writer,
 };
 use super::rescue::{self, Reason, Unanswered};
 use super::{log_request, Line, Proxy, Shared, UpstreamLatency};
@@ -281,6 +281,11 @@ pub(super) async fn exchange(
     };
     super::test_panic("exchange", request.headers());
     upstream::prepare(&mut request, &shared.settings.upstream, peer);
+    let request_id = request
+        .headers()
+        .get(crate::request_id::X_REQUEST_ID)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default();
     if shared.fresh.fresh() {
         upstream::close_after(&mut request);
     }
@@ -299,6 +304,7 @@ pub(super) async fn exchange(
         id,
         owner,
         policy,
+        request_id,
         span,
         record_at,
         voice,
@@ -315,6 +321,8 @@ struct Ended {
     id: RecordId,
     owner: OwnerToken,
     policy: Arc<Policy>,
+    // The request's `X-Request-Id`, named if its record is never written.
+    request_id: String,
     span: Span,
     record_at: RecordAt,
     voice: Voice,
@@ -406,9 +414,15 @@ impl Ended {
         upstream::strip_hop_by_hop(&mut parts.headers);
         let status = parts.status.as_u16();
         tracing::info!(record = %id, status, max_response_bytes = policy.max_response_bytes, "answer larger than max_response_bytes: streamed to the client, recorded without its body");
-        let (s, o, id) = (Arc::clone(shared), owner.clone(), *id);
+        let s = Arc::clone(shared);
+        let writer = Writer {
+            id: *id,
+            owner: owner.clone(),
+            request_id: self.request_id.clone(),
+            retention: policy.retention,
+        };
         settle_record(shared, self.record_at, async move {
-            record_not_kept(&s, &id, &o, status).await;
+            record_not_kept(&s, &writer, status).await;
             // Failures are logged there; the breaker reads the claims.
             true
         })
@@ -454,9 +468,11 @@ impl Ended {
             span: span.clone(),
             upstream_timeout: policy.upstream_timeout,
             retain,
+            retention: policy.retention,
+            request_id: self.request_id.clone(),
         };
         if *record_at == RecordAt::BeforeAnswer {
-            record_answer(shared, &recording).await;
+            record_answer(shared, recording).await;
         } else {
             // The client's answer goes out now; the record is written meanwhile, in a
             // task that shutdown waits for and that keeps the in-flight slot until it
@@ -465,7 +481,7 @@ impl Ended {
             // `unknown`. Never a second execution.
             let (shared, record_at, slot) = (Arc::clone(shared), *record_at, self.slot);
             shared.tasks.clone().spawn(async move {
-                let answered = record_answer(&shared, &recording).await;
+                let answered = record_answer(&shared, recording).await;
                 if record_at == RecordAt::AfterAnswerWithBreaker {
                     shared.store_failing.took(answered);
                 }

@@ -41,6 +41,7 @@
 //! - `body_read.rs`: reading a protected body within its size, time and memory budget.
 //! - `claim.rs`: fingerprint and record id from the body, the claim and its take-back
 //!   guard, background releases of claims never forwarded.
+//! - `late.rs`: record writes whose first try failed, tried again until they land.
 //! - `exchange.rs`: a claimed request's upstream exchange in its own task, settled when
 //!   it is told (the record before the answer, after it, with or without the breaker).
 //! - `recording.rs`: the record of that exchange: the answer as its record keeps it, the
@@ -66,6 +67,7 @@ mod claim;
 mod decision;
 mod enforce;
 mod exchange;
+mod late;
 mod observe;
 mod pipeline;
 mod recording;
@@ -77,6 +79,7 @@ use crate::body::{self, Body};
 use crate::config::UpstreamHttp2;
 use crate::config::{Live, Mode, Policy, Settings};
 use crate::key::RecordId;
+use crate::late_writes::LateWrites;
 use crate::metrics::Metrics;
 pub use crate::outcome::Outcome;
 use crate::releases::Releases;
@@ -145,6 +148,8 @@ struct Shared {
     observe_log: Arc<RateLimit>,
     // Claims never forwarded whose release has not landed yet; one set per instance.
     releases: Arc<Releases>,
+    // Record writes that failed and are being tried again; one set per instance.
+    late: Arc<LateWrites>,
     // Off once this instance's scope secret disagrees with the store's: its record ids
     // would be another fleet's, so protected requests are refused.
     secret: Arc<SecretHealth>,
@@ -185,7 +190,7 @@ impl Proxy {
         scoper: Scoper,
         tasks: TaskTracker,
         metrics: Arc<Metrics>,
-        releases: Arc<Releases>,
+        (releases, late): (Arc<Releases>, Arc<LateWrites>),
         secret: Arc<SecretHealth>,
     ) -> Proxy {
         let settings = live.get();
@@ -228,6 +233,7 @@ impl Proxy {
                 tasks,
                 metrics,
                 releases,
+                late,
                 secret,
             }),
         }
@@ -258,6 +264,7 @@ impl Proxy {
                 tasks: s.tasks.clone(),
                 metrics: s.metrics.clone(),
                 releases: s.releases.clone(),
+                late: s.late.clone(),
                 secret: s.secret.clone(),
             }),
         }

@@ -12,11 +12,12 @@ use crate::answer::{self, Answer};
 use crate::body::{self, Body};
 use crate::key::RecordId;
 use crate::outcome::Outcome;
-use crate::store::{deadline, Claim, RecordState, StoredResponse};
+use crate::store::{deadline, Claim, RecordState, StoreError, StoredResponse};
 
 use super::claim::Found;
 use super::decision::{Action, Decision};
 use super::exchange::{Protected, RecordAt, Voice};
+use super::late::{self, Late, Write};
 use super::pipeline::{Guard, Stop, Stopped, Verdict};
 use super::rescue::{self, Reason};
 use super::{log_request, Arrived, Line, Proxy};
@@ -98,15 +99,27 @@ impl Proxy {
         let (would, duplicate) = why.would();
         drop(slot);
         match why {
+            // A store that failed the claim, or was not asked, may hold a failure of this
+            // key that this execution's answer must replace: its answer is kept for that.
             Stop::Found {
                 found,
                 id,
                 fingerprint,
-            } if duplicate => {
+            } if duplicate || unasked(&found) => {
                 let known = Known {
                     id,
                     fingerprint,
                     found,
+                };
+                self.forward_duplicate(request, peer, &line, would, known)
+                    .await
+            }
+            Stop::StoreSkipped { id, fingerprint } => {
+                let why = "not asked (observe mode's store breaker)".to_string();
+                let known = Known {
+                    id,
+                    fingerprint,
+                    found: Found::Failed(StoreError::Backend(why)),
                 };
                 self.forward_duplicate(request, peer, &line, would, known)
                     .await
@@ -163,6 +176,15 @@ impl Proxy {
         let route = policy.route.clone().unwrap_or_else(|| "default".into());
         let this = self.clone();
         let id = known.id;
+        let superseding = Superseding {
+            route: route.clone(),
+            request_id: req
+                .headers()
+                .get(crate::request_id::X_REQUEST_ID)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .unwrap_or_default(),
+            retention: policy.retention,
+        };
         // Counted as it arrives, as every other observed request is.
         self.shared.metrics.observed(&route, would);
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -213,14 +235,14 @@ impl Proxy {
                 true
             } else {
                 let duplicate = this
-                    .settle_duplicate(&known, success, answer, policy.upstream_timeout)
+                    .settle_duplicate(known, success, answer, policy.upstream_timeout, superseding)
                     .await;
                 if duplicate {
-                    this.shared.metrics.observed_duplicate(&route, known.id);
+                    this.shared.metrics.observed_duplicate(&route, id);
                 }
                 duplicate
             };
-            this.log_observed(&route, would, Some(known.id), duplicate);
+            this.log_observed(&route, would, Some(id), duplicate);
             this.shared.metrics.duplicate_settling(false);
         });
         let res = match rx.await {
@@ -235,15 +257,41 @@ impl Proxy {
     /// record says; a recorded failure is superseded by `answer`. `owner_bound`: how long
     /// the route's upstream may take to answer (`upstream_timeout`), the longest a first
     /// execution still under way can take before its record is written.
+    ///
+    /// A replacement the store does not take (or a claim the store failed or was not asked,
+    /// whose record may hold a failure) is written again in the background until it lands
+    /// (see [`late`](super::late)): `GET /observe` counts those still pending per route.
     async fn settle_duplicate(
         &self,
-        known: &Known,
+        known: Known,
         success: bool,
         answer: Option<StoredResponse>,
         owner_bound: Duration,
+        superseding: Superseding,
     ) -> bool {
         let store = &self.shared.store;
         let store_timeout = self.shared.settings.config.store_timeout;
+        let supersede_later = |answer: StoredResponse| {
+            let write = Write::Supersede {
+                fingerprint: known.fingerprint,
+                stored: answer,
+                route: superseding.route.clone(),
+            };
+            let late = Late {
+                id: known.id,
+                request_id: superseding.request_id.clone(),
+                retention: superseding.retention,
+                write,
+            };
+            late::write_in_background(&self.shared, late);
+        };
+        if unasked(&known.found) {
+            if let Some(answer) = answer.filter(|_| success) {
+                supersede_later(answer);
+            }
+            return false;
+        }
+        let known = &known;
         let recorded = match known.completed_status() {
             Some(status) => Recorded::Completed(status),
             // Running, unknown, another request's or unreadable when claimed: as it is now
@@ -253,7 +301,13 @@ impl Proxy {
                 let keep = answer.as_ref().filter(|_| success);
                 match self.record_once_written(known, keep, owner_bound).await {
                     Some(recorded) => recorded,
-                    None => return false,
+                    // Unread, it may hold a failure this answer replaces.
+                    None => {
+                        if let Some(answer) = answer.filter(|_| success) {
+                            supersede_later(answer);
+                        }
+                        return false;
+                    }
                 }
             }
         };
@@ -264,8 +318,9 @@ impl Proxy {
                     match deadline(store_timeout, call).await {
                         Ok(_) => self.shared.store_failing.took(true),
                         Err(e) => {
-                            tracing::warn!(record = %known.id, error = %e, "observe mode: could not replace a recorded failure with a later execution's answer");
+                            tracing::warn!(record = %known.id, error = %e, "observe mode: could not replace a recorded failure with a later execution's answer; trying again in the background until it lands");
                             self.shared.store_failing.took(false);
+                            supersede_later(answer);
                         }
                     }
                 }
@@ -432,6 +487,20 @@ impl Breaker {
 fn answer_size(answer: &StoredResponse) -> usize {
     let headers: usize = answer.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
     answer.body.len() + headers
+}
+
+/// Whether a claim's store failed it or was not asked (its record unread): an unreadable
+/// record aside, which is read as a duplicate's.
+fn unasked(found: &Found) -> bool {
+    matches!(found, Found::Failed(e) if !matches!(e, StoreError::Unreadable(_)))
+}
+
+/// Where an observed answer that replaces a recorded failure is counted and named, and for
+/// how long it may be written.
+struct Superseding {
+    route: String,
+    request_id: String,
+    retention: Duration,
 }
 
 /// What an observed duplicate's claim found, kept for after its answer.

@@ -86,7 +86,11 @@ pub(super) enum Stop {
     Refused(Refusal),
     /// The store breaker is open: the claim of record `id` was not tried (observing
     /// only).
-    StoreSkipped { id: RecordId },
+    StoreSkipped {
+        id: RecordId,
+        /// The fingerprint the claim would have been made under.
+        fingerprint: Fingerprint,
+    },
     /// The claim of record `id` found something other than a free key.
     Found {
         found: Found,
@@ -160,7 +164,10 @@ impl Proxy {
         if guard == Guard::Breaker && self.shared.store_failing.skip(store_timeout) {
             drop(slot);
             return Verdict::Stop(Stopped {
-                why: Stop::StoreSkipped { id: claim_id },
+                why: Stop::StoreSkipped {
+                    id: claim_id,
+                    fingerprint: identified.fingerprint,
+                },
                 request,
                 id,
                 method,
@@ -287,7 +294,7 @@ impl Proxy {
         match guard {
             Guard::Shares => match found {
                 Found::Store(Claim::Withdrawn) | Found::ReleasePending | Found::Failed(_) => {}
-                Found::Store(_) => self.shared.store_outage.ended(),
+                Found::Store(_) | Found::WritePending => self.shared.store_outage.ended(),
             },
             Guard::Breaker => match found {
                 Found::Failed(e)

@@ -17,6 +17,7 @@ use crate::telemetry::{self, Step};
 
 use super::claim::release_in_background;
 use super::exchange::RecordAt;
+use super::late::{self, Late, Write};
 use super::Shared;
 
 /// An upstream's whole answer on its way into its record.
@@ -31,6 +32,10 @@ pub(super) struct Recording {
     // How long the record is kept instead of the route's retention (an answer that shows
     // nothing ran), if it is.
     pub(super) retain: Option<Duration>,
+    // The route's retention: how long a write that failed is tried again.
+    pub(super) retention: Duration,
+    // The request's `X-Request-Id`, named if the record is never written.
+    pub(super) request_id: String,
 }
 
 /// Whether an answer's `name` header says `no-store` (one of its comma-separated tokens,
@@ -125,9 +130,11 @@ pub(super) async fn release(
 }
 
 /// Writes an upstream's whole answer into its record (owner-checked), logging what went
-/// wrong; an answer the store has no room for is recorded without its body. Whether the
-/// store answered (`false`: it failed or did not answer in time).
-pub(super) async fn record_answer(shared: &Shared, recording: &Recording) -> bool {
+/// wrong; an answer the store has no room for is recorded without its body, and one the
+/// store did not take is written again in the background until it lands (see
+/// [`late`](super::late)). Whether the store answered the first try (`false`: it failed or
+/// did not answer in time).
+pub(super) async fn record_answer(shared: &Shared, recording: Recording) -> bool {
     let Recording {
         id,
         owner,
@@ -135,7 +142,9 @@ pub(super) async fn record_answer(shared: &Shared, recording: &Recording) -> boo
         span,
         upstream_timeout,
         retain,
-    } = recording;
+        retention,
+        request_id,
+    } = &recording;
     let (upstream_timeout, retain) = (*upstream_timeout, *retain);
     let store_timeout = shared.settings.config.store_timeout;
     let limit = record_deadline(store_timeout, upstream_timeout, stored.body.len());
@@ -160,17 +169,48 @@ pub(super) async fn record_answer(shared: &Shared, recording: &Recording) -> boo
         // status alone still keeps retries from executing again.
         Err(StoreError::Full(e)) => {
             tracing::warn!(record = %id, error = %e, "no room in the store for the answer; recording it without its body");
-            record_not_kept(shared, id, owner, stored.status).await;
+            let writer = Writer {
+                id: *id,
+                owner: owner.clone(),
+                request_id: request_id.clone(),
+                retention: *retention,
+            };
+            record_not_kept(shared, &writer, stored.status).await;
             true
         }
         Ok(false) => {
-            tracing::warn!(record = %id, "record no longer owned (released by an operator?); response not stored");
+            late::not_ours(&*shared.store, store_timeout, id).await;
             true
         }
-        // The record stays in progress, its lease runs out and retries see `unknown`: never
-        // a second execution.
+        // The record stays in progress while it is written again: a retry reaching this
+        // instance is told to wait; elsewhere it reads `unknown` once its lease runs out,
+        // until the write lands. Never a second execution.
         Err(e) => {
-            tracing::error!(record = %id, error = %e, "could not record the upstream's answer");
+            tracing::warn!(record = %id, error = %e, "could not record the upstream's answer; trying again in the background until it lands");
+            let Recording {
+                id,
+                owner,
+                stored,
+                retain,
+                retention,
+                request_id,
+                ..
+            } = recording;
+            let write = Write::Answer {
+                owner,
+                stored,
+                retain,
+                limit,
+            };
+            late::write_in_background(
+                shared,
+                Late {
+                    id,
+                    request_id,
+                    retention,
+                    write,
+                },
+            );
             false
         }
     }
@@ -189,23 +229,41 @@ pub(super) fn record_deadline(
     crate::store::record_budget(store_timeout, len).min(upstream_timeout.max(store_timeout))
 }
 
-/// Completes a record without its body, logging what went wrong.
-pub(super) async fn record_not_kept(
-    shared: &Shared,
-    id: &RecordId,
-    owner: &OwnerToken,
-    status: u16,
-) {
+/// Who writes a record, and for how long it may.
+pub(super) struct Writer {
+    pub(super) id: RecordId,
+    pub(super) owner: OwnerToken,
+    pub(super) request_id: String,
+    pub(super) retention: Duration,
+}
+
+/// Completes a record without its body, logging what went wrong; a write the store did
+/// not take is tried again in the background, as an answer's is.
+pub(super) async fn record_not_kept(shared: &Shared, writer: &Writer, status: u16) {
+    let Writer {
+        id,
+        owner,
+        request_id,
+        retention,
+    } = writer;
     let store_timeout = shared.settings.config.store_timeout;
     let call = shared.store.record_not_kept(id, owner, status);
     match deadline(store_timeout, call).await {
         Ok(true) => shared.metrics.answer_recorded(status),
-        Ok(false) => {
-            tracing::warn!(record = %id, "record no longer owned (released by an operator?); outcome not stored")
-        }
-        // As for a full answer: the lease runs out and retries see `unknown`.
+        Ok(false) => late::not_ours(&*shared.store, store_timeout, id).await,
         Err(e) => {
-            tracing::error!(record = %id, error = %e, "could not record the upstream's answer")
+            tracing::warn!(record = %id, error = %e, "could not record the upstream's status; trying again in the background until it lands");
+            let write = Write::NotKept {
+                owner: owner.clone(),
+                status,
+            };
+            let late = Late {
+                id: *id,
+                request_id: request_id.clone(),
+                retention: *retention,
+                write,
+            };
+            late::write_in_background(shared, late);
         }
     }
 }

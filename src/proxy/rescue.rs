@@ -79,6 +79,8 @@ pub(super) enum Barred {
     Withdrawn { wait: u64 },
     /// This instance is still taking back a claim of the key.
     ReleasePending { wait: u64 },
+    /// The key's request ran and was answered; this instance is still writing its record.
+    WritePending,
     /// The key's request ran and its outcome is unknown.
     Unknown,
     /// The key's recorded answer cannot be decrypted.
@@ -207,6 +209,11 @@ fn barred(id: &RecordId, found: Barred) -> Response<Body> {
             "a claim of this key that was never forwarded is still being taken back; retry",
             id,
             Some(wait),
+        ),
+        Barred::WritePending => Problem::InProgress.response(
+            "a request with this key was executed and answered; its record is still being written, retry to get its answer",
+            id,
+            Some(1),
         ),
         Barred::Unknown => Problem::OutcomeUnknown.response(
             "this request was sent to the upstream once and its outcome is unknown; it will not be sent again until an operator releases the record",
@@ -362,6 +369,9 @@ impl Found {
                 let wait = wait(Wait::Outage);
                 (answer(Barred::ReleasePending { wait }), Outcome::StoreError)
             }
+            // Never `outcome-unknown` (which tells clients not to retry): the write is
+            // tried again every half second at most.
+            Found::WritePending => (answer(Barred::WritePending), Outcome::InProgress),
             Found::Store(Claim::Unknown) => (answer(Barred::Unknown), Outcome::Ambiguous),
             // The request was executed once and its answer was kept, sealed under a key
             // that is gone: a second execution is the one thing this must not become, so
@@ -405,6 +415,8 @@ impl Found {
             Found::Store(Claim::Withdrawn) => ("store_unavailable", false),
             // Enforcing answers 503 `store-unavailable` (retry), not `outcome-unknown`.
             Found::ReleasePending => ("store_unavailable", true),
+            // Enforcing answers 409 `in-progress`, not `outcome-unknown`.
+            Found::WritePending => ("in_progress", true),
             Found::Failed(StoreError::Unreadable(_)) => ("record_unreadable", true),
             Found::Failed(_) => ("store_unavailable", false),
         }

@@ -15,6 +15,7 @@ use super::handshake::Handshakes;
 use super::Error;
 use crate::admin::Admin;
 use crate::config::{Config, Settings};
+use crate::late_writes::LateWrites;
 use crate::metrics::{self, Instrumented, Metrics};
 use crate::operator::Resolver;
 use crate::proxy::Proxy;
@@ -187,6 +188,8 @@ pub(super) struct App {
     pub(super) tasks: TaskTracker,
     /// Releases of claims never forwarded that are still being retried.
     pub(super) releases: Arc<Releases>,
+    /// Record writes that failed and are still being tried.
+    pub(super) late: Arc<LateWrites>,
     /// What the proxy listener's connections may hold.
     pub(super) limits: ConnLimits,
     /// One cap on open connections for all serving threads.
@@ -277,6 +280,7 @@ impl App {
         });
         let tasks = TaskTracker::new();
         let releases = Arc::new(Releases::new(metrics.pending_releases()));
+        let late = Arc::new(LateWrites::new(metrics.late_writes()));
         let proxy = Proxy::new(
             live,
             upstream_tls,
@@ -284,7 +288,7 @@ impl App {
             scoper,
             tasks.clone(),
             metrics.clone(),
-            releases.clone(),
+            (releases.clone(), late.clone()),
             secret_health,
         );
         App {
@@ -293,6 +297,7 @@ impl App {
             metrics,
             tasks,
             releases,
+            late,
             limits,
             open,
             tls,

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::late_writes::LateWrites;
 use crate::releases::Releases;
 
 /// What serving leaves to the drain once the shutdown signal has come.
@@ -23,6 +24,8 @@ pub(super) struct Draining {
     /// The upstream exchanges in flight.
     pub(super) tasks: TaskTracker,
     pub(super) releases: Arc<Releases>,
+    /// Record writes still being tried: drained with the exchanges, those left logged.
+    pub(super) late: Arc<LateWrites>,
     /// The first thread's proxy accept loop.
     pub(super) proxy_task: JoinHandle<()>,
     /// The ends of the other serving threads.
@@ -54,6 +57,18 @@ impl Draining {
         // they read as in progress, then as unknown).
         for id in self.releases.ids() {
             tracing::error!(record = %id, "shut down before the release of a claim that was never forwarded landed; it is safe to release");
+        }
+        // Record writes still pending were tried until the grace ran out. Their requests
+        // ran and their clients have their answers; their records read in progress, then
+        // unknown once the lease runs out, until an operator completes them.
+        for p in self.late.give_up_all() {
+            tracing::error!(
+                record = %p.id,
+                status = p.status,
+                request_id = %p.request_id,
+                "shut down before the record was written: executed and answered {}; complete it from the upstream's ledger",
+                p.status
+            );
         }
         for d in self.workers {
             let _ = d.await;

@@ -81,6 +81,7 @@ pub(super) async fn serve_on(
         stop,
         tasks: app.tasks,
         releases: app.releases,
+        late: app.late,
         proxy_task,
         workers,
         admin_task,

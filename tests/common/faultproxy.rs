@@ -34,6 +34,9 @@ struct State {
     cut_next_request: AtomicBool,
     /// New connections are closed as soon as they are accepted.
     refuse: AtomicBool,
+    /// Request chunks holding these bytes are swallowed and their connection cut (one
+    /// kind of call failing while the others pass: an answer's write, by its body).
+    cut_containing: Mutex<Option<Vec<u8>>>,
     /// Request chunks read from clients and not yet written to the server.
     queued_requests: AtomicUsize,
     /// Counters, for tests to check that a fault really happened.
@@ -105,6 +108,12 @@ impl FaultProxy {
     /// Swallows the next request chunk and cuts the connection it came on.
     pub fn cut_next_request(&self) {
         self.state.cut_next_request.store(true, Ordering::SeqCst);
+    }
+
+    /// Swallows every request chunk that holds `bytes` (and cuts its connection) from now
+    /// on, or (`None`) none any more. Other requests pass.
+    pub fn cut_requests_containing(&self, bytes: Option<&[u8]>) {
+        *self.state.cut_containing.lock().expect("lock") = bytes.map(<[u8]>::to_vec);
     }
 
     /// Cuts every connection now.
@@ -231,7 +240,14 @@ async fn read_requests(
             },
             _ = cut.wait_for(|c| *c) => return,
         };
-        if state.cut_next_request.swap(false, Ordering::SeqCst) {
+        let holds = |pattern: &Vec<u8>| buf[..n].windows(pattern.len()).any(|w| w == &pattern[..]);
+        let matched = state
+            .cut_containing
+            .lock()
+            .expect("lock")
+            .as_ref()
+            .is_some_and(holds);
+        if matched || state.cut_next_request.swap(false, Ordering::SeqCst) {
             conn.cut(&state);
             return;
         }

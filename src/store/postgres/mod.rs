@@ -96,6 +96,11 @@ fn pg(e: tokio_postgres::Error) -> StoreError {
     // The server's own message (a statement timeout, a constraint) says more than the
     // error's summary.
     match e.as_db_error() {
+        // 53100 disk_full: the store's "full", so that an answer that finds no room is
+        // recorded as its status alone.
+        Some(db) if *db.code() == tokio_postgres::error::SqlState::DISK_FULL => {
+            StoreError::Full(format!("postgres: {}: {}", db.code().code(), db.message()))
+        }
         Some(db) => {
             StoreError::Backend(format!("postgres: {}: {}", db.code().code(), db.message()))
         }

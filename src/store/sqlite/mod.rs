@@ -125,7 +125,15 @@ impl Shared {
     }
 }
 
-fn backend(e: impl std::fmt::Display) -> StoreError {
+/// A store error from SQLite's (or a message): a full disk (`SQLITE_FULL`) is the store's
+/// "full", so that an answer that finds no room is recorded as its status alone.
+fn backend<E: std::fmt::Display + 'static>(e: E) -> StoreError {
+    let any: &dyn std::any::Any = &e;
+    if let Some(rusqlite::Error::SqliteFailure(f, _)) = any.downcast_ref::<rusqlite::Error>() {
+        if f.code == rusqlite::ErrorCode::DiskFull {
+            return StoreError::Full(format!("sqlite: {e}"));
+        }
+    }
     StoreError::Backend(format!("sqlite: {e}"))
 }
 

@@ -1,0 +1,150 @@
+//! Records whose write fails are written again until they land, through the binary: the
+//! store (Redis behind a proxy that cuts the calls that carry an answer) takes every claim
+//! and refuses every answer's write for a while. The client has its answer; a retry on the
+//! instance holding the write is told to wait (409 `in-progress`), never that the outcome
+//! is unknown; once the store takes the write, the retry replays it. Observe mode's
+//! supersede of a recorded failure is kept the same way, so switching to enforce replays
+//! the later answer, never the stale failure.
+
+#![allow(clippy::unwrap_used)]
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::faultproxy::FaultProxy;
+use common::*;
+use idemgate::config::Mode;
+
+const TRANSFER: &str = r#"{"from":"acc-1","to":"acc-2","amount":1250,"currency":"EUR"}"#;
+
+/// The bytes every answer of the test upstream's `n`th execution carries (see
+/// [`execution_body`]), and so every store call that writes it.
+fn answer_of(n: usize) -> String {
+    format!("\"execution\":{n},")
+}
+
+fn is(r: &Answer, problem: &str) -> bool {
+    r.status == 409 && r.problem_type().ends_with(problem)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_whose_write_failed_lands_and_its_retry_replays() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::for_redis(&redis).await;
+    let up = Upstream::start().await;
+    let gate = Idemgate::new(&up.url())
+        .redis_url(&proxy.redis_url())
+        .set(|c| {
+            c.store_timeout = Duration::from_millis(500);
+            c.defaults.lease = Duration::from_millis(600);
+        })
+        .binary();
+    let c = client();
+    let url = gate.url("/v1/transfers");
+    proxy.cut_requests_containing(Some(answer_of(1).as_bytes()));
+    let first = post_url(&c, &url, Some("k-late"), TRANSFER, &[]).await;
+    assert_eq!(first.status, 201, "the client has the upstream's answer");
+    assert_eq!(first.header("x-execution"), Some("1"));
+    eventually(Duration::from_secs(5), "the write pending", || {
+        gate.metric("idemgate_record_writes_pending") == 1.0
+    })
+    .await;
+    // Once the lease has run out the store reads the record as unknown; this instance
+    // knows better: the request ran, and its answer is on its way.
+    let unknown = common::retry_until(
+        Duration::from_secs(5),
+        async || gate.record(&c, &record_of(&c, &url).await).await,
+        |r| r.as_ref().is_some_and(|r| r["state"] == "unknown"),
+    )
+    .await;
+    assert_eq!(unknown.unwrap()["state"], "unknown", "the lease ran out");
+    let during = post_url(&c, &url, Some("k-late"), TRANSFER, &[]).await;
+    assert!(is(&during, "/in-progress"), "{:?}", during.body);
+    assert!(during.header("retry-after").is_some());
+    assert!(proxy.cuts() > 0, "the writes were refused");
+    // The store takes the write again: it lands, and the retry replays it.
+    proxy.cut_requests_containing(None);
+    eventually(Duration::from_secs(5), "the write landed", || {
+        gate.metric("idemgate_record_writes_pending") == 0.0
+    })
+    .await;
+    assert_eq!(gate.metric("idemgate_record_writes_landed_total"), 1.0);
+    assert_eq!(gate.metric("idemgate_record_writes_given_up_total"), 0.0);
+    assert_eq!(
+        gate.metric("idemgate_record_writes_oldest_pending_seconds"),
+        0.0
+    );
+    let retry = post_url(&c, &url, Some("k-late"), TRANSFER, &[]).await;
+    assert_eq!(retry.status, 201, "{:?}", retry.body);
+    assert!(retry.replayed());
+    assert_eq!(retry.header("x-execution"), Some("1"));
+    assert_eq!(up.hits(), 1, "executed once");
+}
+
+/// The record id of `k-late` as a retry's 409 names it.
+async fn record_of(c: &reqwest::Client, url: &str) -> String {
+    let r = post_url(c, url, Some("k-late"), TRANSFER, &[]).await;
+    assert!(
+        is(&r, "/in-progress"),
+        "never outcome-unknown: {:?}",
+        r.body
+    );
+    r.json()["record_id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_then_enforce_after_a_blip_at_the_supersede_replays_no_stale_failure() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::for_redis(&redis).await;
+    let up = Upstream::start().await;
+    let observing = Idemgate::new(&up.url())
+        .redis_url(&proxy.redis_url())
+        .set(|c| {
+            c.store_timeout = Duration::from_millis(500);
+            c.defaults.mode = Mode::Observe;
+        })
+        .binary();
+    let c = client();
+    let url = observing.url("/v1/transfers");
+    // The first execution fails, and its failure is recorded.
+    let failed = post_url(&c, &url, Some("k-sup"), TRANSFER, &[(STATUS, "500")]).await;
+    assert_eq!(failed.status, 500);
+    // The second succeeds while the store refuses its answer's write.
+    proxy.cut_requests_containing(Some(answer_of(2).as_bytes()));
+    let succeeded = post_url(&c, &url, Some("k-sup"), TRANSFER, &[]).await;
+    assert_eq!(succeeded.status, 201);
+    let pending = || observations(&observing)["routes"][0]["supersedes_pending"].clone();
+    eventually(Duration::from_secs(5), "the supersede pending", || {
+        pending() == 1
+    })
+    .await;
+    proxy.cut_requests_containing(None);
+    eventually(Duration::from_secs(5), "the supersede landed", || {
+        pending() == 0
+    })
+    .await;
+    assert_eq!(observing.metric("idemgate_record_writes_landed_total"), 1.0);
+    // Switched to enforce (an instance that enforces, on the same store): the retry
+    // replays the later answer, not the failure.
+    let enforcing = Idemgate::new(&up.url()).redis(&redis).binary();
+    let retry = post_url(
+        &c,
+        &enforcing.url("/v1/transfers"),
+        Some("k-sup"),
+        TRANSFER,
+        &[],
+    )
+    .await;
+    assert_eq!(retry.status, 201, "{:?}", retry.body);
+    assert!(retry.replayed());
+    assert_eq!(retry.header("x-execution"), Some("2"));
+    assert_eq!(up.hits(), 2);
+}
+
+/// `GET /observe` of an instance.
+fn observations(gate: &Gate) -> serde_json::Value {
+    let raw = http_get(gate.admin(), "/observe").unwrap();
+    let body = raw.split("\r\n\r\n").nth(1).unwrap_or("");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {raw}"))
+}
