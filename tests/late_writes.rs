@@ -13,6 +13,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::faultproxy::FaultProxy;
+use common::postgres::PgServer;
 use common::*;
 use idemgate::config::Mode;
 
@@ -28,13 +29,12 @@ fn is(r: &Answer, problem: &str) -> bool {
     r.status == 409 && r.problem_type().ends_with(problem)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_answer_whose_write_failed_lands_and_its_retry_replays() {
-    let redis = RedisServer::start();
-    let proxy = FaultProxy::for_redis(&redis).await;
-    let up = Upstream::start().await;
-    let gate = Idemgate::new(&up.url())
-        .redis_url(&proxy.redis_url())
+/// Every answer's write refused while claims pass, through `proxy` in front of the store
+/// `gate` is set up on: the client has its 201, a retry on this instance is told to wait
+/// (also once the lease ran out), and once the store takes writes the record lands and the
+/// retry replays it.
+async fn lands_and_replays(gate: Idemgate, proxy: &FaultProxy, up: &Upstream) {
+    let gate = gate
         .set(|c| {
             c.store_timeout = Duration::from_millis(500);
             c.defaults.lease = Duration::from_millis(600);
@@ -52,14 +52,24 @@ async fn an_answer_whose_write_failed_lands_and_its_retry_replays() {
     .await;
     // Once the lease has run out the store reads the record as unknown; this instance
     // knows better: the request ran, and its answer is on its way.
-    let unknown = common::retry_until(
-        Duration::from_secs(5),
-        async || gate.record(&c, &record_of(&c, &url).await).await,
-        |r| r.as_ref().is_some_and(|r| r["state"] == "unknown"),
-    )
+    let id = record_of(&c, &url).await;
+    let state = async || {
+        let r = c
+            .get(gate.admin_url(&format!("/records/{id}")))
+            .send()
+            .await;
+        // A 503 when the call shares its connection with a refused write.
+        match r {
+            Ok(r) if r.status() == 200 => r.json::<serde_json::Value>().await.ok(),
+            _ => None,
+        }
+    };
+    let unknown = common::retry_until(Duration::from_secs(5), state, |r| {
+        r.as_ref().is_some_and(|r| r["state"] == "unknown")
+    })
     .await;
     assert_eq!(unknown.unwrap()["state"], "unknown", "the lease ran out");
-    let during = post_url(&c, &url, Some("k-late"), TRANSFER, &[]).await;
+    let during = past_blips(&c, &url).await;
     assert!(is(&during, "/in-progress"), "{:?}", during.body);
     assert!(during.header("retry-after").is_some());
     assert!(proxy.cuts() > 0, "the writes were refused");
@@ -82,14 +92,111 @@ async fn an_answer_whose_write_failed_lands_and_its_retry_replays() {
     assert_eq!(up.hits(), 1, "executed once");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_whose_write_failed_lands_and_its_retry_replays_on_redis() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::for_redis(&redis).await;
+    let up = Upstream::start().await;
+    let gate = Idemgate::new(&up.url()).redis_url(&proxy.redis_url());
+    lands_and_replays(gate, &proxy, &up).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_whose_write_failed_lands_and_its_retry_replays_on_postgres() {
+    let pg = tokio::task::spawn_blocking(PgServer::shared).await.unwrap();
+    let db = pg.fresh_db().await;
+    let name = db.rsplit('/').next().unwrap().to_string();
+    let proxy = FaultProxy::start(format!("127.0.0.1:{}", pg.port).parse().unwrap()).await;
+    let up = Upstream::start().await;
+    let through = format!("postgres://postgres@{}/{name}", proxy.addr);
+    let gate = Idemgate::new(&up.url()).set(|c| {
+        c.postgres_url = Some(through.as_str().into());
+        c.scope_secret_create_delay = Duration::ZERO;
+    });
+    lands_and_replays(gate, &proxy, &up).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_with_no_room_to_wait_is_written_as_its_status_alone() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::for_redis(&redis).await;
+    let up = Upstream::start().await;
+    let gate = Idemgate::new(&up.url())
+        .redis_url(&proxy.redis_url())
+        .set(|c| c.max_buffered_bytes = 64 * 1024)
+        .binary();
+    let c = client();
+    let url = gate.url("/v1/transfers");
+    // The whole answer's write carries its headers; the status alone does not.
+    proxy.cut_requests_containing(Some(b"x-execution"));
+    let big = [(ANSWER_BYTES, "200000")];
+    let first = post_url(&c, &url, Some("k-big"), TRANSFER, &big).await;
+    assert_eq!((first.status, first.body.len()), (201, 200_000));
+    eventually(Duration::from_secs(5), "the status alone landed", || {
+        gate.metric("idemgate_record_writes_landed_total") == 1.0
+    })
+    .await;
+    let retry = post_url(&c, &url, Some("k-big"), TRANSFER, &big).await;
+    assert_eq!(retry.status, 409, "{:?}", retry.body);
+    assert!(retry.problem_type().ends_with("/response-not-stored"));
+    assert_eq!(up.hits(), 1, "executed once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_names_each_record_it_could_not_write() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::for_redis(&redis).await;
+    let up = Upstream::start().await;
+    let mut gate = Idemgate::new(&up.url())
+        .redis_url(&proxy.redis_url())
+        .set(|c| c.shutdown_grace = Duration::from_millis(500))
+        .binary();
+    let c = client();
+    proxy.cut_requests_containing(Some(answer_of(1).as_bytes()));
+    let first = post_url(
+        &c,
+        &gate.url("/v1/transfers"),
+        Some("k-left"),
+        TRANSFER,
+        &[],
+    )
+    .await;
+    assert_eq!(first.status, 201);
+    let request_id = first.header("x-request-id").unwrap().to_string();
+    eventually(Duration::from_secs(5), "the write pending", || {
+        gate.metric("idemgate_record_writes_pending") == 1.0
+    })
+    .await;
+    assert!(gate.terminate(Duration::from_secs(10)).success());
+    let log = gate.log();
+    let left: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("complete it from the upstream's ledger"))
+        .collect();
+    assert_eq!(left.len(), 1, "{log}");
+    assert!(left[0].contains("executed and answered 201"), "{}", left[0]);
+    assert!(left[0].contains(&request_id), "{}", left[0]);
+    assert!(left[0].contains("ERROR"), "{}", left[0]);
+    assert_eq!(up.hits(), 1);
+}
+
+/// A retry of `k-late` past the 503s of store calls cut beside the refused writes (they
+/// share its connection): never `outcome-unknown`.
+async fn past_blips(c: &reqwest::Client, url: &str) -> Answer {
+    let r = common::retry_until(
+        Duration::from_secs(5),
+        async || post_url(c, url, Some("k-late"), TRANSFER, &[]).await,
+        |r| r.status != 503,
+    )
+    .await;
+    assert!(!is(&r, "/outcome-unknown"), "{:?}", r.body);
+    r
+}
+
 /// The record id of `k-late` as a retry's 409 names it.
 async fn record_of(c: &reqwest::Client, url: &str) -> String {
-    let r = post_url(c, url, Some("k-late"), TRANSFER, &[]).await;
-    assert!(
-        is(&r, "/in-progress"),
-        "never outcome-unknown: {:?}",
-        r.body
-    );
+    let r = past_blips(c, url).await;
+    assert!(is(&r, "/in-progress"), "{:?}", r.body);
     r.json()["record_id"].as_str().unwrap().to_string()
 }
 
