@@ -249,6 +249,105 @@ async fn observe_then_enforce_after_a_blip_at_the_supersede_replays_no_stale_fai
     assert_eq!(up.hits(), 2);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_then_enforce_after_a_store_outage_at_the_claim_replays_no_stale_failure() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::for_redis(&redis).await;
+    let up = Upstream::start().await;
+    let observing = Idemgate::new(&up.url())
+        .redis_url(&proxy.redis_url())
+        .set(|c| {
+            c.store_timeout = Duration::from_millis(300);
+            c.defaults.mode = Mode::Observe;
+        })
+        .binary();
+    let c = client();
+    let url = observing.url("/v1/transfers");
+    let failed = post_url(&c, &url, Some("k-out"), TRANSFER, &[(STATUS, "500")]).await;
+    assert_eq!(failed.status, 500);
+    eventually(Duration::from_secs(5), "the failure recorded", || {
+        observing.metric("idemgate_answers_recorded_total{status_class=\"5xx\"}") == 1.0
+    })
+    .await;
+    // The store is gone: the later attempt's claim fails (or the breaker skips it), and
+    // it is forwarded; its 201 is kept to replace the failure once the store is back.
+    proxy.refuse(true);
+    proxy.cut_all();
+    let succeeded = post_url(&c, &url, Some("k-out"), TRANSFER, &[]).await;
+    assert_eq!(succeeded.status, 201);
+    let pending = || observations(&observing)["routes"][0]["supersedes_pending"].clone();
+    eventually(Duration::from_secs(5), "the supersede pending", || {
+        pending() == 1
+    })
+    .await;
+    proxy.refuse(false);
+    eventually(Duration::from_secs(10), "the supersede landed", || {
+        pending() == 0
+    })
+    .await;
+    assert_eq!(observing.metric("idemgate_record_writes_landed_total"), 1.0);
+    let enforcing = Idemgate::new(&up.url()).redis(&redis).binary();
+    let retry = post_url(
+        &c,
+        &enforcing.url("/v1/transfers"),
+        Some("k-out"),
+        TRANSFER,
+        &[],
+    )
+    .await;
+    assert_eq!(retry.status, 201, "{:?}", retry.body);
+    assert!(retry.replayed());
+    assert_eq!(retry.header("x-execution"), Some("2"));
+    assert_eq!(up.hits(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_write_whose_claim_is_gone_says_so() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::for_redis(&redis).await;
+    let up = Upstream::start().await;
+    let gate = Idemgate::new(&up.url())
+        .redis_url(&proxy.redis_url())
+        .binary();
+    let c = client();
+    let url = gate.url("/v1/transfers");
+    proxy.cut_requests_containing(Some(answer_of(1).as_bytes()));
+    let first = post_url(&c, &url, Some("k-gone"), TRANSFER, &[]).await;
+    assert_eq!(first.status, 201);
+    eventually(Duration::from_secs(5), "the write pending", || {
+        gate.metric("idemgate_record_writes_pending") == 1.0
+    })
+    .await;
+    let during = common::retry_until(
+        Duration::from_secs(5),
+        async || post_url(&c, &url, Some("k-gone"), TRANSFER, &[]).await,
+        |r| r.status != 503,
+    )
+    .await;
+    let id = during.json()["record_id"].as_str().unwrap().to_string();
+    // The store loses the claim (here an operator's forced release stands in for a
+    // failover to a copy that lacked it).
+    let released = common::retry_until(
+        Duration::from_secs(5),
+        async || admin_delete(&c, gate.admin(), &id, true).await,
+        |s| *s == 200,
+    )
+    .await;
+    assert_eq!(released, 200);
+    proxy.cut_requests_containing(None);
+    eventually(Duration::from_secs(5), "the write ended", || {
+        gate.metric("idemgate_record_writes_pending") == 0.0
+    })
+    .await;
+    assert_eq!(gate.metric("idemgate_record_writes_landed_total"), 0.0);
+    let log = gate.log();
+    let gone = format!("the claim of record {id} is gone from the store");
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(&gone)).collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    assert!(lines[0].contains("ERROR"), "{}", lines[0]);
+    assert!(lines[0].contains("its retries will execute again"));
+}
+
 /// `GET /observe` of an instance.
 fn observations(gate: &Gate) -> serde_json::Value {
     let raw = http_get(gate.admin(), "/observe").unwrap();

@@ -376,3 +376,24 @@ mod permission_tests {
         }
     }
 }
+
+#[cfg(test)]
+mod error_tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_is_the_stores_full_and_other_failures_are_not() {
+        let failure = |code| {
+            rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), Some("x".into()))
+        };
+        assert!(matches!(
+            backend(failure(rusqlite::ffi::SQLITE_FULL)),
+            StoreError::Full(_)
+        ));
+        assert!(matches!(
+            backend(failure(rusqlite::ffi::SQLITE_READONLY)),
+            StoreError::Backend(_)
+        ));
+        assert!(matches!(backend("a message"), StoreError::Backend(_)));
+    }
+}
