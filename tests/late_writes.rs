@@ -117,6 +117,40 @@ async fn an_answer_whose_write_failed_lands_and_its_retry_replays_on_postgres() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_written_while_sqlite_is_locked_lands_once_the_lock_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let gate = Idemgate::new(&up.url())
+        .on_disk(dir.path())
+        .set(|c| c.store_timeout = Duration::from_millis(300))
+        .binary();
+    let c = client();
+    let url = gate.url("/v1/transfers");
+    let first = post_in_background(&c, url.clone(), "k-locked", TRANSFER, &[(DELAY_MS, "300")]);
+    upstream_reached(&up, 1).await;
+    // Another process's write lock on the file, held while the answer is written.
+    let file = dir.path().join(idemgate::store::sqlite::FILE_NAME);
+    let lock = rusqlite::Connection::open(file).unwrap();
+    lock.busy_timeout(Duration::from_secs(5)).unwrap();
+    lock.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    eventually(Duration::from_secs(5), "the write pending", || {
+        gate.metric("idemgate_record_writes_pending") == 1.0
+    })
+    .await;
+    lock.execute_batch("COMMIT").unwrap();
+    eventually(Duration::from_secs(5), "the write landed", || {
+        gate.metric("idemgate_record_writes_landed_total") == 1.0
+    })
+    .await;
+    let retry = post_url(&c, &url, Some("k-locked"), TRANSFER, &[]).await;
+    assert_eq!(retry.status, 201, "{:?}", retry.body);
+    assert!(retry.replayed());
+    assert_eq!(up.hits(), 1, "executed once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_with_no_room_to_wait_is_written_as_its_status_alone() {
     let redis = RedisServer::start();
     let proxy = FaultProxy::for_redis(&redis).await;
