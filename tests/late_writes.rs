@@ -116,6 +116,80 @@ async fn an_answer_whose_write_failed_lands_and_its_retry_replays_on_postgres() 
     lands_and_replays(gate, &proxy, &up).await;
 }
 
+/// PostgreSQL's connections cut every 150 ms for 2 s under four retrying clients, then
+/// left alone: every key whose client got a 201 replays it; none is held `unknown`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_cut_connections_no_key_answered_2xx_is_held_unknown() {
+    let pg = tokio::task::spawn_blocking(PgServer::shared).await.unwrap();
+    let db = pg.fresh_db().await;
+    let name = db.rsplit('/').next().unwrap().to_string();
+    let proxy = FaultProxy::start(format!("127.0.0.1:{}", pg.port).parse().unwrap()).await;
+    let up = Upstream::start().await;
+    let through = format!("postgres://postgres@{}/{name}", proxy.addr);
+    let gate = Idemgate::new(&up.url())
+        .set(|c| {
+            c.postgres_url = Some(through.as_str().into());
+            c.scope_secret_create_delay = Duration::ZERO;
+            c.store_timeout = Duration::from_millis(300);
+            c.defaults.lease = Duration::from_millis(600);
+        })
+        .binary();
+    let url = gate.url("/v1/transfers");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut clients = tokio::task::JoinSet::new();
+    for n in 0..4 {
+        let (url, stop) = (url.clone(), stop.clone());
+        clients.spawn(async move {
+            let c = client();
+            let mut answered = Vec::new();
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let key = format!("cut-{n}-{i}");
+                i += 1;
+                let r = post_url(&c, &url, Some(&key), TRANSFER, &[(DELAY_MS, "20")]).await;
+                if r.status == 201 && !r.replayed() {
+                    answered.push((key, r.body));
+                }
+            }
+            answered
+        });
+    }
+    let cutting = tokio::time::Instant::now();
+    while cutting.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        proxy.cut_all();
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut answered = Vec::new();
+    while let Some(a) = clients.join_next().await {
+        answered.extend(a.unwrap());
+    }
+    eventually(Duration::from_secs(10), "every write landed", || {
+        gate.metric("idemgate_record_writes_pending") == 0.0
+    })
+    .await;
+    let c = client();
+    let mut held_unknown = 0;
+    for (key, body) in &answered {
+        let r = post_url(&c, &url, Some(key), TRANSFER, &[]).await;
+        if is(&r, "/outcome-unknown") {
+            held_unknown += 1;
+            continue;
+        }
+        assert_eq!(r.status, 201, "{key}: {:?}", r.body);
+        assert!(r.replayed() && r.body == *body, "{key}");
+    }
+    let landed = gate.metric("idemgate_record_writes_landed_total");
+    eprintln!(
+        "cut every 150 ms for 2 s: {} keys answered 201, {landed} records written late, {held_unknown} held unknown, {} cuts",
+        answered.len(),
+        proxy.cuts()
+    );
+    assert_eq!(held_unknown, 0);
+    assert!(proxy.cuts() > 0 && !answered.is_empty());
+    assert_eq!(up.hits(), answered.len(), "each executed once");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_written_while_sqlite_is_locked_lands_once_the_lock_goes() {
     let dir = tempfile::tempdir().unwrap();
