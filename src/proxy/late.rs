@@ -133,7 +133,7 @@ pub(super) fn write_in_background(shared: &Shared, late: Late) {
         if let Write::Supersede { route, .. } = &write {
             metrics.supersede_pending(route, false);
         }
-        if how == Ended::GivenUp {
+        if how == Ended::GivenUp && !matches!(write, Write::Supersede { .. }) {
             tracing::error!(record = %id, status, request_id, "the record's retention ended before it could be written; given up: executed and answered {status}");
         }
     });
@@ -196,6 +196,11 @@ async fn retry(
                 pause = RELEASE_RETRY_PAUSE;
                 continue;
             }
+            // No room for the later answer: the failure stays (logged as given up).
+            Err(StoreError::Full(e)) if matches!(write, Write::Supersede { .. }) => {
+                tracing::warn!(record = %id, error = %e, "observe mode: no room in the store for the later answer that replaces a recorded failure; that failure would be replayed once the route enforces");
+                return Ended::GivenUp;
+            }
             Err(e) => {
                 // Once, and then every so often, so that a long outage shows without
                 // flooding the log.
@@ -206,6 +211,9 @@ async fn retry(
         }
         pause = (pause * 2).min(RELEASE_RETRY_PAUSE_MAX);
         if tokio::time::Instant::now() + pause >= until {
+            if matches!(write, Write::Supersede { .. }) {
+                tracing::warn!(record = %id, "observe mode: the record's retention ended before a later answer could replace its failure");
+            }
             return Ended::GivenUp;
         }
     }
