@@ -100,7 +100,10 @@ pub(super) fn write_in_background(shared: &Shared, late: Late) {
             }
         }
         Write::Supersede { stored, .. } if !held.grow_if_room(answer_size(&stored)) => {
-            tracing::warn!(record = %id, status, "observe mode: no room in max_buffered_bytes to keep a later answer until it replaces the recorded failure; that failure would be replayed once the route enforces");
+            // At a bounded rate: during an outage every observed 2xx may come here.
+            if shared.observe_log.allow() {
+                tracing::warn!(record = %id, status, "observe mode: no room in max_buffered_bytes to keep a later answer until it replaces the recorded failure; that failure would be replayed once the route enforces");
+            }
             return;
         }
         w => w,
@@ -112,7 +115,11 @@ pub(super) fn write_in_background(shared: &Shared, late: Late) {
         kind: write.kind(),
     };
     let Some(ticket) = shared.late.add(pending) else {
-        tracing::error!(record = %id, status, request_id, pending = shared.late.len(), "too many record writes pending; given up: executed and answered {status}, the record reads unknown once its lease runs out; complete it from the upstream's ledger");
+        if !matches!(write, Write::Supersede { .. }) {
+            tracing::error!(record = %id, status, request_id, pending = shared.late.len(), "too many record writes pending; given up: executed and answered {status}, the record reads unknown once its lease runs out; complete it from the upstream's ledger");
+        } else if shared.observe_log.allow() {
+            tracing::warn!(record = %id, "observe mode: too many record writes pending to keep a later answer until it replaces a recorded failure");
+        }
         return;
     };
     if let Write::Supersede { route, .. } = &write {

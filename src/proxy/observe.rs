@@ -539,7 +539,7 @@ pub(super) struct RateLimit(std::sync::atomic::AtomicU64);
 impl RateLimit {
     const PER_SECOND: u64 = 10;
 
-    fn allow(&self) -> bool {
+    pub(super) fn allow(&self) -> bool {
         let sec = crate::admission::process_ms() / 1000;
         let r = self.0.fetch_update(
             std::sync::atomic::Ordering::Relaxed,
