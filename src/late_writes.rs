@@ -69,7 +69,7 @@ struct Entry {
 #[derive(Default)]
 struct Inner {
     next: u64,
-    // By ticket: in the order they were queued, so the first is the oldest.
+    // By place: in the order they were queued, so the first is the oldest.
     entries: BTreeMap<u64, Entry>,
     // Pending writes per record id (several requests of one key count apart).
     ids: HashMap<RecordId, usize>,
@@ -85,7 +85,7 @@ pub struct LateWrites {
 
 /// A pending write's place in [`LateWrites`], given back by [`LateWrites::done`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ticket(u64);
+pub struct Place(u64);
 
 /// How a pending write ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,27 +124,27 @@ impl LateWrites {
 
     /// Notes a write as pending; `None` (and counted as given up) when [`MAX_PENDING`] are
     /// already.
-    pub fn add(&self, pending: Pending) -> Option<Ticket> {
+    pub fn add(&self, pending: Pending) -> Option<Place> {
         let mut inner = self.lock();
         if inner.entries.len() >= MAX_PENDING {
             drop(inner);
             self.metrics.given_up.inc();
             return None;
         }
-        let ticket = inner.next;
+        let place = inner.next;
         inner.next += 1;
         *inner.ids.entry(pending.id).or_default() += 1;
         let since_ms = crate::admission::process_ms();
-        inner.entries.insert(ticket, Entry { pending, since_ms });
+        inner.entries.insert(place, Entry { pending, since_ms });
         self.counted(&inner);
-        Some(Ticket(ticket))
+        Some(Place(place))
     }
 
-    /// The write of `ticket` ended as `how`.
-    pub fn done(&self, ticket: Ticket, how: Ended) {
+    /// The write of `place` ended as `how`.
+    pub fn done(&self, place: Place, how: Ended) {
         let mut inner = self.lock();
         // Gone already when shutdown gave it up (and counted it).
-        let Some(e) = inner.entries.remove(&ticket.0) else {
+        let Some(e) = inner.entries.remove(&place.0) else {
             return;
         };
         let id = e.pending.id;

@@ -74,7 +74,7 @@ pub(super) fn answer_size(answer: &StoredResponse) -> usize {
     answer.body.len() + headers
 }
 
-/// Queues `late`, tried again in a task of its own that shutdown waits for (within
+/// Queues `late`, tried again in the background, in work that shutdown waits for (within
 /// `shutdown_grace`).
 pub(super) fn write_in_background(shared: &Shared, late: Late) {
     let Late {
@@ -114,7 +114,7 @@ pub(super) fn write_in_background(shared: &Shared, late: Late) {
         request_id: request_id.clone(),
         kind: write.kind(),
     };
-    let Some(ticket) = shared.late.add(pending) else {
+    let Some(place) = shared.late.add(pending) else {
         if !matches!(write, Write::Supersede { .. }) {
             tracing::error!(record = %id, status, request_id, pending = shared.late.len(), "too many record writes pending; given up: executed and answered {status}, the record reads unknown once its lease runs out; complete it from the upstream's ledger");
         } else if shared.observe_log.allow() {
@@ -136,7 +136,7 @@ pub(super) fn write_in_background(shared: &Shared, late: Late) {
         let mut write = write;
         let how = retry(&*store, &metrics, store_timeout, id, &mut write, until, &mut held).await;
         drop(held);
-        late.done(ticket, how);
+        late.done(place, how);
         if let Write::Supersede { route, .. } = &write {
             metrics.supersede_pending(route, false);
         }
