@@ -376,13 +376,16 @@ impl Admin {
             Ok(v) => v,
             Err(_) => None,
         };
-        let res = match deadline(self.store_timeout, self.store.delete(id, force)).await {
+        let any_namespace = has_param(req, "any_namespace=true");
+        let deleted = self.store.delete(id, force, any_namespace);
+        let res = match deadline(self.store_timeout, deleted).await {
             Ok(Deleted::Deleted) => json(
                 StatusCode::OK,
                 &serde_json::json!({"released": before, "id": id.to_string()}),
             ),
             Ok(Deleted::NotFound) => not_found(id),
             Ok(Deleted::OwnerBusy) => owner_busy(id, before.as_ref()),
+            Ok(Deleted::Unscoped) => unscoped(id, "released"),
             Err(e) => store_error(e),
         };
         (res, was)
@@ -510,9 +513,10 @@ impl Admin {
                 .as_ref()
                 .map_or_else(|| "absent".into(), |v| state_name(v.state)),
         );
+        let any_namespace = has_param(req, "any_namespace=true");
         let done = deadline(
             self.store_timeout,
-            self.store.complete(&id, &response, force),
+            self.store.complete(&id, &response, force, any_namespace),
         )
         .await;
         let res = match done {
@@ -522,6 +526,7 @@ impl Admin {
             ),
             Ok(Completed::NotFound) => not_found(&id),
             Ok(Completed::OwnerBusy) => owner_busy(&id, before.as_ref()),
+            Ok(Completed::Unscoped) => unscoped(&id, "completed"),
             Ok(Completed::AlreadyCompleted) => json(
                 StatusCode::CONFLICT,
                 &serde_json::json!({"error": "the record already holds an answer; it replays that one", "id": id.to_string()}),
@@ -640,6 +645,22 @@ fn completed_refused(id: &RecordId, view: &RecordView) -> Response<Body> {
             ),
             "id": id.to_string(),
             "state": "completed",
+        }),
+    )
+}
+
+/// 409: the record was written by a version that kept no namespace (`namespace: null`),
+/// so it may be another service's on a shared store: changed only with
+/// `?any_namespace=true`.
+fn unscoped(id: &RecordId, what: &str) -> Response<Body> {
+    json(
+        StatusCode::CONFLICT,
+        &serde_json::json!({
+            "error": format!(
+                "not {what}: the record was written by an idemgate version that kept no namespace, so it may belong to another namespace sharing this store, whose retries it answers. Add ?any_namespace=true once you know it is this namespace's record"
+            ),
+            "id": id.to_string(),
+            "namespace": null,
         }),
     )
 }

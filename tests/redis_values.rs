@@ -140,7 +140,10 @@ async fn both_forms_on_one_redis_read_each_other() {
     // is refused, as any record by a former owner.
     let gone = claim(3, 1, 10_000);
     assert_eq!(hash.claim(&gone).await.unwrap(), Claim::Claimed);
-    assert_eq!(hash.delete(&gone.id, true).await.unwrap(), Deleted::Deleted);
+    assert_eq!(
+        hash.delete(&gone.id, true, false).await.unwrap(),
+        Deleted::Deleted
+    );
     let now = claim(3, 1, 10_000);
     assert_eq!(value.claim(&now).await.unwrap(), Claim::Claimed);
     assert!(!hash.record(&gone.id, &gone.owner, &a).await.unwrap());
@@ -297,7 +300,7 @@ async fn what_a_value_cannot_hold_turns_it_into_its_hash() {
     let busy = claim(4, 1, 10_000);
     assert_eq!(value.claim(&busy).await.unwrap(), Claim::Claimed);
     assert_eq!(
-        value.delete(&busy.id, false).await.unwrap(),
+        value.delete(&busy.id, false, false).await.unwrap(),
         Deleted::OwnerBusy
     );
     assert_eq!(kind(&mut con, &busy), "hash", "read through its hash");
@@ -314,7 +317,7 @@ async fn what_a_value_cannot_hold_turns_it_into_its_hash() {
         .await
         .unwrap());
     assert_eq!(
-        value.delete(&marked.id, false).await.unwrap(),
+        value.delete(&marked.id, false, false).await.unwrap(),
         Deleted::Deleted
     );
     assert_eq!(

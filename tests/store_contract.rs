@@ -37,7 +37,7 @@ async fn memory() -> Fixture {
 
 async fn sqlite() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path()).unwrap();
+    let store = SqliteStore::open(dir.path(), "default").unwrap();
     Fixture {
         store: Arc::new(store),
         _redis: None,
@@ -51,6 +51,8 @@ async fn postgres() -> Fixture {
     let server = tokio::task::spawn_blocking(PgServer::shared).await.unwrap();
     let store = PostgresStore::connect(
         &server.fresh_db().await,
+        "default",
+        idemgate::config::PgSynchronousCommit::On,
         Duration::from_secs(5),
         Duration::from_secs(5),
     )
@@ -237,11 +239,14 @@ async fn operator_delete_refuses_while_the_owner_may_be_working(f: Fixture) {
     a.busy_for = Duration::from_secs(10);
     f.store.claim(&a).await.unwrap();
     assert_eq!(
-        f.store.delete(&a.id, false).await.unwrap(),
+        f.store.delete(&a.id, false, false).await.unwrap(),
         Deleted::OwnerBusy
     );
     assert!(f.store.inspect(&a.id, false).await.unwrap().is_some());
-    assert_eq!(f.store.delete(&a.id, true).await.unwrap(), Deleted::Deleted);
+    assert_eq!(
+        f.store.delete(&a.id, true, false).await.unwrap(),
+        Deleted::Deleted
+    );
 
     // A lease that lapsed (a store stall kept its owner from renewing it) while its owner
     // may still be waiting for the upstream: it reads as unknown, and is still refused.
@@ -253,7 +258,7 @@ async fn operator_delete_refuses_while_the_owner_may_be_working(f: Fixture) {
     assert_eq!(v.state, RecordState::Unknown);
     assert!(v.owner_busy_ms.is_some_and(|ms| ms > 0 && ms <= 900));
     assert_eq!(
-        f.store.delete(&b.id, false).await.unwrap(),
+        f.store.delete(&b.id, false, false).await.unwrap(),
         Deleted::OwnerBusy
     );
     // Once the owner has given up for sure, an unforced release goes through.
@@ -262,7 +267,7 @@ async fn operator_delete_refuses_while_the_owner_may_be_working(f: Fixture) {
     assert_eq!(v.state, RecordState::Unknown);
     assert_eq!(v.owner_busy_ms, None);
     assert_eq!(
-        f.store.delete(&b.id, false).await.unwrap(),
+        f.store.delete(&b.id, false, false).await.unwrap(),
         Deleted::Deleted
     );
 
@@ -281,7 +286,7 @@ async fn operator_delete_refuses_while_the_owner_may_be_working(f: Fixture) {
         None
     );
     assert_eq!(
-        f.store.delete(&c.id, false).await.unwrap(),
+        f.store.delete(&c.id, false, false).await.unwrap(),
         Deleted::Deleted
     );
     let mut d = claim("done", 1, 10_000);
@@ -292,7 +297,7 @@ async fn operator_delete_refuses_while_the_owner_may_be_working(f: Fixture) {
         .await
         .unwrap();
     assert_eq!(
-        f.store.delete(&d.id, false).await.unwrap(),
+        f.store.delete(&d.id, false, false).await.unwrap(),
         Deleted::Deleted
     );
 }
@@ -443,11 +448,11 @@ async fn mark_unknown_holds_and_delete_frees(f: Fixture) {
         .unwrap());
     // The owner settled it: no force needed.
     assert_eq!(
-        f.store.delete(&a.id, false).await.unwrap(),
+        f.store.delete(&a.id, false, false).await.unwrap(),
         Deleted::Deleted
     );
     assert_eq!(
-        f.store.delete(&a.id, false).await.unwrap(),
+        f.store.delete(&a.id, false, false).await.unwrap(),
         Deleted::NotFound
     );
     assert_eq!(
@@ -614,7 +619,10 @@ async fn an_answer_not_kept_completes_the_record_with_its_status_alone(f: Fixtur
         f.store.claim(&c).await.unwrap(),
         Claim::NotKept { status: 201 }
     );
-    assert_eq!(f.store.delete(&c.id, true).await.unwrap(), Deleted::Deleted);
+    assert_eq!(
+        f.store.delete(&c.id, true, false).await.unwrap(),
+        Deleted::Deleted
+    );
 }
 
 async fn a_later_answer_supersedes_a_recorded_failure_and_nothing_else(f: Fixture) {
@@ -721,7 +729,10 @@ async fn a_multi_mib_answer_replays_exactly_and_goes_with_its_record(f: Fixture)
         Some(String::from_utf8_lossy(&r.body).len())
     );
     // Deleted with its record: a new claim and a smaller answer replay that answer.
-    assert_eq!(f.store.delete(&a.id, true).await.unwrap(), Deleted::Deleted);
+    assert_eq!(
+        f.store.delete(&a.id, true, false).await.unwrap(),
+        Deleted::Deleted
+    );
     let c = claim("big", 1, 10_000);
     assert_eq!(f.store.claim(&c).await.unwrap(), Claim::Claimed);
     let small = response("small");
@@ -768,10 +779,16 @@ async fn embedded_store_byte_cap_answers_full_and_counts_down_to_zero() {
     assert!(n > 0);
     // Everything removed, nothing counted.
     assert!(store.release(&b.id, &b.owner, LINGER).await.unwrap());
-    assert_eq!(store.delete(&a.id, true).await.unwrap(), Deleted::Deleted);
+    assert_eq!(
+        store.delete(&a.id, true, false).await.unwrap(),
+        Deleted::Deleted
+    );
     for i in 0..n {
         assert_eq!(
-            store.delete(&id(&format!("c{i}")), true).await.unwrap(),
+            store
+                .delete(&id(&format!("c{i}")), true, false)
+                .await
+                .unwrap(),
             Deleted::Deleted
         );
     }
@@ -801,7 +818,7 @@ async fn embedded_store_cap_answers_full_and_sweeps_expired() {
 #[tokio::test]
 async fn persistent_store_keeps_records_and_secret_across_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path()).unwrap();
+    let store = SqliteStore::open(dir.path(), "default").unwrap();
     let secret = store.scope_secret().await.unwrap();
     let done = claim("done", 1, 60_000);
     let busy = claim("busy", 1, 60_000);
@@ -813,7 +830,7 @@ async fn persistent_store_keeps_records_and_secret_across_a_reopen() {
     assert_eq!(store.claim(&busy).await.unwrap(), Claim::Claimed);
     drop(store);
 
-    let store = SqliteStore::open(dir.path()).unwrap();
+    let store = SqliteStore::open(dir.path(), "default").unwrap();
     assert_eq!(
         store.scope_secret().await.unwrap().to_hex(),
         secret.to_hex()
@@ -838,7 +855,7 @@ async fn persistent_store_keeps_records_and_secret_across_a_reopen() {
 #[tokio::test]
 async fn persistent_store_sweeps_expired_records_in_batches() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path()).unwrap();
+    let store = SqliteStore::open(dir.path(), "default").unwrap();
     let expiring = idemgate::store::sqlite::EXPIRE_BATCH * 2 + 5;
     for n in 0..expiring {
         let mut c = claim(&format!("short-{n}"), 1, 60_000);
@@ -862,7 +879,7 @@ async fn persistent_store_opened_twice_on_one_directory_has_one_winner() {
     let dir = tempfile::tempdir().unwrap();
     // Two connections to one file, as two processes on one volume would have.
     let stores: Vec<Arc<dyn Store>> = (0..2)
-        .map(|_| Arc::new(SqliteStore::open(dir.path()).unwrap()) as Arc<dyn Store>)
+        .map(|_| Arc::new(SqliteStore::open(dir.path(), "default").unwrap()) as Arc<dyn Store>)
         .collect();
     assert_eq!(
         stores[0].scope_secret().await.unwrap().to_hex(),
@@ -892,14 +909,20 @@ async fn persistent_store_opened_twice_on_one_directory_has_one_winner() {
 async fn operator_complete_resolves_an_unsettled_record_once(f: Fixture) {
     let answer = response("operator");
     assert_eq!(
-        f.store.complete(&id("none"), &answer, false).await.unwrap(),
+        f.store
+            .complete(&id("none"), &answer, false, false)
+            .await
+            .unwrap(),
         Completed::NotFound
     );
     // Its owner may still be working: refused unless forced.
     let a = claim("a", 1, 10_000);
     assert_eq!(f.store.claim(&a).await.unwrap(), Claim::Claimed);
     assert_eq!(
-        f.store.complete(&a.id, &answer, false).await.unwrap(),
+        f.store
+            .complete(&a.id, &answer, false, false)
+            .await
+            .unwrap(),
         Completed::OwnerBusy
     );
     assert!(matches!(
@@ -907,7 +930,7 @@ async fn operator_complete_resolves_an_unsettled_record_once(f: Fixture) {
         Claim::InFlight { .. }
     ));
     assert_eq!(
-        f.store.complete(&a.id, &answer, true).await.unwrap(),
+        f.store.complete(&a.id, &answer, true, false).await.unwrap(),
         Completed::Completed
     );
     // The former owner can no longer record over it, renew it or mark it.
@@ -933,7 +956,7 @@ async fn operator_complete_resolves_an_unsettled_record_once(f: Fixture) {
     );
     assert_eq!(
         f.store
-            .complete(&a.id, &response("again"), true)
+            .complete(&a.id, &response("again"), true, false)
             .await
             .unwrap(),
         Completed::AlreadyCompleted
@@ -944,7 +967,10 @@ async fn operator_complete_resolves_an_unsettled_record_once(f: Fixture) {
     f.store.claim(&b).await.unwrap();
     assert!(f.store.mark_unknown(&b.id, &b.owner).await.unwrap());
     assert_eq!(
-        f.store.complete(&b.id, &answer, false).await.unwrap(),
+        f.store
+            .complete(&b.id, &answer, false, false)
+            .await
+            .unwrap(),
         Completed::Completed
     );
     assert_eq!(
@@ -966,7 +992,7 @@ async fn operator_complete_resolves_an_unsettled_record_once(f: Fixture) {
         .await
         .unwrap());
     assert_eq!(
-        f.store.complete(&c.id, &answer, true).await.unwrap(),
+        f.store.complete(&c.id, &answer, true, false).await.unwrap(),
         Completed::AlreadyCompleted
     );
     assert_eq!(
@@ -977,7 +1003,7 @@ async fn operator_complete_resolves_an_unsettled_record_once(f: Fixture) {
     f.store.claim(&d).await.unwrap();
     assert!(f.store.record_not_kept(&d.id, &d.owner, 202).await.unwrap());
     assert_eq!(
-        f.store.complete(&d.id, &answer, true).await.unwrap(),
+        f.store.complete(&d.id, &answer, true, false).await.unwrap(),
         Completed::AlreadyCompleted
     );
     assert_eq!(
@@ -1059,7 +1085,7 @@ async fn list_walks_every_record_in_bounded_pages(f: Fixture) {
     let gone = completed.iter().next().unwrap().clone();
     assert_eq!(
         f.store
-            .delete(&RecordId::from_hex(&gone).unwrap(), true)
+            .delete(&RecordId::from_hex(&gone).unwrap(), true, false)
             .await
             .unwrap(),
         Deleted::Deleted
@@ -1192,7 +1218,7 @@ async fn redis_records_are_read_alike_by_the_previous_scripts_and_the_current_on
     assert!(v.lease_left_ms.is_some_and(|l| l > 0 && l <= 10_000));
     assert!(v.owner_busy_ms.is_some_and(|b| b > 0 && b <= 10_000));
     assert_eq!(
-        f.store.delete(&busy.id, false).await.unwrap(),
+        f.store.delete(&busy.id, false, false).await.unwrap(),
         Deleted::OwnerBusy
     );
     assert!(f

@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use super::redact::{to_toml, unset_keys};
 use super::{Anonymous, Config, Defaults, Mode, OnAmbiguous, OnStoreError, PathMatch};
-use super::{PathParams, RecordMode, RedisRecordFormat, UpstreamHttp2, UPSTREAM_IDLE_TIMEOUT};
+use super::{
+    PathParams, PgSynchronousCommit, RecordMode, RedisRecordFormat, UpstreamHttp2,
+    UPSTREAM_IDLE_TIMEOUT,
+};
 use crate::fingerprint::QueryOrder;
 
 impl Default for Config {
@@ -33,6 +36,8 @@ impl Default for Config {
             postgres_tls_ca_file: None,
             postgres_tls_cert_file: None,
             postgres_tls_key_file: None,
+            postgres_synchronous_commit: PgSynchronousCommit::On,
+            postgres_async_standbys_acknowledged: false,
             redis_sentinels: Vec::new(),
             redis_sentinel_master: None,
             redis_cluster_nodes: Vec::new(),

@@ -85,6 +85,35 @@ pub enum RedisRecordFormat {
     Value,
 }
 
+/// `postgres_synchronous_commit`: when a commit of idemgate's sessions returns. Each is
+/// PostgreSQL's own value of the name; `off`, which returns before the commit is on disk
+/// (a server crash loses the last claims, and their keys execute again), is not offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PgSynchronousCommit {
+    /// Flushed to the server's disk, and to the synchronous standbys' disks if any.
+    #[default]
+    On,
+    /// Flushed locally; written (not flushed) by the synchronous standbys.
+    RemoteWrite,
+    /// Flushed locally, and applied by the synchronous standbys (visible on them).
+    RemoteApply,
+    /// Flushed to the server's disk only: synchronous standbys are not waited for.
+    Local,
+}
+
+impl PgSynchronousCommit {
+    /// The value as PostgreSQL spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PgSynchronousCommit::On => "on",
+            PgSynchronousCommit::RemoteWrite => "remote_write",
+            PgSynchronousCommit::RemoteApply => "remote_apply",
+            PgSynchronousCommit::Local => "local",
+        }
+    }
+}
+
 /// `upstream_http2`: `true` (the default) offers h2 besides http/1.1 to an `https://`
 /// upstream by ALPN; `false` offers http/1.1 only; `"prior_knowledge"` says the upstream
 /// speaks h2 and nothing else: cleartext h2 (h2c) to an `http://` upstream, ALPN offering
@@ -220,6 +249,15 @@ pub struct Config {
     /// PEM private key of `postgres_tls_cert_file` (`sslkey`).
     #[serde(default)]
     pub postgres_tls_key_file: Option<PathBuf>,
+    /// `synchronous_commit` of idemgate's PostgreSQL sessions, whatever the server's or
+    /// the database's default: see [`PgSynchronousCommit`].
+    #[serde(default)]
+    pub postgres_synchronous_commit: PgSynchronousCommit,
+    /// Acknowledges that the PostgreSQL server has standbys it replicates to
+    /// asynchronously (no `synchronous_standby_names`), which start-up otherwise warns
+    /// about: a managed service that replicates below SQL, or a loss accepted.
+    #[serde(default)]
+    pub postgres_async_standbys_acknowledged: bool,
     /// Redis URL; absent (and no sentinels, cluster nodes, `store_path` or
     /// `postgres_url`): the embedded in-memory store.
     pub redis_url: Option<String>,

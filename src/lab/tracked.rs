@@ -57,7 +57,7 @@ impl Tracked {
         let mut failed = 0;
         for id in ids {
             // Forced: the lab's idemgate has stopped, so no owner is still working on them.
-            if deadline(timeout, self.inner.delete(&id, true))
+            if deadline(timeout, self.inner.delete(&id, true, false))
                 .await
                 .is_err()
             {

@@ -85,8 +85,8 @@ layer! {
     MarkUnknown => fn mark_unknown<'a>(&'a self, id: &'a RecordId, owner: &'a OwnerToken) -> BoxFuture<'a, Result<bool, StoreError>>;
     Release => fn release<'a>(&'a self, id: &'a RecordId, owner: &'a OwnerToken, linger: Duration) -> BoxFuture<'a, Result<bool, StoreError>>;
     Inspect => fn inspect<'a>(&'a self, id: &'a RecordId, with_body: bool) -> BoxFuture<'a, Result<Option<RecordView>, StoreError>>;
-    Delete => fn delete<'a>(&'a self, id: &'a RecordId, force: bool) -> BoxFuture<'a, Result<Deleted, StoreError>>;
-    Complete => fn complete<'a>(&'a self, id: &'a RecordId, response: &'a StoredResponse, force: bool) -> BoxFuture<'a, Result<Completed, StoreError>>;
+    Delete => fn delete<'a>(&'a self, id: &'a RecordId, force: bool, any_namespace: bool) -> BoxFuture<'a, Result<Deleted, StoreError>>;
+    Complete => fn complete<'a>(&'a self, id: &'a RecordId, response: &'a StoredResponse, force: bool, any_namespace: bool) -> BoxFuture<'a, Result<Completed, StoreError>>;
     Supersede => fn supersede<'a>(&'a self, id: &'a RecordId, fingerprint: &'a Fingerprint, response: &'a StoredResponse) -> BoxFuture<'a, Result<bool, StoreError>>;
     List => fn list<'a>(&'a self, state: Option<RecordState>, cursor: &'a str, count: usize) -> BoxFuture<'a, Result<Page, StoreError>>;
     Meta => fn meta<'a>(&'a self, name: &'a str, offer: Option<&'a str>) -> BoxFuture<'a, Result<Meta, StoreError>>;

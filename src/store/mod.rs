@@ -284,6 +284,12 @@ pub struct RecordView {
     /// Recorded body, only when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
+    /// On the SQL stores (SQLite, PostgreSQL), which keep it beside the record: the
+    /// namespace that wrote it, or `Some(None)` (shown as `null`) for a record written by a
+    /// version that did not keep it, which every namespace sees. `None` (not shown) on
+    /// the stores whose records carry no namespace column.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<Option<String>>,
 }
 
 /// What an operator's [`Store::delete`] did.
@@ -295,6 +301,9 @@ pub enum Deleted {
     NotFound,
     /// Left alone: its owner may still be working on it (not forced).
     OwnerBusy,
+    /// Left alone: written by a version that kept no namespace, so it may be another
+    /// namespace's; only an operator who says so (`any_namespace`) may change it.
+    Unscoped,
 }
 
 /// What an operator's [`Store::complete`] did.
@@ -308,17 +317,21 @@ pub enum Completed {
     OwnerBusy,
     /// Left alone: it already holds an answer (the upstream's, or an operator's).
     AlreadyCompleted,
+    /// Left alone: written by a version that kept no namespace (see [`Deleted::Unscoped`]).
+    Unscoped,
 }
 
 impl Completed {
     /// What a store's completion code says (the Redis script's and PostgreSQL's reply: 1
-    /// completed, 0 not found, 2 owner busy, 3 already completed); `None`: no such code.
+    /// completed, 0 not found, 2 owner busy, 3 already completed, 4 written without a
+    /// namespace and not asked to reach it); `None`: no such code.
     pub fn from_code(code: i64) -> Option<Completed> {
         match code {
             1 => Some(Completed::Completed),
             0 => Some(Completed::NotFound),
             2 => Some(Completed::OwnerBusy),
             3 => Some(Completed::AlreadyCompleted),
+            4 => Some(Completed::Unscoped),
             _ => None,
         }
     }
@@ -409,7 +422,10 @@ pub trait Store: Send + Sync + 'static {
         owner: &'a OwnerToken,
         linger: Duration,
     ) -> StoreFuture<'a, bool>;
-    /// Reads a record for operators.
+    /// Reads a record for operators. On the SQL stores, which keep each record's namespace,
+    /// only a record of this store's namespace, or one written without a namespace (by an
+    /// older version), is seen: another namespace's is `None`, as are [`Store::list`],
+    /// [`Store::delete`] and [`Store::complete`] for it.
     fn inspect<'a>(
         &'a self,
         id: &'a RecordId,
@@ -417,18 +433,26 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreFuture<'a, Option<RecordView>>;
     /// Deletes a record for an operator (a reconciliation). Unless `force`, a record whose
     /// owner may still be working (a live lease, or within its [`ClaimRequest::busy_for`])
-    /// is left alone: checked and deleted in one atomic step.
-    fn delete<'a>(&'a self, id: &'a RecordId, force: bool) -> StoreFuture<'a, Deleted>;
+    /// is left alone: checked and deleted in one atomic step. A record written without a
+    /// namespace (SQL stores) is left alone ([`Deleted::Unscoped`]) unless `any_namespace`.
+    fn delete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        force: bool,
+        any_namespace: bool,
+    ) -> StoreFuture<'a, Deleted>;
     /// Resolves a record as executed with the answer an operator found (a reconciliation of
     /// an `unknown` record): it becomes `completed`, its retries get `response` replayed,
     /// and its former owner can no longer record over it. Unless `force`, a record whose
     /// owner may still be working is left alone, as for [`Store::delete`]; a completed one
-    /// always is. Checked and written in one atomic step.
+    /// always is. Checked and written in one atomic step. A record written without a
+    /// namespace is left alone as for [`Store::delete`] unless `any_namespace`.
     fn complete<'a>(
         &'a self,
         id: &'a RecordId,
         response: &'a StoredResponse,
         force: bool,
+        any_namespace: bool,
     ) -> StoreFuture<'a, Completed>;
     /// While a route observes: the answer of a later execution of the same request (same
     /// `fingerprint`) replaces a recorded answer that was not a success (a `completed`

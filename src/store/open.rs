@@ -105,7 +105,8 @@ pub async fn open(c: &Config, redis: Option<&RedisSetup>) -> Result<Arc<dyn Stor
         }
         StoreKind::Sqlite => {
             let dir = c.store_path.clone().unwrap_or_default();
-            let store = tokio::task::spawn_blocking(move || SqliteStore::open(&dir))
+            let namespace = namespace_of(c);
+            let store = tokio::task::spawn_blocking(move || SqliteStore::open(&dir, &namespace))
                 .await
                 .map_err(|e| StoreError::Backend(format!("opening the store: {e}")))??;
             store.spawn_sweeper(SWEEP_EVERY);
@@ -118,10 +119,26 @@ pub async fn open(c: &Config, redis: Option<&RedisSetup>) -> Result<Arc<dyn Stor
                 .as_ref()
                 .map(|u| u.expose())
                 .unwrap_or_default();
-            let store =
-                PostgresStore::connect(url, c.redis_connect_timeout, c.store_timeout).await?;
+            let namespace = namespace_of(c);
+            let store = PostgresStore::connect(
+                url,
+                &namespace,
+                c.postgres_synchronous_commit,
+                c.redis_connect_timeout,
+                c.store_timeout,
+            )
+            .await?;
+            let durability = super::deadline(c.store_timeout, store.durability()).await?;
             store.spawn_sweeper(SWEEP_EVERY);
-            tracing::info!("connected to PostgreSQL");
+            // What the session reads, not what was asked: the setting in force.
+            tracing::info!(
+                synchronous_commit = %durability.synchronous_commit,
+                standbys = durability.standbys,
+                "connected to PostgreSQL"
+            );
+            if let Some(warning) = durability.warning(c.postgres_async_standbys_acknowledged) {
+                tracing::warn!("{warning}");
+            }
             Ok(Arc::new(store))
         }
         StoreKind::Redis => open_redis(c, redis_setup(redis)?).await,
@@ -184,6 +201,12 @@ async fn connect_redis(c: &Config, setup: &RedisSetup) -> Result<RedisStore, Ope
             addr: setup.addresses(),
             source,
         })
+}
+
+/// The namespace a store's records are written under: the configured one (required on a
+/// shared store), `default` on an embedded one, as the settings say.
+fn namespace_of(c: &Config) -> String {
+    c.namespace.clone().unwrap_or_else(|| "default".into())
 }
 
 #[cfg(test)]

@@ -27,6 +27,8 @@ pub(super) struct ViewRow {
     /// Read only when the view asks for it.
     pub body: Option<Vec<u8>>,
     pub body_kept: bool,
+    /// The namespace that wrote it; `None`: a version that kept none.
+    pub namespace: Option<String>,
 }
 
 impl ViewRow {
@@ -65,6 +67,7 @@ impl ViewRow {
                 None
             },
             body_kept: completed.then_some(self.body_kept),
+            namespace: Some(self.namespace),
         })
     }
 }

@@ -396,13 +396,14 @@ impl super::Layer for Enveloped {
         id: &'a RecordId,
         response: &'a StoredResponse,
         force: bool,
+        any_namespace: bool,
     ) -> StoreFuture<'a, Completed> {
         if !self.envelope.is_active() {
-            return self.inner.complete(id, response, force);
+            return self.inner.complete(id, response, force, any_namespace);
         }
         Box::pin(async move {
             let closed = self.envelope.close(id, response);
-            self.inner.complete(id, &closed, force).await
+            self.inner.complete(id, &closed, force, any_namespace).await
         })
     }
 

@@ -134,6 +134,10 @@ enum Action {
         /// without this flag).
         #[arg(long)]
         completed: bool,
+        /// Release a record written by a version that kept no namespace (`namespace:
+        /// null` on the SQL stores): it may be another namespace's (refused without it).
+        #[arg(long)]
+        any_namespace: bool,
         /// Why (1 to 500 characters): the audit log keeps it with the operator's name.
         #[arg(long, value_name = "TEXT")]
         reason: String,
@@ -155,6 +159,10 @@ enum Action {
         /// Complete it even while it is `in_progress`.
         #[arg(long)]
         force: bool,
+        /// Complete a record written by a version that kept no namespace (`namespace:
+        /// null` on the SQL stores): it may be another namespace's (refused without it).
+        #[arg(long)]
+        any_namespace: bool,
         /// Why (1 to 500 characters): the audit log keeps it with the operator's name.
         #[arg(long, value_name = "TEXT")]
         reason: String,
@@ -454,6 +462,7 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
             id,
             force,
             completed,
+            any_namespace,
             reason,
         } => {
             check_id(&id)?;
@@ -463,6 +472,9 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
             }
             if completed {
                 query.push("completed=true".to_string());
+            }
+            if any_namespace {
+                query.push("any_namespace=true".to_string());
             }
             // As a query parameter, which an instance that does not read it ignores.
             query.push(reason_param(&reason));
@@ -488,12 +500,21 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
             body_file,
             headers,
             force,
+            any_namespace,
             reason,
         } => {
             check_id(&id)?;
             let outcome = outcome(status, body_file.as_deref(), headers)?;
             let force = if force { "force=true&" } else { "" };
-            let path = format!("/records/{id}/complete?{force}{}", reason_param(&reason));
+            let any = if any_namespace {
+                "any_namespace=true&"
+            } else {
+                ""
+            };
+            let path = format!(
+                "/records/{id}/complete?{force}{any}{}",
+                reason_param(&reason)
+            );
             let answer = api.call(Method::POST, &path, Some(outcome)).await?;
             if !answer.status.is_success() {
                 return Err(refusal(&answer, json));
@@ -533,13 +554,16 @@ async fn lookup(api: &AdminApi, body: Value, json: bool) -> Result<u8, Failure> 
 fn release_refused(answer: &Answer, json: bool) -> Failure {
     let mut failure = refusal(answer, json);
     if answer.status == StatusCode::CONFLICT {
-        let completed_refusal =
-            serde_json::from_slice::<Value>(&answer.body).is_ok_and(|v| v["state"] == "completed");
-        failure.message.push_str(if completed_refusal {
-            " [here: `idemgate records release ID --completed`]"
-        } else {
-            " [here: `idemgate records release ID --force`]"
-        });
+        let refused = serde_json::from_slice::<Value>(&answer.body).unwrap_or_default();
+        failure
+            .message
+            .push_str(if refused["state"] == "completed" {
+                " [here: `idemgate records release ID --completed`]"
+            } else if refused.get("namespace").is_some_and(Value::is_null) {
+                " [here: `idemgate records release ID --any-namespace`]"
+            } else {
+                " [here: `idemgate records release ID --force`]"
+            });
     }
     failure
 }
@@ -743,6 +767,14 @@ fn record_block(v: &Value, now_ms: u64) -> String {
         ("fingerprint", text(&v["fingerprint"])),
         ("fingerprint_version", text(&v["fingerprint_version"])),
     ];
+    // On the SQL stores: `null` is a record written by a version that kept no namespace.
+    if let Some(ns) = v.get("namespace") {
+        let ns = ns.as_str().map_or_else(
+            || "- (written without one: every namespace sees it)".to_string(),
+            str::to_string,
+        );
+        lines.push(("namespace", ns));
+    }
     if !v["body_kept"].is_null() {
         lines.push(("body_kept", text(&v["body_kept"])));
     }

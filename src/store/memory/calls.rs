@@ -138,6 +138,7 @@ impl Store for MemoryStore {
         id: &'a RecordId,
         response: &'a StoredResponse,
         force: bool,
+        _any_namespace: bool,
     ) -> StoreFuture<'a, Completed> {
         let now = Instant::now();
         let inner = &*self.inner;
@@ -202,7 +203,12 @@ impl Store for MemoryStore {
         ready(self.list_now(state, cursor, count))
     }
 
-    fn delete<'a>(&'a self, id: &'a RecordId, force: bool) -> StoreFuture<'a, Deleted> {
+    fn delete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        force: bool,
+        _any_namespace: bool,
+    ) -> StoreFuture<'a, Deleted> {
         let now = Instant::now();
         let mut records = self.lock_for(id);
         let busy = records.map.get(id).is_some_and(|e| {
@@ -322,6 +328,7 @@ pub(super) fn view_of(id: &RecordId, e: &Entry, now: Instant, with_body: bool) -
                 status,
                 body_kept,
                 body,
+                namespace: None,
             }
         }
     }

@@ -150,7 +150,7 @@ async fn the_expiry_index_does_not_outgrow_the_records() {
         let req = claim_req(n + 1_000_000, LONG);
         assert_eq!(store.claim(&req).await.ok(), Some(Claim::Claimed));
         assert_eq!(
-            store.delete(&req.id, true).await.ok(),
+            store.delete(&req.id, true, false).await.ok(),
             Some(Deleted::Deleted)
         );
         assert!(store.index_len() <= 1);
@@ -251,7 +251,7 @@ async fn the_cap_holds_across_shards() {
     ));
     // So does a delete.
     assert_eq!(
-        store.delete(&reqs[7].id, true).await.ok(),
+        store.delete(&reqs[7].id, true, false).await.ok(),
         Some(Deleted::Deleted)
     );
     assert_eq!(store.claim(&crowded).await.ok(), Some(Claim::Claimed));

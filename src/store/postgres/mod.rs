@@ -33,12 +33,16 @@ use super::{
     Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState, RecordView,
     ReplayRoom, Store, StoreError, StoreFuture, StoredResponse,
 };
+use crate::config::PgSynchronousCommit;
 use crate::key::RecordId;
 
 mod conninfo;
+mod durability;
+mod found;
 mod sql;
 pub mod tls;
 
+use self::found::{found, Found};
 use self::sql::*;
 
 /// The schema this build writes, kept in `idemgate_meta`. A database with a higher version
@@ -59,6 +63,11 @@ pub struct PostgresStore {
 
 struct Inner {
     setup: PostgresSetup,
+    /// The namespace every record this store writes is kept under, and the only one,
+    /// besides records written without one, that operators' calls see.
+    namespace: String,
+    /// `synchronous_commit` of every session, set as it opens.
+    synchronous_commit: PgSynchronousCommit,
     connect_timeout: Duration,
     statement_timeout: Duration,
     conn: Mutex<Option<Arc<Conn>>>,
@@ -114,9 +123,12 @@ fn ms(d: Duration) -> i64 {
 impl PostgresStore {
     /// Connects, and creates or migrates the schema. `url` is a connection string with its
     /// TLS parameters (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`), as
-    /// [`PostgresSetup::url`] writes it; its files are read here, once.
+    /// [`PostgresSetup::url`] writes it; its files are read here, once. Records are
+    /// written under `namespace`; every session commits with `synchronous_commit`.
     pub async fn connect(
         url: &str,
+        namespace: &str,
+        synchronous_commit: PgSynchronousCommit,
         connect_timeout: Duration,
         statement_timeout: Duration,
     ) -> Result<PostgresStore, StoreError> {
@@ -129,6 +141,8 @@ impl PostgresStore {
         let store = PostgresStore {
             inner: Arc::new(Inner {
                 setup,
+                namespace: namespace.to_string(),
+                synchronous_commit,
                 connect_timeout,
                 statement_timeout,
                 conn: Mutex::new(None),
@@ -148,9 +162,13 @@ impl PostgresStore {
         let mut config = setup.config.clone();
         config.connect_timeout(self.inner.connect_timeout);
         config.application_name("idemgate");
+        // Set as the session starts, these win over the server's, the database's and the
+        // role's defaults: a database whose `synchronous_commit` is `off` would otherwise
+        // answer a claim before it is on disk, and lose it in a crash.
         config.options(format!(
-            "-c statement_timeout={}",
-            statement_timeout.as_millis().max(1)
+            "-c statement_timeout={} -c synchronous_commit={}",
+            statement_timeout.as_millis().max(1),
+            self.inner.synchronous_commit.as_str()
         ));
         let connected = super::deadline(self.inner.connect_timeout, async {
             match &setup.tls {
@@ -354,78 +372,6 @@ fn col<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, i: usize) -> Res
         .map_err(|e| corrupt(&format!("column {i}: {e}")))
 }
 
-fn lease_left(ms: i64) -> Duration {
-    Duration::from_millis(ms.max(1) as u64)
-}
-
-/// What a claim's row says.
-enum Found {
-    Claim(Claim),
-    /// A completed record whose body was longer than the claim's room: not read yet.
-    Unread {
-        status: u16,
-        headers: Vec<(String, Bytes)>,
-        len: usize,
-    },
-}
-
-fn found(row: &Row, req: &ClaimRequest) -> Result<Option<Found>, StoreError> {
-    if col::<bool>(row, 0)? {
-        return Ok(Some(Found::Claim(Claim::Claimed)));
-    }
-    let Some(state) = col::<Option<i16>>(row, 2)? else {
-        // No live row visible: withdrawn, or made by a claim that committed after this
-        // statement's snapshot (run it again).
-        return Ok(col::<bool>(row, 1)?.then_some(Found::Claim(Claim::Withdrawn)));
-    };
-    let fp: Vec<u8> = col(row, 3)?;
-    let fv: i32 = col(row, 4)?;
-    let fv = u16::try_from(fv).map_err(|_| corrupt("fingerprint version out of range"))?;
-    Ok(Some(Found::Claim(if fv != req.fingerprint_version {
-        Claim::OtherVersion(fv)
-    } else if fp.as_slice() != req.fingerprint.0.as_slice() {
-        Claim::Mismatch
-    } else if state == 1 {
-        let status: Option<i32> = col(row, 6)?;
-        let status = status
-            .and_then(|s| u16::try_from(s).ok())
-            .ok_or_else(|| corrupt("completed without a status"))?;
-        let headers: Option<Vec<u8>> = col(row, 7)?;
-        let body: Option<Vec<u8>> = col(row, 8)?;
-        let len: Option<i64> = col(row, 9)?;
-        let len = usize::try_from(len.unwrap_or(0)).unwrap_or(usize::MAX);
-        let Some(headers) = headers else {
-            // Completed without headers: the answer was too large to keep.
-            return Ok(Some(Found::Claim(Claim::NotKept { status })));
-        };
-        let headers = StoredResponse::decode_headers(&headers)
-            .ok_or_else(|| corrupt("undecodable headers"))?;
-        match body {
-            None if len > 0 => {
-                return Ok(Some(Found::Unread {
-                    status,
-                    headers,
-                    len,
-                }))
-            }
-            body => Claim::Replay(StoredResponse {
-                status,
-                headers,
-                body: Bytes::from(body.unwrap_or_default()),
-            }),
-        }
-    } else {
-        let left: i64 = col(row, 5)?;
-        if state == 0 && left > 0 {
-            Claim::InFlight {
-                lease_left: lease_left(left),
-            }
-        } else {
-            Claim::Unknown
-        }
-    })))
-}
-
 impl Store for PostgresStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
         Box::pin(async move {
@@ -453,6 +399,7 @@ impl Store for PostgresStore {
                             &busy,
                             &retention,
                             &inline,
+                            &self.inner.namespace,
                         ],
                     )
                     .await
@@ -588,7 +535,10 @@ impl Store for PostgresStore {
             let c = self.conn().await?;
             let Some(r) = c
                 .client
-                .query_opt(&c.inspect, &[&id.as_bytes().as_slice(), &with_body])
+                .query_opt(
+                    &c.inspect,
+                    &[&id.as_bytes().as_slice(), &with_body, &self.inner.namespace],
+                )
                 .await
                 .map_err(pg)?
             else {
@@ -598,18 +548,28 @@ impl Store for PostgresStore {
         })
     }
 
-    fn delete<'a>(&'a self, id: &'a RecordId, force: bool) -> StoreFuture<'a, Deleted> {
+    fn delete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        force: bool,
+        any_namespace: bool,
+    ) -> StoreFuture<'a, Deleted> {
         Box::pin(async move {
             let c = self.conn().await?;
+            let id = id.as_bytes().as_slice();
             let n: i32 = c
                 .client
-                .query_one(&c.delete, &[&id.as_bytes().as_slice(), &force])
+                .query_one(
+                    &c.delete,
+                    &[&id, &force, &self.inner.namespace, &any_namespace],
+                )
                 .await
                 .map_err(pg)
                 .and_then(|r| col(&r, 0))?;
             Ok(match n {
                 1 => Deleted::Deleted,
                 2 => Deleted::OwnerBusy,
+                4 => Deleted::Unscoped,
                 _ => Deleted::NotFound,
             })
         })
@@ -620,6 +580,7 @@ impl Store for PostgresStore {
         id: &'a RecordId,
         response: &'a StoredResponse,
         force: bool,
+        any_namespace: bool,
     ) -> StoreFuture<'a, Completed> {
         Box::pin(async move {
             let c = self.conn().await?;
@@ -635,6 +596,8 @@ impl Store for PostgresStore {
                         &status,
                         &headers.as_slice(),
                         &&response.body[..],
+                        &self.inner.namespace,
+                        &any_namespace,
                     ],
                 )
                 .await
@@ -699,7 +662,14 @@ impl Store for PostgresStore {
             for r in &rows {
                 let raw: Vec<u8> = col(r, 10)?;
                 let id = walk.id(&raw, corrupt)?;
-                walk.saw(Some(view_of(&id, r)?));
+                let view = view_of(&id, r)?;
+                // Another namespace's record is examined (the page's bound) but not shown.
+                let seen = view.namespace.as_ref().is_none_or(|written_in| {
+                    written_in
+                        .as_deref()
+                        .is_none_or(|n| n == self.inner.namespace)
+                });
+                walk.saw(seen.then_some(view));
             }
             Ok(walk.page(rows.len(), count))
         })
@@ -766,6 +736,7 @@ fn view_of(id: &RecordId, r: &Row) -> Result<RecordView, StoreError> {
         status: status.and_then(|s| u16::try_from(s).ok()),
         body: col(r, 8)?,
         body_kept: col(r, 9)?,
+        namespace: col(r, 11)?,
     };
     row.view(id, corrupt)
 }

@@ -37,6 +37,15 @@ DO $$ BEGIN
     ALTER TABLE idemgate_records ALTER COLUMN body SET STORAGE EXTERNAL;
   END IF;
 END $$;
+-- The namespace that wrote each record: operators' calls see their own namespace's records
+-- and those written before it was kept (NULL). Additive, under the same schema_version, so
+-- that an older version still opens the database (and writes NULL); added once.
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'idemgate_records'::regclass
+                 AND attname = 'namespace' AND NOT attisdropped) THEN
+    ALTER TABLE idemgate_records ADD COLUMN namespace text;
+  END IF;
+END $$;
 ";
 
 /// One statement: claims the id (a fresh row, or in place of an expired one) unless this
@@ -50,18 +59,18 @@ WITH w AS (
                  WHERE id = $1 AND owner = $4 AND until > clock_timestamp()) AS withdrawn
 ), ins AS (
   INSERT INTO idemgate_records AS r (id, state, fingerprint, fingerprint_version, owner,
-      lease_until, busy_until, created, expires)
+      lease_until, busy_until, created, expires, namespace)
   SELECT $1::bytea, 0, $2::bytea, $3::integer, $4::text,
       clock_timestamp() + $5::bigint * interval '1 millisecond',
       clock_timestamp() + $6::bigint * interval '1 millisecond',
       clock_timestamp(),
-      clock_timestamp() + $7::bigint * interval '1 millisecond'
+      clock_timestamp() + $7::bigint * interval '1 millisecond', $9::text
   FROM w WHERE NOT w.withdrawn
   ON CONFLICT (id) DO UPDATE SET state = 0, fingerprint = excluded.fingerprint,
       fingerprint_version = excluded.fingerprint_version, owner = excluded.owner,
       lease_until = excluded.lease_until, busy_until = excluded.busy_until,
       created = excluded.created, expires = excluded.expires,
-      status = NULL, headers = NULL, body = NULL
+      status = NULL, headers = NULL, body = NULL, namespace = excluded.namespace
     WHERE r.expires <= clock_timestamp()
   RETURNING 1
 )
@@ -130,38 +139,48 @@ WITH d AS (
 SELECT EXISTS (SELECT 1 FROM d)
 ";
 
-/// 0 not found, 1 deleted, 2 owner busy: one statement.
+/// 0 not found, 1 deleted, 2 owner busy, 4 written without a namespace and `$4` (any
+/// namespace) not given: one statement. Only a record of namespace `$3`, or of none, is
+/// found.
 pub(super) const DELETE: &str = "
 WITH cur AS (
-  SELECT state, lease_until, busy_until FROM idemgate_records
-  WHERE id = $1 AND expires > clock_timestamp() FOR UPDATE
+  SELECT state, lease_until, busy_until, namespace IS NULL AND NOT $4 AS unreached
+  FROM idemgate_records
+  WHERE id = $1 AND expires > clock_timestamp() AND (namespace = $3 OR namespace IS NULL)
+  FOR UPDATE
 ), d AS (
   DELETE FROM idemgate_records
-  WHERE id = $1 AND EXISTS (SELECT 1 FROM cur) AND ($2 OR NOT EXISTS (
+  WHERE id = $1 AND EXISTS (SELECT 1 FROM cur WHERE NOT unreached) AND ($2 OR NOT EXISTS (
     SELECT 1 FROM cur WHERE state = 0
       AND (lease_until > clock_timestamp() OR busy_until > clock_timestamp())))
   RETURNING 1
 )
 SELECT CASE WHEN EXISTS (SELECT 1 FROM d) THEN 1
+            WHEN EXISTS (SELECT 1 FROM cur WHERE unreached) THEN 4
             WHEN EXISTS (SELECT 1 FROM cur) THEN 2 ELSE 0 END
 ";
 
-// An operator's resolution: 1 completed, 0 no record, 2 its owner may still be working
-// (not forced), 3 already completed (kept or not). The owner is cleared, so the former
-// owner's late RECORD is refused.
+// An operator's resolution: 1 completed, 0 no record (of namespace `$6`, or of none), 2
+// its owner may still be working (not forced), 3 already completed (kept or not), 4
+// written without a namespace and `$7` (any namespace) not given. The owner is cleared, so
+// the former owner's late RECORD is refused.
 pub(super) const COMPLETE: &str = "
 WITH cur AS (
-  SELECT state, lease_until, busy_until FROM idemgate_records
-  WHERE id = $1 AND expires > clock_timestamp() FOR UPDATE
+  SELECT state, lease_until, busy_until, namespace IS NULL AND NOT $7 AS unreached
+  FROM idemgate_records
+  WHERE id = $1 AND expires > clock_timestamp() AND (namespace = $6 OR namespace IS NULL)
+  FOR UPDATE
 ), u AS (
   UPDATE idemgate_records SET state = 1, owner = '', status = $3, headers = $4, body = $5
-  WHERE id = $1 AND EXISTS (SELECT 1 FROM cur WHERE state <> 1) AND ($2 OR NOT EXISTS (
+  WHERE id = $1 AND EXISTS (SELECT 1 FROM cur WHERE state <> 1 AND NOT unreached)
+    AND ($2 OR NOT EXISTS (
     SELECT 1 FROM cur WHERE state = 0
       AND (lease_until > clock_timestamp() OR busy_until > clock_timestamp())))
   RETURNING 1
 )
 SELECT CASE WHEN EXISTS (SELECT 1 FROM u) THEN 1
             WHEN NOT EXISTS (SELECT 1 FROM cur) THEN 0
+            WHEN EXISTS (SELECT 1 FROM cur WHERE unreached) THEN 4
             WHEN EXISTS (SELECT 1 FROM cur WHERE state = 1) THEN 3 ELSE 2 END
 ";
 
@@ -186,20 +205,23 @@ SELECT state, fingerprint, fingerprint_version,
     };
 }
 
-// The columns of a record view (see `view_of`), `$2`: with its body.
+// The columns of a record view (see `view_of`), `$2`: with its body; only a record of
+// namespace `$3`, or of none.
 pub(super) const INSPECT: &str = concat!(
     view_columns!(),
-    "CASE WHEN $2 THEN body END, headers IS NOT NULL
+    "CASE WHEN $2 THEN body END, headers IS NOT NULL, NULL::bytea, namespace
 FROM idemgate_records WHERE id = $1 AND expires > clock_timestamp()
+  AND (namespace = $3 OR namespace IS NULL)
 "
 );
 
 // One page of an operator's walk: the next `$2` live records after the id `$1`, in
 // primary-key order (an index range scan: about `$2` rows read per page), with the
-// columns of INSPECT and the id last.
+// columns of INSPECT and the id before the namespace (records of other namespaces are
+// left out by the caller, so that a page reads `$2` rows whatever the namespaces).
 pub(super) const LIST: &str = concat!(
     view_columns!(),
-    "NULL::bytea, headers IS NOT NULL, id
+    "NULL::bytea, headers IS NOT NULL, id, namespace
 FROM idemgate_records WHERE id > $1 AND expires > clock_timestamp()
 ORDER BY id LIMIT $2
 "

@@ -244,11 +244,17 @@ impl Store for RedisStore {
                         }
                     }
                 },
+                namespace: None,
             }))
         })
     }
 
-    fn delete<'a>(&'a self, id: &'a RecordId, force: bool) -> StoreFuture<'a, Deleted> {
+    fn delete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        force: bool,
+        _any_namespace: bool,
+    ) -> StoreFuture<'a, Deleted> {
         Box::pin(async move {
             let script = &self.scripts.delete;
             let mut cmd = evalsha(script, &Self::key(id));
@@ -280,6 +286,7 @@ impl Store for RedisStore {
         id: &'a RecordId,
         response: &'a StoredResponse,
         force: bool,
+        _any_namespace: bool,
     ) -> StoreFuture<'a, Completed> {
         Box::pin(async move {
             let script = &self.scripts.complete;

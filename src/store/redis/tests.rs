@@ -185,7 +185,7 @@ async fn records_of_the_previous_version_replay_and_its_claims_see_no_notes() {
     );
     // Deleted with its record.
     assert_eq!(
-        store.delete(&old.id, true).await.expect("delete"),
+        store.delete(&old.id, true, false).await.expect("delete"),
         Deleted::Deleted
     );
     let left: i64 = redis::cmd("EXISTS")

@@ -9,8 +9,8 @@ use super::*;
 
 impl Store for SqliteStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, Claim> {
-        let req = req.clone();
-        self.run(move |c| claim_now(c, &req))
+        let (req, namespace) = (req.clone(), self.namespace.clone());
+        self.run(move |c| claim_now(c, &req, &namespace))
     }
 
     fn record<'a>(
@@ -181,17 +181,23 @@ impl Store for SqliteStore {
         id: &'a RecordId,
         with_body: bool,
     ) -> StoreFuture<'a, Option<RecordView>> {
-        let id = *id;
-        self.run(move |c| inspect_in(c, id, with_body))
+        let (id, namespace) = (*id, self.namespace.clone());
+        self.run(move |c| inspect_in(c, id, with_body, &namespace))
     }
 
-    fn delete<'a>(&'a self, id: &'a RecordId, force: bool) -> StoreFuture<'a, Deleted> {
-        let id = *id;
+    fn delete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        force: bool,
+        any_namespace: bool,
+    ) -> StoreFuture<'a, Deleted> {
+        let (id, namespace) = (*id, self.namespace.clone());
         self.run(move |c| {
-            operator_step(c, &id, |tx, id, row| {
+            operator_step(c, &id, &namespace, |tx, id, row| {
                 Ok(match row {
                     None => Deleted::NotFound,
-                    Some((_, true)) if !force => Deleted::OwnerBusy,
+                    Some((_, _, true)) if !any_namespace => Deleted::Unscoped,
+                    Some((_, true, _)) if !force => Deleted::OwnerBusy,
                     Some(_) => {
                         tx.execute("DELETE FROM records WHERE id = ?1", params![id])
                             .map_err(backend)?;
@@ -207,18 +213,20 @@ impl Store for SqliteStore {
         id: &'a RecordId,
         response: &'a StoredResponse,
         force: bool,
+        any_namespace: bool,
     ) -> StoreFuture<'a, Completed> {
-        let id = *id;
+        let (id, namespace) = (*id, self.namespace.clone());
         let status = response.status;
         let headers = response.encode_headers();
         let body = response.body.to_vec();
         self.run(move |c| {
-            operator_step(c, &id, |tx, id, row| {
+            operator_step(c, &id, &namespace, |tx, id, row| {
                 Ok(match row {
                     None => Completed::NotFound,
+                    Some((_, _, true)) if !any_namespace => Completed::Unscoped,
                     // Kept or not kept, it holds the upstream's (or an operator's) answer.
-                    Some((COMPLETED, _)) => Completed::AlreadyCompleted,
-                    Some((_, true)) if !force => Completed::OwnerBusy,
+                    Some((COMPLETED, _, _)) => Completed::AlreadyCompleted,
+                    Some((_, true, _)) if !force => Completed::OwnerBusy,
                     Some(_) => {
                         // The owner is cleared, so the former owner's late record is refused.
                         tx.execute(
@@ -284,6 +292,7 @@ impl Store for SqliteStore {
             }
         };
         let count = count.max(1);
+        let namespace = self.namespace.clone();
         self.run(move |c| {
             let now = now_ms();
             let after: &[u8] = after.as_ref().map_or(&[], |id| id.as_bytes().as_slice());
@@ -299,7 +308,7 @@ impl Store for SqliteStore {
             let mut walk = Walk::new(state);
             for raw in &ids {
                 let id = walk.id(raw, corrupt)?;
-                walk.saw(inspect_in(c, id, false)?);
+                walk.saw(inspect_in(c, id, false, &namespace)?);
             }
             Ok(walk.page(ids.len(), count))
         })
@@ -349,68 +358,82 @@ impl Store for SqliteStore {
 fn operator_step<T>(
     c: &mut Connection,
     id: &RecordId,
-    act: impl FnOnce(&rusqlite::Transaction<'_>, &[u8], Option<(i64, bool)>) -> Result<T, StoreError>,
+    namespace: &str,
+    act: impl FnOnce(
+        &rusqlite::Transaction<'_>,
+        &[u8],
+        Option<(i64, bool, bool)>,
+    ) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
     let now = now_ms();
     let id = id.as_bytes().as_slice();
     let tx = c
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(backend)?;
-    let row = operator_row(&tx, id, now)?;
+    let row = operator_row(&tx, id, namespace, now)?;
     let out = act(&tx, id, row)?;
     tx.commit().map_err(backend)?;
     Ok(out)
 }
 
 /// What an operator's delete or complete checks, in its transaction: the live record's
-/// state, and whether its owner may still be working (a live lease, or busy).
+/// state, whether its owner may still be working (a live lease, or busy), and whether it
+/// was written without a namespace (by an older version). Another namespace's record is
+/// not there for it (`None`).
 fn operator_row(
     tx: &rusqlite::Transaction<'_>,
     id: &[u8],
+    namespace: &str,
     now: i64,
-) -> Result<Option<(i64, bool)>, StoreError> {
+) -> Result<Option<(i64, bool, bool)>, StoreError> {
     let row = tx
         .query_row(
-            "SELECT state, lease_until, busy_until FROM records WHERE id = ?1 AND expires > ?2",
-            params![id, now],
+            "SELECT state, lease_until, busy_until, namespace IS NULL FROM records
+             WHERE id = ?1 AND expires > ?2 AND (namespace = ?3 OR namespace IS NULL)",
+            params![id, now, namespace],
             |r| {
                 Ok((
                     r.get::<_, i64>(0)?,
                     r.get::<_, i64>(1)?,
                     r.get::<_, i64>(2)?,
+                    r.get::<_, bool>(3)?,
                 ))
             },
         )
         .optional()
         .map_err(backend)?;
-    Ok(row.map(|(state, lease_until, busy_until)| {
+    Ok(row.map(|(state, lease_until, busy_until, unscoped)| {
         let busy = state == IN_PROGRESS && (lease_until > now || busy_until > now);
-        (state, busy)
+        (state, busy, unscoped)
     }))
 }
 
-/// A record as operators see it, read on `c`; `None` if there is none live.
+/// A record as operators see it, read on `c`; `None` if there is none live that
+/// `namespace` sees (its own, or one written without a namespace).
 fn inspect_in(
     c: &Connection,
     id: RecordId,
     with_body: bool,
+    namespace: &str,
 ) -> Result<Option<RecordView>, StoreError> {
     let now = now_ms();
     let row = c
         .query_row(
             "SELECT state, fingerprint, fingerprint_version, lease_until, busy_until,
-                   created, expires, status, body, headers IS NOT NULL FROM records
-                 WHERE id = ?1 AND expires > ?2",
-            params![id.as_bytes().as_slice(), now],
+                   created, expires, status, body, headers IS NOT NULL, namespace FROM records
+                 WHERE id = ?1 AND expires > ?2 AND (namespace = ?3 OR namespace IS NULL)",
+            params![id.as_bytes().as_slice(), now, namespace],
             |r| {
                 Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, Vec<u8>>(1)?,
-                    r.get::<_, u16>(2)?,
-                    r.get::<_, i64>(3)?,
-                    r.get::<_, i64>(4)?,
-                    r.get::<_, i64>(5)?,
-                    r.get::<_, i64>(6)?,
+                    (
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, Vec<u8>>(1)?,
+                        r.get::<_, u16>(2)?,
+                        r.get::<_, i64>(3)?,
+                        r.get::<_, i64>(4)?,
+                        r.get::<_, i64>(5)?,
+                        r.get::<_, i64>(6)?,
+                    ),
                     r.get::<_, Option<u16>>(7)?,
                     if with_body {
                         r.get::<_, Option<Vec<u8>>>(8)?
@@ -418,15 +441,16 @@ fn inspect_in(
                         None
                     },
                     r.get::<_, bool>(9)?,
+                    r.get::<_, Option<String>>(10)?,
                 ))
             },
         )
         .optional()
         .map_err(backend)?;
-    let Some((state, fp, fv, lease_until, busy_until, created, expires, status, body, kept)) = row
-    else {
+    let Some((times, status, body, kept, written_in)) = row else {
         return Ok(None);
     };
+    let (state, fp, fv, lease_until, busy_until, created, expires) = times;
     let row = ViewRow {
         state,
         fingerprint: fp,
@@ -438,6 +462,7 @@ fn inspect_in(
         status,
         body,
         body_kept: kept,
+        namespace: written_in,
     };
     row.view(&id, corrupt).map(Some)
 }

@@ -10,7 +10,11 @@ use super::{backend, corrupt, ms, now_ms};
 use crate::store::row::{COMPLETED, IN_PROGRESS};
 use crate::store::{room_for, Claim, ClaimRequest, ReplayRoom, StoreError, StoredResponse};
 
-pub(super) fn claim_now(c: &mut Connection, req: &ClaimRequest) -> Result<Claim, StoreError> {
+pub(super) fn claim_now(
+    c: &mut Connection,
+    req: &ClaimRequest,
+    namespace: &str,
+) -> Result<Claim, StoreError> {
     let now = now_ms();
     let id = req.id.as_bytes().as_slice();
     let tx = c
@@ -36,8 +40,8 @@ pub(super) fn claim_now(c: &mut Connection, req: &ClaimRequest) -> Result<Claim,
     } else {
         tx.prepare_cached(
             "INSERT INTO records (id, state, fingerprint, fingerprint_version, owner,
-               lease_until, busy_until, created, expires)
-             VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+               lease_until, busy_until, created, expires, namespace)
+             VALUES (?1, 0, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
              ON CONFLICT (id) DO NOTHING",
         )
         .and_then(|mut s| {
@@ -50,6 +54,7 @@ pub(super) fn claim_now(c: &mut Connection, req: &ClaimRequest) -> Result<Claim,
                 now + ms(req.busy_for),
                 now,
                 now + ms(req.retention),
+                namespace,
             ])
         })
         .map_err(backend)?

@@ -50,7 +50,8 @@ mod claim;
 pub const FILE_NAME: &str = "idemgate.sqlite3";
 
 /// The schema this build writes (`PRAGMA user_version`). A database with a higher version
-/// was made by a newer idemgate and is refused rather than misread.
+/// was made by a newer idemgate and is refused rather than misread. Additive changes (the
+/// `namespace` column) leave it as it is, so that older versions still open the file.
 const SCHEMA_VERSION: i64 = 1;
 
 /// How many expired records one sweep transaction deletes at most.
@@ -89,6 +90,10 @@ CREATE TABLE IF NOT EXISTS withdrawn (
 pub struct SqliteStore {
     conn: Arc<Shared>,
     path: Arc<PathBuf>,
+    /// The namespace every record this store writes is kept under (the `namespace`
+    /// column), and the only one, besides records written without one, that operators'
+    /// calls see.
+    namespace: Arc<str>,
 }
 
 /// The connection, and the one thread that uses it.
@@ -209,9 +214,10 @@ fn ms(d: Duration) -> i64 {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the database in directory `dir`, and migrates its schema.
-    /// Blocking: call it from start-up code or a blocking task.
-    pub fn open(dir: &Path) -> Result<SqliteStore, StoreError> {
+    /// Opens (creating if needed) the database in directory `dir`, and migrates its schema;
+    /// its records are written under `namespace`. Blocking: call it from start-up code or
+    /// a blocking task.
+    pub fn open(dir: &Path, namespace: &str) -> Result<SqliteStore, StoreError> {
         let path = dir.join(FILE_NAME);
         owner_only(dir, &path)?;
         let conn = Connection::open(&path).map_err(backend)?;
@@ -238,10 +244,16 @@ impl SqliteStore {
                 path.display()
             )));
         }
-        conn.execute_batch(&format!(
-            "BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-        ))
-        .map_err(backend)?;
+        conn.execute_batch(&format!("BEGIN IMMEDIATE; {SCHEMA}"))
+            .map_err(backend)?;
+        let migrated = add_namespace_column(&conn).and_then(|()| {
+            conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"))
+                .map_err(backend)
+        });
+        if migrated.is_err() {
+            let _ = conn.execute_batch("ROLLBACK;");
+        }
+        migrated?;
         // Created and claimed times only ever move forward on a sane clock.
         let newest: Option<i64> = conn
             .query_row("SELECT max(created) FROM records", [], |r| r.get(0))
@@ -252,6 +264,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             conn: Shared::start(conn)?,
             path: Arc::new(path),
+            namespace: namespace.into(),
         })
     }
 
@@ -328,11 +341,12 @@ impl SqliteStore {
     /// Sweeps expired records every `period` in a background task, which ends when the last
     /// clone of the store is dropped.
     pub fn spawn_sweeper(&self, period: Duration) -> tokio::task::JoinHandle<()> {
-        let path = self.path.clone();
+        let (path, namespace) = (self.path.clone(), self.namespace.clone());
         super::spawn_sweeper(&self.conn, period, move |conn| {
             let store = SqliteStore {
                 conn,
                 path: path.clone(),
+                namespace: namespace.clone(),
             };
             async move {
                 if let Err(e) = store.sweep().await {
@@ -341,6 +355,25 @@ impl SqliteStore {
             }
         })
     }
+}
+
+/// Adds the `namespace` column to a table made by a version without it, in the open
+/// migration's transaction. Additive, under the same `user_version`: a version before it
+/// still opens the file, and writes rows without a namespace (`NULL`), which every
+/// namespace sees (see [`Store::inspect`]).
+fn add_namespace_column(conn: &Connection) -> Result<(), StoreError> {
+    let has: bool = conn
+        .query_row(
+            "SELECT count(*) > 0 FROM pragma_table_info('records') WHERE name = 'namespace'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(backend)?;
+    if !has {
+        conn.execute_batch("ALTER TABLE records ADD COLUMN namespace TEXT;")
+            .map_err(backend)?;
+    }
+    Ok(())
 }
 
 fn corrupt(what: &str) -> StoreError {
@@ -356,7 +389,7 @@ mod permission_tests {
     fn the_store_is_readable_by_its_owner_only() {
         let base = tempfile::tempdir().expect("tempdir");
         let dir = base.path().join("records");
-        let store = SqliteStore::open(&dir).expect("opens");
+        let store = SqliteStore::open(&dir, "default").expect("opens");
         let mode = |p: &Path| std::fs::metadata(p).expect("exists").permissions().mode() & 0o777;
         assert_eq!(mode(&dir), 0o700);
         assert_eq!(mode(store.path()), 0o600);
