@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::postgres::PgServer;
 use common::*;
-use idemgate::config::Config;
+use idemgate::config::{Config, PgSynchronousCommit};
 
 const TRANSFER: &str = r#"{"from":"acc-1","to":"acc-2","amount":1250,"currency":"EUR"}"#;
 const N: usize = 30;
@@ -152,4 +152,58 @@ async fn database_restarted_records_kept_and_service_resumes() {
     assert_eq!(fresh.status, 201);
     assert_eq!(up.hits(), 2);
     app.shutdown().await;
+}
+
+/// A database whose default is `synchronous_commit = off` (a claim answered before it is on
+/// disk, lost in a crash): idemgate's sessions commit with `postgres_synchronous_commit`
+/// all the same, as the session itself reads it at start and logs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_commit_synchronously_whatever_the_database_says() {
+    let pg = start_pg().await;
+    let url = pg.fresh_db().await;
+    let name = url.rsplit('/').next().unwrap().to_string();
+    PgServer::query(
+        &url,
+        &format!("ALTER DATABASE {name} SET synchronous_commit = off"),
+    )
+    .await;
+    // Another session on it has the database's default.
+    assert_eq!(
+        PgServer::query(&url, "SHOW synchronous_commit").await,
+        ["off"]
+    );
+    let up = Upstream::start().await;
+    for (asked, read) in [
+        (None, "on"),
+        (Some(PgSynchronousCommit::RemoteApply), "remote_apply"),
+    ] {
+        let mut gate = Idemgate::new(&up.url())
+            .set(|c| {
+                c.postgres_url = Some(url.as_str().into());
+                if let Some(asked) = asked {
+                    c.postgres_synchronous_commit = asked;
+                }
+            })
+            .binary();
+        let key = format!("sync-{read}");
+        let paid = post_url(
+            &client(),
+            &gate.url("/v1/transfers"),
+            Some(&key),
+            TRANSFER,
+            &[],
+        )
+        .await;
+        assert_eq!(paid.status, 201);
+        gate.terminate(Duration::from_secs(10));
+        let log = gate.log();
+        let line = log
+            .lines()
+            .find(|l| l.contains("connected to PostgreSQL"))
+            .unwrap_or_else(|| panic!("no connection line in:\n{log}"));
+        assert!(
+            line.contains(&format!("synchronous_commit={read}")),
+            "{line}"
+        );
+    }
 }

@@ -20,4 +20,5 @@ mod redis_cluster;
 mod redis_sentinel;
 mod redis_tls;
 mod redis_values;
+mod sql_namespaces;
 mod store_contract;
