@@ -17,6 +17,10 @@
 //!   (Raw bytes outside ASCII, which the previous release re-encoded as other characters,
 //!   change ids too; the previous release forwarded a mangled path for them anyway. So do
 //!   escapes of reserved characters such as `%40`, which the scope now decodes.)
+//! - on SQLite and PostgreSQL, with two namespaces on one store: the previous release opens
+//!   a database this build migrated (the `namespace` column is added under the same schema
+//!   version), and the records it writes, which carry no namespace, are seen by every
+//!   namespace and released by another one's operator only with `?any_namespace=true`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -255,4 +259,96 @@ async fn a_fleet_switching_to_value_records() {
     assert_eq!(pay(&c, &hash, path, auth, "value", other).await.0, 422);
     assert_eq!(up.hits(), hits + 3, "one execution per operation");
     drop((old, hash, value));
+}
+
+/// The SQL stores across the upgrade that keeps each record's namespace, with two
+/// namespaces on one store: the previous release opens the database this build migrated
+/// (the column is added under the same schema version), both versions replay each other's
+/// records, and a record the previous release wrote carries no namespace: every namespace
+/// sees it (`namespace: null`), and another namespace's operator cannot release it without
+/// `?any_namespace=true`.
+async fn sql_store_across_the_namespace_upgrade(store: &[(&str, &str)]) {
+    let old_bin = previous_binary();
+    let up = Upstream::start().await;
+    let env = |namespace| {
+        let mut env = store.to_vec();
+        env.push(("IDEMGATE_NAMESPACE", namespace));
+        env
+    };
+    // The previous release makes the schema, this build migrates it, and the previous
+    // release opens it again once migrated.
+    let old = Gate::start_binary(&old_bin, &up.url(), "", &env("alpha"));
+    let alpha = Gate::start(&up.url(), "", &env("alpha"));
+    let beta = Gate::start(&up.url(), "", &env("beta"));
+    let reopened = Gate::start_binary(&old_bin, &up.url(), "", &env("alpha"));
+    let c = client();
+    let (auth, body, path) = ("Bearer acct-1", r#"{"amount":1000}"#, "/v1/transfers");
+
+    assert_eq!(pay(&c, &old, path, auth, "old", body).await, (201, false));
+    assert_eq!(pay(&c, &alpha, path, auth, "old", body).await, (201, true));
+    assert_eq!(pay(&c, &alpha, path, auth, "new", body).await, (201, false));
+    // The previous release, on the migrated database: a replay of its own record, and
+    // for this build's (a fingerprint version it does not know) a wait, never a second
+    // execution.
+    assert_eq!(
+        pay(&c, &reopened, path, auth, "old", body).await,
+        (201, true)
+    );
+    assert_eq!(
+        pay_problem(&c, &reopened, path, auth, "new", body).await,
+        (409, false, Some(("in-progress".into(), true)))
+    );
+    assert_eq!(up.hits(), 2, "one execution per operation");
+
+    let list = async |g: &Gate| -> Vec<serde_json::Value> {
+        let page: serde_json::Value = c
+            .get(g.admin_url("/records"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        page["records"].as_array().cloned().unwrap_or_default()
+    };
+    let theirs = list(&beta).await;
+    assert_eq!(
+        theirs.len(),
+        1,
+        "beta sees the unscoped record alone: {theirs:?}"
+    );
+    assert_eq!(theirs[0]["namespace"], serde_json::Value::Null);
+    let mine = list(&alpha).await;
+    assert_eq!(mine.len(), 2, "{mine:?}");
+    assert!(mine.iter().any(|r| r["namespace"] == "alpha"), "{mine:?}");
+    let unscoped = theirs[0]["id"].as_str().unwrap();
+    let refused = c
+        .delete(beta.admin_url(&format!(
+            "/records/{unscoped}?completed=true&reason=test+releases+it"
+        )))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16();
+    assert_eq!(refused, 409);
+    assert_eq!(pay(&c, &old, path, auth, "old", body).await, (201, true));
+    assert_eq!(up.hits(), 2);
+    drop((old, alpha, beta, reopened));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_across_the_namespace_upgrade() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    sql_store_across_the_namespace_upgrade(&[("IDEMGATE_STORE_PATH", path)]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgresql_across_the_namespace_upgrade() {
+    let pg = tokio::task::spawn_blocking(common::postgres::PgServer::start)
+        .await
+        .unwrap();
+    let url = pg.fresh_db().await;
+    sql_store_across_the_namespace_upgrade(&[("IDEMGATE_POSTGRES_URL", &url)]).await;
 }
