@@ -24,7 +24,7 @@ mod observed;
 mod watch;
 pub use instrumented::Instrumented;
 use observed::IdMap;
-pub use watch::{count_unknown, watch_store};
+pub use watch::{count_unknown, watch_heartbeat, watch_store};
 
 /// The content type of [`Metrics::encode`]'s output (OpenMetrics text, which Prometheus
 /// scrapes natively).
@@ -156,6 +156,7 @@ pub struct Metrics {
     records_unknown: Counter,
     redis_evicted_keys: Gauge,
     redis_restarts: Counter,
+    store_rewinds: Counter,
     pending_releases: Gauge,
     scope_secret_agreed: Gauge,
     in_flight: Family<ClassLabel, Gauge>,
@@ -341,6 +342,7 @@ impl Metrics {
         let records_unknown = Counter::default();
         let redis_evicted_keys = Gauge::default();
         let redis_restarts = Counter::default();
+        let store_rewinds = Counter::default();
         let pending_releases = Gauge::default();
         let scope_secret_agreed = Gauge::default();
         let in_flight = Family::<ClassLabel, Gauge>::default();
@@ -507,6 +509,11 @@ impl Metrics {
             "Redis restarts seen (run_id changed or uptime went down); records written since its last save may be lost",
             redis_restarts.clone(),
         );
+        registry.register(
+            "idemgate_store_rewinds",
+            "Times the store was found to have gone back in time (its heartbeat older than the last this instance saw: a failover to a copy that lacked the last writes, a restore); the claims of the gap are lost and their retries execute again",
+            store_rewinds.clone(),
+        );
         let outcome = |o: Outcome| OutcomeLabel {
             outcome: o.as_str(),
         };
@@ -532,6 +539,7 @@ impl Metrics {
             records_unknown,
             redis_evicted_keys,
             redis_restarts,
+            store_rewinds,
             pending_releases,
             scope_secret_agreed,
             in_flight,
@@ -749,6 +757,11 @@ impl Metrics {
         if failed {
             self.store_errors[i].inc();
         }
+    }
+
+    /// Counts the store found gone back in time.
+    fn store_rewound(&self) {
+        self.store_rewinds.inc();
     }
 
     /// Takes in what one `INFO` poll of Redis said.

@@ -29,13 +29,16 @@ async fn start_pg() -> PgServer {
     tokio::task::spawn_blocking(PgServer::start).await.unwrap()
 }
 
-/// Statements that idemgate's connections executed since the last reset: each is one round
-/// trip (prepared once per connection, then bind and execute).
+/// Statements that idemgate's connections executed for requests since the last reset: each
+/// is one round trip (prepared once per connection, then bind and execute). Those on
+/// `idemgate_meta` (the heartbeat every second, the scope secret's check) are not a
+/// request's.
 async fn statements(url: &str) -> u64 {
     PgServer::query(
         url,
         "SELECT coalesce(sum(s.calls), 0)::text FROM pg_stat_statements s
-         WHERE s.query NOT ILIKE '%pg_stat_statements%'",
+         WHERE s.query NOT ILIKE '%pg_stat_statements%'
+           AND s.query NOT ILIKE '%idemgate_meta%'",
     )
     .await[0]
         .parse()
@@ -206,4 +209,54 @@ async fn sessions_commit_synchronously_whatever_the_database_says() {
             "{line}"
         );
     }
+}
+
+/// The database goes back in time under a running instance (as a failover to a copy a
+/// minute behind, or a restore, leaves it; here its heartbeat is set back a minute): the
+/// instance says so at error, naming the gap, and counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_gone_back_in_time_is_said_and_counted() {
+    let pg = start_pg().await;
+    let url = pg.fresh_db().await;
+    let up = Upstream::start().await;
+    let gate = Idemgate::new(&up.url())
+        .set(|c| c.postgres_url = Some(url.as_str().into()))
+        .binary();
+    let beats = async || {
+        PgServer::query(
+            &url,
+            "SELECT value FROM idemgate_meta WHERE name = 'heartbeat'",
+        )
+        .await
+    };
+    let first = beats().await;
+    until(Duration::from_secs(10), "two heartbeats", async || {
+        let now = beats().await;
+        !now.is_empty() && now != first
+    })
+    .await;
+    assert_eq!(gate.metric("idemgate_store_rewinds_total"), 0.0);
+    PgServer::query(
+        &url,
+        "UPDATE idemgate_meta SET value = (value::bigint - 60000)::text
+         WHERE name = 'heartbeat' RETURNING 1",
+    )
+    .await;
+    eventually(Duration::from_secs(10), "the rewind counted", || {
+        gate.metric("idemgate_store_rewinds_total") == 1.0
+    })
+    .await;
+    let log = gate.log();
+    let said = log
+        .lines()
+        .find(|l| l.contains("the store went back in time"))
+        .unwrap_or_else(|| panic!("no rewind said in:\n{log}"));
+    assert!(said.contains("ERROR"), "{said}");
+    let gap: i64 = said
+        .split("gap_ms=")
+        .nth(1)
+        .and_then(|g| g.split_whitespace().next())
+        .and_then(|g| g.parse().ok())
+        .unwrap_or_else(|| panic!("no gap in: {said}"));
+    assert!((60_000..70_000).contains(&gap), "{said}");
 }

@@ -116,6 +116,51 @@ pub async fn count_unknown(
     }
 }
 
+/// Moves the store's heartbeat forward every `period` ([`Store::heartbeat`]), and says
+/// when the store went back in time: a heartbeat older than the last this instance saw
+/// (or none after one was seen) is logged at error, naming the gap, and counted in
+/// `idemgate_store_rewinds_total`. Ends at once for a store that keeps no heartbeat.
+pub async fn watch_heartbeat(
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    period: Duration,
+    timeout: Duration,
+) {
+    let mut seen: Option<i64> = None;
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let beat = match crate::store::deadline(timeout, store.heartbeat()).await {
+            Ok(Some(beat)) => beat,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not write the store's heartbeat");
+                continue;
+            }
+        };
+        match (seen, beat.before) {
+            (Some(seen), Some(before)) if before < seen => {
+                let gap_ms = seen - before;
+                tracing::error!(
+                    gap_ms,
+                    "the store went back in time: its heartbeat is {gap_ms} ms older than the last this instance saw (a failover to a copy that lacked its last writes, or a restore from a backup). Claims and answers written in that time are lost: retries of those keys execute again"
+                );
+                metrics.store_rewound();
+            }
+            (Some(_), None) => {
+                tracing::error!(
+                    "the store went back in time: its heartbeat is gone (a restore from a backup older than this instance's first heartbeat, or a failover to such a copy). Claims and answers written since are lost: retries of those keys execute again"
+                );
+                metrics.store_rewound();
+            }
+            _ => {}
+        }
+        // The store's timeline from now on, rewound or not.
+        seen = Some(beat.now);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,6 +26,9 @@ use crate::store::{RedisSetup, Store, StoreKind};
 use crate::tls::ListenerTls;
 use crate::wiring::Wired;
 
+/// How often the store's heartbeat moves forward (a store that keeps one: PostgreSQL).
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+
 /// Opens the store the settings choose ([`crate::store::open`]), behind the envelope of
 /// records at rest, and reads the secret that its record ids are keyed with.
 pub async fn open_store(wired: &Wired) -> Result<(Arc<dyn Store>, Scoper), Error> {
@@ -247,6 +250,13 @@ impl App {
             store_timeout,
         );
         background.push(tokio::spawn(unknown).abort_handle());
+        let heartbeat = metrics::watch_heartbeat(
+            store.clone(),
+            metrics.clone(),
+            HEARTBEAT_EVERY,
+            store_timeout,
+        );
+        background.push(tokio::spawn(heartbeat).abort_handle());
         let secret_health = Arc::new(SecretHealth::new(metrics.scope_secret_agreed()));
         // An embedded store's secret cannot be lost while its process runs.
         if store.kind() != StoreKind::Memory {

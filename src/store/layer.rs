@@ -9,8 +9,9 @@
 use std::time::Duration;
 
 use super::{
-    BoxFuture, Claim, ClaimRequest, Completed, Deleted, Meta, OwnerToken, Page, RecordState,
-    RecordView, ScopeSecret, ServerStats, Store, StoreError, StoreKind, StoredResponse,
+    BoxFuture, Claim, ClaimRequest, Completed, Deleted, Heartbeat, Meta, OwnerToken, Page,
+    RecordState, RecordView, ScopeSecret, ServerStats, Store, StoreError, StoreKind,
+    StoredResponse,
 };
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
@@ -92,6 +93,7 @@ layer! {
     Meta => fn meta<'a>(&'a self, name: &'a str, offer: Option<&'a str>) -> BoxFuture<'a, Result<Meta, StoreError>>;
     Ping => fn ping<'a>(&'a self) -> BoxFuture<'a, Result<(), StoreError>>;
     ScopeSecret => fn scope_secret<'a>(&'a self) -> BoxFuture<'a, Result<ScopeSecret, StoreError>>;
+    Heartbeat => fn heartbeat<'a>(&'a self) -> BoxFuture<'a, Result<Option<Heartbeat>, StoreError>>;
     ServerStats => fn server_stats<'a>(&'a self) -> BoxFuture<'a, Result<Option<ServerStats>, StoreError>>;
     }
     plain {

@@ -513,6 +513,15 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// Moves the store's heartbeat (a value it keeps by its own clock, in milliseconds,
+    /// which never goes backwards) to its now, and says what it held before: an instance
+    /// that finds it older than the last it saw knows the store went back in time (a
+    /// failover to a copy that lacked the last writes, a restore from a backup), and lost
+    /// the claims made in between. `None`: a store that keeps no heartbeat.
+    fn heartbeat(&self) -> StoreFuture<'_, Option<Heartbeat>> {
+        Box::pin(async { Ok(None) })
+    }
+
     /// What the server says about itself, for metrics; `None` for a store without a
     /// server (the embedded one).
     fn server_stats(&self) -> StoreFuture<'_, Option<ServerStats>> {
@@ -554,6 +563,17 @@ pub struct Meta {
     pub value: Option<String>,
     /// Whether this call set it (it was absent).
     pub created: bool,
+}
+
+/// What one [`Store::heartbeat`] found, in milliseconds since the epoch by the store's
+/// clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// The heartbeat the store held before this one (`None`: none, a store that never had
+    /// one, or lost it).
+    pub before: Option<i64>,
+    /// The heartbeat it holds now.
+    pub now: i64,
 }
 
 /// A store server's view of itself (Redis `INFO`), polled for metrics.

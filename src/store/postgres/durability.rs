@@ -1,9 +1,10 @@
 //! What a commit of idemgate's sessions is worth: the `synchronous_commit` they run with,
 //! and whether the server replicates to standbys that a failover could promote without the
-//! last commits (asynchronous replication: no `synchronous_standby_names`).
+//! last commits (asynchronous replication: no `synchronous_standby_names`); and the
+//! heartbeat that shows when the database went back in time all the same.
 
-use super::{col, pg, PostgresStore};
-use crate::store::StoreError;
+use super::{col, corrupt, pg, PostgresStore};
+use crate::store::{Heartbeat, StoreError};
 
 /// The server's replication, as idemgate's session reads it at start-up.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,6 +34,22 @@ impl PostgresStore {
             standbys: col(&row, 1)?,
             synchronous_standby_names: col(&row, 2)?,
         })
+    }
+}
+
+impl PostgresStore {
+    /// [`Store::heartbeat`](crate::store::Store::heartbeat): the `heartbeat` row of
+    /// `idemgate_meta`, one statement on the shared connection.
+    pub(super) async fn beat(&self) -> Result<Heartbeat, StoreError> {
+        let c = self.conn().await?;
+        let row = c.client.query_one(&c.heartbeat, &[]).await.map_err(pg)?;
+        let ms = |v: Option<String>| -> Result<Option<i64>, StoreError> {
+            v.map(|v| v.parse().map_err(|_| corrupt("heartbeat is not a number")))
+                .transpose()
+        };
+        let before = ms(col(&row, 0)?)?;
+        let now = ms(col(&row, 1)?)?.ok_or_else(|| corrupt("no heartbeat written"))?;
+        Ok(Heartbeat { before, now })
     }
 }
 

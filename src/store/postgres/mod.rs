@@ -90,6 +90,7 @@ struct Conn {
     supersede: Statement,
     list: Statement,
     sweep: Statement,
+    heartbeat: Statement,
 }
 
 fn backend(e: impl std::fmt::Display) -> StoreError {
@@ -223,6 +224,7 @@ impl PostgresStore {
             supersede: p(SUPERSEDE).await?,
             list: p(LIST).await?,
             sweep: p(SWEEP).await?,
+            heartbeat: p(HEARTBEAT).await?,
             client,
         });
         *slot = Some(conn.clone());
@@ -685,6 +687,10 @@ impl Store for PostgresStore {
 
     fn kind(&self) -> crate::store::StoreKind {
         crate::store::StoreKind::Postgres
+    }
+
+    fn heartbeat(&self) -> StoreFuture<'_, Option<crate::store::Heartbeat>> {
+        Box::pin(async move { self.beat().await.map(Some) })
     }
 
     fn meta<'a>(&'a self, name: &'a str, offer: Option<&'a str>) -> StoreFuture<'a, Meta> {

@@ -227,6 +227,19 @@ ORDER BY id LIMIT $2
 "
 );
 
+// Moves the heartbeat forward to the database's now (never back: `greatest`, whatever the
+// clocks of the servers it moves between), and reads what it was before: one statement.
+pub(super) const HEARTBEAT: &str = "
+WITH old AS (SELECT value FROM idemgate_meta WHERE name = 'heartbeat'), up AS (
+  INSERT INTO idemgate_meta AS m (name, value)
+  VALUES ('heartbeat', ((extract(epoch FROM clock_timestamp()) * 1000)::bigint)::text)
+  ON CONFLICT (name) DO UPDATE
+    SET value = greatest(m.value::bigint, excluded.value::bigint)::text
+  RETURNING value
+)
+SELECT (SELECT value FROM old), (SELECT value FROM up)
+";
+
 pub(super) const SWEEP: &str = "
 WITH d AS (
   DELETE FROM idemgate_records WHERE id IN (
