@@ -517,7 +517,13 @@ async fn run(cli: RecordsCli) -> Result<u8, Failure> {
             );
             let answer = api.call(Method::POST, &path, Some(outcome)).await?;
             if !answer.status.is_success() {
-                return Err(refusal(&answer, json));
+                let mut failure = refusal(&answer, json);
+                if unscoped_refusal(&answer) {
+                    failure
+                        .message
+                        .push_str(" [here: `idemgate records complete ID --any-namespace`]");
+                }
+                return Err(failure);
             }
             print_answer(&answer.json()?, json, |v| {
                 let was = v["was"]["state"].as_str().unwrap_or("-");
@@ -559,13 +565,21 @@ fn release_refused(answer: &Answer, json: bool) -> Failure {
             .message
             .push_str(if refused["state"] == "completed" {
                 " [here: `idemgate records release ID --completed`]"
-            } else if refused.get("namespace").is_some_and(Value::is_null) {
+            } else if unscoped_refusal(answer) {
                 " [here: `idemgate records release ID --any-namespace`]"
             } else {
                 " [here: `idemgate records release ID --force`]"
             });
     }
     failure
+}
+
+/// Whether `answer` refused to change a record written without a namespace (409 with
+/// `"namespace": null`), which `--any-namespace` reaches.
+fn unscoped_refusal(answer: &Answer) -> bool {
+    answer.status == StatusCode::CONFLICT
+        && serde_json::from_slice::<Value>(&answer.body)
+            .is_ok_and(|v| v.get("namespace").is_some_and(Value::is_null))
 }
 
 /// `complete`'s outcome as the API takes it: the status, the headers, and the body read
@@ -753,40 +767,9 @@ fn table(records: &[Value], now_ms: u64) -> String {
     out
 }
 
-/// One record as `name  value` lines.
-fn record_block(v: &Value, now_ms: u64) -> String {
-    let mut lines = vec![
-        ("id", text(&v["id"])),
-        ("state", text(&v["state"])),
-        ("status", text(&v["status"])),
-        ("age", age(v, now_ms)),
-        ("created_ms", text(&v["created_ms"])),
-        ("ttl", ms_field(v, "ttl_ms")),
-        ("lease_left", ms_field(v, "lease_left_ms")),
-        ("owner_busy", ms_field(v, "owner_busy_ms")),
-        ("fingerprint", text(&v["fingerprint"])),
-        ("fingerprint_version", text(&v["fingerprint_version"])),
-    ];
-    // On the SQL stores: `null` is a record written by a version that kept no namespace.
-    if let Some(ns) = v.get("namespace") {
-        let ns = ns.as_str().map_or_else(
-            || "- (written without one: every namespace sees it)".to_string(),
-            str::to_string,
-        );
-        lines.push(("namespace", ns));
-    }
-    if !v["body_kept"].is_null() {
-        lines.push(("body_kept", text(&v["body_kept"])));
-    }
-    if !v["body"].is_null() {
-        lines.push(("body", text(&v["body"])));
-    }
-    let width = lines.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
-    lines
-        .iter()
-        .map(|(n, value)| format!("{n:<width$}  {value}\n"))
-        .collect()
-}
+mod block;
+
+use self::block::record_block;
 
 #[cfg(test)]
 mod tests;

@@ -41,3 +41,17 @@ fn headers_are_name_colon_value() {
     assert!(parse_header("nothing").is_err());
     assert!(parse_header(": v").is_err());
 }
+
+#[test]
+fn a_record_shows_its_namespace_or_that_it_has_none() {
+    let mine = json!({"id": "a", "state": "completed", "created_ms": 1_000, "namespace": "alpha"});
+    assert!(record_block(&mine, 2_000).contains("namespace            alpha\n"));
+    let older = json!({"id": "a", "state": "completed", "created_ms": 1_000, "namespace": null});
+    let block = record_block(&older, 2_000);
+    assert!(
+        block.contains("namespace            - (written without one"),
+        "{block}"
+    );
+    let redis = json!({"id": "a", "state": "completed", "created_ms": 1_000});
+    assert!(!record_block(&redis, 2_000).contains("namespace"));
+}

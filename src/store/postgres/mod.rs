@@ -12,6 +12,11 @@
 //! statement also runs under the server's `statement_timeout`, set to the store deadline,
 //! so a statement abandoned by a timed-out caller does not keep running.
 //!
+//! Every session opens with `synchronous_commit` set (`postgres_synchronous_commit`,
+//! whatever the server's or the database's default), and a heartbeat row shows when the
+//! database went back in time (see [`durability`]). Each record keeps the namespace that
+//! wrote it: operators' calls see their namespace's records and those written without one.
+//!
 //! TLS by libpq's `sslmode` (see [`tls`]): rustls with the ring provider,
 //! the server verified by chain and name (`verify-full`), by chain (`verify-ca`) or not at
 //! all (`require`, warned about at start-up), a client certificate when the server asks.

@@ -24,6 +24,14 @@
 //! or in another one opening the same file, cannot both create the record. The file is for
 //! one machine: SQLite's locks do not hold on network file systems.
 //!
+//! # Namespaces
+//!
+//! Every claim writes the store's namespace beside the record (the `namespace` column,
+//! added to an older file as it opens, under the same `user_version`, so that an older
+//! version still opens it). Operators' calls see the records of this namespace and those
+//! written without one (by an older version), which they change only when asked to reach
+//! any namespace; another namespace's records are not there for them.
+//!
 //! # Expiry
 //!
 //! A periodic sweep deletes expired records in batches of [`EXPIRE_BATCH`], one short
